@@ -1,0 +1,76 @@
+//! Indices of the per-CPU packet counters.
+//!
+//! Every frame the program sees ends in exactly one of the verdict counters
+//! (`passed`, `allowed`, `dropped_*`); `malformed`, `would_drop`, `new_sources` and
+//! `non_ip` count events on top of the verdict.
+
+/// One per-CPU counter.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Passed after the source's bucket admitted it (or a would-drop in dry run).
+    Passed = 0,
+    /// Dropped: the source's bucket was empty.
+    DroppedRateLimit = 1,
+    /// Dropped: a deny CIDR or a runtime block matched.
+    DroppedDeny = 2,
+    /// Passed unlimited by an allow CIDR, or as link-local control traffic (ARP is
+    /// counted as `non_ip`, neighbour discovery here).
+    Allowed = 3,
+    /// Truncated or inconsistent headers, whatever the verdict.
+    Malformed = 4,
+    /// Dry run: would have been dropped by a limit, a deny or a block.
+    WouldDrop = 5,
+    /// A source seen for the first time (or again after LRU eviction).
+    NewSources = 6,
+    /// Dropped because `malformed = "drop"`.
+    DroppedMalformed = 7,
+    /// Not IPv4 or IPv6 (ARP, LLDP, ...): always passed.
+    NonIp = 8,
+}
+
+impl Counter {
+    /// Every counter in index order.
+    pub const ALL: [Self; 9] = [
+        Self::Passed,
+        Self::DroppedRateLimit,
+        Self::DroppedDeny,
+        Self::Allowed,
+        Self::Malformed,
+        Self::WouldDrop,
+        Self::NewSources,
+        Self::DroppedMalformed,
+        Self::NonIp,
+    ];
+
+    /// Size of the counters array.
+    pub const COUNT: u32 = Self::ALL.len() as u32;
+
+    /// The name used in `limiter stats --json` and in metrics.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Passed => "passed",
+            Self::DroppedRateLimit => "dropped_rate_limit",
+            Self::DroppedDeny => "dropped_deny",
+            Self::Allowed => "allowed",
+            Self::Malformed => "malformed",
+            Self::WouldDrop => "would_drop",
+            Self::NewSources => "new_sources",
+            Self::DroppedMalformed => "dropped_malformed",
+            Self::NonIp => "non_ip",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Counter;
+
+    #[test]
+    fn indices_match_positions() {
+        for (i, counter) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*counter as usize, i, "{}", counter.name());
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! Names, keys and values of every map the XDP program shares with user space.
+//!
+//! All maps are pinned by name under `agent.pin_dir`, so a restarted agent and the
+//! CLI find the same state. [`LAYOUT_VERSION`] changes whenever any record below
+//! changes shape; an agent refuses pinned maps of another layout.
+
+use crate::bucket::Rate;
+
+/// Bumped on every change of a map's key, value or meaning.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// LRU hash of [`SourceKey`] → [`SourceState`]; sized from `xdp.max_sources`.
+pub const SOURCES: &str = "SOURCES";
+/// LPM trie of IPv4 CIDRs (`Key<[u8; 4]>`) → [`CidrPolicy`].
+pub const CIDR_V4: &str = "CIDR_V4";
+/// LPM trie of IPv6 CIDRs (`Key<[u8; 16]>`) → [`CidrPolicy`].
+pub const CIDR_V6: &str = "CIDR_V6";
+/// LPM trie of runtime-blocked IPv4 CIDRs → [`Block`].
+pub const BLOCK_V4: &str = "BLOCK_V4";
+/// LPM trie of runtime-blocked IPv6 CIDRs → [`Block`].
+pub const BLOCK_V6: &str = "BLOCK_V6";
+/// Array of [`SETTINGS_SLOTS`] [`Settings`] records; the active one is named by
+/// [`SETTINGS_ACTIVE`].
+pub const SETTINGS: &str = "SETTINGS";
+/// Array of one `u32`: the index of the active [`Settings`] slot.
+pub const SETTINGS_ACTIVE: &str = "SETTINGS_ACTIVE";
+/// Per-CPU array of `u64`, indexed by [`crate::counters::Counter`].
+pub const COUNTERS: &str = "COUNTERS";
+
+/// Every pinned map, for tools that walk the pin directory.
+pub const ALL: [&str; 8] =
+    [SOURCES, CIDR_V4, CIDR_V6, BLOCK_V4, BLOCK_V6, SETTINGS, SETTINGS_ACTIVE, COUNTERS];
+
+/// Capacity of each CIDR trie.
+pub const MAX_CIDRS: u32 = 65_536;
+/// Capacity of each runtime-block trie.
+pub const MAX_BLOCKS: u32 = 65_536;
+/// Settings are double-buffered: user space fills the inactive slot, then flips
+/// [`SETTINGS_ACTIVE`] with one 4-byte write, so the program never reads a record
+/// that is half old and half new.
+pub const SETTINGS_SLOTS: u32 = 2;
+
+/// A source: IPv4 as `::ffff:a.b.c.d`, IPv6 masked to `xdp.ipv6_prefix`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SourceKey {
+    /// See [`crate::addr`].
+    pub addr: [u8; 16],
+}
+
+/// A source's bucket and its totals.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceState {
+    /// GCRA theoretical arrival time, `bpf_ktime_get_ns` clock; only ever changed by
+    /// compare-and-swap.
+    pub tat_ns: u64,
+    /// Packets seen from this source.
+    pub packets: u64,
+    /// Of those, dropped by the limit (or would-drop in dry run).
+    pub dropped: u64,
+}
+
+/// What a CIDR rule does to the sources inside it.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Never limited.
+    Allow = 0,
+    /// Always dropped.
+    Deny = 1,
+    /// Limited per source with the rule's own rate.
+    Limit = 2,
+}
+
+/// Value of the CIDR tries.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CidrPolicy {
+    /// An [`Action`] as `u32`.
+    pub action: u32,
+    /// Keeps `rate` 8-byte aligned on both sides.
+    pub reserved: u32,
+    /// Used when `action` is [`Action::Limit`].
+    pub rate: Rate,
+}
+
+impl CidrPolicy {
+    /// A rule with no rate of its own.
+    #[must_use]
+    pub const fn new(action: Action, rate: Rate) -> Self {
+        Self { action: action as u32, reserved: 0, rate }
+    }
+}
+
+/// Value of the block tries.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Block {
+    /// `CLOCK_MONOTONIC` (= `bpf_ktime_get_ns`) instant the block lapses; 0 never.
+    pub expires_at_ns: u64,
+}
+
+impl Block {
+    /// Whether the block still applies at `now_ns`.
+    #[inline(always)]
+    #[must_use]
+    pub const fn active(&self, now_ns: u64) -> bool {
+        self.expires_at_ns == 0 || now_ns < self.expires_at_ns
+    }
+}
+
+/// The program's tunables, read on every packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// Bucket of every source no CIDR rule limits otherwise.
+    pub default_rate: Rate,
+    /// [`LAYOUT_VERSION`] of the agent that wrote this record.
+    pub layout_version: u32,
+    /// 1: drop; 0: dry run, count would-drops.
+    pub enforce: u8,
+    /// 1: drop malformed frames; 0: pass them (still limited if the source is known).
+    pub malformed_drop: u8,
+    /// IPv6 sources share a bucket per prefix of this length.
+    pub ipv6_prefix: u8,
+    /// Keeps the record's size a multiple of 8.
+    pub reserved: u8,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY (all): `repr(C)` plain data without padding bytes or pointers.
+    unsafe impl aya::Pod for super::SourceKey {}
+    unsafe impl aya::Pod for super::SourceState {}
+    unsafe impl aya::Pod for super::CidrPolicy {}
+    unsafe impl aya::Pod for super::Block {}
+    unsafe impl aya::Pod for super::Settings {}
+}
+
+#[cfg(test)]
+mod tests {
+    use core::mem::size_of;
+
+    use super::{Block, CidrPolicy, Settings, SourceKey, SourceState};
+
+    /// The kernel and user space agree on these sizes; a change here is a layout change.
+    #[test]
+    fn record_sizes_are_stable() {
+        assert_eq!(size_of::<SourceKey>(), 16);
+        assert_eq!(size_of::<SourceState>(), 24);
+        assert_eq!(size_of::<CidrPolicy>(), 24);
+        assert_eq!(size_of::<Block>(), 8);
+        assert_eq!(size_of::<Settings>(), 24);
+    }
+}

@@ -1,0 +1,50 @@
+//! The program's maps, pinned by name (see `limiter_common::maps` for each one's job).
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
+};
+use limiter_common::{
+    counters::Counter,
+    maps::{Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, SETTINGS_SLOTS, Settings, SourceKey, SourceState},
+};
+
+/// Sized by the agent from `xdp.max_sources` at load time.
+#[map]
+pub static SOURCES: LruHashMap<SourceKey, SourceState> = LruHashMap::pinned(1, 0);
+
+#[map]
+pub static CIDR_V4: LpmTrie<[u8; 4], CidrPolicy> = LpmTrie::pinned(MAX_CIDRS, 0);
+
+#[map]
+pub static CIDR_V6: LpmTrie<[u8; 16], CidrPolicy> = LpmTrie::pinned(MAX_CIDRS, 0);
+
+#[map]
+pub static BLOCK_V4: LpmTrie<[u8; 4], Block> = LpmTrie::pinned(MAX_BLOCKS, 0);
+
+#[map]
+pub static BLOCK_V6: LpmTrie<[u8; 16], Block> = LpmTrie::pinned(MAX_BLOCKS, 0);
+
+#[map]
+pub static SETTINGS: Array<Settings> = Array::pinned(SETTINGS_SLOTS, 0);
+
+#[map]
+pub static SETTINGS_ACTIVE: Array<u32> = Array::pinned(1, 0);
+
+#[map]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(Counter::COUNT, 0);
+
+#[inline(always)]
+pub fn count(counter: Counter) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: a per-CPU slot; XDP runs with preemption off, so nothing races us.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// The active settings record, or `None` before the agent has written one.
+#[inline(always)]
+pub fn settings() -> Option<&'static Settings> {
+    let active = *SETTINGS_ACTIVE.get(0)?;
+    SETTINGS.get(active)
+}

@@ -1,0 +1,206 @@
+//! From raw frame to source: Ethernet, up to two VLAN tags, IPv4 (with options) or
+//! IPv6 (with a bounded walk of extension headers). Every read is checked against
+//! `data_end` first.
+
+use aya_ebpf::programs::XdpContext;
+use limiter_common::addr::{as_v4, mask_v6, v4_mapped};
+
+const ETH_HLEN: usize = 14;
+const VLAN_HLEN: usize = 4;
+const ETH_P_IPV4: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_8021AD: u16 = 0x88a8;
+const MAX_VLAN_TAGS: usize = 2;
+const IPV4_MIN_HLEN: usize = 20;
+const IPV6_HLEN: usize = 40;
+/// Extension headers walked before giving up on finding the upper layer.
+pub const MAX_IPV6_EXT_HEADERS: usize = 8;
+/// Keeps every computed offset provably inside a frame for the verifier.
+const OFFSET_MASK: usize = 0x3fff;
+
+const IPPROTO_HOPOPTS: u8 = 0;
+const IPPROTO_ROUTING: u8 = 43;
+const IPPROTO_FRAGMENT: u8 = 44;
+const IPPROTO_AH: u8 = 51;
+const IPPROTO_ICMPV6: u8 = 58;
+const IPPROTO_DSTOPTS: u8 = 60;
+const IPPROTO_MOBILITY: u8 = 135;
+const ICMPV6_ROUTER_SOLICIT: u8 = 133;
+const ICMPV6_REDIRECT: u8 = 137;
+/// RFC 4861: neighbour discovery is only valid with hop limit 255, which no routed
+/// packet can carry, so the exemption cannot be used from off-link.
+const ND_HOP_LIMIT: u8 = 255;
+
+/// What the program needs to know about a frame.
+pub enum Frame {
+    /// ARP, LLDP and anything else that is not IP.
+    NonIp,
+    /// The headers were cut short or contradict themselves before the source
+    /// address could be read.
+    Malformed,
+    /// An IP packet.
+    Ip(Packet),
+}
+
+pub struct Packet {
+    /// 16-byte source key (`limiter_common::addr`).
+    pub source: [u8; 16],
+    /// The IPv4 address when the source is IPv4 (or IPv4-mapped).
+    pub v4: Option<[u8; 4]>,
+    /// The unmasked IPv6 source, for CIDR lookups.
+    pub v6: [u8; 16],
+    /// A header after the source address was cut short or inconsistent.
+    pub malformed: bool,
+    /// ICMPv6 neighbour or router discovery from the local link.
+    pub link_control: bool,
+}
+
+#[inline(always)]
+fn load<const N: usize>(ctx: &XdpContext, offset: usize) -> Option<[u8; N]> {
+    if offset > OFFSET_MASK {
+        return None;
+    }
+    let start = ctx.data() + (offset & OFFSET_MASK);
+    if start + N > ctx.data_end() {
+        return None;
+    }
+    // SAFETY: the N bytes at `start` lie inside the frame, checked just above.
+    Some(unsafe { core::ptr::read_unaligned(start as *const [u8; N]) })
+}
+
+#[inline(always)]
+fn frame_len(ctx: &XdpContext) -> usize {
+    ctx.data_end() - ctx.data()
+}
+
+#[inline(always)]
+pub fn parse(ctx: &XdpContext, ipv6_prefix: u8) -> Frame {
+    let Some(eth) = load::<ETH_HLEN>(ctx, 0) else {
+        return Frame::Malformed;
+    };
+    let mut ether_type = u16::from_be_bytes([eth[12], eth[13]]);
+    let mut offset = ETH_HLEN;
+    for _ in 0..MAX_VLAN_TAGS {
+        if ether_type != ETH_P_8021Q && ether_type != ETH_P_8021AD {
+            break;
+        }
+        let Some(tag) = load::<VLAN_HLEN>(ctx, offset) else {
+            return Frame::Malformed;
+        };
+        ether_type = u16::from_be_bytes([tag[2], tag[3]]);
+        offset += VLAN_HLEN;
+    }
+    match ether_type {
+        ETH_P_IPV4 => parse_v4(ctx, offset),
+        ETH_P_IPV6 => parse_v6(ctx, offset, ipv6_prefix),
+        // A third tag is more than any host link carries: refuse to guess.
+        ETH_P_8021Q | ETH_P_8021AD => Frame::Malformed,
+        _ => Frame::NonIp,
+    }
+}
+
+#[inline(always)]
+fn parse_v4(ctx: &XdpContext, offset: usize) -> Frame {
+    let Some(ip) = load::<IPV4_MIN_HLEN>(ctx, offset) else {
+        return Frame::Malformed;
+    };
+    let header_len = usize::from(ip[0] & 0x0f) * 4;
+    if ip[0] >> 4 != 4 || header_len < IPV4_MIN_HLEN {
+        return Frame::Malformed;
+    }
+    let source = [ip[12], ip[13], ip[14], ip[15]];
+    let total_len = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let malformed = total_len < header_len || offset + total_len > frame_len(ctx);
+    Frame::Ip(Packet {
+        source: v4_mapped(source),
+        v4: Some(source),
+        v6: v4_mapped(source),
+        malformed,
+        link_control: false,
+    })
+}
+
+#[inline(always)]
+fn parse_v6(ctx: &XdpContext, offset: usize, ipv6_prefix: u8) -> Frame {
+    let Some(ip) = load::<IPV6_HLEN>(ctx, offset) else {
+        return Frame::Malformed;
+    };
+    if ip[0] >> 4 != 6 {
+        return Frame::Malformed;
+    }
+    let mut v6 = [0u8; 16];
+    v6.copy_from_slice(&ip[8..24]);
+    let payload_len = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+    let mut packet = match as_v4(&v6) {
+        Some(v4) => Packet { source: v6, v4: Some(v4), v6, malformed: false, link_control: false },
+        None => Packet {
+            source: mask_v6(v6, ipv6_prefix),
+            v4: None,
+            v6,
+            malformed: false,
+            link_control: false,
+        },
+    };
+    if offset + IPV6_HLEN + payload_len > frame_len(ctx) {
+        packet.malformed = true;
+        return Frame::Ip(packet);
+    }
+    match upper_layer(ctx, offset + IPV6_HLEN, ip[6]) {
+        UpperLayer::Icmpv6(icmp_type) => {
+            packet.link_control = ip[7] == ND_HOP_LIMIT
+                && (ICMPV6_ROUTER_SOLICIT..=ICMPV6_REDIRECT).contains(&icmp_type);
+        }
+        UpperLayer::Other => {}
+        UpperLayer::Broken => packet.malformed = true,
+    }
+    Frame::Ip(packet)
+}
+
+enum UpperLayer {
+    Icmpv6(u8),
+    /// Any other protocol, or a non-first fragment whose upper layer is elsewhere.
+    Other,
+    /// Truncated extension header, or a chain longer than the walk bound.
+    Broken,
+}
+
+#[inline(always)]
+fn upper_layer(ctx: &XdpContext, mut offset: usize, mut next: u8) -> UpperLayer {
+    for _ in 0..MAX_IPV6_EXT_HEADERS {
+        match next {
+            IPPROTO_ICMPV6 => {
+                return match load::<1>(ctx, offset) {
+                    Some([icmp_type]) => UpperLayer::Icmpv6(icmp_type),
+                    None => UpperLayer::Broken,
+                };
+            }
+            IPPROTO_FRAGMENT => {
+                let Some(frag) = load::<8>(ctx, offset) else {
+                    return UpperLayer::Broken;
+                };
+                if u16::from_be_bytes([frag[2], frag[3]]) & 0xfff8 != 0 {
+                    return UpperLayer::Other;
+                }
+                next = frag[0];
+                offset += 8;
+            }
+            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_MOBILITY => {
+                let Some(ext) = load::<2>(ctx, offset) else {
+                    return UpperLayer::Broken;
+                };
+                next = ext[0];
+                offset += (usize::from(ext[1]) + 1) * 8;
+            }
+            IPPROTO_AH => {
+                let Some(ext) = load::<2>(ctx, offset) else {
+                    return UpperLayer::Broken;
+                };
+                next = ext[0];
+                offset += (usize::from(ext[1]) + 2) * 4;
+            }
+            _ => return UpperLayer::Other,
+        }
+    }
+    UpperLayer::Broken
+}
