@@ -1,5 +1,10 @@
 //! The limiter agent as a library: the `limiter` binary is a thin CLI over it, and
 //! the integration tests drive it directly.
 
+pub mod agent;
+pub mod cli;
 pub mod config;
+pub mod limits;
+pub mod proxy;
+pub mod signature;
 pub mod xdp;
