@@ -1,0 +1,394 @@
+//! `[proxy]`: the HTTP reverse proxy, its plans, API keys and rules.
+
+use std::{collections::BTreeMap, net::SocketAddr, num::{NonZeroU32, NonZeroUsize}, time::Duration};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Deserializer, de};
+
+use super::{units::HumanDuration, xdp::parse_cidr};
+
+/// `[proxy]`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    pub listen: SocketAddr,
+    /// `http://host:port` of the application.
+    #[serde(deserialize_with = "upstream")]
+    pub upstream: http::Uri,
+    /// Peers whose `X-Forwarded-For` is believed.
+    #[serde(default, deserialize_with = "cidrs")]
+    pub trusted_proxies: Vec<IpNet>,
+    /// `false`: shadow mode, decide and count but never reject or delay.
+    #[serde(default = "yes")]
+    pub enforce: bool,
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: u64,
+    #[serde(default = "default_header_timeout")]
+    pub header_timeout: HumanDuration,
+    /// Bound on per-key limiter state.
+    #[serde(default = "default_max_tracked_keys")]
+    pub max_tracked_keys: NonZeroUsize,
+    #[serde(default)]
+    pub store: StoreKind,
+    #[serde(default = "default_redis_url")]
+    pub redis_url: String,
+    /// Verdict while the store is unreachable.
+    #[serde(default)]
+    pub store_failure: StoreFailure,
+    /// What a rule does with a request that lacks its key (no API key, no header).
+    #[serde(default)]
+    pub missing_key: MissingKey,
+    #[serde(default)]
+    pub plans: BTreeMap<String, LimitSpec>,
+    #[serde(default)]
+    pub keys: Vec<ApiKey>,
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+    #[serde(default)]
+    pub signature: SignatureConfig,
+}
+
+/// Where per-key state lives.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreKind {
+    #[default]
+    Memory,
+    Redis,
+}
+
+/// Verdict while the shared store is unreachable.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreFailure {
+    #[default]
+    Allow,
+    Deny,
+}
+
+/// Policy for a request that lacks the key a rule counts by.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum MissingKey {
+    /// All such requests share one bucket per rule: limited together, never unlimited.
+    #[default]
+    Shared,
+    /// Refused outright (401 for a missing API key, 400 for a missing header).
+    Reject,
+}
+
+/// The algorithm of a rule or plan.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    TokenBucket,
+    LeakyBucket,
+    FixedWindow,
+    SlidingWindowLog,
+    #[default]
+    SlidingWindowCounter,
+}
+
+/// A limit: `limit` requests per `window` by `algorithm`, optionally with a throttle
+/// band, a burst (token bucket) or a queue (leaky bucket as a shaper).
+///
+/// This is a plan's whole record, and the limit part of a rule.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Hash)]
+#[serde(deny_unknown_fields, try_from = "RawLimit")]
+pub struct LimitSpec {
+    pub algorithm: Algorithm,
+    pub limit: NonZeroU32,
+    pub window: Duration,
+    /// Token bucket: back-to-back capacity (default `limit`).
+    pub burst: Option<NonZeroU32>,
+    /// Requests past this many in the window are delayed by `throttle_delay`.
+    pub throttle: Option<Throttle>,
+    /// Leaky bucket: hold up to this many requests and release them at the rate.
+    pub queue: Option<NonZeroU32>,
+}
+
+/// The delay band below the hard limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Throttle {
+    pub from: u32,
+    pub delay: Duration,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimit {
+    #[serde(default)]
+    algorithm: Algorithm,
+    limit: NonZeroU32,
+    window: HumanDuration,
+    burst: Option<NonZeroU32>,
+    throttle_from: Option<u32>,
+    throttle_delay: Option<HumanDuration>,
+    queue: Option<NonZeroU32>,
+}
+
+impl TryFrom<RawLimit> for LimitSpec {
+    type Error = String;
+
+    fn try_from(raw: RawLimit) -> Result<Self, String> {
+        limit_spec(raw)
+    }
+}
+
+fn limit_spec(raw: RawLimit) -> Result<LimitSpec, String> {
+    if raw.window.0.is_zero() {
+        return Err("window must be longer than 0".to_owned());
+    }
+    let throttle = match (raw.throttle_from, raw.throttle_delay) {
+        (None, None) => None,
+        (Some(from), Some(delay)) if from < raw.limit.get() && !delay.0.is_zero() => {
+            Some(Throttle { from, delay: delay.0 })
+        }
+        (Some(from), Some(_)) if from >= raw.limit.get() => {
+            return Err(format!("throttle_from = {from} must be below limit = {}", raw.limit));
+        }
+        (Some(_), Some(_)) => return Err("throttle_delay must be longer than 0".to_owned()),
+        _ => return Err("throttle_from and throttle_delay go together".to_owned()),
+    };
+    if raw.burst.is_some() && raw.algorithm != Algorithm::TokenBucket {
+        return Err("burst only applies to algorithm = \"token_bucket\"".to_owned());
+    }
+    if raw.queue.is_some() && raw.algorithm != Algorithm::LeakyBucket {
+        return Err("queue only applies to algorithm = \"leaky_bucket\"".to_owned());
+    }
+    if raw.queue.is_some() && throttle.is_some() {
+        return Err("a queue already delays requests: drop throttle_from/throttle_delay".to_owned());
+    }
+    Ok(LimitSpec {
+        algorithm: raw.algorithm,
+        limit: raw.limit,
+        window: raw.window.0,
+        burst: raw.burst,
+        throttle,
+        queue: raw.queue,
+    })
+}
+
+/// One `[[proxy.keys]]`: an API key, its plan and its signing secrets.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKey {
+    pub id: String,
+    pub plan: String,
+    /// `file:PATH` or `env:NAME` references; several for rotation.
+    #[serde(default)]
+    pub secrets: Vec<String>,
+}
+
+/// What a rule counts requests by.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KeySpec {
+    pub by: KeyKind,
+    /// `+route`: count per rule path as well.
+    pub per_route: bool,
+}
+
+/// The identity part of a [`KeySpec`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum KeyKind {
+    /// The client address (IPv6 per /64).
+    Ip,
+    /// A known `X-API-Key`.
+    ApiKey,
+    /// The value of a request header (lower-case name).
+    Header(http::HeaderName),
+}
+
+impl<'de> Deserialize<'de> for KeySpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        let (by, per_route) = match text.strip_suffix("+route") {
+            Some(by) => (by, true),
+            None => (text.as_str(), false),
+        };
+        let by = match by {
+            "ip" => KeyKind::Ip,
+            "api_key" => KeyKind::ApiKey,
+            other => match other.strip_prefix("header:").map(http::HeaderName::try_from) {
+                Some(Ok(name)) => KeyKind::Header(name),
+                _ => {
+                    return Err(de::Error::custom(format!(
+                        "`{text}` is not a key: use ip, api_key or header:NAME, optionally with +route"
+                    )));
+                }
+            },
+        };
+        Ok(Self { by, per_route })
+    }
+}
+
+/// One `[[proxy.rules]]`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(try_from = "RawRule")]
+pub struct Rule {
+    pub name: String,
+    /// Path prefix the rule applies to (all paths if absent).
+    pub path: Option<String>,
+    /// Methods the rule applies to (all if empty).
+    pub methods: Vec<http::Method>,
+    pub key: KeySpec,
+    pub limit: LimitSpec,
+    pub require_signature: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: String,
+    path: Option<String>,
+    #[serde(default)]
+    methods: Vec<String>,
+    key: KeySpec,
+    #[serde(default)]
+    require_signature: bool,
+    #[serde(default)]
+    algorithm: Algorithm,
+    limit: NonZeroU32,
+    window: HumanDuration,
+    burst: Option<NonZeroU32>,
+    throttle_from: Option<u32>,
+    throttle_delay: Option<HumanDuration>,
+    queue: Option<NonZeroU32>,
+}
+
+impl TryFrom<RawRule> for Rule {
+    type Error = String;
+
+    fn try_from(raw: RawRule) -> Result<Self, String> {
+        let in_rule = |message: String| format!("rule `{}`: {message}", raw.name);
+        if raw.name.is_empty() {
+            return Err("a rule needs a name".to_owned());
+        }
+        if let Some(path) = &raw.path
+            && !path.starts_with('/')
+        {
+            return Err(in_rule(format!("path `{path}` must start with /")));
+        }
+        let methods = raw
+            .methods
+            .iter()
+            .map(|m| {
+                http::Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| in_rule(format!("`{m}` is not an HTTP method")))
+            })
+            .collect::<Result<_, _>>()?;
+        let limit = limit_spec(RawLimit {
+            algorithm: raw.algorithm,
+            limit: raw.limit,
+            window: raw.window,
+            burst: raw.burst,
+            throttle_from: raw.throttle_from,
+            throttle_delay: raw.throttle_delay,
+            queue: raw.queue,
+        })
+        .map_err(in_rule)?;
+        if raw.require_signature && raw.key.by != KeyKind::ApiKey {
+            return Err(in_rule("require_signature needs key = \"api_key\" (or \"api_key+route\")".to_owned()));
+        }
+        Ok(Self { name: raw.name, path: raw.path, methods, key: raw.key, limit, require_signature: raw.require_signature })
+    }
+}
+
+impl Rule {
+    /// Whether the rule applies to a request.
+    #[must_use]
+    pub fn matches(&self, method: &http::Method, path: &str) -> bool {
+        self.path.as_deref().is_none_or(|prefix| path_has_prefix(path, prefix))
+            && (self.methods.is_empty() || self.methods.contains(method))
+    }
+}
+
+/// `/login` matches `/login`, `/login/` and `/login/x`, not `/loginx`.
+fn path_has_prefix(path: &str, prefix: &str) -> bool {
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/') || rest.starts_with('?') || prefix.ends_with('/'),
+        None => false,
+    }
+}
+
+/// `[proxy.signature]`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SignatureConfig {
+    pub max_skew: HumanDuration,
+    pub idempotency_ttl: HumanDuration,
+    /// Bound on remembered signatures (replay protection).
+    pub replay_cache_size: NonZeroUsize,
+    /// Bound on stored idempotent responses.
+    pub idempotency_max_entries: NonZeroUsize,
+    /// Responses larger than this are not stored for idempotent replay.
+    pub idempotency_max_body_bytes: usize,
+}
+
+impl Default for SignatureConfig {
+    fn default() -> Self {
+        Self {
+            max_skew: HumanDuration(Duration::from_secs(300)),
+            idempotency_ttl: HumanDuration(Duration::from_secs(86_400)),
+            replay_cache_size: NonZeroUsize::new(1_000_000).unwrap_or(NonZeroUsize::MIN),
+            idempotency_max_entries: NonZeroUsize::new(100_000).unwrap_or(NonZeroUsize::MIN),
+            idempotency_max_body_bytes: 65_536,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// Checks across records: plan references, rule names. Errors name the key.
+    pub(super) fn validate(&self) -> Result<(), (String, String)> {
+        for (i, key) in self.keys.iter().enumerate() {
+            if !self.plans.contains_key(&key.plan) {
+                return Err((format!("proxy.keys[{i}].plan"), format!("no plan named `{}` in [proxy.plans]", key.plan)));
+            }
+            if self.keys[..i].iter().any(|k| k.id == key.id) {
+                return Err((format!("proxy.keys[{i}].id"), format!("key id `{}` appears twice", key.id)));
+            }
+        }
+        for (i, rule) in self.rules.iter().enumerate() {
+            if self.rules[..i].iter().any(|r| r.name == rule.name) {
+                return Err((format!("proxy.rules[{i}].name"), format!("rule name `{}` appears twice", rule.name)));
+            }
+        }
+        if self.store == StoreKind::Redis && !self.redis_url.starts_with("redis://") {
+            return Err(("proxy.redis_url".to_owned(), format!("`{}` is not a redis:// URL", self.redis_url)));
+        }
+        Ok(())
+    }
+}
+
+fn upstream<'de, D: Deserializer<'de>>(deserializer: D) -> Result<http::Uri, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    let uri: http::Uri = text.parse().map_err(|_| de::Error::custom(format!("`{text}` is not a URL")))?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        return Err(de::Error::custom(format!("upstream `{text}` must be http://host:port")));
+    }
+    Ok(uri)
+}
+
+fn cidrs<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<IpNet>, D::Error> {
+    Vec::<String>::deserialize(deserializer)?.iter().map(|c| parse_cidr(c).map_err(de::Error::custom)).collect()
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_max_body_bytes() -> u64 {
+    1_048_576
+}
+
+fn default_header_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
+}
+
+fn default_max_tracked_keys() -> NonZeroUsize {
+    NonZeroUsize::new(1_000_000).unwrap_or(NonZeroUsize::MIN)
+}
+
+fn default_redis_url() -> String {
+    "redis://127.0.0.1:6379/".to_owned()
+}

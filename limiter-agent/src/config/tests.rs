@@ -1,0 +1,124 @@
+use std::{num::NonZeroU32, path::Path, time::Duration};
+
+use super::{Config, ConfigError, proxy::Algorithm, xdp::CidrAction};
+
+const EXAMPLE: &str = include_str!("../../../config/limiter.toml");
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, Path::new("test.toml"))
+}
+
+/// `(line, key, message)` of a refused config.
+fn refusal(text: &str) -> (usize, String, String) {
+    match parse(text) {
+        Err(ConfigError::Invalid { line, key, message, .. }) => (line, key, message),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+const XDP: &str = "[xdp]\ninterfaces = [\"eth0\"]\n[xdp.limit]\npackets_per_second = 10\nburst = 20\n";
+
+#[test]
+fn example_config_parses_with_its_documented_values() {
+    let config = parse(EXAMPLE).expect("example config");
+    let xdp = config.xdp.expect("xdp");
+    assert_eq!(xdp.limit.packets_per_second.get(), 10_000);
+    assert_eq!(xdp.cidr.len(), 2);
+    assert!(matches!(xdp.cidr[1].action, CidrAction::Limit(l) if l.burst.get() == 200));
+    let proxy = config.proxy.expect("proxy");
+    assert_eq!(proxy.plans["free"].limit, NonZeroU32::new(100).expect("nonzero"));
+    assert_eq!(proxy.plans["free"].algorithm, Algorithm::SlidingWindowCounter);
+    assert_eq!(proxy.plans["pro"].throttle.map(|t| (t.from, t.delay)), Some((900, Duration::from_millis(50))));
+    assert_eq!(proxy.rules[2].limit.burst.map(NonZeroU32::get), Some(20));
+    assert_eq!(proxy.signature.max_skew.0, Duration::from_secs(300));
+}
+
+#[test]
+fn demo_config_parses() {
+    parse(include_str!("../../../config/demo.toml")).expect("demo config");
+}
+
+#[test]
+fn defaults_fill_what_is_left_out() {
+    let config = parse(XDP).expect("minimal");
+    assert!(config.agent.keep_attached_on_exit);
+    let xdp = config.xdp.expect("xdp");
+    assert!(xdp.enforce);
+    assert_eq!((xdp.max_sources.get(), xdp.ipv6_prefix.0), (1_000_000, 64));
+    assert!(config.proxy.is_none());
+}
+
+#[test]
+fn syntax_error_names_its_line() {
+    let (line, _, message) = refusal("[xdp]\ninterfaces = [\"eth0\"\n");
+    assert_eq!(line, 2, "{message}");
+}
+
+#[test]
+fn zero_rate_names_key_and_line() {
+    let (line, key, message) = refusal(&XDP.replace("packets_per_second = 10", "packets_per_second = 0"));
+    assert_eq!((line, key.as_str()), (4, "xdp.limit.packets_per_second"), "{message}");
+}
+
+#[test]
+fn bad_cidr_names_its_rule() {
+    let text = format!("{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\n[[xdp.cidr]]\ncidr = \"10.0.0.300/8\"\naction = \"deny\"\n");
+    let (line, key, message) = refusal(&text);
+    assert!(message.contains("10.0.0.300/8"), "{message}");
+    assert!(key.starts_with("xdp.cidr[1]"), "{key}");
+    assert!((9..=10).contains(&line), "{line}");
+}
+
+#[test]
+fn host_bits_and_duplicates_are_refused() {
+    let text = format!("{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.1/8\"\naction = \"allow\"\n");
+    assert!(refusal(&text).2.contains("did you mean \"10.0.0.0/8\""));
+    let text = format!("{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\n[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"deny\"\n");
+    assert_eq!(refusal(&text), (10, "xdp.cidr[1].cidr".to_owned(), "10.0.0.0/8 appears twice".to_owned()));
+}
+
+#[test]
+fn limit_action_needs_its_rate() {
+    let text = format!("{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"limit\"\nburst = 5\n");
+    assert!(refusal(&text).2.contains("needs packets_per_second and burst"));
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let (line, key, message) = refusal(&XDP.replace("burst = 20", "burst = 20\nbrust = 3"));
+    assert!(message.contains("brust"), "{message}");
+    assert_eq!((line, key.as_str()), (6, "xdp.limit.brust"));
+}
+
+#[test]
+fn one_bad_rule_among_good_ones_refuses_the_whole_file() {
+    let mut text = EXAMPLE.to_owned();
+    text = text.replace("name = \"login\"\npath = \"/login\"", "name = \"login\"\npath = \"login\"");
+    let (_, key, message) = refusal(&text);
+    assert!(message.contains("path `login` must start with /"), "{message}");
+    assert!(key.starts_with("proxy.rules[1]"), "{key}");
+}
+
+#[test]
+fn missing_plan_is_named_with_its_line() {
+    let text = EXAMPLE.replace("plan = \"free\"", "plan = \"gold\"");
+    let (line, key, message) = refusal(&text);
+    assert_eq!(key, "proxy.keys[0].plan");
+    assert!(message.contains("gold"));
+    let expected = EXAMPLE.lines().position(|l| l.starts_with("plan = \"free\"")).expect("plan line") + 1;
+    assert_eq!(line, expected);
+}
+
+#[test]
+fn truncated_file_is_refused() {
+    let cut = EXAMPLE.find("burst = 20_000").expect("marker") + "burst = ".len();
+    let (line, _, _) = refusal(&EXAMPLE[..cut]);
+    let expected = EXAMPLE[..cut].lines().count();
+    assert_eq!(line, expected);
+}
+
+#[test]
+fn throttle_band_must_sit_below_the_limit() {
+    let text = EXAMPLE.replace("throttle_from = 80", "throttle_from = 100");
+    assert!(refusal(&text).2.contains("must be below limit"));
+}
