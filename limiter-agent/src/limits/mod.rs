@@ -1,1 +1,59 @@
-//! (in progress)
+//! Per-key request limits for the proxy: one module per algorithm, all generic over
+//! a [`Clock`], and the engine that turns rules and plans into one decision.
+//!
+//! INTERFACE (shared by `limits/` and `proxy/`; implementation in progress):
+//!
+//! ```text
+//! pub trait Clock: Send + Sync + 'static { fn now(&self) -> Duration /* since UNIX epoch */ }
+//! pub struct SystemClock;  pub struct FakeClock (advance(), set())
+//!
+//! pub struct RequestInfo<'a> {
+//!     pub method: &'a http::Method,
+//!     pub path: &'a str,                 // path only, no query
+//!     pub client: std::net::IpAddr,      // already resolved through trusted proxies
+//!     pub api_key: Option<&'a str>,      // raw X-API-Key header value
+//!     pub headers: &'a http::HeaderMap,
+//! }
+//!
+//! pub struct Engine<C: Clock> { .. }
+//! impl<C: Clock> Engine<C> {
+//!     pub fn new(config: &ProxyConfig, clock: C) -> Self;
+//!     /// Swap rules/plans; state of rules and plans whose identity (name + key spec
+//!     /// + algorithm + window) is unchanged is kept (a changed `limit` keeps counts).
+//!     pub fn reconfigure(&self, config: &ProxyConfig);
+//!     /// Check every matching rule and the key's plan; if none rejects, charge all of
+//!     /// them, atomically with respect to concurrent calls. A rejected request is
+//!     /// charged to nothing.
+//!     pub fn decide(&self, request: &RequestInfo<'_>) -> Decision;
+//!     /// Charge the IP-keyed rules matching this request whatever their verdict
+//!     /// (used for failed signatures, so guessing is rate limited).
+//!     pub fn penalize(&self, request: &RequestInfo<'_>);
+//!     /// The key's plan name if the API key is known.
+//!     pub fn plan_of(&self, api_key: &str) -> Option<&str>;
+//!     pub fn tracked_keys(&self) -> usize;
+//!     pub fn evictions(&self) -> u64;
+//! }
+//!
+//! pub struct Decision {
+//!     pub verdict: Verdict,
+//!     /// One entry per rule/plan that counted the request, for the response headers.
+//!     pub policies: Vec<PolicyStatus>,
+//!     /// Names of the policies that rejected (problem+json body).
+//!     pub violated: Vec<String>,
+//!     /// Some matching rule has require_signature = true.
+//!     pub require_signature: bool,
+//! }
+//! pub enum Verdict {
+//!     Forward,
+//!     Delay(Duration),                 // throttle band or leaky-bucket queue
+//!     Reject { retry_after: Duration },// 429
+//!     MissingKey { rule: String },     // missing_key = "reject": 401 (api_key) / 400 (header)
+//! }
+//! pub struct PolicyStatus {
+//!     pub name: String,        // rule name, or plan name for a plan
+//!     pub limit: u32,          // quota q
+//!     pub window: Duration,    // w
+//!     pub remaining: u64,      // r, after this request
+//!     pub reset_after: Duration, // t: real time until capacity returns
+//! }
+//! ```
