@@ -34,7 +34,11 @@ impl Canonical<'_> {
     #[must_use]
     pub fn string_to_sign(&self) -> String {
         let mut s = String::with_capacity(
-            self.method.len() + self.target.len() + self.timestamp.len() + 64 + 4
+            self.method.len()
+                + self.target.len()
+                + self.timestamp.len()
+                + 64
+                + 4
                 + self.nonce.map_or(0, str::len),
         );
         s.push_str(self.method);

@@ -1,0 +1,330 @@
+//! `limiter sign`: the signature headers (or a ready `curl` command) for one request, so
+//! that operators can exercise a signed route by hand.
+
+use std::fmt::Write as _;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::str::FromStr as _;
+
+use anyhow::{Context as _, bail, ensure};
+use http::Method;
+use http::uri::{PathAndQuery, Uri};
+
+use crate::signature::canonical::{Canonical, sha256, sign_hex};
+use crate::signature::secrets::read_secret_file;
+use crate::signature::unix_now;
+
+/// Arguments of `limiter sign`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SignArgs {
+    /// Key id, sent as X-API-Key.
+    #[arg(long)]
+    pub key_id: String,
+    /// File holding the key's secret (one trailing newline is ignored, as by the proxy).
+    #[arg(long)]
+    pub secret_file: PathBuf,
+    /// Request method, exactly as it will be sent.
+    #[arg(long)]
+    pub method: String,
+    /// Request target exactly as it will be sent: path and, if any, ?query.
+    #[arg(long)]
+    pub path: String,
+    /// File holding the request body; without it the body is empty.
+    #[arg(long)]
+    pub body_file: Option<PathBuf>,
+    /// Add a random 128-bit X-Nonce, so that identical requests get distinct signatures.
+    #[arg(long)]
+    pub nonce: bool,
+    /// Unix timestamp to sign instead of now.
+    #[arg(long)]
+    pub timestamp: Option<u64>,
+    /// Print a curl command for this proxy base URL (scheme://host[:port]) instead of
+    /// the headers; --path is appended to it.
+    #[arg(long, value_name = "URL")]
+    pub curl: Option<String>,
+}
+
+/// Runs `limiter sign`, printing to stdout.
+pub fn run(args: SignArgs) -> anyhow::Result<()> {
+    let secret = read_secret_file(&args.secret_file)
+        .with_context(|| format!("reading secret file {}", args.secret_file.display()))?;
+    ensure!(
+        !secret.is_empty(),
+        "secret file {} is empty",
+        args.secret_file.display()
+    );
+    let body = match &args.body_file {
+        Some(path) => {
+            std::fs::read(path).with_context(|| format!("reading body file {}", path.display()))?
+        }
+        None => Vec::new(),
+    };
+    let nonce = args.nonce.then(random_nonce).transpose()?;
+    let timestamp = args.timestamp.unwrap_or_else(unix_now);
+    print!(
+        "{}",
+        render(&args, &secret, &body, timestamp, nonce.as_deref())?
+    );
+    Ok(())
+}
+
+/// The output of `limiter sign`, with every input fixed (for tests).
+fn render(
+    args: &SignArgs,
+    secret: &[u8],
+    body: &[u8],
+    timestamp: u64,
+    nonce: Option<&str>,
+) -> anyhow::Result<String> {
+    // Validate exactly what the proxy will see, so a typo fails here and not as a 401.
+    Method::from_str(&args.method).with_context(|| format!("invalid method {:?}", args.method))?;
+    ensure!(
+        args.path.starts_with('/'),
+        "--path must be a request target starting with '/', got {:?}",
+        args.path
+    );
+    PathAndQuery::from_str(&args.path)
+        .with_context(|| format!("invalid request target {:?}", args.path))?;
+
+    let timestamp = timestamp.to_string();
+    let body_sha256 = sha256(body);
+    let message = Canonical {
+        method: &args.method,
+        target: &args.path,
+        timestamp: &timestamp,
+        body_sha256: &body_sha256,
+        nonce,
+    }
+    .string_to_sign();
+    let signature = sign_hex(secret, &message);
+
+    let mut headers = vec![
+        ("X-API-Key", args.key_id.as_str()),
+        ("X-Timestamp", timestamp.as_str()),
+    ];
+    if let Some(nonce) = nonce {
+        headers.push(("X-Nonce", nonce));
+    }
+    headers.push(("X-Signature", signature.as_str()));
+
+    let mut out = String::new();
+    if let Some(base) = &args.curl {
+        let url = format!("{}{}", curl_base(base)?, args.path);
+        // --path-as-is and --globoff: curl must send the target byte for byte as signed,
+        // without resolving dot segments or expanding [] and {}.
+        out.push_str("curl --path-as-is --globoff -X ");
+        out.push_str(&shell_quote(&args.method));
+        for (name, value) in &headers {
+            out.push_str(" -H ");
+            out.push_str(&shell_quote(&format!("{name}: {value}")));
+        }
+        if let Some(path) = &args.body_file {
+            out.push_str(" --data-binary ");
+            out.push_str(&shell_quote(&format!("@{}", path_str(path)?)));
+        }
+        out.push(' ');
+        out.push_str(&shell_quote(&url));
+        out.push('\n');
+    } else {
+        for (name, value) in &headers {
+            writeln!(out, "{name}: {value}")?;
+        }
+    }
+    Ok(out)
+}
+
+/// The base URL without a trailing slash. A path or query in it would change the request
+/// target curl sends and so break the signature, hence refused.
+fn curl_base(base: &str) -> anyhow::Result<&str> {
+    let uri = Uri::from_str(base).with_context(|| format!("invalid --curl URL {base:?}"))?;
+    ensure!(
+        uri.scheme().is_some() && uri.authority().is_some(),
+        "--curl needs scheme://host[:port], got {base:?}"
+    );
+    if uri.path_and_query().is_some_and(|pq| pq.as_str() != "/") {
+        bail!("--curl takes the proxy's base URL only; put the target in --path (got {base:?})");
+    }
+    Ok(base.strip_suffix('/').unwrap_or(base))
+}
+
+fn path_str(path: &Path) -> anyhow::Result<&str> {
+    path.to_str()
+        .with_context(|| format!("body file path {} is not UTF-8", path.display()))
+}
+
+/// Single-quotes `s` for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// 128 random bits from the kernel, as 32 hex characters.
+fn random_nonce() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("reading /dev/urandom for a nonce")?;
+    Ok(hex::encode(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    #![expect(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use http::{HeaderMap, HeaderName, HeaderValue};
+
+    use super::*;
+    use crate::signature::{ReplayCache, SignedRequest, Verifier};
+
+    const TS: u64 = 1_700_000_000;
+
+    fn args(method: &str, path: &str, body_file: Option<&str>, curl: Option<&str>) -> SignArgs {
+        SignArgs {
+            key_id: "k-free-1".into(),
+            secret_file: PathBuf::from("/unused"),
+            method: method.into(),
+            path: path.into(),
+            body_file: body_file.map(PathBuf::from),
+            nonce: false,
+            timestamp: Some(TS),
+            curl: curl.map(str::to_owned),
+        }
+    }
+
+    /// The printed header lines, parsed back as the proxy would receive them.
+    fn parse_headers(out: &str) -> HeaderMap {
+        out.lines()
+            .map(|line| {
+                let (name, value) = line.split_once(": ").unwrap();
+                (
+                    HeaderName::from_str(name).unwrap(),
+                    HeaderValue::from_str(value).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn headers_match_the_fixed_vector() {
+        // Same vector as signature::tests::canonical::fixed_vector.
+        let a = args("POST", "/api/transfer?dry_run=1", Some("b.json"), None);
+        let out = render(
+            &a,
+            b"k-free-1-secret",
+            br#"{"amount":100,"to":"acct-42"}"#,
+            TS,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "X-API-Key: k-free-1\nX-Timestamp: 1700000000\n\
+             X-Signature: 0a6176fce748b771768a0eccb4ee261c594e0dec5f7fc55b3df72276b7548094\n"
+        );
+    }
+
+    #[test]
+    fn output_is_accepted_by_the_verifier() {
+        let verifier = Verifier::new(
+            [("k-free-1".to_owned(), vec![b"s".to_vec()])],
+            Arc::new(ReplayCache::new(10)),
+        );
+        for nonce in [None, Some(random_nonce().unwrap())] {
+            let a = args("PATCH", "/v1/x?y=%2F", None, None);
+            let headers =
+                parse_headers(&render(&a, b"s", b"payload", TS, nonce.as_deref()).unwrap());
+            assert_eq!(headers.contains_key("x-nonce"), nonce.is_some());
+            let digest = sha256(b"payload");
+            let req = SignedRequest {
+                method: &Method::PATCH,
+                target: "/v1/x?y=%2F",
+                headers: &headers,
+                body_sha256: &digest,
+            };
+            verifier
+                .verify(&req, TS + 5, Duration::from_secs(300))
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn curl_command() {
+        let a = args(
+            "POST",
+            "/api/it's?a=[1]",
+            Some("/tmp/my body.json"),
+            Some("http://127.0.0.1:8080/"),
+        );
+        let out = render(&a, b"s", b"{}", TS, Some("n")).unwrap();
+        let sig = sign_hex(
+            b"s",
+            &format!(
+                "POST\n/api/it's?a=[1]\n{TS}\n{}\nn",
+                hex::encode(sha256(b"{}"))
+            ),
+        );
+        assert_eq!(
+            out,
+            format!(
+                "curl --path-as-is --globoff -X 'POST' -H 'X-API-Key: k-free-1' -H 'X-Timestamp: {TS}' \
+                 -H 'X-Nonce: n' -H 'X-Signature: {sig}' --data-binary '@/tmp/my body.json' \
+                 'http://127.0.0.1:8080/api/it'\\''s?a=[1]'\n"
+            )
+        );
+        let no_body = render(
+            &args("GET", "/", None, Some("https://h")),
+            b"s",
+            b"",
+            TS,
+            None,
+        )
+        .unwrap();
+        assert!(!no_body.contains("--data-binary"));
+        assert!(no_body.ends_with(" 'https://h/'\n"));
+    }
+
+    #[test]
+    fn refuses_inputs_that_would_not_verify() {
+        let bad = [
+            args("PO ST", "/", None, None),
+            args("GET", "api", None, None),
+            args("GET", "/a b", None, None),
+            args("GET", "/", None, Some("http://h/base")),
+            args("GET", "/", None, Some("http://h/?q")),
+            args("GET", "/", None, Some("h:80")),
+        ];
+        for a in bad {
+            assert!(render(&a, b"s", b"", TS, None).is_err(), "{a:?}");
+        }
+    }
+
+    #[test]
+    fn nonce_is_128_bit_hex() {
+        let (a, b) = (random_nonce().unwrap(), random_nonce().unwrap());
+        assert_eq!(a.len(), 32);
+        assert!(
+            a.bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn run_reads_files() {
+        let dir = std::env::temp_dir().join(format!("limiter-sign-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("secret"), "s\n").unwrap();
+        let mut a = args("GET", "/", None, None);
+        a.secret_file = dir.join("secret");
+        run(a.clone()).unwrap();
+        a.body_file = Some(dir.join("missing"));
+        assert!(run(a.clone()).is_err());
+        std::fs::write(dir.join("empty"), "").unwrap();
+        a.body_file = None;
+        a.secret_file = dir.join("empty");
+        assert!(run(a).is_err());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,137 @@
+//! Memory of accepted signatures, so that each can be used once.
+//!
+//! # Capacity policy: fail closed
+//!
+//! When every entry is still live and a new signature arrives, the cache refuses it
+//! ([`ReplayError::Full`], counted in [`ReplayCache::full_rejections`]) instead of
+//! evicting the oldest entry. Evicting would forget a signature that can still pass
+//! the timestamp check, so anyone who captured that request could replay it; refusing
+//! only costs availability of signed routes until entries expire (at most twice the
+//! skew window). Only MAC-verified requests enter the cache, so filling it takes a
+//! valid key, and that key's requests are rate limited; size `max_entries` above the
+//! signed request rate times the retention (2 × `max_skew`).
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+/// Why a signature was not recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReplayError {
+    /// The signature was already accepted and is still within its window.
+    #[error("signature already used")]
+    Replay,
+    /// Every entry is live and the cache is at capacity (see the module docs).
+    #[error("replay cache full")]
+    Full,
+}
+
+/// One accepted signature. The key id is part of the identity so that two keys that
+/// happen to produce the same MAC bytes never collide.
+type Entry = (Box<str>, [u8; 32]);
+
+#[derive(Debug, Default)]
+struct Inner {
+    live: HashSet<Entry>,
+    /// The same entries ordered by signed timestamp, oldest first, for expiry.
+    by_timestamp: BTreeSet<(u64, Entry)>,
+    /// The longest skew window ever used with this cache. Entries are kept for
+    /// timestamp + this, so widening `max_skew` on reload cannot make an entry expire
+    /// while its request would still pass the wider check.
+    retention_secs: u64,
+}
+
+impl Inner {
+    /// Drops entries whose request can no longer pass the timestamp check
+    /// (timestamp + retention < now).
+    fn purge(&mut self, now: u64) {
+        while let Some(first) = self.by_timestamp.first() {
+            if first.0.saturating_add(self.retention_secs) >= now {
+                break;
+            }
+            if let Some((_, entry)) = self.by_timestamp.pop_first() {
+                self.live.remove(&entry);
+            }
+        }
+    }
+}
+
+/// Bounded, thread-safe set of accepted signatures.
+#[derive(Debug)]
+pub struct ReplayCache {
+    inner: Mutex<Inner>,
+    max_entries: usize,
+    full_rejections: AtomicU64,
+}
+
+impl ReplayCache {
+    /// A cache holding at most `max_entries` signatures.
+    #[must_use]
+    pub fn new(max_entries: usize) -> Self {
+        Self {
+            inner: Mutex::new(Inner::default()),
+            max_entries,
+            full_rejections: AtomicU64::new(0),
+        }
+    }
+
+    /// Records `signature` of `key_id` as used, or says why it cannot be.
+    ///
+    /// `timestamp` is the signed timestamp, `now` the wall clock (both unix seconds).
+    /// Call only after the MAC verified, so that unauthenticated traffic never grows
+    /// the cache.
+    pub fn check_and_insert(
+        &self,
+        key_id: &str,
+        signature: &[u8; 32],
+        timestamp: u64,
+        max_skew: Duration,
+        now: u64,
+    ) -> Result<(), ReplayError> {
+        let mut inner = self.lock();
+        inner.retention_secs = inner.retention_secs.max(max_skew.as_secs());
+        inner.purge(now);
+        let entry: Entry = (key_id.into(), *signature);
+        if inner.live.contains(&entry) {
+            return Err(ReplayError::Replay);
+        }
+        if inner.live.len() >= self.max_entries {
+            self.full_rejections.fetch_add(1, Ordering::Relaxed);
+            return Err(ReplayError::Full);
+        }
+        inner.by_timestamp.insert((timestamp, entry.clone()));
+        inner.live.insert(entry);
+        Ok(())
+    }
+
+    /// Entries currently held, live or not yet purged.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.lock().live.len()
+    }
+
+    /// Whether the cache holds no entries.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Configured capacity.
+    #[must_use]
+    pub const fn capacity(&self) -> usize {
+        self.max_entries
+    }
+
+    /// Signatures refused because the cache was full of live entries.
+    #[must_use]
+    pub fn full_rejections(&self) -> u64 {
+        self.full_rejections.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // Every critical section leaves both indexes consistent before anything that
+        // could panic, so a poisoned lock still guards valid state.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,81 @@
+//! Loading key secrets from references, so that secrets never sit in the config text.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::path::Path;
+
+/// Why a secret reference could not be loaded. Messages name the reference, never
+/// the secret.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// The value is not `file:PATH` or `env:NAME`; it is not echoed, as it may well be a
+    /// secret pasted into the config.
+    #[error("secrets must be references (\"file:PATH\" or \"env:NAME\"), not literal values")]
+    NotAReference,
+    /// The file could not be read.
+    #[error("secret {reference}: {source}")]
+    Read {
+        /// The reference as configured.
+        reference: String,
+        /// The read error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The environment variable is not set.
+    #[error("secret {reference}: environment variable not set")]
+    EnvMissing {
+        /// The reference as configured.
+        reference: String,
+    },
+    /// The secret is empty (or the reference has an empty path or name).
+    #[error("secret {reference} is empty")]
+    Empty {
+        /// The reference as configured.
+        reference: String,
+    },
+}
+
+/// Loads the secret `reference` points to: `file:PATH` (one trailing line ending is
+/// removed, as editors and `echo` add one) or `env:NAME` (taken as is).
+pub fn load_secret(reference: &str) -> Result<Vec<u8>, SecretError> {
+    let empty = || SecretError::Empty {
+        reference: reference.to_owned(),
+    };
+    let secret = if let Some(path) = reference.strip_prefix("file:") {
+        if path.is_empty() {
+            return Err(empty());
+        }
+        read_secret_file(Path::new(path)).map_err(|source| SecretError::Read {
+            reference: reference.to_owned(),
+            source,
+        })?
+    } else if let Some(name) = reference.strip_prefix("env:") {
+        if name.is_empty() {
+            return Err(empty());
+        }
+        std::env::var_os(name)
+            .map(OsString::into_vec)
+            .ok_or_else(|| SecretError::EnvMissing {
+                reference: reference.to_owned(),
+            })?
+    } else {
+        return Err(SecretError::NotAReference);
+    };
+    if secret.is_empty() {
+        return Err(empty());
+    }
+    Ok(secret)
+}
+
+/// Reads a secret file the way both the proxy and `limiter sign` must, so that they
+/// agree on the key bytes: contents minus one trailing `\n` or `\r\n`.
+pub fn read_secret_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = std::fs::read(path)?;
+    if bytes.last() == Some(&b'\n') {
+        bytes.pop();
+        if bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+    }
+    Ok(bytes)
+}
