@@ -170,8 +170,10 @@ fn upper_layer(ctx: &XdpContext, mut offset: usize, mut next: u8) -> UpperLayer 
     for _ in 0..MAX_IPV6_EXT_HEADERS {
         match next {
             IPPROTO_ICMPV6 => {
-                return match load::<1>(ctx, offset) {
-                    Some([icmp_type]) => UpperLayer::Icmpv6(icmp_type),
+                // Type and code: a 1-byte check is folded by LLVM into a compare the
+                // verifier cannot read as a bound, and no ICMPv6 message is shorter.
+                return match load::<2>(ctx, offset) {
+                    Some([icmp_type, _code]) => UpperLayer::Icmpv6(icmp_type),
                     None => UpperLayer::Broken,
                 };
             }

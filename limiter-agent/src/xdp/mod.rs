@@ -1,1 +1,65 @@
+//! The kernel layer from user space: load the XDP program, attach and pin it, and
+//! read and write its maps — from the running agent or, through the pins, from any
+//! CLI command.
+//!
+//! Minimum kernel: 5.12 (BPF_CMPXCHG in the program; bpf_link for XDP since 5.9).
 
+mod attach;
+mod bpffs;
+mod load;
+mod maps;
+mod stats;
+
+pub use self::{
+    attach::{Attachment, attach, attached, detach_all},
+    bpffs::ensure_mounted,
+    load::{Kernel, LoadOptions, Logger},
+    maps::{BlockEntry, CidrChanges, KernelMaps, monotonic_now_ns, settings_for},
+    stats::{CounterSnapshot, SourceRow, XdpStats},
+};
+
+/// Everything that can go wrong in the kernel layer.
+#[derive(Debug, thiserror::Error)]
+pub enum XdpError {
+    #[error("loading the XDP program failed: {0}")]
+    Load(#[source] aya::EbpfError),
+    #[error("the XDP program is missing from the object (build problem)")]
+    MissingProgram,
+    #[error("XDP program: {0}")]
+    Program(#[source] aya::programs::ProgramError),
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("map {0} is missing: is the agent's program loaded? (pin dir {1})")]
+    MissingMap(&'static str, String),
+    #[error(
+        "pinned map {name} under {dir} has another layout ({found}); it was made by an incompatible \
+         build: run `limiter detach` to remove the old program and its state, then start again"
+    )]
+    IncompatibleLayout { name: &'static str, dir: String, found: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("attaching to {interface}: {source}")]
+    Attach {
+        interface: String,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("pinning the link of {interface}: {source}")]
+    Pin {
+        interface: String,
+        #[source]
+        source: aya::pin::PinError,
+    },
+    #[error("link: {0}")]
+    Link(#[source] aya::programs::links::LinkError),
+    #[error("aya-log: {0}")]
+    Log(#[source] aya_log::Error),
+}

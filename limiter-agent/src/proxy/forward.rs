@@ -1,0 +1,188 @@
+//! Sending a request to the upstream and bringing its response back, as a proxy
+//! should: hop-by-hop headers stay on their hop, `X-Forwarded-For` records the peer.
+
+use std::{net::IpAddr, time::Duration};
+
+use http::{HeaderMap, HeaderValue, Request, Response, Uri, Version, header, request, uri::PathAndQuery};
+use http_body_util::BodyExt;
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+
+use super::{ProxyBody, keys::X_FORWARDED_FOR};
+
+/// A dead upstream host must give a quick 502, not hang the client; a refused
+/// connection fails at once anyway. Generous enough for a loaded local network.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Pooled connections idle longer than this are closed, below the usual keep-alive
+/// timeout of application servers so that we rarely reuse one they are closing.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a request did not get an upstream response.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ForwardError {
+    #[error("cannot build the upstream URI: {0}")]
+    Uri(#[from] http::Error),
+    #[error("{0}")]
+    Client(#[from] hyper_util::client::legacy::Error),
+}
+
+/// The upstream client with its connection pool, shared by every request.
+#[derive(Debug)]
+pub(super) struct Upstream {
+    client: Client<HttpConnector, ProxyBody>,
+}
+
+/// Where the request came from, for `X-Forwarded-For`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Origin {
+    pub peer: IpAddr,
+    /// The peer is a trusted proxy, so the chain it sent is kept.
+    pub peer_trusted: bool,
+}
+
+impl Upstream {
+    pub(super) fn new() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE_TIMEOUT).build(connector);
+        Self { client }
+    }
+
+    /// Sends the request to `base` (scheme and authority of the upstream).
+    pub(super) async fn send(
+        &self,
+        base: &Uri,
+        mut parts: request::Parts,
+        body: ProxyBody,
+        origin: Origin,
+    ) -> Result<Response<ProxyBody>, ForwardError> {
+        let chain = origin.peer_trusted.then(|| forwarded_chain(&parts.headers)).flatten();
+        remove_hop_by_hop(&mut parts.headers);
+        set_forwarded_for(&mut parts.headers, chain, origin.peer);
+        parts.uri = upstream_uri(base, &parts.uri)?;
+        // We speak HTTP/1.1 to the upstream whatever the client spoke to us.
+        parts.version = Version::HTTP_11;
+        let response = self.client.request(Request::from_parts(parts, body)).await?;
+        let (mut parts, body) = response.into_parts();
+        remove_hop_by_hop(&mut parts.headers);
+        Ok(Response::from_parts(parts, body.map_err(Into::into).boxed()))
+    }
+}
+
+fn upstream_uri(base: &Uri, request: &Uri) -> Result<Uri, http::Error> {
+    let path = request.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let mut uri = Uri::builder().path_and_query(path);
+    if let Some(scheme) = base.scheme() {
+        uri = uri.scheme(scheme.clone());
+    }
+    if let Some(authority) = base.authority() {
+        uri = uri.authority(authority.clone());
+    }
+    uri.build()
+}
+
+/// Removes the headers that describe one connection rather than the message (RFC 9110
+/// §7.6.1): the fixed list, any `Proxy-*`, and whatever `Connection` names.
+pub(super) fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .filter(|name| !name.is_empty())
+        .collect();
+    for name in named {
+        headers.remove(name.as_str());
+    }
+    for name in [header::CONNECTION, header::TE, header::TRAILER, header::TRANSFER_ENCODING, header::UPGRADE] {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    let proxy_headers: Vec<_> = headers.keys().filter(|name| name.as_str().starts_with("proxy-")).cloned().collect();
+    for name in proxy_headers {
+        headers.remove(name);
+    }
+}
+
+/// The `X-Forwarded-For` chain as received, joined into one list.
+fn forwarded_chain(headers: &HeaderMap) -> Option<String> {
+    let values: Vec<&str> = headers.get_all(X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()).collect();
+    (!values.is_empty()).then(|| values.join(", "))
+}
+
+/// `X-Forwarded-For: <chain>, <peer>`. From an untrusted peer the chain it sent is
+/// dropped: passing it on would let any client put words in our mouth towards an
+/// upstream that trusts us.
+fn set_forwarded_for(headers: &mut HeaderMap, chain: Option<String>, peer: IpAddr) {
+    let value = match chain {
+        Some(chain) => format!("{chain}, {peer}"),
+        None => peer.to_string(),
+    };
+    headers.remove(X_FORWARDED_FOR);
+    if let Ok(value) = HeaderValue::try_from(value) {
+        headers.insert(X_FORWARDED_FOR, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                http::HeaderName::try_from(*name).unwrap_or_else(|_| panic!("bad name {name}")),
+                HeaderValue::try_from(*value).unwrap_or_else(|_| panic!("bad value {value}")),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut map = headers(&[
+            ("connection", "keep-alive, X-Secret"),
+            ("connection", "close"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-authorization", "Basic x"),
+            ("proxy-connection", "keep-alive"),
+            ("te", "trailers"),
+            ("trailer", "x-checksum"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("x-secret", "1"),
+            ("x-kept", "1"),
+            ("content-length", "4"),
+        ]);
+        remove_hop_by_hop(&mut map);
+        let left: Vec<&str> = map.keys().map(http::HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept", "content-length"]);
+    }
+
+    #[test]
+    fn forwarded_for_keeps_a_trusted_chain_only() {
+        let peer: IpAddr = [192, 0, 2, 1].into();
+        let mut map = headers(&[("x-forwarded-for", "203.0.113.9"), ("x-forwarded-for", "10.0.0.2")]);
+        let chain = forwarded_chain(&map);
+        set_forwarded_for(&mut map, chain, peer);
+        assert_eq!(map.get_all(X_FORWARDED_FOR).iter().collect::<Vec<_>>(), ["203.0.113.9, 10.0.0.2, 192.0.2.1"]);
+        set_forwarded_for(&mut map, None, peer);
+        assert_eq!(map.get_all(X_FORWARDED_FOR).iter().collect::<Vec<_>>(), ["192.0.2.1"]);
+    }
+
+    #[test]
+    fn upstream_uri_takes_the_request_target() -> Result<(), http::Error> {
+        let base: Uri = "http://127.0.0.1:3000".parse()?;
+        let request: Uri = "/a/b?c=d".parse()?;
+        assert_eq!(upstream_uri(&base, &request)?, "http://127.0.0.1:3000/a/b?c=d");
+        let absolute: Uri = "http://evil.example/x".parse()?;
+        assert_eq!(upstream_uri(&base, &absolute)?, "http://127.0.0.1:3000/x");
+        Ok(())
+    }
+}

@@ -1,0 +1,124 @@
+//! The rate-limit headers of every counted response (interface.md section 6):
+//! `X-RateLimit-*` from the most restrictive policy, and `RateLimit-Policy` /
+//! `RateLimit` per draft-ietf-httpapi-ratelimit-headers-11 listing every policy.
+
+use std::{
+    cmp::Reverse,
+    fmt::Write as _,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::limits::PolicyStatus;
+
+static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+static POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Whole seconds, rounded up: a client that waits this long finds capacity back.
+pub(super) fn ceil_secs(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+/// Adds the headers for the policies that counted a request; none if none did.
+pub(super) fn add_rate_limit_headers(headers: &mut HeaderMap, policies: &[PolicyStatus], now: SystemTime) {
+    // Lowest remaining is what the client runs into first; on a tie, the one that
+    // takes longer to recover.
+    let Some(tightest) = policies.iter().min_by_key(|p| (p.remaining, Reverse(p.reset_after))) else {
+        return;
+    };
+    let now_secs = now.duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
+    headers.insert(X_LIMIT.clone(), HeaderValue::from(tightest.limit));
+    headers.insert(X_REMAINING.clone(), HeaderValue::from(tightest.remaining));
+    headers.insert(X_RESET.clone(), HeaderValue::from(now_secs.saturating_add(ceil_secs(tightest.reset_after))));
+
+    let mut policy = String::new();
+    let mut state = String::new();
+    for (i, status) in policies.iter().enumerate() {
+        let separator = if i == 0 { "" } else { ", " };
+        let name = sf_string(&status.name);
+        // Writing to a String cannot fail.
+        let _ = write!(policy, "{separator}{name};q={};w={}", status.limit, ceil_secs(status.window));
+        let _ = write!(state, "{separator}{name};r={};t={}", status.remaining, ceil_secs(status.reset_after));
+    }
+    for (name, value) in [(&POLICY, policy), (&RATELIMIT, state)] {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.insert(name.clone(), value);
+        }
+    }
+}
+
+/// A structured-field string (RFC 8941 §3.3.3): quoted, `"` and `\` escaped. Policy
+/// names come from the config; characters a string cannot hold become `?`.
+fn sf_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(name: &str, limit: u32, remaining: u64, reset_ms: u64) -> PolicyStatus {
+        PolicyStatus {
+            name: name.to_owned(),
+            limit,
+            window: Duration::from_secs(60),
+            remaining,
+            reset_after: Duration::from_millis(reset_ms),
+        }
+    }
+
+    fn header<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
+        headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("<absent>")
+    }
+
+    #[test]
+    fn lists_every_policy_and_takes_x_headers_from_the_tightest() {
+        let mut headers = HeaderMap::new();
+        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let policies = [policy("free", 100, 17, 41_200), policy("per-ip", 10, 3, 5_000)];
+        add_rate_limit_headers(&mut headers, &policies, now);
+        assert_eq!(header(&headers, "ratelimit-policy"), r#""free";q=100;w=60, "per-ip";q=10;w=60"#);
+        assert_eq!(header(&headers, "ratelimit"), r#""free";r=17;t=42, "per-ip";r=3;t=5"#);
+        assert_eq!(header(&headers, "x-ratelimit-limit"), "10");
+        assert_eq!(header(&headers, "x-ratelimit-remaining"), "3");
+        assert_eq!(header(&headers, "x-ratelimit-reset"), "1700000005");
+    }
+
+    #[test]
+    fn no_policies_no_headers() {
+        let mut headers = HeaderMap::new();
+        add_rate_limit_headers(&mut headers, &[], SystemTime::now());
+        assert!(headers.is_empty());
+    }
+
+    #[test]
+    fn names_are_quoted_and_escaped() {
+        assert_eq!(sf_string(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(sf_string("café\n"), r#""caf??""#);
+    }
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_secs(Duration::from_millis(2_001)), 3);
+    }
+}

@@ -1,0 +1,155 @@
+//! Why the proxy answered a request itself, and the `application/problem+json`
+//! response (RFC 9457) for each reason.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use serde::Serialize;
+
+use super::{ProxyBody, full_body, headers::ceil_secs};
+
+const PROBLEM_JSON: &str = "application/problem+json";
+const TYPE_BASE: &str = "https://limiter.dev/problems#";
+
+/// A request the proxy refused instead of forwarding.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Refusal {
+    #[error("over the limit of {violated:?}")]
+    QuotaExceeded { violated: Vec<String>, retry_after: Duration },
+    /// A rule with `missing_key = "reject"` counts by a key the request lacks.
+    #[error("rule `{rule}` needs a key the request lacks")]
+    MissingKey { rule: String, status: StatusCode },
+    /// Every signature failure looks the same from outside; the reason is counted.
+    #[error("signature not accepted")]
+    Unauthorized,
+    #[error("body larger than {limit} bytes")]
+    BodyTooLarge { limit: u64 },
+    #[error("request body could not be read")]
+    BodyUnreadable,
+    #[error("Idempotency-Key is not visible ASCII")]
+    IdempotencyKeyMalformed,
+    #[error("Idempotency-Key reused for a different request")]
+    IdempotencyKeyReused,
+    #[error("a request with this Idempotency-Key is in progress or cannot be replayed")]
+    IdempotencyConflict,
+    #[error("too many idempotent requests in flight")]
+    IdempotencyStoreFull,
+    #[error("upstream unavailable: {0}")]
+    Upstream(String),
+}
+
+/// The body of every problem response.
+#[derive(Debug, Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'a str,
+    status: u16,
+    detail: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    violated_policies: Option<&'a [String]>,
+}
+
+impl Problem<'_> {
+    fn json(&self) -> Bytes {
+        // Serialising a struct of strings and numbers cannot fail.
+        serde_json::to_vec(self).map(Bytes::from).unwrap_or_default()
+    }
+}
+
+/// A problem response with no other headers.
+fn problem(status: StatusCode, slug: &str, detail: &str, violated: Option<&[String]>) -> Response<ProxyBody> {
+    let body = Problem {
+        kind: format!("{TYPE_BASE}{slug}"),
+        title: status.canonical_reason().unwrap_or("Error"),
+        status: status.as_u16(),
+        detail,
+        violated_policies: violated,
+    }
+    .json();
+    let mut response = Response::new(full_body(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response
+}
+
+impl Refusal {
+    pub(super) fn into_response(self) -> Response<ProxyBody> {
+        match self {
+            Self::QuotaExceeded { violated, retry_after } => {
+                let mut response = problem(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "quota-exceeded",
+                    "The request exceeds a rate limit; retry after the time in Retry-After.",
+                    Some(&violated),
+                );
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(ceil_secs(retry_after)));
+                response
+            }
+            Self::MissingKey { rule, status } => {
+                problem(status, "missing-key", &format!("Rule `{rule}` requires a key this request does not carry."), None)
+            }
+            Self::Unauthorized => {
+                problem(StatusCode::UNAUTHORIZED, "invalid-signature", "The request signature could not be verified.", None)
+            }
+            Self::BodyTooLarge { limit } => problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                &format!("The request body exceeds {limit} bytes."),
+                None,
+            ),
+            Self::BodyUnreadable => {
+                problem(StatusCode::BAD_REQUEST, "bad-body", "The request body could not be read.", None)
+            }
+            Self::IdempotencyKeyMalformed => problem(
+                StatusCode::BAD_REQUEST,
+                "bad-idempotency-key",
+                "Idempotency-Key must be visible ASCII.",
+                None,
+            ),
+            Self::IdempotencyKeyReused => problem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency-key-reused",
+                "This Idempotency-Key was used for a different request.",
+                None,
+            ),
+            Self::IdempotencyConflict => problem(
+                StatusCode::CONFLICT,
+                "idempotency-key-in-use",
+                "A request with this Idempotency-Key is still in progress, or its response cannot be replayed.",
+                None,
+            ),
+            Self::IdempotencyStoreFull => problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "idempotency-store-full",
+                "Too many idempotent requests are in progress; retry shortly.",
+                None,
+            ),
+            Self::Upstream(_) => {
+                problem(StatusCode::BAD_GATEWAY, "upstream-unavailable", "The upstream service could not be reached.", None)
+            }
+        }
+    }
+}
+
+/// The raw 408 written on a connection whose headers did not arrive in time. hyper
+/// only closes such a connection, so the server writes this itself before closing.
+pub(super) fn request_timeout_bytes() -> Vec<u8> {
+    let status = StatusCode::REQUEST_TIMEOUT;
+    let body = Problem {
+        kind: format!("{TYPE_BASE}request-timeout"),
+        title: status.canonical_reason().unwrap_or("Request Timeout"),
+        status: status.as_u16(),
+        detail: "The request headers did not arrive in time.",
+        violated_policies: None,
+    }
+    .json();
+    let mut raw = format!(
+        "HTTP/1.1 408 Request Timeout\r\ncontent-type: {PROBLEM_JSON}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(&body);
+    raw
+}

@@ -1,0 +1,126 @@
+//! What the proxy did, counted: read by `limiter stats` and the metrics.
+
+use std::{
+    collections::BTreeMap,
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::signature::FailureReason;
+
+/// One event the proxy counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Event {
+    /// A request reached the handler (hyper refuses malformed ones before that).
+    Request,
+    /// Sent to the upstream, delayed or not.
+    Forwarded,
+    /// Inside a throttle band or a queue: delayed (in shadow mode: would have been).
+    Throttled,
+    /// Over a limit or missing its key: refused (in shadow mode: would have been).
+    Rejected,
+    /// Answered from the idempotency store without reaching the upstream.
+    IdempotentReplay,
+    BodyTooLarge,
+    /// Headers not complete within `header_timeout` (answered 408).
+    HeaderTimeout,
+    /// The upstream could not be reached or failed mid-response (502).
+    UpstreamError,
+}
+
+/// The live counters. Relaxed atomics: each counter is independent, and a reader
+/// only needs every increment to show up eventually.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    requests: AtomicU64,
+    forwarded: AtomicU64,
+    throttled: AtomicU64,
+    rejected: AtomicU64,
+    idempotent_replays: AtomicU64,
+    body_too_large: AtomicU64,
+    timeouts: AtomicU64,
+    upstream_errors: AtomicU64,
+    signature_failures: [AtomicU64; FailureReason::ALL.len()],
+}
+
+impl Counters {
+    pub(super) fn add(&self, event: Event) {
+        let counter = match event {
+            Event::Request => &self.requests,
+            Event::Forwarded => &self.forwarded,
+            Event::Throttled => &self.throttled,
+            Event::Rejected => &self.rejected,
+            Event::IdempotentReplay => &self.idempotent_replays,
+            Event::BodyTooLarge => &self.body_too_large,
+            Event::HeaderTimeout => &self.timeouts,
+            Event::UpstreamError => &self.upstream_errors,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn add_signature_failure(&self, reason: FailureReason) {
+        if let Some(counter) = FailureReason::ALL.iter().position(|r| *r == reason).and_then(|i| self.signature_failures.get(i)) {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn snapshot(&self, tracked_keys: usize, evictions: u64) -> ProxyStats {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let by_reason: BTreeMap<String, u64> = FailureReason::ALL
+            .iter()
+            .zip(&self.signature_failures)
+            .map(|(reason, counter)| (reason.as_str().to_owned(), load(counter)))
+            .collect();
+        ProxyStats {
+            requests: load(&self.requests),
+            forwarded: load(&self.forwarded),
+            throttled: load(&self.throttled),
+            rejected: load(&self.rejected),
+            signature_failures: by_reason.values().sum(),
+            replays: by_reason.get(FailureReason::Replay.as_str()).copied().unwrap_or(0),
+            signature_failure_reasons: by_reason,
+            idempotent_replays: load(&self.idempotent_replays),
+            body_too_large: load(&self.body_too_large),
+            timeouts: load(&self.timeouts),
+            upstream_errors: load(&self.upstream_errors),
+            tracked_keys: tracked_keys as u64,
+            evictions,
+        }
+    }
+}
+
+/// A point-in-time copy of the proxy's counters (the `proxy` object of
+/// `limiter stats --json`).
+///
+/// In shadow mode `throttled` and `rejected` count what would have been delayed or
+/// refused; those requests are also in `forwarded`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyStats {
+    /// Requests that reached the proxy's handler.
+    pub requests: u64,
+    /// Requests sent to the upstream.
+    pub forwarded: u64,
+    /// Requests delayed by a throttle band or queue.
+    pub throttled: u64,
+    /// Requests refused by a limit (429) or for lacking a rule's key (401/400).
+    pub rejected: u64,
+    /// Signed requests refused (401), whatever the reason; includes `replays`.
+    pub signature_failures: u64,
+    /// Signed requests refused because their signature was already used.
+    pub replays: u64,
+    /// `signature_failures` by reason (the metrics label values).
+    pub signature_failure_reasons: BTreeMap<String, u64>,
+    /// Requests answered from the idempotency store.
+    pub idempotent_replays: u64,
+    /// Requests refused with 413.
+    pub body_too_large: u64,
+    /// Connections whose request headers did not arrive within `header_timeout` (408).
+    pub timeouts: u64,
+    /// Upstream failures answered with 502.
+    pub upstream_errors: u64,
+    /// Per-key limiter state currently held.
+    pub tracked_keys: u64,
+    /// Per-key state evicted to stay within `max_tracked_keys`.
+    pub evictions: u64,
+}

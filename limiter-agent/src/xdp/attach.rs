@@ -1,0 +1,151 @@
+//! Attaching to interfaces through pinned links, so that the filter outlives the
+//! agent (`keep_attached_on_exit`) and a restarted agent swaps its program into the
+//! same link atomically instead of detaching and re-attaching.
+//!
+//! A link is pinned as `<pin_dir>/link.<interface>.<mode>`: the name records the
+//! mode the kernel accepted, which the kernel does not report for XDP links.
+
+use std::{fmt, path::Path};
+
+use aya::programs::{
+    XdpMode,
+    links::{FdLink, PinnedLink},
+    xdp::XdpLink,
+};
+
+use super::{Kernel, XdpError, bpffs::io_error};
+use crate::config::xdp::AttachMode;
+
+const LINK_PREFIX: &str = "link.";
+
+/// Where the program is attached, and how.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Attachment {
+    pub interface: String,
+    pub mode: AttachedMode,
+}
+
+/// The mode an attachment got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttachedMode {
+    Native,
+    Generic,
+}
+
+impl AttachedMode {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Generic => "generic",
+        }
+    }
+
+    fn xdp_mode(self) -> XdpMode {
+        match self {
+            Self::Native => XdpMode::Driver,
+            Self::Generic => XdpMode::Skb,
+        }
+    }
+}
+
+impl fmt::Display for AttachedMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Attaches the loaded program to `interface` and pins the link. An existing pinned
+/// link for the interface (left by an earlier agent) gets the new program swapped in
+/// atomically, keeping its mode. Returns the live link; dropping it leaves the
+/// filter attached as long as the pin exists.
+pub fn attach(kernel: &mut Kernel, interface: &str, mode: AttachMode) -> Result<(Attachment, FdLink), XdpError> {
+    let pin_dir = kernel.pin_dir().to_owned();
+    let program = kernel.program_mut()?;
+    let attach_error = |source| XdpError::Attach { interface: interface.to_owned(), source };
+    if let Some(existing) = attached(&pin_dir)?.into_iter().find(|a| a.interface == interface) {
+        let pinned = PinnedLink::from_pin(link_path(&pin_dir, &existing)).map_err(XdpError::Link)?;
+        let link = XdpLink::try_from(FdLink::from(pinned)).map_err(XdpError::Link)?;
+        let id = program.attach_to_link(link).map_err(attach_error)?;
+        let link = program.take_link(id).map_err(attach_error)?;
+        return Ok((existing, FdLink::try_from(link).map_err(XdpError::Link)?));
+    }
+    let candidates: &[AttachedMode] = match mode {
+        AttachMode::Auto => &[AttachedMode::Native, AttachedMode::Generic],
+        AttachMode::Native => &[AttachedMode::Native],
+        AttachMode::Generic => &[AttachedMode::Generic],
+    };
+    let mut last_error = None;
+    for &candidate in candidates {
+        match program.attach(interface, candidate.xdp_mode()) {
+            Ok(id) => {
+                let link = program.take_link(id).map_err(attach_error)?;
+                let link = FdLink::try_from(link).map_err(XdpError::Link)?;
+                let attachment = Attachment { interface: interface.to_owned(), mode: candidate };
+                let pinned = link
+                    .pin(link_path(&pin_dir, &attachment))
+                    .map_err(|source| XdpError::Pin { interface: interface.to_owned(), source })?;
+                return Ok((attachment, FdLink::from(pinned)));
+            }
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(attach_error(last_error.unwrap_or(aya::programs::ProgramError::AlreadyAttached)))
+}
+
+/// Interfaces with a pinned link under `pin_dir`.
+pub fn attached(pin_dir: &Path) -> Result<Vec<Attachment>, XdpError> {
+    let entries = match std::fs::read_dir(pin_dir) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(error) => return Err(io_error(pin_dir, error)),
+    };
+    let mut attachments = Vec::new();
+    for entry in entries {
+        let name = entry.map_err(|e| io_error(pin_dir, e))?.file_name();
+        let Some((interface, mode)) =
+            name.to_str().and_then(|n| n.strip_prefix(LINK_PREFIX)).and_then(|n| n.rsplit_once('.'))
+        else {
+            continue;
+        };
+        let mode = match mode {
+            "native" => AttachedMode::Native,
+            "generic" => AttachedMode::Generic,
+            _ => continue,
+        };
+        attachments.push(Attachment { interface: interface.to_owned(), mode });
+    }
+    attachments.sort_by(|a, b| a.interface.cmp(&b.interface));
+    Ok(attachments)
+}
+
+/// Unpins the link of one interface: once no process holds it, the kernel detaches.
+pub fn detach(pin_dir: &Path, attachment: &Attachment) -> Result<(), XdpError> {
+    let path = link_path(pin_dir, attachment);
+    std::fs::remove_file(&path).map_err(|e| io_error(&path, e))
+}
+
+/// Removes every link and map pin under `pin_dir`, and the directory.
+pub fn detach_all(pin_dir: &Path) -> Result<Vec<Attachment>, XdpError> {
+    let attachments = attached(pin_dir)?;
+    for attachment in &attachments {
+        detach(pin_dir, attachment)?;
+    }
+    for name in limiter_common::maps::ALL {
+        let path = pin_dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(io_error(&path, error)),
+        }
+    }
+    match std::fs::remove_dir(pin_dir) {
+        Ok(()) => Ok(attachments),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(attachments),
+        Err(error) => Err(io_error(pin_dir, error)),
+    }
+}
+
+fn link_path(pin_dir: &Path, attachment: &Attachment) -> std::path::PathBuf {
+    pin_dir.join(format!("{LINK_PREFIX}{}.{}", attachment.interface, attachment.mode))
+}

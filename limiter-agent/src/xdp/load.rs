@@ -1,0 +1,143 @@
+//! Loading the program: the object is embedded in the agent at build time.
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::MapInfo,
+    programs::Xdp,
+};
+use aya_log::EbpfLogger;
+use limiter_common::{
+    counters::Counter,
+    maps::{self as names, Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, SETTINGS_SLOTS, Settings, SourceKey, SourceState},
+};
+
+use super::{XdpError, bpffs, maps::KernelMaps};
+
+/// aya-log's reader, forwarding to the `log` crate.
+pub type Logger = EbpfLogger<&'static dyn log::Log>;
+
+/// The compiled XDP program (built by `build.rs` from `limiter-ebpf`).
+static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter"));
+
+/// Name of the XDP function in the object.
+pub const PROGRAM_NAME: &str = "limiter";
+
+/// How to load the program.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Maps are pinned (or found pinned) here.
+    pub pin_dir: PathBuf,
+    /// Capacity of the sources LRU; only used when the maps are created.
+    pub max_sources: u32,
+    /// Forward the program's log records (aya-log) to the `log` crate.
+    pub log: bool,
+}
+
+/// A loaded (not yet attached) program and its maps.
+pub struct Kernel {
+    ebpf: Ebpf,
+    maps: KernelMaps,
+    logger: Option<Logger>,
+    pin_dir: PathBuf,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel").field("pin_dir", &self.pin_dir).finish_non_exhaustive()
+    }
+}
+
+impl Kernel {
+    /// Loads the program, reusing maps already pinned under `pin_dir` (so buckets
+    /// and counters survive a restart) after checking they have this build's layout.
+    pub fn load(options: &LoadOptions) -> Result<Self, XdpError> {
+        bpffs::ensure_mounted(&options.pin_dir)?;
+        check_pinned_layout(&options.pin_dir, options.max_sources)?;
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(&options.pin_dir)
+            .map_max_entries(names::SOURCES, options.max_sources)
+            .load(PROGRAM)
+            .map_err(XdpError::Load)?;
+        let logger = if options.log { Some(EbpfLogger::init(&mut ebpf).map_err(XdpError::Log)?) } else { None };
+        let program: &mut Xdp = ebpf
+            .program_mut(PROGRAM_NAME)
+            .ok_or(XdpError::MissingProgram)?
+            .try_into()
+            .map_err(XdpError::Program)?;
+        program.load().map_err(XdpError::Program)?;
+        let maps = KernelMaps::take(&mut ebpf)?;
+        if !maps.layout_matches()? {
+            return Err(XdpError::IncompatibleLayout {
+                name: names::SETTINGS,
+                dir: options.pin_dir.display().to_string(),
+                found: format!("layout version {}", maps.settings()?.layout_version),
+            });
+        }
+        Ok(Self { ebpf, maps, logger, pin_dir: options.pin_dir.clone() })
+    }
+
+    /// The XDP program, for attaching or `BPF_PROG_TEST_RUN`.
+    pub fn program(&self) -> Result<&Xdp, XdpError> {
+        self.ebpf.program(PROGRAM_NAME).ok_or(XdpError::MissingProgram)?.try_into().map_err(XdpError::Program)
+    }
+
+    pub fn program_mut(&mut self) -> Result<&mut Xdp, XdpError> {
+        self.ebpf.program_mut(PROGRAM_NAME).ok_or(XdpError::MissingProgram)?.try_into().map_err(XdpError::Program)
+    }
+
+    #[must_use]
+    pub fn maps(&self) -> &KernelMaps {
+        &self.maps
+    }
+
+    pub fn maps_mut(&mut self) -> &mut KernelMaps {
+        &mut self.maps
+    }
+
+    #[must_use]
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    /// The aya-log reader, to be polled while the program runs; dropping it closes
+    /// the log ring buffer the program writes to.
+    pub fn take_logger(&mut self) -> Option<Logger> {
+        self.logger.take()
+    }
+}
+
+/// Refuses pinned maps whose kind or record sizes differ from this build's: aya
+/// would otherwise reuse them silently and the program would misread them.
+fn check_pinned_layout(pin_dir: &Path, max_sources: u32) -> Result<(), XdpError> {
+    use std::mem::size_of;
+    let expected: [(&'static str, usize, usize, Option<u32>); 8] = [
+        (names::SOURCES, size_of::<SourceKey>(), size_of::<SourceState>(), Some(max_sources)),
+        (names::CIDR_V4, 4 + 4, size_of::<CidrPolicy>(), Some(MAX_CIDRS)),
+        (names::CIDR_V6, 4 + 16, size_of::<CidrPolicy>(), Some(MAX_CIDRS)),
+        (names::BLOCK_V4, 4 + 4, size_of::<Block>(), Some(MAX_BLOCKS)),
+        (names::BLOCK_V6, 4 + 16, size_of::<Block>(), Some(MAX_BLOCKS)),
+        (names::SETTINGS, 4, size_of::<Settings>(), Some(SETTINGS_SLOTS)),
+        (names::SETTINGS_ACTIVE, 4, 4, Some(1)),
+        (names::COUNTERS, 4, 8, Some(Counter::COUNT)),
+    ];
+    for (name, key_size, value_size, max_entries) in expected {
+        let path = pin_dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let info = MapInfo::from_pin(&path).map_err(|source| XdpError::Map { name, source })?;
+        let found = (info.key_size() as usize, info.value_size() as usize, info.max_entries());
+        let matches = found.0 == key_size && found.1 == value_size && max_entries.is_none_or(|m| m == found.2);
+        if !matches {
+            let hint = if name == names::SOURCES && found.0 == key_size && found.1 == value_size {
+                format!("max_sources {} pinned, {max_sources} configured", found.2)
+            } else {
+                format!("key {} bytes, value {} bytes, {} entries", found.0, found.1, found.2)
+            };
+            return Err(XdpError::IncompatibleLayout { name, dir: pin_dir.display().to_string(), found: hint });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,288 @@
+//! Typed access to the program's maps, checked at construction: every map is opened
+//! with the key and value types of `limiter_common::maps`, so a size mismatch fails
+//! here instead of corrupting state.
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    path::Path,
+    time::Duration,
+};
+
+use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key};
+use ipnet::IpNet;
+use limiter_common::{
+    counters::Counter,
+    maps::{self as names, Action, Block, CidrPolicy, LAYOUT_VERSION, SETTINGS_SLOTS, Settings, SourceKey, SourceState},
+};
+
+use super::XdpError;
+use crate::config::xdp::{CidrAction, CidrRule, MalformedAction, XdpConfig};
+
+/// The program's maps, opened from a loaded program or from their pins.
+pub struct KernelMaps {
+    sources: HashMap<MapData, SourceKey, SourceState>,
+    sources_capacity: u32,
+    cidr_v4: LpmTrie<MapData, [u8; 4], CidrPolicy>,
+    cidr_v6: LpmTrie<MapData, [u8; 16], CidrPolicy>,
+    block_v4: LpmTrie<MapData, [u8; 4], Block>,
+    block_v6: LpmTrie<MapData, [u8; 16], Block>,
+    settings: Array<MapData, Settings>,
+    settings_active: Array<MapData, u32>,
+    counters: PerCpuArray<MapData, u64>,
+}
+
+impl std::fmt::Debug for KernelMaps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelMaps").field("sources_capacity", &self.sources_capacity).finish_non_exhaustive()
+    }
+}
+
+/// A runtime block as `limiter stats` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockEntry {
+    pub cidr: IpNet,
+    /// Time left; `None` for a block without expiry.
+    pub expires_in: Option<Duration>,
+}
+
+/// What a CIDR sync changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CidrChanges {
+    pub added: Vec<IpNet>,
+    pub removed: Vec<IpNet>,
+    pub changed: Vec<IpNet>,
+}
+
+impl CidrChanges {
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
+#[must_use]
+pub fn monotonic_now_ns() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: an out-pointer to a timespec we own; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut now) };
+    u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
+}
+
+fn map_error(name: &'static str) -> impl Fn(aya::maps::MapError) -> XdpError {
+    move |source| XdpError::Map { name, source }
+}
+
+impl KernelMaps {
+    /// Opens the maps pinned under `pin_dir` (works whether or not an agent runs).
+    pub fn open_pinned(pin_dir: &Path) -> Result<Self, XdpError> {
+        Self::open(|name| {
+            let path = pin_dir.join(name);
+            if !path.exists() {
+                return Err(XdpError::MissingMap(name, pin_dir.display().to_string()));
+            }
+            MapData::from_pin(&path).and_then(Map::from_map_data).map_err(map_error(name))
+        })
+    }
+
+    /// Takes the maps out of a freshly loaded program.
+    pub(super) fn take(ebpf: &mut aya::Ebpf) -> Result<Self, XdpError> {
+        Self::open(|name| ebpf.take_map(name).ok_or_else(|| XdpError::MissingMap(name, "(loaded object)".to_owned())))
+    }
+
+    fn open(mut map: impl FnMut(&'static str) -> Result<Map, XdpError>) -> Result<Self, XdpError> {
+        let sources = map(names::SOURCES)?;
+        let sources_capacity = match &sources {
+            Map::LruHashMap(data) => data.info().map_err(map_error(names::SOURCES))?.max_entries(),
+            _ => 0,
+        };
+        Ok(Self {
+            sources: sources.try_into().map_err(map_error(names::SOURCES))?,
+            sources_capacity,
+            cidr_v4: map(names::CIDR_V4)?.try_into().map_err(map_error(names::CIDR_V4))?,
+            cidr_v6: map(names::CIDR_V6)?.try_into().map_err(map_error(names::CIDR_V6))?,
+            block_v4: map(names::BLOCK_V4)?.try_into().map_err(map_error(names::BLOCK_V4))?,
+            block_v6: map(names::BLOCK_V6)?.try_into().map_err(map_error(names::BLOCK_V6))?,
+            settings: map(names::SETTINGS)?.try_into().map_err(map_error(names::SETTINGS))?,
+            settings_active: map(names::SETTINGS_ACTIVE)?.try_into().map_err(map_error(names::SETTINGS_ACTIVE))?,
+            counters: map(names::COUNTERS)?.try_into().map_err(map_error(names::COUNTERS))?,
+        })
+    }
+
+    /// The settings the program reads now.
+    pub fn settings(&self) -> Result<Settings, XdpError> {
+        let active = self.settings_active.get(&0, 0).map_err(map_error(names::SETTINGS_ACTIVE))?;
+        self.settings.get(&active, 0).map_err(map_error(names::SETTINGS))
+    }
+
+    /// Replaces the settings in one step: the inactive slot is written, then the
+    /// active index flips with a single 4-byte store, so the program sees either the
+    /// old record or the new one, never a mix.
+    pub fn write_settings(&mut self, settings: Settings) -> Result<(), XdpError> {
+        let active = self.settings_active.get(&0, 0).map_err(map_error(names::SETTINGS_ACTIVE))?;
+        let next = (active + 1) % SETTINGS_SLOTS;
+        self.settings.set(next, settings, 0).map_err(map_error(names::SETTINGS))?;
+        self.settings_active.set(0, next, 0).map_err(map_error(names::SETTINGS_ACTIVE))
+    }
+
+    /// Puts `config` in force: settings first (one atomic flip), then the CIDR rules.
+    pub fn apply(&mut self, config: &XdpConfig) -> Result<CidrChanges, XdpError> {
+        self.write_settings(settings_for(config))?;
+        self.sync_cidrs(&config.cidr)
+    }
+
+    /// Whether the pinned settings were written by a build with this map layout
+    /// (a fresh, never-written set of maps counts as compatible).
+    pub fn layout_matches(&self) -> Result<bool, XdpError> {
+        let version = self.settings()?.layout_version;
+        Ok(version == 0 || version == LAYOUT_VERSION)
+    }
+
+    /// Makes the CIDR tries hold exactly `rules`. New and changed entries are
+    /// written before stale ones are removed, and each write replaces one entry in
+    /// place, so no source is ever without its rule mid-sync.
+    pub fn sync_cidrs(&mut self, rules: &[CidrRule]) -> Result<CidrChanges, XdpError> {
+        let current = self.cidrs()?;
+        let mut changes = CidrChanges::default();
+        for rule in rules {
+            let policy = policy_of(rule.action);
+            match current.get(&rule.cidr) {
+                Some(existing) if *existing == policy => continue,
+                Some(_) => changes.changed.push(rule.cidr),
+                None => changes.added.push(rule.cidr),
+            }
+            match rule.cidr {
+                IpNet::V4(net) => self.cidr_v4.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), policy, 0),
+                IpNet::V6(net) => self.cidr_v6.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), policy, 0),
+            }
+            .map_err(map_error(names::CIDR_V4))?;
+        }
+        for cidr in current.keys().filter(|cidr| !rules.iter().any(|rule| rule.cidr == **cidr)) {
+            changes.removed.push(*cidr);
+            match cidr {
+                IpNet::V4(net) => self.cidr_v4.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
+                IpNet::V6(net) => self.cidr_v6.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
+            }
+            .map_err(map_error(names::CIDR_V4))?;
+        }
+        Ok(changes)
+    }
+
+    /// The CIDR rules the program applies now.
+    pub fn cidrs(&self) -> Result<BTreeMap<IpNet, CidrPolicy>, XdpError> {
+        let mut rules = BTreeMap::new();
+        for entry in self.cidr_v4.iter() {
+            let (key, policy) = entry.map_err(map_error(names::CIDR_V4))?;
+            rules.insert(net(IpAddr::from(key.data()), key.prefix_len()), policy);
+        }
+        for entry in self.cidr_v6.iter() {
+            let (key, policy) = entry.map_err(map_error(names::CIDR_V6))?;
+            rules.insert(net(IpAddr::from(key.data()), key.prefix_len()), policy);
+        }
+        Ok(rules)
+    }
+
+    /// Blocks `cidr` (for `ttl`, or until unblocked).
+    pub fn block(&mut self, cidr: IpNet, ttl: Option<Duration>) -> Result<(), XdpError> {
+        let expires_at_ns = ttl.map_or(0, |ttl| {
+            monotonic_now_ns().saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX)).max(1)
+        });
+        let block = Block { expires_at_ns };
+        match cidr {
+            IpNet::V4(net) => self.block_v4.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), block, 0),
+            IpNet::V6(net) => self.block_v6.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), block, 0),
+        }
+        .map_err(map_error(names::BLOCK_V4))
+    }
+
+    /// Removes a block; `false` if there was none for exactly this CIDR.
+    pub fn unblock(&mut self, cidr: IpNet) -> Result<bool, XdpError> {
+        let removed = match cidr {
+            IpNet::V4(net) => self.block_v4.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
+            IpNet::V6(net) => self.block_v6.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
+        };
+        match removed {
+            Ok(()) => Ok(true),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(false),
+            Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(source) => Err(XdpError::Map { name: names::BLOCK_V4, source }),
+        }
+    }
+
+    /// Active blocks; lapsed ones are removed on the way.
+    pub fn blocks(&mut self) -> Result<Vec<BlockEntry>, XdpError> {
+        let now = monotonic_now_ns();
+        let mut all = Vec::new();
+        for entry in self.block_v4.iter() {
+            let (key, block) = entry.map_err(map_error(names::BLOCK_V4))?;
+            all.push((net(IpAddr::from(key.data()), key.prefix_len()), block));
+        }
+        for entry in self.block_v6.iter() {
+            let (key, block) = entry.map_err(map_error(names::BLOCK_V6))?;
+            all.push((net(IpAddr::from(key.data()), key.prefix_len()), block));
+        }
+        let mut active = Vec::new();
+        for (cidr, block) in all {
+            if block.active(now) {
+                let expires_in = (block.expires_at_ns != 0).then(|| Duration::from_nanos(block.expires_at_ns - now));
+                active.push(BlockEntry { cidr, expires_in });
+            } else {
+                self.unblock(cidr)?;
+            }
+        }
+        Ok(active)
+    }
+
+    /// Every counter, summed over CPUs, in [`Counter`] order.
+    pub fn counters(&self) -> Result<[u64; Counter::COUNT as usize], XdpError> {
+        let mut totals = [0u64; Counter::COUNT as usize];
+        for (index, total) in (0u32..).zip(totals.iter_mut()) {
+            let per_cpu = self.counters.get(&index, 0).map_err(map_error(names::COUNTERS))?;
+            *total = per_cpu.iter().sum();
+        }
+        Ok(totals)
+    }
+
+    /// Every tracked source and its bucket.
+    pub fn sources(&self) -> impl Iterator<Item = Result<(SourceKey, SourceState), XdpError>> + '_ {
+        self.sources.iter().map(|entry| entry.map_err(map_error(names::SOURCES)))
+    }
+
+    /// One source's bucket, if tracked.
+    pub fn source(&self, key: &SourceKey) -> Option<SourceState> {
+        self.sources.get(key, 0).ok()
+    }
+
+    /// Bound on tracked sources (`xdp.max_sources` when the maps were created).
+    #[must_use]
+    pub fn sources_capacity(&self) -> u32 {
+        self.sources_capacity
+    }
+}
+
+/// The settings record for `config`.
+#[must_use]
+pub fn settings_for(config: &XdpConfig) -> Settings {
+    Settings {
+        default_rate: config.limit.rate(),
+        layout_version: LAYOUT_VERSION,
+        enforce: u8::from(config.enforce),
+        malformed_drop: u8::from(config.malformed == MalformedAction::Drop),
+        ipv6_prefix: config.ipv6_prefix.0,
+        reserved: 0,
+    }
+}
+
+fn net(addr: IpAddr, prefix_len: u32) -> IpNet {
+    let prefix_len = u8::try_from(prefix_len).unwrap_or(u8::MAX);
+    IpNet::new(addr, prefix_len).unwrap_or_else(|_| IpNet::from(addr))
+}
+
+fn policy_of(action: CidrAction) -> CidrPolicy {
+    match action {
+        CidrAction::Allow => CidrPolicy::new(Action::Allow, Default::default()),
+        CidrAction::Deny => CidrPolicy::new(Action::Deny, Default::default()),
+        CidrAction::Limit(limit) => CidrPolicy::new(Action::Limit, limit.rate()),
+    }
+}

@@ -1,0 +1,118 @@
+//! Kernel-layer figures for `limiter stats` and `limiter top`, read from the maps.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use ipnet::IpNet;
+use limiter_common::{
+    addr::as_v4,
+    bucket::{self, Rate},
+    counters::Counter,
+    maps::{Action, CidrPolicy},
+};
+use serde::Serialize;
+
+use super::{Attachment, BlockEntry, KernelMaps, XdpError, monotonic_now_ns};
+
+/// `xdp` in `limiter stats --json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct XdpStats {
+    pub attached: Vec<Attachment>,
+    pub enforce: bool,
+    pub packets: CounterSnapshot,
+    pub sources: SourceCount,
+    pub blocks: Vec<BlockRow>,
+}
+
+/// Every counter by name, summed over CPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CounterSnapshot(pub std::collections::BTreeMap<&'static str, u64>);
+
+impl CounterSnapshot {
+    #[must_use]
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.0.get(counter.name()).copied().unwrap_or(0)
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SourceCount {
+    pub tracked: u64,
+    pub capacity: u32,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BlockRow {
+    pub cidr: String,
+    /// Seconds left; `null` for a block without expiry.
+    pub expires_in_secs: Option<u64>,
+}
+
+/// One row of `limiter top`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SourceRow {
+    pub source: String,
+    pub packets: u64,
+    pub dropped: u64,
+    pub tokens: u64,
+}
+
+impl KernelMaps {
+    pub fn counter_snapshot(&self) -> Result<CounterSnapshot, XdpError> {
+        let totals = self.counters()?;
+        Ok(CounterSnapshot(Counter::ALL.iter().zip(totals).map(|(c, n)| (c.name(), n)).collect()))
+    }
+
+    /// The whole `xdp` object of `limiter stats`.
+    pub fn stats(&mut self, attached: Vec<Attachment>) -> Result<XdpStats, XdpError> {
+        let blocks = self
+            .blocks()?
+            .into_iter()
+            .map(|BlockEntry { cidr, expires_in }| BlockRow {
+                cidr: cidr.to_string(),
+                expires_in_secs: expires_in.map(|d| d.as_secs_f64().ceil() as u64),
+            })
+            .collect();
+        Ok(XdpStats {
+            attached,
+            enforce: self.settings()?.enforce != 0,
+            packets: self.counter_snapshot()?,
+            sources: SourceCount { tracked: self.sources().count() as u64, capacity: self.sources_capacity() },
+            blocks,
+        })
+    }
+
+    /// The `n` sources with the most packets.
+    pub fn top(&self, n: usize) -> Result<Vec<SourceRow>, XdpError> {
+        let settings = self.settings()?;
+        let cidrs = self.cidrs()?;
+        let now = monotonic_now_ns();
+        let mut rows = Vec::new();
+        for entry in self.sources() {
+            let (key, state) = entry?;
+            let addr = match as_v4(&key.addr) {
+                Some(v4) => IpAddr::from(v4),
+                None => IpAddr::from(Ipv6Addr::from(key.addr)),
+            };
+            let source = match addr {
+                IpAddr::V4(_) => addr.to_string(),
+                IpAddr::V6(_) => format!("{addr}/{}", settings.ipv6_prefix),
+            };
+            let rate = rate_for(addr, &cidrs, settings.default_rate);
+            let tokens = if rate.interval_ns == 0 { 0 } else { bucket::tokens(state.tat_ns, now, rate) };
+            rows.push(SourceRow { source, packets: state.packets, dropped: state.dropped, tokens });
+        }
+        rows.sort_by(|a, b| b.packets.cmp(&a.packets).then_with(|| a.source.cmp(&b.source)));
+        rows.truncate(n);
+        Ok(rows)
+    }
+}
+
+/// The bucket the program applies to `addr`: the longest matching limit rule's, or
+/// the default.
+fn rate_for(addr: IpAddr, cidrs: &std::collections::BTreeMap<IpNet, CidrPolicy>, default: Rate) -> Rate {
+    cidrs
+        .iter()
+        .filter(|(net, _)| net.contains(&addr))
+        .max_by_key(|(net, _)| net.prefix_len())
+        .map_or(default, |(_, policy)| if policy.action == Action::Limit as u32 { policy.rate } else { default })
+}

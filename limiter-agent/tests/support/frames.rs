@@ -1,0 +1,72 @@
+//! Hand-built Ethernet frames for `BPF_PROG_TEST_RUN`.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+pub const ETH_P_IPV4: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
+pub const ETH_P_ARP: u16 = 0x0806;
+pub const ETH_P_8021Q: u16 = 0x8100;
+pub const ETH_P_8021AD: u16 = 0x88a8;
+pub const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_ICMPV6: u8 = 58;
+
+/// Ethernet header (no VLAN) followed by `payload`.
+pub fn ethernet(ether_type: u16, payload: &[u8]) -> Vec<u8> {
+    tagged(&[], ether_type, payload)
+}
+
+/// Ethernet with the given VLAN tags (`(tpid, vlan id)`, outermost first).
+pub fn tagged(tags: &[(u16, u16)], ether_type: u16, payload: &[u8]) -> Vec<u8> {
+    let mut frame = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
+    for (tpid, vid) in tags {
+        frame.extend_from_slice(&tpid.to_be_bytes());
+        frame.extend_from_slice(&vid.to_be_bytes());
+    }
+    frame.extend_from_slice(&ether_type.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// An IPv4 packet from `source` with `options` bytes of options (multiple of 4)
+/// and an 8-byte UDP payload; total length and IHL consistent.
+pub fn ipv4(source: Ipv4Addr, options: usize) -> Vec<u8> {
+    let header_len = 20 + options;
+    let mut packet = vec![0u8; header_len + 8];
+    packet[0] = 0x40 | u8::try_from(header_len / 4).expect("IHL");
+    let total = u16::try_from(packet.len()).expect("length");
+    packet[2..4].copy_from_slice(&total.to_be_bytes());
+    packet[8] = 64;
+    packet[9] = IPPROTO_UDP;
+    packet[12..16].copy_from_slice(&source.octets());
+    packet[16..20].copy_from_slice(&[192, 0, 2, 1]);
+    packet
+}
+
+/// A UDP-over-IPv4 frame from `source`.
+pub fn udp4(source: Ipv4Addr) -> Vec<u8> {
+    ethernet(ETH_P_IPV4, &ipv4(source, 0))
+}
+
+/// An IPv6 packet from `source` with `next` header and `payload` after the fixed
+/// header; payload length consistent.
+pub fn ipv6(source: Ipv6Addr, next: u8, hop_limit: u8, payload: &[u8]) -> Vec<u8> {
+    let mut packet = vec![0u8; 40];
+    packet[0] = 0x60;
+    packet[4..6].copy_from_slice(&u16::try_from(payload.len()).expect("length").to_be_bytes());
+    packet[6] = next;
+    packet[7] = hop_limit;
+    packet[8..24].copy_from_slice(&source.octets());
+    packet[24..40].copy_from_slice(&Ipv6Addr::LOCALHOST.octets());
+    packet.extend_from_slice(payload);
+    packet
+}
+
+/// A UDP-over-IPv6 frame from `source`.
+pub fn udp6(source: Ipv6Addr) -> Vec<u8> {
+    ethernet(ETH_P_IPV6, &ipv6(source, IPPROTO_UDP, 64, &[0; 8]))
+}
+
+/// An IPv6 extension header of 8 bytes announcing `next`.
+pub fn extension(next: u8) -> [u8; 8] {
+    [next, 0, 0, 0, 0, 0, 0, 0]
+}

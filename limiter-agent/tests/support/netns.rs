@@ -1,0 +1,48 @@
+//! Network namespaces and veth pairs for end-to-end tests, removed on drop.
+
+use std::process::Command;
+
+/// Runs `ip` with `args`, panicking with its stderr on failure.
+pub fn ip(args: &[&str]) {
+    let output = Command::new("ip").args(args).output().expect("run ip");
+    assert!(output.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr));
+}
+
+/// A namespace `ns` joined to the host by a veth pair: `host_if` (host side, with
+/// `host_addr`) and `ns_if` (inside, with `ns_addr`). Addresses are CIDRs.
+pub struct VethNamespace {
+    pub ns: String,
+    pub host_if: String,
+}
+
+impl VethNamespace {
+    pub fn new(ns: &str, host_if: &str, ns_if: &str, host_addr: &str, ns_addrs: &[&str]) -> Self {
+        let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        let _ = Command::new("ip").args(["link", "del", host_if]).output();
+        ip(&["netns", "add", ns]);
+        let created = Self { ns: ns.to_owned(), host_if: host_if.to_owned() };
+        ip(&["link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns]);
+        ip(&["addr", "add", host_addr, "dev", host_if]);
+        ip(&["link", "set", host_if, "up"]);
+        for addr in ns_addrs {
+            ip(&["-n", ns, "addr", "add", addr, "dev", ns_if]);
+        }
+        ip(&["-n", ns, "link", "set", ns_if, "up"]);
+        ip(&["-n", ns, "link", "set", "lo", "up"]);
+        created
+    }
+
+    /// A command run inside the namespace.
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.ns, program]);
+        command
+    }
+}
+
+impl Drop for VethNamespace {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.host_if]).output();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+    }
+}
