@@ -1,1 +1,267 @@
-//! (in progress)
+//! The running agent: owns the kernel layer (and the proxy), reloads on SIGHUP, on
+//! `limiter reload` and when the config file changes, answers the admin socket and
+//! stops cleanly on SIGTERM.
+
+pub mod admin;
+mod reload;
+mod xdp;
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use tokio::{
+    io::BufReader,
+    net::UnixListener,
+    signal::unix::{SignalKind, signal},
+    sync::{mpsc, oneshot},
+};
+
+pub use self::{
+    admin::{Request, Response},
+    reload::ReloadError,
+    xdp::XdpRuntime,
+};
+use crate::config::Config;
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Xdp(#[from] crate::xdp::XdpError),
+    #[error("admin socket {path}: {source}")]
+    AdminSocket {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("signal handler: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+/// The agent's state between events.
+#[derive(Debug)]
+pub struct Agent {
+    config_path: PathBuf,
+    config: Config,
+    /// The file's text when last applied, to notice edits.
+    applied_text: Option<String>,
+    xdp: Option<XdpRuntime>,
+    reloads_ok: u64,
+    reloads_rejected: u64,
+    last_reload_unix: Option<u64>,
+}
+
+impl Agent {
+    /// Puts `config` in force: loads and attaches the kernel layer.
+    pub fn start(config_path: PathBuf, config: Config) -> Result<Self, AgentError> {
+        let xdp = match &config.xdp {
+            Some(xdp) => Some(XdpRuntime::start(&config, xdp)?),
+            None => None,
+        };
+        let applied_text = std::fs::read_to_string(&config_path).ok();
+        Ok(Self { config_path, config, applied_text, xdp, reloads_ok: 0, reloads_rejected: 0, last_reload_unix: None })
+    }
+
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Re-reads the config (from `path`, or the agent's own file) and applies it.
+    /// On error nothing changed and the running config stays in force.
+    pub fn reload(&mut self, path: Option<&Path>) -> Result<Vec<String>, ReloadError> {
+        let result = self.try_reload(path.unwrap_or(&self.config_path.clone()));
+        match &result {
+            Ok(changes) => {
+                self.reloads_ok += 1;
+                tracing::info!(changes = ?changes, "config reloaded");
+            }
+            Err(error) => {
+                self.reloads_rejected += 1;
+                tracing::error!(%error, "config rejected; the running config stays in force");
+            }
+        }
+        self.last_reload_unix = Some(crate::signature::unix_now());
+        result
+    }
+
+    fn try_reload(&mut self, path: &Path) -> Result<Vec<String>, ReloadError> {
+        let text = std::fs::read_to_string(path).map_err(|source| {
+            ReloadError::Invalid(crate::config::ConfigError::Read { path: path.to_owned(), source })
+        })?;
+        let new = Config::parse(&text, path)?;
+        reload::check_restartless(&self.config, &new)?;
+        let mut changes = Vec::new();
+        match (&mut self.xdp, &new.xdp) {
+            (Some(runtime), Some(xdp)) => {
+                let added = runtime.attach_all(&xdp.interfaces, xdp.mode)?;
+                let cidrs = runtime.kernel.maps_mut().apply(xdp)?;
+                changes.extend(reload::describe_xdp(self.config.xdp.as_ref(), Some(xdp), &cidrs));
+                changes.extend(added.iter().map(|a| format!("xdp.interfaces attached {} ({})", a.interface, a.mode)));
+                let removed: Vec<String> =
+                    runtime.attachments().into_iter().map(|a| a.interface).filter(|i| !xdp.interfaces.contains(i)).collect();
+                for interface in removed {
+                    runtime.detach(&interface);
+                    changes.push(format!("xdp.interfaces detached {interface}"));
+                }
+            }
+            (None, Some(xdp)) => {
+                let runtime = XdpRuntime::start(&new, xdp)?;
+                changes.extend(reload::describe_xdp(None, Some(xdp), &Default::default()));
+                changes.extend(runtime.attachments().iter().map(|a| format!("xdp.interfaces attached {} ({})", a.interface, a.mode)));
+                self.xdp = Some(runtime);
+            }
+            (Some(runtime), None) => {
+                for attachment in runtime.detach_all() {
+                    changes.push(format!("xdp.interfaces detached {}", attachment.interface));
+                }
+                changes.extend(reload::describe_xdp(self.config.xdp.as_ref(), None, &Default::default()));
+                self.xdp = None;
+            }
+            (None, None) => {}
+        }
+        if changes.is_empty() {
+            changes.push("no changes".to_owned());
+        }
+        self.config = new;
+        self.applied_text = Some(text);
+        Ok(changes)
+    }
+
+    /// Whether the config file differs from what was last applied.
+    fn file_changed(&self) -> bool {
+        std::fs::read_to_string(&self.config_path).ok() != self.applied_text
+    }
+
+    /// Agent-side figures for `limiter stats` (the kernel counters come from the pins).
+    #[must_use]
+    pub fn stats(&self) -> serde_json::Value {
+        serde_json::json!({
+            "attached": self.xdp.as_ref().map(XdpRuntime::attachments).unwrap_or_default(),
+            "reloads": {"ok": self.reloads_ok, "rejected": self.reloads_rejected, "last_unix": self.last_reload_unix},
+            "proxy": serde_json::Value::Null,
+        })
+    }
+
+    /// Stops: with `detach` (or `keep_attached_on_exit = false`) the XDP links are
+    /// removed; otherwise the pinned links keep the filter in place.
+    pub fn stop(mut self, detach: bool) {
+        if let Some(runtime) = &mut self.xdp {
+            if detach || !self.config.agent.keep_attached_on_exit {
+                for attachment in runtime.detach_all() {
+                    tracing::info!(interface = %attachment.interface, "XDP detached");
+                }
+            } else {
+                tracing::info!("leaving the XDP filter attached (agent.keep_attached_on_exit)");
+            }
+        }
+    }
+}
+
+/// How often the config file is checked for edits.
+const WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Runs the agent until SIGTERM/SIGINT (or `limiter detach`).
+pub async fn run(config_path: PathBuf, config: Config) -> Result<(), AgentError> {
+    let socket_path = config.agent.admin_socket.clone();
+    let mut agent = Agent::start(config_path, config)?;
+    if let Some(logger) = agent.xdp.as_mut().and_then(|x| x.kernel.take_logger()) {
+        spawn_log_reader(logger);
+    }
+    let (requests, mut incoming) = mpsc::channel::<(Request, oneshot::Sender<Response>)>(16);
+    let listener = bind_admin(&socket_path)?;
+    tokio::spawn(serve_admin(listener, requests));
+    let mut hangup = signal(SignalKind::hangup()).map_err(AgentError::Signal)?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(AgentError::Signal)?;
+    let mut watch = tokio::time::interval(WATCH_INTERVAL);
+    tracing::info!(admin_socket = %socket_path.display(), "agent running");
+    let detach = loop {
+        tokio::select! {
+            _ = hangup.recv() => { let _ = agent.reload(None); }
+            _ = terminate.recv() => break false,
+            _ = interrupt.recv() => break false,
+            _ = watch.tick() => {
+                if agent.file_changed() {
+                    tracing::info!("config file changed");
+                    let _ = agent.reload(None);
+                }
+            }
+            Some((request, reply)) = incoming.recv() => {
+                let (response, stop) = match request {
+                    Request::Reload { config } => match agent.reload(config.as_deref()) {
+                        Ok(changes) => (Response::Reloaded { changes }, false),
+                        Err(error) => (Response::Rejected { error: error.to_string() }, false),
+                    },
+                    Request::Stats => (Response::Stats { stats: agent.stats() }, false),
+                    Request::Detach => (Response::Detaching, true),
+                };
+                let _ = reply.send(response);
+                if stop { break true; }
+            }
+        }
+    };
+    tracing::info!("stopping");
+    agent.stop(detach);
+    let _ = std::fs::remove_file(&socket_path);
+    Ok(())
+}
+
+fn bind_admin(path: &Path) -> Result<UnixListener, AgentError> {
+    let error = |source| AgentError::AdminSocket { path: path.display().to_string(), source };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(error)?;
+    }
+    // A socket file left by a killed agent would make bind fail; a live agent
+    // answering on it means a second one must not start.
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(error(std::io::Error::new(std::io::ErrorKind::AddrInUse, "another agent is running")));
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path).map_err(error)?;
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(error)?;
+    Ok(listener)
+}
+
+async fn serve_admin(listener: UnixListener, requests: mpsc::Sender<(Request, oneshot::Sender<Response>)>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let requests = requests.clone();
+        tokio::spawn(async move {
+            let mut stream = BufReader::new(stream);
+            let Ok(Some(request)) = tokio::time::timeout(Duration::from_secs(5), admin::read_request(&mut stream)).await
+            else {
+                let _ = admin::write_response(&mut stream, &Response::Rejected { error: "malformed request".to_owned() }).await;
+                return;
+            };
+            let (reply, answer) = oneshot::channel();
+            if requests.send((request, reply)).await.is_err() {
+                return;
+            }
+            if let Ok(response) = answer.await {
+                let _ = admin::write_response(&mut stream, &response).await;
+            }
+        });
+    }
+}
+
+/// Forwards the XDP program's aya-log records to the agent's log.
+fn spawn_log_reader(logger: crate::xdp::Logger) {
+    #[expect(deprecated, reason = "the AsyncFd owns the logger and with it the fd, which is what I/O safety asks")]
+    let Ok(mut logger) = tokio::io::unix::AsyncFd::with_interest(logger, tokio::io::Interest::READABLE) else {
+        tracing::warn!("cannot poll the XDP program's log; its records are dropped");
+        return;
+    };
+    tokio::spawn(async move {
+        loop {
+            let Ok(mut guard) = logger.readable_mut().await else { return };
+            guard.get_inner_mut().flush();
+            guard.clear_ready();
+        }
+    });
+}

@@ -2,8 +2,9 @@
 //! agent (`keep_attached_on_exit`) and a restarted agent swaps its program into the
 //! same link atomically instead of detaching and re-attaching.
 //!
-//! A link is pinned as `<pin_dir>/link.<interface>.<mode>`: the name records the
-//! mode the kernel accepted, which the kernel does not report for XDP links.
+//! A link is pinned as `<pin_dir>/link@<mode>@<interface>`: the name records the
+//! mode the kernel accepted, which the kernel does not report for XDP links. bpffs
+//! refuses `.` in names, so the interface (`eth0.100`) is written with `%2E`.
 
 use std::{fmt, path::Path};
 
@@ -16,7 +17,7 @@ use aya::programs::{
 use super::{Kernel, XdpError, bpffs::io_error};
 use crate::config::xdp::AttachMode;
 
-const LINK_PREFIX: &str = "link.";
+const LINK_PREFIX: &str = "link@";
 
 /// Where the program is attached, and how.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -103,17 +104,18 @@ pub fn attached(pin_dir: &Path) -> Result<Vec<Attachment>, XdpError> {
     let mut attachments = Vec::new();
     for entry in entries {
         let name = entry.map_err(|e| io_error(pin_dir, e))?.file_name();
-        let Some((interface, mode)) =
-            name.to_str().and_then(|n| n.strip_prefix(LINK_PREFIX)).and_then(|n| n.rsplit_once('.'))
+        let Some((mode, interface)) =
+            name.to_str().and_then(|n| n.strip_prefix(LINK_PREFIX)).and_then(|n| n.split_once('@'))
         else {
             continue;
         };
+        let interface = interface.replace("%2E", ".").replace("%25", "%");
         let mode = match mode {
             "native" => AttachedMode::Native,
             "generic" => AttachedMode::Generic,
             _ => continue,
         };
-        attachments.push(Attachment { interface: interface.to_owned(), mode });
+        attachments.push(Attachment { interface, mode });
     }
     attachments.sort_by(|a, b| a.interface.cmp(&b.interface));
     Ok(attachments)
@@ -147,5 +149,6 @@ pub fn detach_all(pin_dir: &Path) -> Result<Vec<Attachment>, XdpError> {
 }
 
 fn link_path(pin_dir: &Path, attachment: &Attachment) -> std::path::PathBuf {
-    pin_dir.join(format!("{LINK_PREFIX}{}.{}", attachment.interface, attachment.mode))
+    let interface = attachment.interface.replace('%', "%25").replace('.', "%2E");
+    pin_dir.join(format!("{LINK_PREFIX}{}@{interface}", attachment.mode))
 }

@@ -11,7 +11,7 @@ mod maps;
 mod stats;
 
 pub use self::{
-    attach::{Attachment, attach, attached, detach_all},
+    attach::{AttachedMode, Attachment, attach, attached, detach, detach_all},
     bpffs::ensure_mounted,
     load::{Kernel, LoadOptions, Logger},
     maps::{BlockEntry, CidrChanges, KernelMaps, monotonic_now_ns, settings_for},

@@ -3,6 +3,7 @@
 //! everything is removed in `Drop`.
 #![allow(dead_code, reason = "each test binary uses a different part of the helpers")]
 
+pub mod agent;
 pub mod frames;
 pub mod netns;
 

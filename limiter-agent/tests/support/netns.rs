@@ -46,3 +46,21 @@ impl Drop for VethNamespace {
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
     }
 }
+
+/// Runs `f` on a thread that has entered namespace `ns` (setns affects only the
+/// calling thread), so sockets it opens live in the namespace.
+pub fn in_namespace<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let file = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("open netns");
+                use std::os::fd::AsRawFd as _;
+                // SAFETY: setns on a valid namespace fd, for this thread only.
+                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+                f()
+            })
+            .join()
+            .expect("namespace thread")
+    })
+}

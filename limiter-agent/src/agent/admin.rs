@@ -1,0 +1,91 @@
+//! The admin socket: one JSON request line in, one JSON response line out, on the
+//! Unix socket `agent.admin_socket`. `limiter reload`, `limiter stats` and
+//! `limiter detach` are its clients.
+
+use std::{path::Path, time::Duration};
+
+use serde::{Deserialize, Serialize};
+use tokio::{
+    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
+    net::UnixStream,
+};
+
+/// What a client asks.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum Request {
+    /// Re-read the config (the agent's own path unless `config` names another).
+    Reload { config: Option<std::path::PathBuf> },
+    /// Proxy counters and agent state.
+    Stats,
+    /// Detach the XDP program and stop.
+    Detach,
+}
+
+/// The agent's answer.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Response {
+    Reloaded { changes: Vec<String> },
+    Rejected { error: String },
+    Stats { stats: serde_json::Value },
+    Detaching,
+}
+
+/// Why the agent could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("no agent answers on {path}: {source}")]
+    Unreachable {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the agent on {0} did not answer in time")]
+    Timeout(String),
+    #[error("bad answer from the agent: {0}")]
+    Protocol(String),
+}
+
+/// Sends one request to the agent listening on `socket`.
+pub async fn ask(socket: &Path, request: &Request, timeout: Duration) -> Result<Response, AdminError> {
+    let path = socket.display().to_string();
+    let exchange = async {
+        let stream = UnixStream::connect(socket)
+            .await
+            .map_err(|source| AdminError::Unreachable { path: path.clone(), source })?;
+        let (read, mut write) = stream.into_split();
+        let mut line = serde_json::to_string(request).map_err(|e| AdminError::Protocol(e.to_string()))?;
+        line.push('\n');
+        let io = |source| AdminError::Unreachable { path: path.clone(), source };
+        write.write_all(line.as_bytes()).await.map_err(io)?;
+        let mut answer = String::new();
+        BufReader::new(read).read_line(&mut answer).await.map_err(io)?;
+        serde_json::from_str(&answer).map_err(|e| AdminError::Protocol(format!("{e}: {answer:?}")))
+    };
+    tokio::time::timeout(timeout, exchange).await.map_err(|_| AdminError::Timeout(path.clone()))?
+}
+
+/// [`ask`] from synchronous CLI code.
+pub fn ask_blocking(socket: &Path, request: &Request, timeout: Duration) -> Result<Response, AdminError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| AdminError::Unreachable { path: socket.display().to_string(), source })?;
+    runtime.block_on(ask(socket, request, timeout))
+}
+
+/// Reads one request line from a connection; `None` on a malformed or empty one.
+pub(super) async fn read_request(stream: &mut BufReader<UnixStream>) -> Option<Request> {
+    let mut line = String::new();
+    // A client that sends more than this is not one of ours.
+    let mut limited = (&mut *stream).take(64 * 1024);
+    limited.read_line(&mut line).await.ok()?;
+    serde_json::from_str(&line).ok()
+}
+
+pub(super) async fn write_response(stream: &mut BufReader<UnixStream>, response: &Response) -> std::io::Result<()> {
+    let mut line = serde_json::to_string(response).map_err(std::io::Error::other)?;
+    line.push('\n');
+    stream.get_mut().write_all(line.as_bytes()).await
+}

@@ -1,0 +1,79 @@
+//! One path for every reload (SIGHUP, `limiter reload`, a changed file): read and
+//! validate the whole file, refuse what cannot change while running, then apply —
+//! new interfaces first (undone if one fails), settings and CIDRs in place (no
+//! bucket is refilled, no program reloaded), removed interfaces last.
+
+use crate::{
+    config::{Config, xdp::XdpConfig},
+    xdp::CidrChanges,
+};
+
+/// Why a reload was refused; the running config stays in force.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(transparent)]
+    Invalid(#[from] crate::config::ConfigError),
+    #[error("{0} cannot change while the agent runs; restart it to apply")]
+    NeedsRestart(&'static str),
+    #[error("applying the kernel layer failed: {0}")]
+    Xdp(#[from] crate::xdp::XdpError),
+    #[error("applying the proxy failed: {0}")]
+    Proxy(String),
+}
+
+/// Refuses changes that only a restart can make.
+pub fn check_restartless(old: &Config, new: &Config) -> Result<(), ReloadError> {
+    if old.agent.pin_dir != new.agent.pin_dir {
+        return Err(ReloadError::NeedsRestart("agent.pin_dir"));
+    }
+    if old.agent.admin_socket != new.agent.admin_socket {
+        return Err(ReloadError::NeedsRestart("agent.admin_socket"));
+    }
+    if old.agent.metrics != new.agent.metrics {
+        return Err(ReloadError::NeedsRestart("agent.metrics"));
+    }
+    if let (Some(old), Some(new)) = (&old.xdp, &new.xdp)
+        && old.max_sources != new.max_sources
+    {
+        return Err(ReloadError::NeedsRestart("xdp.max_sources (the sources map is sized when created)"));
+    }
+    if let (Some(old), Some(new)) = (&old.proxy, &new.proxy)
+        && old.listen != new.listen
+    {
+        return Err(ReloadError::NeedsRestart("proxy.listen"));
+    }
+    if old.proxy.is_some() != new.proxy.is_some() {
+        return Err(ReloadError::NeedsRestart("[proxy] (adding or removing the proxy)"));
+    }
+    Ok(())
+}
+
+/// Human lines for what changed in `[xdp]`, besides interfaces.
+pub fn describe_xdp(old: Option<&XdpConfig>, new: Option<&XdpConfig>, cidrs: &CidrChanges) -> Vec<String> {
+    let mut lines = Vec::new();
+    match (old, new) {
+        (None, Some(_)) => lines.push("xdp: kernel layer enabled".to_owned()),
+        (Some(_), None) => lines.push("xdp: kernel layer disabled".to_owned()),
+        (Some(old), Some(new)) => {
+            let limit = |c: &XdpConfig| format!("{} pps, burst {}", c.limit.packets_per_second, c.limit.burst);
+            let mut changed = |key: &str, before: String, after: String| {
+                if before != after {
+                    lines.push(format!("{key}: {before} -> {after}"));
+                }
+            };
+            changed("xdp.limit", limit(old), limit(new));
+            changed("xdp.enforce", old.enforce.to_string(), new.enforce.to_string());
+            changed("xdp.malformed", format!("{:?}", old.malformed), format!("{:?}", new.malformed));
+            changed("xdp.ipv6_prefix", old.ipv6_prefix.0.to_string(), new.ipv6_prefix.0.to_string());
+            changed("xdp.mode", format!("{:?}", old.mode), format!("{:?}", new.mode));
+        }
+        (None, None) => {}
+    }
+    let rule = |cidr: &ipnet::IpNet| {
+        new.and_then(|n| n.cidr.iter().find(|r| r.cidr == *cidr)).map_or(String::new(), |r| format!(" ({:?})", r.action))
+    };
+    lines.extend(cidrs.added.iter().map(|c| format!("xdp.cidr added {c}{}", rule(c))));
+    lines.extend(cidrs.changed.iter().map(|c| format!("xdp.cidr changed {c}{}", rule(c))));
+    lines.extend(cidrs.removed.iter().map(|c| format!("xdp.cidr removed {c}")));
+    lines
+}

@@ -1,0 +1,47 @@
+//! `limiter block` / `limiter unblock`: runtime deny entries in the pinned maps.
+
+use std::{path::Path, process::ExitCode};
+
+use crate::{
+    config::{units::HumanDuration, xdp::parse_cidr},
+    xdp::KernelMaps,
+};
+
+#[derive(Debug, clap::Args)]
+pub struct BlockArgs {
+    /// Address or CIDR to drop, e.g. 203.0.113.7 or 2001:db8::/48.
+    #[arg(value_parser = parse_cidr)]
+    pub cidr: ipnet::IpNet,
+    /// Lift the block after this long (e.g. 10m); without it, until unblocked.
+    #[arg(long, value_parser = HumanDuration::parse)]
+    pub ttl: Option<HumanDuration>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UnblockArgs {
+    #[arg(value_parser = parse_cidr)]
+    pub cidr: ipnet::IpNet,
+}
+
+pub fn block(path: &Path, args: &BlockArgs) -> anyhow::Result<ExitCode> {
+    let config = super::load(path)?;
+    let mut maps = KernelMaps::open_pinned(&config.agent.pin_dir)?;
+    maps.block(args.cidr, args.ttl.map(|t| t.0))?;
+    match args.ttl {
+        Some(ttl) => println!("blocked {} for {ttl}", args.cidr),
+        None => println!("blocked {} until unblocked", args.cidr),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn unblock(path: &Path, args: &UnblockArgs) -> anyhow::Result<ExitCode> {
+    let config = super::load(path)?;
+    let mut maps = KernelMaps::open_pinned(&config.agent.pin_dir)?;
+    if maps.unblock(args.cidr)? {
+        println!("unblocked {}", args.cidr);
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("{} was not blocked", args.cidr);
+        Ok(ExitCode::FAILURE)
+    }
+}

@@ -1,0 +1,20 @@
+//! `limiter check`: validate a config without touching anything.
+
+use std::{path::Path, process::ExitCode};
+
+use crate::config::Config;
+
+pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
+    match Config::load(path) {
+        Ok(config) => {
+            let layers = [config.xdp.is_some().then_some("xdp"), config.proxy.is_some().then_some("proxy")];
+            let layers: Vec<&str> = layers.into_iter().flatten().collect();
+            println!("{}: ok ({})", path.display(), if layers.is_empty() { "nothing enabled".to_owned() } else { layers.join(", ") });
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

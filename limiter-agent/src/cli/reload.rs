@@ -1,0 +1,23 @@
+//! `limiter reload`: ask the running agent to reload, print what changed.
+
+use std::{path::Path, process::ExitCode};
+
+use crate::agent::{Request, Response, admin};
+
+pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
+    let config = super::load(path)?;
+    let request = Request::Reload { config: Some(std::fs::canonicalize(path)?) };
+    match admin::ask_blocking(&config.agent.admin_socket, &request, super::AGENT_TIMEOUT)? {
+        Response::Reloaded { changes } => {
+            for change in changes {
+                println!("{change}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Response::Rejected { error } => {
+            eprintln!("reload rejected, the running config stays in force:\n{error}");
+            Ok(ExitCode::FAILURE)
+        }
+        other => anyhow::bail!("unexpected answer from the agent: {other:?}"),
+    }
+}

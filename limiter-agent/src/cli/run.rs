@@ -1,0 +1,29 @@
+//! `limiter run`: the agent in the foreground.
+
+use std::{path::Path, process::ExitCode};
+
+use crate::config::{Config, agent::LogFormat};
+
+pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
+    let config = match Config::load(path) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("{error}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    init_logging(config.agent.log_format);
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(crate::agent::run(path.to_owned(), config))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LIMITER_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
