@@ -92,6 +92,13 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     }
 }
 
+/// Returns XDP_PASS and nothing else: the floor that `cargo xtask bench` measures the
+/// limiter against. The agent never loads or attaches it.
+#[xdp]
+pub fn xdp_pass(_ctx: XdpContext) -> u32 {
+    XDP_PASS
+}
+
 #[inline(always)]
 fn pass() -> u32 {
     count(Counter::Passed);

@@ -24,6 +24,9 @@ static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/l
 /// Name of the XDP function in the object.
 pub const PROGRAM_NAME: &str = "limiter";
 
+/// Name of the do-nothing XDP function used as a cost floor.
+pub const BASELINE_NAME: &str = "xdp_pass";
+
 /// How to load the program.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -85,6 +88,21 @@ impl Kernel {
 
     pub fn program_mut(&mut self) -> Result<&mut Xdp, XdpError> {
         self.ebpf.program_mut(PROGRAM_NAME).ok_or(XdpError::MissingProgram)?.try_into().map_err(XdpError::Program)
+    }
+
+    /// The object's `xdp_pass` program (returns XDP_PASS, touches nothing), loaded
+    /// on first use: the floor against which the limiter's cost is measured.
+    pub fn baseline(&mut self) -> Result<&Xdp, XdpError> {
+        let program: &mut Xdp = self
+            .ebpf
+            .program_mut(BASELINE_NAME)
+            .ok_or(XdpError::MissingProgram)?
+            .try_into()
+            .map_err(XdpError::Program)?;
+        if program.fd().is_err() {
+            program.load().map_err(XdpError::Program)?;
+        }
+        Ok(program)
     }
 
     #[must_use]

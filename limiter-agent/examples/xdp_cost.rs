@@ -1,0 +1,96 @@
+//! Cost per packet of the XDP program, from BPF_PROG_TEST_RUN: the do-nothing floor,
+//! a known source, a new source with the sources map full, and a known source with
+//! 10 000 CIDR rules. Prints one JSON object; `cargo xtask bench` runs it.
+//!
+//! Usage: xdp_cost [REPEAT] [NEW_SOURCES]   (needs root)
+
+use std::{net::Ipv4Addr, num::NonZeroU32, path::PathBuf};
+
+use aya::programs::{TestRun as _, TestRunOptions, Xdp};
+use limiter::{
+    config::xdp::{AttachMode, CidrAction, CidrRule, Ipv6Prefix, MalformedAction, PacketLimit, XdpConfig},
+    xdp::{Kernel, LoadOptions},
+};
+
+fn frame(source: Ipv4Addr) -> Vec<u8> {
+    let mut frame = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00];
+    let mut ip = [0u8; 28];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&28u16.to_be_bytes());
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&source.octets());
+    ip[16..20].copy_from_slice(&[192, 0, 2, 1]);
+    frame.extend_from_slice(&ip);
+    frame
+}
+
+/// Mean nanoseconds per run over `repeat` in-kernel repetitions.
+fn cost(program: &Xdp, data: &[u8], repeat: u32) -> f64 {
+    let options = TestRunOptions { data_in: Some(data), repeat, ..TestRunOptions::default() };
+    let result = program.test_run(options).expect("test run");
+    result.duration.as_nanos() as f64
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let repeat: u32 = args.next().map_or(Ok(1_000_000), |a| a.parse())?;
+    let capacity: u32 = args.next().map_or(Ok(65_536), |a| a.parse())?;
+    let nonzero = |n: u32| NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
+    let mut config = XdpConfig {
+        interfaces: Vec::new(),
+        mode: AttachMode::Auto,
+        enforce: true,
+        max_sources: nonzero(capacity),
+        ipv6_prefix: Ipv6Prefix(64),
+        malformed: MalformedAction::Pass,
+        limit: PacketLimit { packets_per_second: nonzero(1_000_000_000), burst: nonzero(u32::MAX) },
+        cidr: Vec::new(),
+    };
+    let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-bench-{}", std::process::id()));
+    let mut kernel = Kernel::load(&LoadOptions { pin_dir: pin_dir.clone(), max_sources: capacity, log: false })?;
+    kernel.maps_mut().apply(&config)?;
+    let known = frame(Ipv4Addr::new(192, 0, 2, 7));
+
+    let floor = cost(kernel.baseline()?, &known, repeat);
+    let program = kernel.program()?;
+    cost(program, &known, 1);
+    let known_source = cost(program, &known, repeat);
+
+    // Fill the sources map, then measure sources it has never seen: each run
+    // inserts into a full LRU, evicting the oldest.
+    for i in 0..capacity {
+        cost(program, &frame(Ipv4Addr::from(0x0a00_0000 + i)), 1);
+    }
+    let fresh = capacity.min(100_000);
+    let mut total = 0.0;
+    for i in 0..fresh {
+        total += cost(program, &frame(Ipv4Addr::from(0x6400_0000 + i)), 1);
+    }
+    let new_source_full_map = total / f64::from(fresh);
+
+    config.cidr = (0..10_000u32)
+        .map(|i| CidrRule {
+            cidr: ipnet::IpNet::new(Ipv4Addr::from(0xac00_0000 + (i << 8)).into(), 24).unwrap_or_default(),
+            action: CidrAction::Limit(PacketLimit { packets_per_second: nonzero(1_000_000), burst: nonzero(1_000_000) }),
+        })
+        .collect();
+    kernel.maps_mut().apply(&config)?;
+    let with_cidrs = cost(kernel.program()?, &known, repeat);
+    drop(kernel);
+    limiter::xdp::detach_all(&pin_dir)?;
+
+    println!(
+        "{}",
+        serde_json::json!({
+            "repeat": repeat,
+            "map_capacity": capacity,
+            "xdp_pass_floor_ns": floor,
+            "known_source_ns": known_source,
+            "new_source_full_map_ns": new_source_full_map,
+            "known_source_10k_cidrs_ns": with_cidrs,
+            "known_source_vs_floor": known_source / floor,
+        })
+    );
+    Ok(())
+}
