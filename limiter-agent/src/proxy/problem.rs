@@ -93,12 +93,18 @@ impl Refusal {
             Self::Unauthorized => {
                 problem(StatusCode::UNAUTHORIZED, "invalid-signature", "The request signature could not be verified.", None)
             }
-            Self::BodyTooLarge { limit } => problem(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body-too-large",
-                &format!("The request body exceeds {limit} bytes."),
-                None,
-            ),
+            Self::BodyTooLarge { limit } => {
+                let mut response = problem(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body-too-large",
+                    &format!("The request body exceeds {limit} bytes."),
+                    None,
+                );
+                // The rest of the body is still on its way; reading it only to keep
+                // the connection would be the work the limit exists to refuse.
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+                response
+            }
             Self::BodyUnreadable => {
                 problem(StatusCode::BAD_REQUEST, "bad-body", "The request body could not be read.", None)
             }

@@ -50,7 +50,7 @@ struct Recorder {
     gate: Semaphore,
 }
 
-/// A test upstream on 127.0.0.1. Answers 200 with body `ok`; `/hold` waits for
+/// A test upstream on 127.0.0.1. Answers 200 with body `ok`; `…/hold` waits for
 /// [`Upstream::release`]; `/hop` answers with hop-by-hop headers to be removed;
 /// `/big` answers with a 100 KiB body.
 #[derive(Debug)]
@@ -124,7 +124,7 @@ async fn respond(recorder: Arc<Recorder>, request: Request<Incoming>) -> Result<
     });
     let mut response = Response::new(Full::new(Bytes::from_static(b"ok")));
     match path.as_str() {
-        "/hold" => {
+        hold if hold.ends_with("/hold") => {
             recorder.gate.acquire().await.expect("gate closed").forget();
         }
         "/hop" => {
