@@ -2,7 +2,9 @@
 //! drain on shutdown. hyper refuses malformed and ambiguous requests (400) before the
 //! pipeline sees them.
 
-use std::{convert::Infallible, future::poll_fn, net::SocketAddr, pin::Pin, sync::Arc, time::Duration};
+use std::{
+    convert::Infallible, future::poll_fn, net::SocketAddr, pin::Pin, sync::Arc, time::Duration,
+};
 
 use http::{Request, Response};
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};
@@ -23,7 +25,11 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 
-pub(super) async fn serve<C: Clock>(listener: &TcpListener, pipeline: &Arc<Pipeline<C>>, shutdown: impl Future<Output = ()>) {
+pub(super) async fn serve<C: Clock>(
+    listener: &TcpListener,
+    pipeline: &Arc<Pipeline<C>>,
+    shutdown: impl Future<Output = ()>,
+) {
     let (stop, stopped) = watch::channel(());
     let mut connections = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -47,7 +53,12 @@ pub(super) async fn serve<C: Clock>(listener: &TcpListener, pipeline: &Arc<Pipel
     while connections.join_next().await.is_some() {}
 }
 
-async fn connection<C: Clock>(stream: TcpStream, peer: SocketAddr, pipeline: Arc<Pipeline<C>>, mut stop: watch::Receiver<()>) {
+async fn connection<C: Clock>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    pipeline: Arc<Pipeline<C>>,
+    mut stop: watch::Receiver<()>,
+) {
     if let Err(error) = stream.set_nodelay(true) {
         tracing::debug!(%error, "TCP_NODELAY");
     }
@@ -58,6 +69,8 @@ async fn connection<C: Clock>(stream: TcpStream, peer: SocketAddr, pipeline: Arc
         // Boxed so the future is Unpin, which `poll_without_shutdown` needs.
         Box::pin(async move { Ok(pipeline.handle(request, peer.ip()).await) }) as ResponseFuture
     });
+    // The header timeout also runs while a keep-alive connection waits for its next
+    // request, so it doubles as the idle timeout.
     let mut conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
