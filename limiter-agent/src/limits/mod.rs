@@ -1,7 +1,13 @@
 //! Per-key request limits for the proxy: one module per algorithm, all generic over
 //! a [`Clock`], and the engine that turns rules and plans into one decision.
 //!
-//! INTERFACE (shared by `limits/` and `proxy/`; implementation in progress):
+//! Deviations from the interface below, kept minimal:
+//! - `plan_of` returns `Option<String>`: the config sits behind a lock that a reload
+//!   swaps, so a borrow of it cannot outlive the call.
+//! - Additions: `Engine` is `Debug`; `MISSING_KEY`, `MAX_KEY_VALUE`; the algorithm
+//!   modules with `Outcome`/`Quota`; the `Store` trait and `MemoryStore`.
+//!
+//! INTERFACE (shared by `limits/` and `proxy/`):
 //!
 //! ```text
 //! pub trait Clock: Send + Sync + 'static { fn now(&self) -> Duration /* since UNIX epoch */ }
@@ -29,7 +35,7 @@
 //!     /// (used for failed signatures, so guessing is rate limited).
 //!     pub fn penalize(&self, request: &RequestInfo<'_>);
 //!     /// The key's plan name if the API key is known.
-//!     pub fn plan_of(&self, api_key: &str) -> Option<&str>;
+//!     pub fn plan_of(&self, api_key: &str) -> Option<String>;
 //!     pub fn tracked_keys(&self) -> usize;
 //!     pub fn evictions(&self) -> u64;
 //! }
@@ -57,3 +63,26 @@
 //!     pub reset_after: Duration, // t: real time until capacity returns
 //! }
 //! ```
+
+mod bucket;
+pub mod clock;
+pub mod engine;
+pub mod fixed_window;
+mod gcra;
+pub mod leaky_bucket;
+pub mod outcome;
+pub mod sliding_window_counter;
+pub mod sliding_window_log;
+pub mod store;
+pub mod token_bucket;
+mod window;
+
+#[cfg(test)]
+mod tests;
+
+pub use self::{
+    clock::{Clock, FakeClock, SystemClock},
+    engine::{Decision, Engine, PolicyStatus, RequestInfo, Verdict},
+    outcome::{Outcome, Quota},
+    store::{MemoryStore, Store},
+};

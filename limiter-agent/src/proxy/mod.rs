@@ -1,1 +1,118 @@
-//! (in progress)
+//! The rate-limiting HTTP reverse proxy (interface.md sections 3, 6 and 7).
+//!
+//! A request goes: [`server`] (accept, header timeout, malformed requests refused by
+//! hyper) → [`pipeline`] (body bound, client address from [`keys`], signature and
+//! idempotency when a rule requires it, then the [`crate::limits`] decision) →
+//! [`forward`] (upstream, hop-by-hop headers) → [`headers`] on the way back. Every
+//! answer the proxy gives itself is a [`problem`] response.
+//!
+//! The agent binds a [`Proxy`], runs it until shutdown (in-flight requests drain),
+//! swaps its config on reload and reads its [`ProxyStats`].
+
+mod body;
+mod forward;
+mod headers;
+mod idempotent;
+mod keys;
+mod pipeline;
+mod problem;
+mod server;
+mod stats;
+
+use std::{net::SocketAddr, sync::Arc};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use tokio::net::TcpListener;
+
+use self::pipeline::Pipeline;
+pub use self::stats::ProxyStats;
+use crate::limits::{Clock, SystemClock};
+use crate::{config::ProxyConfig, signature::SecretError};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Every body the proxy sends, in either direction.
+type ProxyBody = BoxBody<Bytes, BoxError>;
+
+fn full_body(bytes: impl Into<Bytes>) -> ProxyBody {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// Why the proxy could not start or take a new config. A refused config leaves the
+/// running one in place, whole.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("proxy.keys `{key}`: {source}")]
+    Secret {
+        key: String,
+        #[source]
+        source: SecretError,
+    },
+    #[error(
+        "proxy.listen changed from {running} to {requested}: the agent must restart the proxy to move it"
+    )]
+    ListenChanged {
+        running: SocketAddr,
+        requested: SocketAddr,
+    },
+}
+
+/// A bound proxy. `run` serves until shutdown; `reconfigure` and `stats` may be
+/// called meanwhile from elsewhere (share the proxy in an `Arc`).
+#[derive(Debug)]
+pub struct Proxy<C: Clock = SystemClock> {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    pipeline: Arc<Pipeline<C>>,
+}
+
+impl<C: Clock> Proxy<C> {
+    /// Loads the key secrets and binds `config.listen`; limits are measured with `clock`.
+    pub async fn bind(config: Arc<ProxyConfig>, clock: C) -> Result<Self, ProxyError> {
+        let pipeline = Pipeline::new(config.clone(), clock)?;
+        let bind_error = |source| ProxyError::Bind {
+            addr: config.listen,
+            source,
+        };
+        let listener = TcpListener::bind(config.listen).await.map_err(bind_error)?;
+        let local_addr = listener.local_addr().map_err(bind_error)?;
+        Ok(Self {
+            listener,
+            local_addr,
+            pipeline: Arc::new(pipeline),
+        })
+    }
+
+    /// The address actually bound (`listen` may ask for port 0).
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting, lets every in-flight
+    /// request finish (idle keep-alive connections close at once) and returns.
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) {
+        server::serve(&self.listener, &self.pipeline, shutdown).await;
+    }
+
+    /// Applies a new config to new requests; limiter state of unchanged rules and
+    /// plans is kept. Refused whole if a secret cannot be loaded or `listen` moved.
+    pub fn reconfigure(&self, config: Arc<ProxyConfig>) -> Result<(), ProxyError> {
+        self.pipeline.reconfigure(config)
+    }
+
+    /// The counters so far.
+    #[must_use]
+    pub fn stats(&self) -> ProxyStats {
+        self.pipeline.stats()
+    }
+}

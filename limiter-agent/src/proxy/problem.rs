@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use serde::Serialize;
 
-use super::{ProxyBody, full_body, headers::ceil_secs};
+use super::{BoxError, ProxyBody, full_body, headers::ceil_secs};
 
 const PROBLEM_JSON: &str = "application/problem+json";
 const TYPE_BASE: &str = "https://limiter.dev/problems#";
@@ -16,7 +16,10 @@ const TYPE_BASE: &str = "https://limiter.dev/problems#";
 #[derive(Debug, thiserror::Error)]
 pub(super) enum Refusal {
     #[error("over the limit of {violated:?}")]
-    QuotaExceeded { violated: Vec<String>, retry_after: Duration },
+    QuotaExceeded {
+        violated: Vec<String>,
+        retry_after: Duration,
+    },
     /// A rule with `missing_key = "reject"` counts by a key the request lacks.
     #[error("rule `{rule}` needs a key the request lacks")]
     MissingKey { rule: String, status: StatusCode },
@@ -36,7 +39,7 @@ pub(super) enum Refusal {
     #[error("too many idempotent requests in flight")]
     IdempotencyStoreFull,
     #[error("upstream unavailable: {0}")]
-    Upstream(String),
+    Upstream(BoxError),
 }
 
 /// The body of every problem response.
@@ -54,12 +57,19 @@ struct Problem<'a> {
 impl Problem<'_> {
     fn json(&self) -> Bytes {
         // Serialising a struct of strings and numbers cannot fail.
-        serde_json::to_vec(self).map(Bytes::from).unwrap_or_default()
+        serde_json::to_vec(self)
+            .map(Bytes::from)
+            .unwrap_or_default()
     }
 }
 
 /// A problem response with no other headers.
-fn problem(status: StatusCode, slug: &str, detail: &str, violated: Option<&[String]>) -> Response<ProxyBody> {
+fn problem(
+    status: StatusCode,
+    slug: &str,
+    detail: &str,
+    violated: Option<&[String]>,
+) -> Response<ProxyBody> {
     let body = Problem {
         kind: format!("{TYPE_BASE}{slug}"),
         title: status.canonical_reason().unwrap_or("Error"),
@@ -70,38 +80,63 @@ fn problem(status: StatusCode, slug: &str, detail: &str, violated: Option<&[Stri
     .json();
     let mut response = Response::new(full_body(body));
     *response.status_mut() = status;
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
     response
 }
 
 impl Refusal {
     pub(super) fn into_response(self) -> Response<ProxyBody> {
         match self {
-            Self::QuotaExceeded { violated, retry_after } => {
+            Self::QuotaExceeded {
+                violated,
+                retry_after,
+            } => {
                 let mut response = problem(
                     StatusCode::TOO_MANY_REQUESTS,
                     "quota-exceeded",
                     "The request exceeds a rate limit; retry after the time in Retry-After.",
                     Some(&violated),
                 );
-                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(ceil_secs(retry_after)));
+                response.headers_mut().insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(ceil_secs(retry_after)),
+                );
                 response
             }
-            Self::MissingKey { rule, status } => {
-                problem(status, "missing-key", &format!("Rule `{rule}` requires a key this request does not carry."), None)
-            }
-            Self::Unauthorized => {
-                problem(StatusCode::UNAUTHORIZED, "invalid-signature", "The request signature could not be verified.", None)
-            }
-            Self::BodyTooLarge { limit } => problem(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body-too-large",
-                &format!("The request body exceeds {limit} bytes."),
+            Self::MissingKey { rule, status } => problem(
+                status,
+                "missing-key",
+                &format!("Rule `{rule}` requires a key this request does not carry."),
                 None,
             ),
-            Self::BodyUnreadable => {
-                problem(StatusCode::BAD_REQUEST, "bad-body", "The request body could not be read.", None)
+            Self::Unauthorized => problem(
+                StatusCode::UNAUTHORIZED,
+                "invalid-signature",
+                "The request signature could not be verified.",
+                None,
+            ),
+            Self::BodyTooLarge { limit } => {
+                let mut response = problem(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body-too-large",
+                    &format!("The request body exceeds {limit} bytes."),
+                    None,
+                );
+                // The rest of the body is still on its way; reading it only to keep
+                // the connection would be the work the limit exists to refuse.
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                response
             }
+            Self::BodyUnreadable => problem(
+                StatusCode::BAD_REQUEST,
+                "bad-body",
+                "The request body could not be read.",
+                None,
+            ),
             Self::IdempotencyKeyMalformed => problem(
                 StatusCode::BAD_REQUEST,
                 "bad-idempotency-key",
@@ -126,9 +161,12 @@ impl Refusal {
                 "Too many idempotent requests are in progress; retry shortly.",
                 None,
             ),
-            Self::Upstream(_) => {
-                problem(StatusCode::BAD_GATEWAY, "upstream-unavailable", "The upstream service could not be reached.", None)
-            }
+            Self::Upstream(_) => problem(
+                StatusCode::BAD_GATEWAY,
+                "upstream-unavailable",
+                "The upstream service could not be reached.",
+                None,
+            ),
         }
     }
 }

@@ -60,7 +60,11 @@ impl Counters {
     }
 
     pub(super) fn add_signature_failure(&self, reason: FailureReason) {
-        if let Some(counter) = FailureReason::ALL.iter().position(|r| *r == reason).and_then(|i| self.signature_failures.get(i)) {
+        if let Some(counter) = FailureReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .and_then(|i| self.signature_failures.get(i))
+        {
             counter.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -78,13 +82,16 @@ impl Counters {
             throttled: load(&self.throttled),
             rejected: load(&self.rejected),
             signature_failures: by_reason.values().sum(),
-            replays: by_reason.get(FailureReason::Replay.as_str()).copied().unwrap_or(0),
+            replays: by_reason
+                .get(FailureReason::Replay.as_str())
+                .copied()
+                .unwrap_or(0),
             signature_failure_reasons: by_reason,
             idempotent_replays: load(&self.idempotent_replays),
             body_too_large: load(&self.body_too_large),
             timeouts: load(&self.timeouts),
             upstream_errors: load(&self.upstream_errors),
-            tracked_keys: tracked_keys as u64,
+            tracked_keys: u64::try_from(tracked_keys).unwrap_or(u64::MAX),
             evictions,
         }
     }

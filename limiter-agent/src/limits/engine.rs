@@ -1,0 +1,352 @@
+//! The engine: from a request to the buckets it is counted in, and from their
+//! outcomes to one decision.
+//!
+//! A request is counted by every rule that matches it (path prefix and method), each
+//! under the key its `key` names, and, if it carries a known API key, by that key's
+//! plan. Keys:
+//!
+//! - `ip`: the client address; IPv6 per /64 (as in the kernel layer), IPv4-mapped
+//!   IPv6 as IPv4.
+//! - `api_key`: the `X-API-Key` value if it is a configured key id. An unknown key is
+//!   treated as missing, so made-up keys never allocate state.
+//! - `header:NAME`: the header's value (all its lines, joined); empty is missing.
+//!   Values longer than [`MAX_KEY_VALUE`] bytes or not UTF-8 are keyed by their
+//!   SHA-256, so that key memory stays bounded.
+//! - `+route`: the rule's path prefix is part of the key.
+//!
+//! A missing key follows `missing_key`: `shared` counts all such requests of a rule
+//! in one bucket, [`MISSING_KEY`]; `reject` answers [`Verdict::MissingKey`] and
+//! charges nothing.
+//!
+//! The strictest verdict wins: a rejection by any bucket rejects (with the longest
+//! `retry_after` of the rejecting ones) and charges no bucket; otherwise the request
+//! is delayed by the longest delay (throttle band or shaper), or forwarded.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::IpAddr,
+    sync::{Arc, PoisonError, RwLock},
+    time::Duration,
+};
+
+use sha2::{Digest, Sha256};
+
+use super::{
+    clock::{Clock, to_nanos},
+    outcome::{Outcome, Quota},
+    store::{Bucket, Charge, MemoryStore, Store},
+};
+use crate::config::proxy::{KeyKind, KeySpec, LimitSpec, MissingKey, ProxyConfig, Rule};
+
+/// The key of a rule's shared bucket for requests without its key.
+pub const MISSING_KEY: &str = "<missing>";
+
+/// Longest header value kept as is in a key; longer ones are hashed.
+pub const MAX_KEY_VALUE: usize = 128;
+
+/// What the engine needs to know about a request.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestInfo<'a> {
+    pub method: &'a http::Method,
+    /// The path only, without the query.
+    pub path: &'a str,
+    /// The client, already resolved through trusted proxies.
+    pub client: IpAddr,
+    /// The raw `X-API-Key` value.
+    pub api_key: Option<&'a str>,
+    pub headers: &'a http::HeaderMap,
+}
+
+/// The engine's answer for one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub verdict: Verdict,
+    /// One entry per rule or plan that counted the request, for the response headers:
+    /// the quota after this request if it is let through, as it stands if rejected.
+    pub policies: Vec<PolicyStatus>,
+    /// Names of the policies that rejected (for the problem+json body).
+    pub violated: Vec<String>,
+    /// Some matching rule has `require_signature = true`.
+    pub require_signature: bool,
+}
+
+/// What to do with a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Forward,
+    /// Forward after this long: a throttle band or a leaky-bucket queue.
+    Delay(Duration),
+    /// 429.
+    Reject {
+        retry_after: Duration,
+    },
+    /// `missing_key = "reject"` and the request lacks this rule's key: 401 for an API
+    /// key, 400 for a header.
+    MissingKey {
+        rule: String,
+    },
+}
+
+/// One policy's quota, for the response headers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyStatus {
+    /// The rule name, or the plan name for a plan.
+    pub name: String,
+    /// Quota `q`.
+    pub limit: u32,
+    /// Window `w`.
+    pub window: Duration,
+    /// `r`, after this request.
+    pub remaining: u64,
+    /// `t`: the real time until capacity is back in full.
+    pub reset_after: Duration,
+}
+
+/// Rules and plans, turned into policies with their request keys.
+#[derive(Debug)]
+pub struct Engine<C: Clock> {
+    clock: C,
+    policies: RwLock<Arc<Policies>>,
+    store: Box<dyn Store>,
+}
+
+/// A limit with a name and the identity its state is stored under.
+#[derive(Debug)]
+struct Policy {
+    name: String,
+    /// Name, key spec, algorithm and window: what must stay the same for the state
+    /// to carry over a reload (a changed `limit` keeps the counts).
+    identity: Arc<str>,
+    spec: LimitSpec,
+}
+
+impl Policy {
+    fn new(kind: &str, name: &str, key: &KeySpec, spec: &LimitSpec) -> Self {
+        let route = if key.per_route { "+route" } else { "" };
+        let identity = format!(
+            "{kind} {name:?} by {}{route} {:?} {}ns",
+            key_kind_name(&key.by),
+            spec.algorithm,
+            to_nanos(spec.window)
+        );
+        Self { name: name.to_owned(), identity: identity.into(), spec: spec.clone() }
+    }
+
+    fn status(&self, quota: Quota) -> PolicyStatus {
+        PolicyStatus {
+            name: self.name.clone(),
+            limit: self.spec.limit.get(),
+            window: self.spec.window,
+            remaining: quota.remaining,
+            reset_after: quota.reset_after,
+        }
+    }
+}
+
+/// One compiled config.
+#[derive(Debug)]
+struct Policies {
+    rules: Vec<(Rule, Policy)>,
+    plans: HashMap<String, Policy>,
+    /// API key id → plan name.
+    keys: HashMap<String, String>,
+    missing_key: MissingKey,
+}
+
+impl Policies {
+    fn new(config: &ProxyConfig) -> Self {
+        let api_key = KeySpec { by: KeyKind::ApiKey, per_route: false };
+        Self {
+            rules: config
+                .rules
+                .iter()
+                .map(|rule| (rule.clone(), Policy::new("rule", &rule.name, &rule.key, &rule.limit)))
+                .collect(),
+            plans: config
+                .plans
+                .iter()
+                .map(|(name, spec)| (name.clone(), Policy::new("plan", name, &api_key, spec)))
+                .collect(),
+            keys: config.keys.iter().map(|key| (key.id.clone(), key.plan.clone())).collect(),
+            missing_key: config.missing_key,
+        }
+    }
+
+    fn identities(&self) -> HashSet<Arc<str>> {
+        let rules = self.rules.iter().map(|(_, policy)| policy);
+        rules.chain(self.plans.values()).map(|policy| Arc::clone(&policy.identity)).collect()
+    }
+
+    fn known_key<'r>(&self, request: &RequestInfo<'r>) -> Option<&'r str> {
+        request.api_key.filter(|key| self.keys.contains_key(*key))
+    }
+
+    /// The bucket key of `rule` for `request`; `None` if the request lacks it.
+    fn key(&self, rule: &Rule, request: &RequestInfo<'_>) -> Option<String> {
+        let mut key = match &rule.key.by {
+            KeyKind::Ip => ip_key(request.client),
+            KeyKind::ApiKey => format!("api_key={}", self.known_key(request)?),
+            KeyKind::Header(name) => {
+                let mut value = Vec::new();
+                for line in request.headers.get_all(name) {
+                    if !value.is_empty() {
+                        value.extend_from_slice(b", ");
+                    }
+                    value.extend_from_slice(line.as_bytes());
+                }
+                if value.is_empty() {
+                    return None;
+                }
+                match std::str::from_utf8(&value) {
+                    Ok(text) if text.len() <= MAX_KEY_VALUE => format!("header={text}"),
+                    _ => format!("header#{}", hex::encode(Sha256::digest(&value))),
+                }
+            }
+        };
+        if rule.key.per_route {
+            key.push_str(" route=");
+            key.push_str(rule.path.as_deref().unwrap_or("/"));
+        }
+        Some(key)
+    }
+}
+
+/// Either the counted buckets or the verdict that stops a request before counting.
+type Counted<'p> = Result<Vec<(&'p Policy, String)>, Verdict>;
+
+impl<C: Clock> Engine<C> {
+    #[must_use]
+    pub fn new(config: &ProxyConfig, clock: C) -> Self {
+        Self {
+            clock,
+            policies: RwLock::new(Arc::new(Policies::new(config))),
+            store: Box::new(MemoryStore::new(config.max_tracked_keys)),
+        }
+    }
+
+    /// Swaps rules and plans. State of the rules and plans whose identity (name, key
+    /// spec, algorithm and window) is unchanged is kept, so a changed `limit` keeps
+    /// its counts; the state of the others is dropped.
+    pub fn reconfigure(&self, config: &ProxyConfig) {
+        let policies = Arc::new(Policies::new(config));
+        let live = policies.identities();
+        self.store.set_capacity(config.max_tracked_keys);
+        *self.policies.write().unwrap_or_else(PoisonError::into_inner) = policies;
+        self.store.retain_policies(&|identity| live.contains(identity));
+    }
+
+    /// Checks every matching rule and the key's plan; if none rejects, charges all of
+    /// them, atomically with respect to concurrent calls. A rejected request is
+    /// charged to nothing.
+    pub fn decide(&self, request: &RequestInfo<'_>) -> Decision {
+        let policies = self.snapshot();
+        let matching: Vec<&(Rule, Policy)> =
+            policies.rules.iter().filter(|(rule, _)| rule.matches(request.method, request.path)).collect();
+        let require_signature = matching.iter().any(|(rule, _)| rule.require_signature);
+        let counted = match count_in(&policies, &matching, request) {
+            Ok(counted) => counted,
+            Err(verdict) => return Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature },
+        };
+        let outcomes = self.apply(&counted, Charge::AllOrNothing);
+
+        let rejecting = || counted.iter().zip(&outcomes).filter(|(_, outcome)| !outcome.admitted);
+        if let Some(retry_after) = rejecting().map(|(_, outcome)| outcome.retry_after).max() {
+            return Decision {
+                verdict: Verdict::Reject { retry_after },
+                policies: counted.iter().zip(&outcomes).map(|((p, _), o)| p.status(o.before)).collect(),
+                violated: rejecting().map(|((policy, _), _)| policy.name.clone()).collect(),
+                require_signature,
+            };
+        }
+        let delay = counted.iter().zip(&outcomes).map(|((p, _), o)| o.delay(p.spec.throttle)).max();
+        Decision {
+            verdict: match delay {
+                Some(delay) if !delay.is_zero() => Verdict::Delay(delay),
+                _ => Verdict::Forward,
+            },
+            policies: counted.iter().zip(&outcomes).map(|((p, _), o)| p.status(o.after)).collect(),
+            violated: Vec::new(),
+            require_signature,
+        }
+    }
+
+    /// Charges the IP-keyed rules matching this request whatever the verdict of the
+    /// others (used for failed signatures, so that guessing is rate limited). Each
+    /// such bucket takes one unit if it has one left; a full bucket stays full.
+    pub fn penalize(&self, request: &RequestInfo<'_>) {
+        let policies = self.snapshot();
+        let counted: Vec<(&Policy, String)> = policies
+            .rules
+            .iter()
+            .filter(|(rule, _)| rule.key.by == KeyKind::Ip && rule.matches(request.method, request.path))
+            .filter_map(|(rule, policy)| Some((policy, policies.key(rule, request)?)))
+            .collect();
+        self.apply(&counted, Charge::EachAdmitting);
+    }
+
+    /// The key's plan name if the API key is known.
+    #[must_use]
+    pub fn plan_of(&self, api_key: &str) -> Option<String> {
+        self.snapshot().keys.get(api_key).cloned()
+    }
+
+    /// Buckets holding state.
+    #[must_use]
+    pub fn tracked_keys(&self) -> usize {
+        self.store.tracked_keys()
+    }
+
+    /// Buckets evicted to stay within `max_tracked_keys`, since the start.
+    #[must_use]
+    pub fn evictions(&self) -> u64 {
+        self.store.evictions()
+    }
+
+    fn snapshot(&self) -> Arc<Policies> {
+        Arc::clone(&self.policies.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn apply(&self, counted: &[(&Policy, String)], charge: Charge) -> Vec<Outcome> {
+        let buckets: Vec<Bucket<'_>> =
+            counted.iter().map(|(policy, key)| Bucket { policy: &policy.identity, key, spec: &policy.spec }).collect();
+        self.store.apply(&buckets, self.clock.now(), charge)
+    }
+}
+
+/// The buckets a request is counted in: its matching rules', then its plan's.
+fn count_in<'p>(policies: &'p Policies, matching: &[&'p (Rule, Policy)], request: &RequestInfo<'_>) -> Counted<'p> {
+    let mut counted = Vec::with_capacity(matching.len() + 1);
+    for (rule, policy) in matching {
+        let key = match (policies.key(rule, request), policies.missing_key) {
+            (Some(key), _) => key,
+            (None, MissingKey::Shared) => MISSING_KEY.to_owned(),
+            (None, MissingKey::Reject) => return Err(Verdict::MissingKey { rule: rule.name.clone() }),
+        };
+        counted.push((policy, key));
+    }
+    if let Some(key) = policies.known_key(request)
+        && let Some(plan) = policies.keys.get(key).and_then(|plan| policies.plans.get(plan))
+    {
+        counted.push((plan, format!("api_key={key}")));
+    }
+    Ok(counted)
+}
+
+/// An IPv4 address as is, an IPv6 address by its /64.
+fn ip_key(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => format!("ip={v4}"),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => format!("ip={v4}"),
+            None => format!("ip={}/64", std::net::Ipv6Addr::from(v6.to_bits() & !u128::from(u64::MAX))),
+        },
+    }
+}
+
+fn key_kind_name(by: &KeyKind) -> String {
+    match by {
+        KeyKind::Ip => "ip".to_owned(),
+        KeyKind::ApiKey => "api_key".to_owned(),
+        KeyKind::Header(name) => format!("header:{name}"),
+    }
+}

@@ -1,0 +1,385 @@
+//! One request from arrival to answer: body bound, client address, signature and
+//! idempotency where a rule requires them, the limits decision, then forwarding.
+
+use std::{
+    net::IpAddr,
+    sync::{Arc, PoisonError, RwLock},
+    time::{Duration, Instant, SystemTime},
+};
+
+use http::{Method, Request, Response, StatusCode, request, uri::PathAndQuery};
+use hyper::body::Incoming;
+
+use super::{
+    ProxyBody, ProxyError, body,
+    forward::{Origin, Upstream},
+    full_body, headers, idempotent, keys,
+    problem::Refusal,
+    stats::{Counters, Event, ProxyStats},
+};
+use crate::{
+    config::{
+        ProxyConfig,
+        proxy::{KeyKind, SignatureConfig},
+    },
+    limits::{Clock, Decision, Engine, RequestInfo, Verdict},
+    signature::{
+        Begin, BodyError, Guard, IdempotencyConfig, IdempotencyStore, ReplayCache, SignedRequest,
+        Verifier,
+        idempotency::{self, IDEMPOTENCY_KEY_HEADER},
+        load_secret, read_body_hashed, unix_now,
+        verify::API_KEY_HEADER,
+    },
+};
+
+/// What one config makes of requests: swapped whole on reload.
+#[derive(Debug)]
+struct Snapshot {
+    config: Arc<ProxyConfig>,
+    verifier: Verifier,
+}
+
+impl Snapshot {
+    fn build(config: Arc<ProxyConfig>, replay: Arc<ReplayCache>) -> Result<Self, ProxyError> {
+        let keys = config
+            .keys
+            .iter()
+            .filter(|key| !key.secrets.is_empty())
+            .map(|key| {
+                let secrets = key
+                    .secrets
+                    .iter()
+                    .map(|reference| load_secret(reference))
+                    .collect::<Result<Vec<_>, _>>();
+                secrets
+                    .map(|secrets| (key.id.clone(), secrets))
+                    .map_err(|source| ProxyError::Secret {
+                        key: key.id.clone(),
+                        source,
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            verifier: Verifier::new(keys, replay),
+            config,
+        })
+    }
+}
+
+/// The request after the checks that come before the limits.
+enum Admission {
+    /// Answered already (an idempotent replay).
+    Answered(Response<ProxyBody>),
+    Forward {
+        body: ProxyBody,
+        /// The idempotency key this request holds until its response is stored.
+        claim: Option<Guard>,
+    },
+}
+
+/// Everything requests share, across connections and reloads.
+#[derive(Debug)]
+pub(super) struct Pipeline<C: Clock> {
+    snapshot: RwLock<Arc<Snapshot>>,
+    engine: Engine<C>,
+    upstream: Upstream,
+    /// Outlives reloads: forgetting accepted signatures would reopen the replay window.
+    replay: Arc<ReplayCache>,
+    /// Outlives reloads, sized by the first config.
+    idempotency: IdempotencyStore,
+    max_stored_body: usize,
+    counters: Counters,
+}
+
+impl<C: Clock> Pipeline<C> {
+    pub(super) fn new(config: Arc<ProxyConfig>, clock: C) -> Result<Self, ProxyError> {
+        let SignatureConfig {
+            idempotency_ttl,
+            idempotency_max_entries,
+            idempotency_max_body_bytes,
+            replay_cache_size,
+            ..
+        } = &config.signature;
+        let replay = Arc::new(ReplayCache::new(replay_cache_size.get()));
+        let idempotency = IdempotencyStore::new(IdempotencyConfig {
+            ttl: idempotency_ttl.0,
+            max_entries: idempotency_max_entries.get(),
+            max_response_bytes: *idempotency_max_body_bytes,
+        });
+        Ok(Self {
+            engine: Engine::new(&config, clock),
+            max_stored_body: *idempotency_max_body_bytes,
+            snapshot: RwLock::new(Arc::new(Snapshot::build(config, replay.clone())?)),
+            upstream: Upstream::new(),
+            replay,
+            idempotency,
+            counters: Counters::default(),
+        })
+    }
+
+    fn snapshot(&self) -> Arc<Snapshot> {
+        // The lock only guards an Arc swap, which cannot leave it inconsistent.
+        self.snapshot
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(super) fn reconfigure(&self, config: Arc<ProxyConfig>) -> Result<(), ProxyError> {
+        let mut current = self
+            .snapshot
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if config.listen != current.config.listen {
+            return Err(ProxyError::ListenChanged {
+                running: current.config.listen,
+                requested: config.listen,
+            });
+        }
+        let next = Snapshot::build(config, self.replay.clone())?;
+        // Under the lock, so that concurrent reloads reach the engine and the snapshot
+        // in the same order.
+        self.engine.reconfigure(&next.config);
+        *current = Arc::new(next);
+        Ok(())
+    }
+
+    pub(super) fn stats(&self) -> ProxyStats {
+        self.counters
+            .snapshot(self.engine.tracked_keys(), self.engine.evictions())
+    }
+
+    pub(super) fn header_timeout(&self) -> Duration {
+        self.snapshot().config.header_timeout.0
+    }
+
+    pub(super) fn count(&self, event: Event) {
+        self.counters.add(event);
+    }
+
+    pub(super) async fn handle(
+        &self,
+        request: Request<Incoming>,
+        peer: IpAddr,
+    ) -> Response<ProxyBody> {
+        self.counters.add(Event::Request);
+        let snapshot = self.snapshot();
+        match self.process(&snapshot, request, peer).await {
+            Ok(response) => response,
+            Err(refusal) => self.refuse(refusal),
+        }
+    }
+
+    fn refuse(&self, refusal: Refusal) -> Response<ProxyBody> {
+        let event = match &refusal {
+            Refusal::QuotaExceeded { .. } | Refusal::MissingKey { .. } => Some(Event::Rejected),
+            Refusal::BodyTooLarge { .. } => Some(Event::BodyTooLarge),
+            Refusal::Upstream(_) => Some(Event::UpstreamError),
+            _ => None,
+        };
+        if let Some(event) = event {
+            self.counters.add(event);
+        }
+        tracing::debug!(%refusal, "refused");
+        refusal.into_response()
+    }
+
+    async fn process(
+        &self,
+        snapshot: &Snapshot,
+        request: Request<Incoming>,
+        peer: IpAddr,
+    ) -> Result<Response<ProxyBody>, Refusal> {
+        let config = &snapshot.config;
+        let (parts, body) = request.into_parts();
+        body::check_announced(&body, config.max_body_bytes)?;
+        let client = keys::client_ip(peer, &parts.headers, &config.trusted_proxies);
+        let info = RequestInfo {
+            method: &parts.method,
+            path: parts.uri.path(),
+            client,
+            api_key: parts
+                .headers
+                .get(API_KEY_HEADER)
+                .and_then(|value| value.to_str().ok()),
+            headers: &parts.headers,
+        };
+        let admission = if requires_signature(config, &parts.method, parts.uri.path()) {
+            self.admit_signed(snapshot, &parts, &info, body).await?
+        } else {
+            Admission::Forward {
+                body: body::forwardable(body, config.max_body_bytes).await?,
+                claim: None,
+            }
+        };
+        let (body, claim) = match admission {
+            Admission::Answered(response) => return Ok(response),
+            Admission::Forward { body, claim } => (body, claim),
+        };
+        let Decision {
+            verdict,
+            policies,
+            violated,
+            ..
+        } = self.engine.decide(&info);
+        let peer = peer.to_canonical();
+        let origin = Origin {
+            peer,
+            peer_trusted: keys::is_trusted(peer, &config.trusted_proxies),
+        };
+        let outcome = match self.act(config, verdict, violated).await {
+            Ok(()) => self.forward(config, parts, body, origin, claim).await,
+            Err(refusal) => Err(refusal),
+        };
+        let mut response = outcome.unwrap_or_else(|refusal| self.refuse(refusal));
+        headers::add_rate_limit_headers(response.headers_mut(), &policies, SystemTime::now());
+        Ok(response)
+    }
+
+    /// Carries out a decision up to forwarding: waits out a delay, or refuses. In
+    /// shadow mode only counts what it would have done.
+    async fn act(
+        &self,
+        config: &ProxyConfig,
+        verdict: Verdict,
+        violated: Vec<String>,
+    ) -> Result<(), Refusal> {
+        match verdict {
+            Verdict::Forward => Ok(()),
+            Verdict::Delay(delay) => {
+                self.counters.add(Event::Throttled);
+                if config.enforce {
+                    tokio::time::sleep(delay).await;
+                }
+                Ok(())
+            }
+            Verdict::Reject { retry_after } if config.enforce => Err(Refusal::QuotaExceeded {
+                violated,
+                retry_after,
+            }),
+            Verdict::MissingKey { rule } if config.enforce => {
+                let status = match config
+                    .rules
+                    .iter()
+                    .find(|r| r.name == rule)
+                    .map(|r| &r.key.by)
+                {
+                    Some(KeyKind::ApiKey) => StatusCode::UNAUTHORIZED,
+                    _ => StatusCode::BAD_REQUEST,
+                };
+                Err(Refusal::MissingKey { rule, status })
+            }
+            Verdict::Reject { .. } | Verdict::MissingKey { .. } => {
+                self.counters.add(Event::Rejected);
+                Ok(())
+            }
+        }
+    }
+
+    async fn forward(
+        &self,
+        config: &ProxyConfig,
+        parts: request::Parts,
+        body: ProxyBody,
+        origin: Origin,
+        claim: Option<Guard>,
+    ) -> Result<Response<ProxyBody>, Refusal> {
+        self.counters.add(Event::Forwarded);
+        let response = self
+            .upstream
+            .send(&config.upstream, parts, body, origin)
+            .await
+            .map_err(|e| Refusal::Upstream(e.into()))?;
+        let Some(claim) = claim else {
+            return Ok(response);
+        };
+        // Dropping the claim on failure frees the key, so the client can retry.
+        let (response, stored) = idempotent::capture(response, self.max_stored_body)
+            .await
+            .map_err(Refusal::Upstream)?;
+        claim.complete(stored, Instant::now());
+        Ok(response)
+    }
+
+    /// Reads and verifies a signed request, then applies its idempotency key.
+    async fn admit_signed(
+        &self,
+        snapshot: &Snapshot,
+        parts: &request::Parts,
+        info: &RequestInfo<'_>,
+        body: Incoming,
+    ) -> Result<Admission, Refusal> {
+        let config = &snapshot.config;
+        let limit = config.max_body_bytes;
+        let (bytes, body_sha256) =
+            read_body_hashed(body, usize::try_from(limit).unwrap_or(usize::MAX))
+                .await
+                .map_err(|error| match error {
+                    BodyError::TooLarge { .. } => Refusal::BodyTooLarge { limit },
+                    BodyError::Read(_) => Refusal::BodyUnreadable,
+                })?;
+        let target = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        let signed = SignedRequest {
+            method: &parts.method,
+            target,
+            headers: &parts.headers,
+            body_sha256: &body_sha256,
+        };
+        let verified = snapshot
+            .verifier
+            .verify(&signed, unix_now(), config.signature.max_skew.0)
+            .map_err(|failure| {
+                self.counters.add_signature_failure(failure.reason());
+                // Failures count against the client's IP limits, so guessing is rate limited.
+                self.engine.penalize(info);
+                tracing::debug!(%failure, "signature refused");
+                Refusal::Unauthorized
+            })?;
+        let claim = match idempotency_key(parts)? {
+            None => None,
+            Some(key) => {
+                let fingerprint = idempotency::fingerprint(&parts.method, target, &body_sha256);
+                match self
+                    .idempotency
+                    .begin(&verified.key_id, key, fingerprint, Instant::now())
+                {
+                    Begin::Proceed(guard) => Some(guard),
+                    Begin::Replay(stored) => {
+                        self.counters.add(Event::IdempotentReplay);
+                        return Ok(Admission::Answered(idempotent::replay(stored)));
+                    }
+                    Begin::Conflict => return Err(Refusal::IdempotencyKeyReused),
+                    Begin::InFlight | Begin::NotReplayable => {
+                        return Err(Refusal::IdempotencyConflict);
+                    }
+                    Begin::Full => return Err(Refusal::IdempotencyStoreFull),
+                }
+            }
+        };
+        Ok(Admission::Forward {
+            body: full_body(bytes),
+            claim,
+        })
+    }
+}
+
+fn requires_signature(config: &ProxyConfig, method: &Method, path: &str) -> bool {
+    config
+        .rules
+        .iter()
+        .any(|rule| rule.require_signature && rule.matches(method, path))
+}
+
+/// The `Idempotency-Key` of a state-changing request. Only signed requests get here:
+/// the key id they are stored under must be authenticated, or anyone could fill in
+/// another key's stored responses.
+fn idempotency_key(parts: &request::Parts) -> Result<Option<&str>, Refusal> {
+    if !idempotency::applies_to(&parts.method) {
+        return Ok(None);
+    }
+    parts
+        .headers
+        .get(IDEMPOTENCY_KEY_HEADER)
+        .map(|value| value.to_str().map_err(|_| Refusal::IdempotencyKeyMalformed))
+        .transpose()
+}

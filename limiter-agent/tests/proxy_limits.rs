@@ -1,0 +1,509 @@
+//! The proxy's limits through real sockets: plans, throttle bands, sensitive routes,
+//! combined rules, concurrency, trusted proxies, shadow mode and reload.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{PROXY_HEAD, RunningProxy, TestClient, Upstream, proxy_config, stay_inside_window};
+use http::{Method, StatusCode};
+
+const FREE_AND_PRO: &str = r#"
+[proxy.plans.free]
+limit = 100
+window = "1m"
+throttle_from = 80
+throttle_delay = "100ms"
+[proxy.plans.pro]
+limit = 1000
+window = "1m"
+throttle_from = 900
+throttle_delay = "100ms"
+[[proxy.keys]]
+id = "k-free"
+plan = "free"
+[[proxy.keys]]
+id = "k-pro"
+plan = "pro"
+"#;
+
+#[tokio::test]
+async fn free_key_is_throttled_then_rejected_and_pro_key_is_unaffected() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{FREE_AND_PRO}"), upstream.addr).await;
+    let client = TestClient::default();
+    let delay = Duration::from_millis(100);
+    stay_inside_window(Duration::from_secs(60), Duration::from_secs(10)).await;
+
+    let mut replies = Vec::new();
+    for _ in 0..105 {
+        replies.push(
+            client
+                .get(&proxy.url("/api"), &[("x-api-key", "k-free")])
+                .await,
+        );
+    }
+
+    for (i, reply) in replies.iter().enumerate() {
+        let n = i + 1;
+        let expected = if n <= 100 {
+            StatusCode::OK
+        } else {
+            StatusCode::TOO_MANY_REQUESTS
+        };
+        assert_eq!(reply.status, expected, "request {n}");
+        assert_eq!(
+            reply.header("ratelimit-policy"),
+            r#""free";q=100;w=60"#,
+            "request {n}"
+        );
+        assert_eq!(reply.header("x-ratelimit-limit"), "100", "request {n}");
+        assert_eq!(
+            reply.header("x-ratelimit-remaining"),
+            (100 - n.min(100)).to_string(),
+            "request {n}"
+        );
+        if n <= 80 {
+            assert!(
+                reply.elapsed < delay,
+                "request {n} took {:?}, inside the limit",
+                reply.elapsed
+            );
+        } else if n <= 100 {
+            assert!(
+                reply.elapsed >= delay,
+                "request {n} took {:?}, inside the throttle band",
+                reply.elapsed
+            );
+        }
+    }
+    for reply in &replies[100..] {
+        let retry_after: u64 = reply
+            .header("retry-after")
+            .parse()
+            .expect("Retry-After in seconds");
+        assert!((1..=60).contains(&retry_after), "Retry-After {retry_after}");
+        assert_eq!(reply.header("content-type"), "application/problem+json");
+        let problem = reply.json();
+        assert_eq!(
+            problem["type"],
+            "https://limiter.dev/problems#quota-exceeded"
+        );
+        assert_eq!(problem["status"], 429);
+        assert_eq!(problem["violated_policies"], serde_json::json!(["free"]));
+        assert!(problem["title"].is_string() && problem["detail"].is_string());
+        let reset: u64 = reply
+            .header("x-ratelimit-reset")
+            .parse()
+            .expect("reset in unix seconds");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs();
+        // A sliding window counter is back in full once this window and the next
+        // (which still weighs this one) have passed.
+        assert!(reset > now && reset <= now + 121, "reset {reset} now {now}");
+        assert!(
+            reply.header("ratelimit").starts_with(r#""free";r=0;t="#),
+            "{}",
+            reply.header("ratelimit")
+        );
+    }
+    assert_eq!(upstream.count(), 100);
+
+    let pro = client
+        .get(&proxy.url("/api"), &[("x-api-key", "k-pro")])
+        .await;
+    assert_eq!(pro.status, StatusCode::OK);
+    assert_eq!(pro.header("x-ratelimit-remaining"), "999");
+    assert!(pro.elapsed < delay);
+
+    let stats = proxy.proxy.stats();
+    assert_eq!(
+        (
+            stats.requests,
+            stats.forwarded,
+            stats.throttled,
+            stats.rejected
+        ),
+        (106, 101, 20, 5)
+    );
+}
+
+#[tokio::test]
+async fn sixth_login_post_from_one_ip_is_rejected_but_get_is_not() {
+    let upstream = Upstream::start().await;
+    let config = format!(
+        r#"{PROXY_HEAD}
+[[proxy.rules]]
+name = "login"
+path = "/login"
+methods = ["POST"]
+key = "ip"
+algorithm = "sliding_window_log"
+limit = 5
+window = "1m"
+"#
+    );
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let client = TestClient::default();
+    for n in 1..=5 {
+        let reply = client
+            .request(Method::POST, &proxy.url("/login"), &[], b"user=a")
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "POST {n}");
+    }
+    let sixth = client
+        .request(Method::POST, &proxy.url("/login"), &[], b"user=a")
+        .await;
+    assert_eq!(sixth.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        sixth.json()["violated_policies"],
+        serde_json::json!(["login"])
+    );
+    let get = client.get(&proxy.url("/login"), &[]).await;
+    assert_eq!(get.status, StatusCode::OK);
+    assert!(
+        get.headers.get("ratelimit").is_none(),
+        "no rule counted the GET"
+    );
+    assert_eq!(upstream.count(), 6);
+}
+
+#[tokio::test]
+async fn per_ip_and_per_key_rules_on_one_route_either_rejects() {
+    let upstream = Upstream::start().await;
+    let config = format!(
+        r#"{PROXY_HEAD}
+trusted_proxies = ["127.0.0.1/32"]
+[proxy.plans.basic]
+limit = 1000
+window = "1m"
+[[proxy.keys]]
+id = "k1"
+plan = "basic"
+[[proxy.keys]]
+id = "k2"
+plan = "basic"
+[[proxy.rules]]
+name = "per-ip"
+path = "/api"
+key = "ip"
+algorithm = "sliding_window_log"
+limit = 3
+window = "1m"
+[[proxy.rules]]
+name = "per-key"
+path = "/api"
+key = "api_key"
+algorithm = "sliding_window_log"
+limit = 5
+window = "1m"
+"#
+    );
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let client = TestClient::default();
+    let url = proxy.url("/api");
+
+    // One key from many addresses: the key's limit trips.
+    for n in 1..=5 {
+        let ip = format!("192.0.2.{n}");
+        let reply = client
+            .get(&url, &[("x-api-key", "k1"), ("x-forwarded-for", &ip)])
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "k1 request {n}");
+    }
+    let over_key = client
+        .get(
+            &url,
+            &[("x-api-key", "k1"), ("x-forwarded-for", "192.0.2.6")],
+        )
+        .await;
+    assert_eq!(over_key.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        over_key.json()["violated_policies"],
+        serde_json::json!(["per-key"])
+    );
+
+    // One address with a fresh key: the address's limit trips.
+    for n in 1..=3 {
+        let reply = client
+            .get(
+                &url,
+                &[("x-api-key", "k2"), ("x-forwarded-for", "198.51.100.1")],
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "k2 request {n}");
+    }
+    let over_ip = client
+        .get(
+            &url,
+            &[("x-api-key", "k2"), ("x-forwarded-for", "198.51.100.1")],
+        )
+        .await;
+    assert_eq!(over_ip.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        over_ip.json()["violated_policies"],
+        serde_json::json!(["per-ip"])
+    );
+    assert!(
+        over_ip
+            .header("ratelimit-policy")
+            .contains(r#""per-ip";q=3;w=60"#)
+    );
+    assert!(
+        over_ip
+            .header("ratelimit-policy")
+            .contains(r#""per-key";q=5;w=60"#)
+    );
+    assert_eq!(upstream.count(), 8);
+}
+
+#[tokio::test]
+async fn concurrent_requests_on_one_key_forward_exactly_the_limit() {
+    let upstream = Upstream::start().await;
+    let config = format!(
+        r#"{PROXY_HEAD}
+[proxy.plans.small]
+limit = 50
+window = "1m"
+[[proxy.keys]]
+id = "k-small"
+plan = "small"
+"#
+    );
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    stay_inside_window(Duration::from_secs(60), Duration::from_secs(10)).await;
+    let client = TestClient::default();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..200 {
+        let client = client.clone();
+        let url = proxy.url("/api");
+        tasks.spawn(async move { client.get(&url, &[("x-api-key", "k-small")]).await.status });
+    }
+    let statuses = tasks.join_all().await;
+    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    let rejected = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!((ok, rejected), (50, 150));
+    assert_eq!(upstream.count(), 50);
+}
+
+const PER_IP_2: &str = r#"
+[[proxy.rules]]
+name = "per-ip"
+key = "ip"
+algorithm = "sliding_window_log"
+limit = 2
+window = "1m"
+"#;
+
+#[tokio::test]
+async fn forwarded_for_from_an_untrusted_peer_does_not_change_the_key() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{PER_IP_2}"), upstream.addr).await;
+    let client = TestClient::default();
+    let statuses = [
+        client
+            .get(&proxy.url("/"), &[("x-forwarded-for", "203.0.113.1")])
+            .await
+            .status,
+        client
+            .get(&proxy.url("/"), &[("x-forwarded-for", "203.0.113.2")])
+            .await
+            .status,
+        client
+            .get(&proxy.url("/"), &[("x-forwarded-for", "203.0.113.3")])
+            .await
+            .status,
+    ];
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    // The upstream hears only what we saw, not what the client claimed.
+    let forwarded: Vec<_> = upstream
+        .seen()
+        .iter()
+        .map(|s| s.headers["x-forwarded-for"].clone())
+        .collect();
+    assert_eq!(forwarded, ["127.0.0.1", "127.0.0.1"]);
+}
+
+#[tokio::test]
+async fn forwarded_for_from_a_trusted_peer_sets_the_key() {
+    let upstream = Upstream::start().await;
+    let config = format!("{PROXY_HEAD}trusted_proxies = [\"127.0.0.1/32\"]\n{PER_IP_2}");
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let client = TestClient::default();
+    for n in 1..=3 {
+        let ip = format!("203.0.113.{n}");
+        let reply = client
+            .get(&proxy.url("/"), &[("x-forwarded-for", &ip)])
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "client {ip}");
+    }
+    let same = [
+        client
+            .get(
+                &proxy.url("/"),
+                &[("x-forwarded-for", "198.51.100.9, 203.0.113.1")],
+            )
+            .await
+            .status,
+        client
+            .get(&proxy.url("/"), &[("x-forwarded-for", "203.0.113.1")])
+            .await
+            .status,
+    ];
+    assert_eq!(
+        same,
+        [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS],
+        "third and fourth from 203.0.113.1"
+    );
+    let last = &upstream.seen()[3];
+    assert_eq!(
+        last.headers["x-forwarded-for"],
+        "198.51.100.9, 203.0.113.1, 127.0.0.1"
+    );
+}
+
+#[tokio::test]
+async fn shadow_mode_forwards_everything_with_headers_and_counts() {
+    let upstream = Upstream::start().await;
+    let config = format!(
+        r#"{PROXY_HEAD}
+enforce = false
+[proxy.plans.tiny]
+limit = 3
+window = "1m"
+throttle_from = 2
+throttle_delay = "5s"
+[[proxy.keys]]
+id = "k-tiny"
+plan = "tiny"
+"#
+    );
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    stay_inside_window(Duration::from_secs(60), Duration::from_secs(10)).await;
+    let client = TestClient::default();
+    let mut remaining = Vec::new();
+    for n in 1..=5 {
+        let reply = client
+            .get(&proxy.url("/"), &[("x-api-key", "k-tiny")])
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "request {n}");
+        assert!(
+            reply.elapsed < Duration::from_secs(5),
+            "request {n} was delayed"
+        );
+        assert_eq!(reply.header("ratelimit-policy"), r#""tiny";q=3;w=60"#);
+        remaining.push(reply.header("x-ratelimit-remaining").to_owned());
+    }
+    assert_eq!(remaining, ["2", "1", "0", "0", "0"]);
+    assert_eq!(upstream.count(), 5);
+    let stats = proxy.proxy.stats();
+    assert_eq!(
+        (stats.forwarded, stats.throttled, stats.rejected),
+        (5, 1, 2)
+    );
+}
+
+#[tokio::test]
+async fn reload_changes_a_limit_and_keeps_the_counts() {
+    let upstream = Upstream::start().await;
+    let plan = |limit: u32| {
+        format!(
+            "{PROXY_HEAD}[proxy.plans.free]\nlimit = {limit}\nwindow = \"1m\"\n[[proxy.keys]]\nid = \"k\"\nplan = \"free\"\n"
+        )
+    };
+    let proxy = RunningProxy::start(&plan(5), upstream.addr).await;
+    stay_inside_window(Duration::from_secs(60), Duration::from_secs(10)).await;
+    let client = TestClient::default();
+    let key = [("x-api-key", "k")];
+    for _ in 0..4 {
+        assert_eq!(
+            client.get(&proxy.url("/"), &key).await.status,
+            StatusCode::OK
+        );
+    }
+    proxy
+        .proxy
+        .reconfigure(proxy_config(&plan(6), upstream.addr))
+        .expect("reload");
+    let fifth = client.get(&proxy.url("/"), &key).await;
+    assert_eq!(fifth.status, StatusCode::OK);
+    assert_eq!(
+        fifth.header("x-ratelimit-remaining"),
+        "1",
+        "4 counted before the reload, 1 after, of 6"
+    );
+    assert_eq!(
+        client.get(&proxy.url("/"), &key).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        client.get(&proxy.url("/"), &key).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn a_missing_key_is_refused_when_configured_so() {
+    let upstream = Upstream::start().await;
+    let config = format!(
+        r#"{PROXY_HEAD}
+missing_key = "reject"
+[proxy.plans.basic]
+limit = 10
+window = "1m"
+[[proxy.keys]]
+id = "k"
+plan = "basic"
+[[proxy.rules]]
+name = "per-key"
+path = "/api"
+key = "api_key"
+limit = 10
+window = "1m"
+[[proxy.rules]]
+name = "per-tenant"
+path = "/tenant"
+key = "header:x-tenant"
+limit = 10
+window = "1m"
+"#
+    );
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let client = TestClient::default();
+    let no_key = client.get(&proxy.url("/api"), &[]).await;
+    assert_eq!(no_key.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        no_key.json()["type"],
+        "https://limiter.dev/problems#missing-key"
+    );
+    let no_header = client.get(&proxy.url("/tenant"), &[]).await;
+    assert_eq!(no_header.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        client
+            .get(&proxy.url("/api"), &[("x-api-key", "k")])
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        client
+            .get(&proxy.url("/tenant"), &[("x-tenant", "t1")])
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(upstream.count(), 2);
+    assert_eq!(proxy.proxy.stats().rejected, 2);
+}
