@@ -5,6 +5,7 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod limits;
+pub mod metrics;
 pub mod proxy;
 pub mod signature;
 pub mod xdp;

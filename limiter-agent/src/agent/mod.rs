@@ -8,6 +8,7 @@ mod xdp;
 
 use std::{
     path::{Path, PathBuf},
+    sync::{Arc, atomic::Ordering},
     time::Duration,
 };
 
@@ -15,7 +16,8 @@ use tokio::{
     io::BufReader,
     net::UnixListener,
     signal::unix::{SignalKind, signal},
-    sync::{mpsc, oneshot},
+    sync::{Notify, mpsc, oneshot},
+    task::JoinHandle,
 };
 
 pub use self::{
@@ -23,7 +25,12 @@ pub use self::{
     reload::ReloadError,
     xdp::XdpRuntime,
 };
-use crate::config::Config;
+use crate::{
+    config::Config,
+    limits::SystemClock,
+    metrics::{AgentGauges, MetricsSources},
+    proxy::Proxy,
+};
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +47,47 @@ pub enum AgentError {
     },
     #[error("signal handler: {0}")]
     Signal(#[source] std::io::Error),
+    #[error(transparent)]
+    Proxy(#[from] crate::proxy::ProxyError),
+    #[error("metrics endpoint {addr}: {source}")]
+    Metrics {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
+
+/// The proxy and the task serving it.
+#[derive(Debug)]
+struct ProxyRuntime {
+    proxy: Arc<Proxy>,
+    stop: Arc<Notify>,
+    task: JoinHandle<()>,
+}
+
+impl ProxyRuntime {
+    async fn start(config: &crate::config::ProxyConfig) -> Result<Self, AgentError> {
+        let proxy = Arc::new(Proxy::bind(Arc::new(config.clone()), SystemClock).await?);
+        tracing::info!(listen = %proxy.local_addr(), upstream = %config.upstream, "proxy serving");
+        let stop = Arc::new(Notify::new());
+        let task = tokio::spawn({
+            let (proxy, stop) = (proxy.clone(), stop.clone());
+            async move { proxy.run(async move { stop.notified().await }).await }
+        });
+        Ok(Self { proxy, stop, task })
+    }
+
+    /// Stops accepting and waits for in-flight requests, up to `DRAIN_TIMEOUT`.
+    async fn drain(self) {
+        self.stop.notify_one();
+        if tokio::time::timeout(DRAIN_TIMEOUT, self.task).await.is_err() {
+            tracing::warn!("in-flight proxy requests still running after {DRAIN_TIMEOUT:?}; stopping anyway");
+        }
+    }
+}
+
+/// How long SIGTERM waits for in-flight proxy requests.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The agent's state between events.
 #[derive(Debug)]
@@ -50,20 +97,41 @@ pub struct Agent {
     /// The file's text when last applied, to notice edits.
     applied_text: Option<String>,
     xdp: Option<XdpRuntime>,
-    reloads_ok: u64,
-    reloads_rejected: u64,
-    last_reload_unix: Option<u64>,
+    proxy: Option<ProxyRuntime>,
+    gauges: Arc<AgentGauges>,
 }
 
 impl Agent {
-    /// Puts `config` in force: loads and attaches the kernel layer.
-    pub fn start(config_path: PathBuf, config: Config) -> Result<Self, AgentError> {
+    /// Puts `config` in force: loads and attaches the kernel layer, binds the proxy.
+    pub async fn start(config_path: PathBuf, config: Config) -> Result<Self, AgentError> {
         let xdp = match &config.xdp {
             Some(xdp) => Some(XdpRuntime::start(&config, xdp)?),
             None => None,
         };
+        let proxy = match &config.proxy {
+            Some(proxy) => Some(ProxyRuntime::start(proxy).await?),
+            None => None,
+        };
         let applied_text = std::fs::read_to_string(&config_path).ok();
-        Ok(Self { config_path, config, applied_text, xdp, reloads_ok: 0, reloads_rejected: 0, last_reload_unix: None })
+        let agent = Self { config_path, config, applied_text, xdp, proxy, gauges: Arc::default() };
+        agent.publish_attachments();
+        Ok(agent)
+    }
+
+    fn publish_attachments(&self) {
+        if let Ok(mut attached) = self.gauges.attached.lock() {
+            *attached = self.xdp.as_ref().map(XdpRuntime::attachments).unwrap_or_default();
+        }
+    }
+
+    /// What the metrics endpoint reads.
+    #[must_use]
+    pub fn metrics_sources(&self) -> MetricsSources {
+        MetricsSources {
+            pin_dir: self.config.agent.pin_dir.clone(),
+            agent: self.gauges.clone(),
+            proxy: self.proxy.as_ref().map(|p| p.proxy.clone()),
+        }
     }
 
     #[must_use]
@@ -77,15 +145,16 @@ impl Agent {
         let result = self.try_reload(path.unwrap_or(&self.config_path.clone()));
         match &result {
             Ok(changes) => {
-                self.reloads_ok += 1;
+                self.gauges.reloads_ok.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(changes = ?changes, "config reloaded");
             }
             Err(error) => {
-                self.reloads_rejected += 1;
+                self.gauges.reloads_rejected.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(%error, "config rejected; the running config stays in force");
             }
         }
-        self.last_reload_unix = Some(crate::signature::unix_now());
+        self.gauges.last_reload_unix.store(crate::signature::unix_now(), Ordering::Relaxed);
+        self.publish_attachments();
         result
     }
 
@@ -96,6 +165,32 @@ impl Agent {
         let new = Config::parse(&text, path)?;
         reload::check_restartless(&self.config, &new)?;
         let mut changes = Vec::new();
+        // The proxy first: its reconfigure is all or nothing, and it is undone below
+        // if the kernel layer then fails.
+        if let (Some(runtime), Some(proxy)) = (&self.proxy, &new.proxy) {
+            runtime.proxy.reconfigure(Arc::new(proxy.clone())).map_err(|e| ReloadError::Proxy(e.to_string()))?;
+            if let Some(old) = &self.config.proxy {
+                changes.extend(reload::describe_proxy(old, proxy));
+            }
+        }
+        match self.apply_xdp(&new, &mut changes) {
+            Ok(()) => {}
+            Err(error) => {
+                if let (Some(runtime), Some(old)) = (&self.proxy, &self.config.proxy) {
+                    let _ = runtime.proxy.reconfigure(Arc::new(old.clone()));
+                }
+                return Err(error);
+            }
+        }
+        if changes.is_empty() {
+            changes.push("no changes".to_owned());
+        }
+        self.config = new;
+        self.applied_text = Some(text);
+        Ok(changes)
+    }
+
+    fn apply_xdp(&mut self, new: &Config, changes: &mut Vec<String>) -> Result<(), ReloadError> {
         match (&mut self.xdp, &new.xdp) {
             (Some(runtime), Some(xdp)) => {
                 let added = runtime.attach_all(&xdp.interfaces, xdp.mode)?;
@@ -110,7 +205,7 @@ impl Agent {
                 }
             }
             (None, Some(xdp)) => {
-                let runtime = XdpRuntime::start(&new, xdp)?;
+                let runtime = XdpRuntime::start(new, xdp)?;
                 changes.extend(reload::describe_xdp(None, Some(xdp), &Default::default()));
                 changes.extend(runtime.attachments().iter().map(|a| format!("xdp.interfaces attached {} ({})", a.interface, a.mode)));
                 self.xdp = Some(runtime);
@@ -124,12 +219,7 @@ impl Agent {
             }
             (None, None) => {}
         }
-        if changes.is_empty() {
-            changes.push("no changes".to_owned());
-        }
-        self.config = new;
-        self.applied_text = Some(text);
-        Ok(changes)
+        Ok(())
     }
 
     /// Whether the config file differs from what was last applied.
@@ -140,16 +230,24 @@ impl Agent {
     /// Agent-side figures for `limiter stats` (the kernel counters come from the pins).
     #[must_use]
     pub fn stats(&self) -> serde_json::Value {
+        let gauges = &self.gauges;
         serde_json::json!({
             "attached": self.xdp.as_ref().map(XdpRuntime::attachments).unwrap_or_default(),
-            "reloads": {"ok": self.reloads_ok, "rejected": self.reloads_rejected, "last_unix": self.last_reload_unix},
-            "proxy": serde_json::Value::Null,
+            "reloads": {
+                "ok": gauges.reloads_ok.load(Ordering::Relaxed),
+                "rejected": gauges.reloads_rejected.load(Ordering::Relaxed),
+                "last_unix": gauges.last_reload_unix.load(Ordering::Relaxed),
+            },
+            "proxy": self.proxy.as_ref().map(|p| p.proxy.stats()),
         })
     }
 
     /// Stops: with `detach` (or `keep_attached_on_exit = false`) the XDP links are
     /// removed; otherwise the pinned links keep the filter in place.
-    pub fn stop(mut self, detach: bool) {
+    pub async fn stop(mut self, detach: bool) {
+        if let Some(proxy) = self.proxy.take() {
+            proxy.drain().await;
+        }
         if let Some(runtime) = &mut self.xdp {
             if detach || !self.config.agent.keep_attached_on_exit {
                 for attachment in runtime.detach_all() {
@@ -168,9 +266,15 @@ const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 /// Runs the agent until SIGTERM/SIGINT (or `limiter detach`).
 pub async fn run(config_path: PathBuf, config: Config) -> Result<(), AgentError> {
     let socket_path = config.agent.admin_socket.clone();
-    let mut agent = Agent::start(config_path, config)?;
+    let metrics_addr = config.agent.metrics;
+    let mut agent = Agent::start(config_path, config).await?;
     if let Some(logger) = agent.xdp.as_mut().and_then(|x| x.kernel.take_logger()) {
         spawn_log_reader(logger);
+    }
+    if let Some(addr) = metrics_addr {
+        let listener = crate::metrics::bind(addr).await.map_err(|source| AgentError::Metrics { addr, source })?;
+        tracing::info!(%addr, "metrics at /metrics");
+        tokio::spawn(crate::metrics::serve(listener, agent.metrics_sources()));
     }
     let (requests, mut incoming) = mpsc::channel::<(Request, oneshot::Sender<Response>)>(16);
     let listener = bind_admin(&socket_path)?;
@@ -206,7 +310,7 @@ pub async fn run(config_path: PathBuf, config: Config) -> Result<(), AgentError>
         }
     };
     tracing::info!("stopping");
-    agent.stop(detach);
+    agent.stop(detach).await;
     let _ = std::fs::remove_file(&socket_path);
     Ok(())
 }

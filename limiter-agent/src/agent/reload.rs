@@ -4,7 +4,7 @@
 //! bucket is refilled, no program reloaded), removed interfaces last.
 
 use crate::{
-    config::{Config, xdp::XdpConfig},
+    config::{Config, ProxyConfig, proxy::LimitSpec, xdp::XdpConfig},
     xdp::CidrChanges,
 };
 
@@ -75,5 +75,44 @@ pub fn describe_xdp(old: Option<&XdpConfig>, new: Option<&XdpConfig>, cidrs: &Ci
     lines.extend(cidrs.added.iter().map(|c| format!("xdp.cidr added {c}{}", rule(c))));
     lines.extend(cidrs.changed.iter().map(|c| format!("xdp.cidr changed {c}{}", rule(c))));
     lines.extend(cidrs.removed.iter().map(|c| format!("xdp.cidr removed {c}")));
+    lines
+}
+
+/// Human lines for what changed in `[proxy]`: plans, rules, keys, mode.
+pub fn describe_proxy(old: &ProxyConfig, new: &ProxyConfig) -> Vec<String> {
+    let limit = |spec: &LimitSpec| {
+        let throttle = spec.throttle.map_or(String::new(), |t| format!(", throttle from {} by {:?}", t.from, t.delay));
+        format!("{} per {:?} ({:?}{throttle})", spec.limit, spec.window, spec.algorithm)
+    };
+    let mut lines = Vec::new();
+    if old.enforce != new.enforce {
+        lines.push(format!("proxy.enforce: {} -> {}", old.enforce, new.enforce));
+    }
+    for (name, spec) in &new.plans {
+        match old.plans.get(name) {
+            None => lines.push(format!("proxy.plans.{name} added: {}", limit(spec))),
+            Some(before) if before != spec => lines.push(format!("proxy.plans.{name}: {} -> {}", limit(before), limit(spec))),
+            Some(_) => {}
+        }
+    }
+    lines.extend(old.plans.keys().filter(|n| !new.plans.contains_key(*n)).map(|n| format!("proxy.plans.{n} removed")));
+    for rule in &new.rules {
+        match old.rules.iter().find(|r| r.name == rule.name) {
+            None => lines.push(format!("proxy.rules.{} added: {}", rule.name, limit(&rule.limit))),
+            Some(before) if before != rule => {
+                lines.push(format!("proxy.rules.{}: {} -> {}", rule.name, limit(&before.limit), limit(&rule.limit)));
+            }
+            Some(_) => {}
+        }
+    }
+    lines.extend(
+        old.rules.iter().filter(|r| !new.rules.iter().any(|n| n.name == r.name)).map(|r| format!("proxy.rules.{} removed", r.name)),
+    );
+    if old.keys != new.keys {
+        lines.push(format!("proxy.keys: {} -> {} keys", old.keys.len(), new.keys.len()));
+    }
+    if old.trusted_proxies != new.trusted_proxies {
+        lines.push("proxy.trusted_proxies changed".to_owned());
+    }
     lines
 }

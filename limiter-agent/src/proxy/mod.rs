@@ -26,7 +26,7 @@ use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use tokio::net::TcpListener;
 
 use self::pipeline::Pipeline;
-pub use self::stats::ProxyStats;
+pub use self::stats::{DECISION_BUCKETS, DecisionHistogram, ProxyStats};
 use crate::limits::{Clock, SystemClock};
 use crate::{config::ProxyConfig, signature::SecretError};
 

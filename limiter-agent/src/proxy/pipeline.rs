@@ -216,12 +216,14 @@ impl<C: Clock> Pipeline<C> {
             Admission::Answered(response) => return Ok(response),
             Admission::Forward { body, claim } => (body, claim),
         };
+        let deciding = std::time::Instant::now();
         let Decision {
             verdict,
             policies,
             violated,
             ..
         } = self.engine.decide(&info);
+        self.counters.observe_decision(deciding.elapsed());
         let peer = peer.to_canonical();
         let origin = Origin {
             peer,

@@ -42,6 +42,20 @@ pub(super) struct Counters {
     timeouts: AtomicU64,
     upstream_errors: AtomicU64,
     signature_failures: [AtomicU64; FailureReason::ALL.len()],
+    decision_seconds: [AtomicU64; DECISION_BUCKETS.len() + 1],
+    decision_nanos_sum: AtomicU64,
+}
+
+/// Upper bounds, in seconds, of the `limiter_proxy_decision_seconds` buckets: a
+/// decision is a few microseconds in memory, a round trip with Redis.
+pub const DECISION_BUCKETS: [f64; 10] = [1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 5e-4, 1e-3, 1e-2];
+
+/// The decision-time histogram: per-bucket counts (not cumulative; the last slot
+/// is above every bound) and the sum of all observations.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DecisionHistogram {
+    pub counts: Vec<u64>,
+    pub sum_seconds: f64,
 }
 
 impl Counters {
@@ -57,6 +71,15 @@ impl Counters {
             Event::UpstreamError => &self.upstream_errors,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn observe_decision(&self, took: std::time::Duration) {
+        let seconds = took.as_secs_f64();
+        let bucket = DECISION_BUCKETS.iter().position(|bound| seconds <= *bound).unwrap_or(DECISION_BUCKETS.len());
+        if let Some(counter) = self.decision_seconds.get(bucket) {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        self.decision_nanos_sum.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     pub(super) fn add_signature_failure(&self, reason: FailureReason) {
@@ -92,6 +115,10 @@ impl Counters {
             timeouts: load(&self.timeouts),
             upstream_errors: load(&self.upstream_errors),
             tracked_keys: u64::try_from(tracked_keys).unwrap_or(u64::MAX),
+            decision_seconds: DecisionHistogram {
+                counts: self.decision_seconds.iter().map(load).collect(),
+                sum_seconds: load(&self.decision_nanos_sum) as f64 / 1e9,
+            },
             evictions,
         }
     }
@@ -102,7 +129,7 @@ impl Counters {
 ///
 /// In shadow mode `throttled` and `rejected` count what would have been delayed or
 /// refused; those requests are also in `forwarded`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProxyStats {
     /// Requests that reached the proxy's handler.
     pub requests: u64,
@@ -130,4 +157,6 @@ pub struct ProxyStats {
     pub tracked_keys: u64,
     /// Per-key state evicted to stay within `max_tracked_keys`.
     pub evictions: u64,
+    /// Time spent deciding (rules, plans, store), for the metrics.
+    pub decision_seconds: DecisionHistogram,
 }

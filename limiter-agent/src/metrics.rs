@@ -1,0 +1,157 @@
+//! Prometheus text exposition at `agent.metrics` (`GET /metrics`).
+//!
+//! Kernel counters are read from the pinned maps on each scrape, so the figures are
+//! the same ones `limiter stats` shows; agent and proxy figures come from the live
+//! agent.
+
+use std::{
+    fmt::Write as _,
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode, body::Incoming, service::service_fn};
+use hyper_util::rt::TokioIo;
+use limiter_common::counters::Counter;
+
+use crate::{
+    proxy::{DECISION_BUCKETS, Proxy},
+    xdp::{Attachment, KernelMaps},
+};
+
+/// Agent-level figures, updated by the agent loop.
+#[derive(Debug, Default)]
+pub struct AgentGauges {
+    pub reloads_ok: AtomicU64,
+    pub reloads_rejected: AtomicU64,
+    pub last_reload_unix: AtomicU64,
+    pub attached: Mutex<Vec<Attachment>>,
+}
+
+/// Everything a scrape reads.
+#[derive(Debug, Clone)]
+pub struct MetricsSources {
+    pub pin_dir: PathBuf,
+    pub agent: Arc<AgentGauges>,
+    pub proxy: Option<Arc<Proxy>>,
+}
+
+/// The whole exposition.
+#[must_use]
+pub fn render(sources: &MetricsSources) -> String {
+    let mut out = String::new();
+    if let Ok(mut maps) = KernelMaps::open_pinned(&sources.pin_dir) {
+        render_xdp(&mut out, &mut maps);
+    }
+    let agent = &sources.agent;
+    family(&mut out, "limiter_xdp_attached", "gauge", "XDP attachments by interface and mode.");
+    for attachment in agent.attached.lock().map(|a| a.clone()).unwrap_or_default() {
+        let _ = writeln!(out, "limiter_xdp_attached{{interface=\"{}\",mode=\"{}\"}} 1", escape(&attachment.interface), attachment.mode);
+    }
+    family(&mut out, "limiter_config_reloads_total", "counter", "Config reloads by result.");
+    let _ = writeln!(out, "limiter_config_reloads_total{{result=\"ok\"}} {}", agent.reloads_ok.load(Ordering::Relaxed));
+    let _ = writeln!(out, "limiter_config_reloads_total{{result=\"rejected\"}} {}", agent.reloads_rejected.load(Ordering::Relaxed));
+    family(&mut out, "limiter_config_last_reload_timestamp_seconds", "gauge", "Unix time of the last reload attempt (0: none).");
+    let _ = writeln!(out, "limiter_config_last_reload_timestamp_seconds {}", agent.last_reload_unix.load(Ordering::Relaxed));
+    if let Some(proxy) = &sources.proxy {
+        render_proxy(&mut out, proxy);
+    }
+    out
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+fn render_xdp(out: &mut String, maps: &mut KernelMaps) {
+    if let Ok(counters) = maps.counter_snapshot() {
+        family(out, "limiter_xdp_packets_total", "counter", "Packets seen by the XDP program, by outcome.");
+        for counter in Counter::ALL {
+            let _ = writeln!(out, "limiter_xdp_packets_total{{action=\"{}\"}} {}", counter.name(), counters.get(counter));
+        }
+    }
+    family(out, "limiter_xdp_sources_tracked", "gauge", "Sources with a bucket in the kernel map.");
+    let _ = writeln!(out, "limiter_xdp_sources_tracked {}", maps.sources().count());
+    family(out, "limiter_xdp_sources_capacity", "gauge", "Bound on tracked sources (xdp.max_sources).");
+    let _ = writeln!(out, "limiter_xdp_sources_capacity {}", maps.sources_capacity());
+    if let Ok(blocks) = maps.blocks() {
+        family(out, "limiter_xdp_blocks_active", "gauge", "Runtime blocks in force.");
+        let _ = writeln!(out, "limiter_xdp_blocks_active {}", blocks.len());
+    }
+}
+
+fn render_proxy(out: &mut String, proxy: &Proxy) {
+    let stats = proxy.stats();
+    family(out, "limiter_proxy_requests_total", "counter", "Proxy requests by decision (shadow mode counts would-be decisions).");
+    for (decision, value) in [("forwarded", stats.forwarded), ("throttled", stats.throttled), ("rejected", stats.rejected)] {
+        let _ = writeln!(out, "limiter_proxy_requests_total{{decision=\"{decision}\"}} {value}");
+    }
+    family(out, "limiter_proxy_received_total", "counter", "Requests that reached the proxy's handler.");
+    let _ = writeln!(out, "limiter_proxy_received_total {}", stats.requests);
+    family(out, "limiter_signature_failures_total", "counter", "Signed requests refused, by reason.");
+    for (reason, value) in &stats.signature_failure_reasons {
+        let _ = writeln!(out, "limiter_signature_failures_total{{reason=\"{}\"}} {value}", escape(reason));
+    }
+    for (name, help, value) in [
+        ("limiter_proxy_idempotent_replays_total", "Requests answered from the idempotency store.", stats.idempotent_replays),
+        ("limiter_proxy_body_too_large_total", "Requests refused with 413.", stats.body_too_large),
+        ("limiter_proxy_header_timeouts_total", "Connections answered 408.", stats.timeouts),
+        ("limiter_proxy_upstream_errors_total", "Upstream failures answered 502.", stats.upstream_errors),
+        ("limiter_proxy_key_evictions_total", "Per-key states evicted to stay within max_tracked_keys.", stats.evictions),
+    ] {
+        family(out, name, "counter", help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+    family(out, "limiter_proxy_tracked_keys", "gauge", "Per-key limiter states held.");
+    let _ = writeln!(out, "limiter_proxy_tracked_keys {}", stats.tracked_keys);
+    family(out, "limiter_proxy_decision_seconds", "histogram", "Time to decide a request against its rules and plan.");
+    let mut cumulative = 0u64;
+    for (i, count) in stats.decision_seconds.counts.iter().enumerate() {
+        cumulative += count;
+        let bound = DECISION_BUCKETS.get(i).map_or("+Inf".to_owned(), |b| format!("{b}"));
+        let _ = writeln!(out, "limiter_proxy_decision_seconds_bucket{{le=\"{bound}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "limiter_proxy_decision_seconds_sum {}", stats.decision_seconds.sum_seconds);
+    let _ = writeln!(out, "limiter_proxy_decision_seconds_count {cumulative}");
+}
+
+/// Serves `/metrics` on `addr` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, sources: MetricsSources) {
+    let sources = Arc::new(sources);
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let sources = sources.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request: Request<Incoming>| {
+                let sources = sources.clone();
+                async move {
+                    let response = if request.uri().path() == "/metrics" {
+                        let body = tokio::task::spawn_blocking(move || render(&sources)).await.unwrap_or_default();
+                        Response::builder()
+                            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                            .body(Full::new(Bytes::from(body)))
+                    } else {
+                        Response::builder().status(StatusCode::NOT_FOUND).body(Full::new(Bytes::from_static(b"see /metrics\n")))
+                    };
+                    response.map_err(std::io::Error::other)
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}
+
+/// Binds the metrics address.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
