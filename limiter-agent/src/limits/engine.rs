@@ -232,6 +232,8 @@ impl<C: Clock> Engine<C> {
         let live = policies.identities();
         self.store.set_capacity(config.max_tracked_keys);
         *self.policies.write().unwrap_or_else(PoisonError::into_inner) = policies;
+        // A request still deciding on the old policies may recreate a dropped bucket
+        // after this; it is then an orphan that fills up and is evicted first.
         self.store.retain_policies(&|identity| live.contains(identity));
     }
 

@@ -7,6 +7,15 @@
 //! - Additions: `Engine` is `Debug`; `MISSING_KEY`, `MAX_KEY_VALUE`; the algorithm
 //!   modules with `Outcome`/`Quota`; the `Store` trait and `MemoryStore`.
 //!
+//! Meanings the interface leaves open (details in `engine.rs` and each algorithm):
+//! - On `Reject`, `policies` carry each quota as it stands (nothing was charged); on
+//!   `MissingKey`, `policies` and `violated` are empty (nothing was counted).
+//! - `remaining` is always the number of requests that would pass back to back now
+//!   (for a leaky-bucket shaper: places left in its queue); `reset_after` is the time
+//!   until the bucket is back in full, which for the sliding window counter can reach
+//!   two windows.
+//! - `penalize` takes one unit from each matching IP-keyed bucket that has one.
+//!
 //! INTERFACE (shared by `limits/` and `proxy/`):
 //!
 //! ```text
@@ -68,7 +77,7 @@ mod bucket;
 pub mod clock;
 pub mod engine;
 pub mod fixed_window;
-mod gcra;
+pub mod gcra;
 pub mod leaky_bucket;
 pub mod outcome;
 pub mod sliding_window_counter;

@@ -75,7 +75,7 @@ const EVICTION_SAMPLE: usize = 16;
 ///
 /// The bound is split evenly over the shards (keys are spread by a keyed hash, so a
 /// client cannot aim them at one shard). A full shard evicts before inserting: among
-/// [`EVICTION_SAMPLE`] entries at a rotating hand, the one that is back to full
+/// `EVICTION_SAMPLE` (16) entries at a rotating hand, the one that is back to full
 /// capacity soonest, which is a bucket already full if there is one (evicting it
 /// loses nothing, as a new bucket starts full). This approximates "least recently
 /// used" without a list to maintain: a bucket in use keeps pushing its full time out.
@@ -231,6 +231,7 @@ impl Store for MemoryStore {
             let mut shard = lock(shard);
             shard.capacity = (share + usize::from(i < extra)).max(1);
             let mut evicted = 0;
+            // Without a clock here no bucket counts as full: the sample's soonest goes.
             while shard.entries.len() > shard.capacity && shard.evict(0, &[]) {
                 evicted += 1;
             }

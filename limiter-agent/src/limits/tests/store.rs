@@ -1,4 +1,4 @@
-use std::{num::NonZeroUsize, sync::Arc, time::Instant};
+use std::{fmt::Write as _, num::NonZeroUsize, sync::Arc, time::Instant};
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -24,8 +24,10 @@ fn a_million_random_keys_stay_within_the_bound() {
     let spec = spec(Algorithm::SlidingWindowCounter, 100, secs(60));
     let mut rng = StdRng::seed_from_u64(5);
     let started = Instant::now();
+    let mut key = String::new();
     for _ in 0..1_000_000 {
-        let key = format!("ip={:x}", rng.random::<u64>());
+        key.clear();
+        write!(key, "ip={:x}", rng.random::<u64>()).expect("to a String");
         assert!(hit(&store, &policy, &spec, &key, T0));
     }
     assert!(store.tracked_keys() <= 10_000);
