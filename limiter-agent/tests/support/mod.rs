@@ -5,7 +5,9 @@
 
 pub mod agent;
 pub mod frames;
+pub mod lab;
 pub mod netns;
+pub mod traffic;
 
 use std::{
     path::PathBuf,
