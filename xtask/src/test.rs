@@ -1,0 +1,131 @@
+//! `cargo xtask test`: every test of the workspace against a private redis-server, so
+//! the Redis store tests never touch (or depend on) a system instance.
+
+use std::{
+    fs::File,
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::Path,
+    process::{Child, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    setup::scapy_python,
+    util::{cmd, find_program, run as run_cmd, show, target_dir},
+};
+
+pub fn run(packages: &[String], test_args: &[String]) -> Result<()> {
+    let server =
+        find_program("redis-server").context("redis-server not found; run `cargo xtask setup`")?;
+    let redis = Redis::start(&server)?;
+    let mut c = cmd("cargo");
+    c.args(["test", "--no-fail-fast"]);
+    if packages.is_empty() {
+        // The eBPF crate is nightly- and BPF-only; the agent's build.rs compiles it.
+        c.args(["--workspace", "--exclude", "limiter-ebpf"]);
+    }
+    for p in packages {
+        c.args(["-p", p]);
+    }
+    c.arg("--")
+        .args(test_args)
+        .env("RUST_BACKTRACE", "1")
+        .env(
+            "LIMITER_TEST_REDIS_URL",
+            format!("redis://127.0.0.1:{}/", redis.port),
+        )
+        .env("LIMITER_TEST_REDIS_PORT", redis.port.to_string())
+        .env("LIMITER_TEST_REDIS_SERVER", &server);
+    if let Some(python) = scapy_python() {
+        c.env("LIMITER_TEST_PYTHON", python);
+    }
+    let result = run_cmd(&mut c);
+    drop(redis);
+    result
+}
+
+/// A redis-server child that is killed when dropped, so a failing or panicking run
+/// leaves no server behind.
+#[derive(Debug)]
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Redis {
+    fn start(server: &Path) -> Result<Self> {
+        // Racy by nature (the port could be taken before redis binds it), but a clash
+        // shows up as a start failure below, not as tests talking to a foreign server.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .context("no free port")?
+            .port();
+        let log = target_dir().join("xtask-redis.log");
+        std::fs::create_dir_all(target_dir()).context("cannot create the target directory")?;
+        let out = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+        let mut c = cmd(server);
+        c.args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+        ])
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().context("cannot share the log file")?)
+        .stderr(out);
+        println!("{} (log: {})", show(&c), log.display());
+        let child = c
+            .spawn()
+            .with_context(|| format!("cannot start {}", server.display()))?;
+        let mut redis = Redis { child, port };
+        redis.wait_ready(&log)?;
+        println!("redis-server ready on 127.0.0.1:{port}");
+        Ok(redis)
+    }
+
+    fn wait_ready(&mut self, log: &Path) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().context("cannot poll redis-server")? {
+                bail!(
+                    "redis-server exited at start ({status}); see {}",
+                    log.display()
+                );
+            }
+            if ping(self.port) {
+                return Ok(());
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        bail!(
+            "redis-server did not answer PING within 10 s; see {}",
+            log.display()
+        )
+    }
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let mut buf = [0u8; 7];
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
