@@ -24,6 +24,10 @@ static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/l
 /// Name of the XDP function in the object.
 pub const PROGRAM_NAME: &str = "limiter";
 
+/// `aya_log_common::Level` values: records at or below the level are emitted.
+const LOG_LEVEL_OFF: u8 = 0;
+const LOG_LEVEL_INFO: u8 = 3;
+
 /// Name of the do-nothing XDP function used as a cost floor.
 pub const BASELINE_NAME: &str = "xdp_pass";
 
@@ -58,7 +62,11 @@ impl Kernel {
     pub fn load(options: &LoadOptions) -> Result<Self, XdpError> {
         bpffs::ensure_mounted(&options.pin_dir)?;
         check_pinned_layout(&options.pin_dir, options.max_sources)?;
+        // aya-log checks this level before formatting anything: with logging off,
+        // a log statement costs the program one load and one branch.
+        let log_level: u8 = if options.log { LOG_LEVEL_INFO } else { LOG_LEVEL_OFF };
         let mut ebpf = EbpfLoader::new()
+            .override_global("AYA_LOG_LEVEL", &log_level, true)
             .default_map_pin_directory(&options.pin_dir)
             .map_max_entries(names::SOURCES, options.max_sources)
             .load(PROGRAM)
