@@ -162,7 +162,7 @@ impl Agent {
         let text = std::fs::read_to_string(path).map_err(|source| {
             ReloadError::Invalid(crate::config::ConfigError::Read { path: path.to_owned(), source })
         })?;
-        let new = Config::parse(&text, path)?;
+        let new = Config::parse_and_load_secrets(&text, path)?;
         reload::check_restartless(&self.config, &new)?;
         let mut changes = Vec::new();
         // The proxy first: its reconfigure is all or nothing, and it is undone below

@@ -5,9 +5,11 @@ use std::{path::Path, process::ExitCode};
 use crate::agent::{Request, Response, admin};
 
 pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
-    let config = super::load(path)?;
+    // The file may be the broken config being reloaded: the agent judges it (and
+    // logs the refusal); here only the socket's address is needed.
+    let socket = crate::config::admin_socket_of(path);
     let request = Request::Reload { config: Some(std::fs::canonicalize(path)?) };
-    match admin::ask_blocking(&config.agent.admin_socket, &request, super::AGENT_TIMEOUT)? {
+    match admin::ask_blocking(&socket, &request, super::AGENT_TIMEOUT)? {
         Response::Reloaded { changes } => {
             for change in changes {
                 println!("{change}");

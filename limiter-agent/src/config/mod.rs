@@ -49,11 +49,32 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// Reads and validates the config at `path`.
+    /// Reads and validates the config at `path`, including that every secret it
+    /// references can be read.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        Self::parse(&text, path)
+        Self::parse_and_load_secrets(&text, path)
+    }
+
+    /// [`Config::parse`], then reads every `file:`/`env:` secret reference: a
+    /// missing or unreadable secret is a config error at its key's line.
+    pub fn parse_and_load_secrets(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let config = Self::parse(text, path)?;
+        for (i, key) in config.proxy.iter().flat_map(|p| p.keys.iter()).enumerate() {
+            for reference in &key.secrets {
+                if let Err(error) = crate::signature::load_secret(reference) {
+                    let key = format!("proxy.keys[{i}].secrets");
+                    return Err(ConfigError::Invalid {
+                        path: path.to_owned(),
+                        line: line_of(text, &key),
+                        key,
+                        message: error.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(config)
     }
 
     /// Validates config text; `path` only names the file in errors.
@@ -122,6 +143,28 @@ fn locate(text: &str, span: Range<usize>) -> (usize, String) {
         (false, false) => format!("{table}.{key}"),
     };
     (line, path)
+}
+
+/// `agent.admin_socket` of the file at `path`, read leniently (the default where the
+/// file is unreadable or broken), so that `limiter reload` can reach the agent to
+/// have it judge a broken file.
+#[must_use]
+pub fn admin_socket_of(path: &Path) -> PathBuf {
+    let Ok(text) = fs::read_to_string(path) else {
+        return AgentConfig::default().admin_socket;
+    };
+    let parsed = toml::from_str::<toml::Table>(&text)
+        .ok()
+        .and_then(|doc| doc.get("agent")?.get("admin_socket")?.as_str().map(PathBuf::from));
+    // A file broken elsewhere (cut short, a typo further down) still names its socket.
+    let scanned = || {
+        text.lines().find_map(|line| {
+            let (key, value) = line.split_once('=')?;
+            let value = value.split('#').next().unwrap_or_default();
+            (key.trim() == "admin_socket").then(|| PathBuf::from(value.trim().trim_matches('"')))
+        })
+    };
+    parsed.or_else(scanned).unwrap_or_else(|| AgentConfig::default().admin_socket)
 }
 
 /// toml reports an error inside an array of tables at the array's first element;

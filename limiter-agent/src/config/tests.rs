@@ -122,3 +122,13 @@ fn throttle_band_must_sit_below_the_limit() {
     let text = EXAMPLE.replace("throttle_from = 80", "throttle_from = 100");
     assert!(refusal(&text).2.contains("must be below limit"));
 }
+
+#[test]
+fn missing_secret_is_a_config_error_at_its_line() {
+    let error = Config::parse_and_load_secrets(EXAMPLE, Path::new("test.toml")).expect_err("no such secret file");
+    let ConfigError::Invalid { line, key, message, .. } = error else { panic!("{error:?}") };
+    assert_eq!(key, "proxy.keys[0].secrets");
+    assert!(message.contains("/etc/limiter/keys/k-free-1"), "{message}");
+    let expected = EXAMPLE.lines().position(|l| l.starts_with("secrets = ")).expect("secrets line") + 1;
+    assert_eq!(line, expected);
+}

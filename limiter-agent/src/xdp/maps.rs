@@ -196,8 +196,18 @@ impl KernelMaps {
         .map_err(map_error(names::BLOCK_V4))
     }
 
-    /// Removes a block; `false` if there was none for exactly this CIDR.
+    /// Removes a block; `false` if there was none in force for exactly this CIDR
+    /// (a lapsed entry is removed all the same).
     pub fn unblock(&mut self, cidr: IpNet) -> Result<bool, XdpError> {
+        let in_force = match cidr {
+            IpNet::V4(net) => self.block_v4.get(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), 0),
+            IpNet::V6(net) => self.block_v6.get(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), 0),
+        }
+        .is_ok_and(|block| block.active(monotonic_now_ns()));
+        Ok(self.remove_block(cidr)? && in_force)
+    }
+
+    fn remove_block(&mut self, cidr: IpNet) -> Result<bool, XdpError> {
         let removed = match cidr {
             IpNet::V4(net) => self.block_v4.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
             IpNet::V6(net) => self.block_v6.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
@@ -228,7 +238,7 @@ impl KernelMaps {
                 let expires_in = (block.expires_at_ns != 0).then(|| Duration::from_nanos(block.expires_at_ns - now));
                 active.push(BlockEntry { cidr, expires_in });
             } else {
-                self.unblock(cidr)?;
+                self.remove_block(cidr)?;
             }
         }
         Ok(active)

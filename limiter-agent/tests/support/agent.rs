@@ -18,9 +18,8 @@ pub struct AgentProcess {
 
 /// `[agent]` for a test: private pins and socket, no metrics unless asked.
 pub fn agent_section(name: &str, extra: &str) -> String {
-    format!(
-        "[agent]\npin_dir = \"/sys/fs/bpf/{name}\"\nadmin_socket = \"/tmp/{name}/admin.sock\"\nmetrics = \"\"\n{extra}\n"
-    )
+    let metrics = if extra.contains("metrics =") { "" } else { "metrics = \"\"\n" };
+    format!("[agent]\npin_dir = \"/sys/fs/bpf/{name}\"\nadmin_socket = \"/tmp/{name}/admin.sock\"\n{metrics}{extra}\n")
 }
 
 impl AgentProcess {

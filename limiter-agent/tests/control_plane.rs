@@ -1,0 +1,260 @@
+//! The control plane against a real agent: reloads during a flood, rejected
+//! configs, a killed agent, runtime blocks, metrics and detaching.
+
+mod support;
+
+use std::{
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use limiter::xdp::{KernelMaps, monotonic_now_ns};
+use limiter_common::counters::Counter;
+use support::{lab::XdpLab, traffic};
+
+fn limit(pps: u32, burst: u32) -> String {
+    format!("[xdp.limit]\npackets_per_second = {pps}\nburst = {burst}\n")
+}
+
+fn counter(pin_dir: &Path, counter: Counter) -> u64 {
+    KernelMaps::open_pinned(pin_dir).expect("pinned maps").counter_snapshot().expect("counters").get(counter)
+}
+
+fn default_pps(pin_dir: &Path) -> u64 {
+    KernelMaps::open_pinned(pin_dir).expect("pinned maps").settings().expect("settings").default_rate.per_second()
+}
+
+fn count_between(arrivals: &[Instant], from: Instant, to: Instant) -> u64 {
+    arrivals.iter().filter(|t| **t >= from && **t < to).count() as u64
+}
+
+#[test]
+fn reload_during_a_flood_follows_the_new_limit_without_a_burst() {
+    const OLD: u32 = 2_000;
+    const NEW: u32 = 500;
+    let lab = XdpLab::start(1, "keep_attached_on_exit = false", &limit(OLD, 100));
+    let source = lab.sources[0];
+    let receiver = traffic::Receiver::bind(lab.host_ip);
+    let started = Instant::now();
+    let (reloaded_at, flood_end) = std::thread::scope(|scope| {
+        // About 30 000 packets per second for two seconds.
+        let flood = scope.spawn(|| traffic::send(&lab.net.ns, source, receiver.addr, 60_000, 300));
+        std::thread::sleep(Duration::from_millis(1_000));
+        lab.agent.write_config(&lab.config_with("keep_attached_on_exit = false", &limit(NEW, 50)));
+        let output = lab.agent.cli(&["reload"]);
+        assert!(output.status.success(), "reload: {}", String::from_utf8_lossy(&output.stderr));
+        let reloaded_at = Instant::now();
+        let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(printed.contains("xdp.limit: 2000 pps, burst 100 -> 500 pps, burst 50"), "{printed}");
+        flood.join().expect("flood");
+        (reloaded_at, Instant::now())
+    });
+    receiver.settle(Duration::from_millis(200));
+    let arrivals = receiver.from(source);
+    let before = count_between(&arrivals, started + Duration::from_millis(200), reloaded_at - Duration::from_millis(100));
+    let before_secs = (reloaded_at - Duration::from_millis(100) - started - Duration::from_millis(200)).as_secs_f64();
+    let after = count_between(&arrivals, reloaded_at, flood_end);
+    let after_secs = (flood_end - reloaded_at).as_secs_f64();
+    eprintln!("before: {before} in {before_secs:.2}s, after: {after} in {after_secs:.2}s");
+    let old_rate = before as f64 / before_secs;
+    assert!((f64::from(OLD) * 0.8..=f64::from(OLD) * 1.1).contains(&old_rate), "old rate {old_rate:.0}/s");
+    // No refill at the swap: past the reload, at most the new rate plus a new burst.
+    let ceiling = f64::from(NEW) * after_secs + 50.0 + f64::from(NEW) * 0.05;
+    assert!((after as f64) <= ceiling, "after reload {after} > {ceiling:.0}");
+    assert!((after as f64) >= f64::from(NEW) * after_secs * 0.7, "after reload {after} too few");
+    assert_eq!(default_pps(&lab.agent.pin_dir), u64::from(NEW));
+}
+
+#[test]
+fn rejected_configs_leave_the_running_limits_in_force() {
+    let lab = XdpLab::start(1, "", &limit(1_234, 100));
+    let good = lab.config_with("", &limit(1_234, 100));
+    let rule = "[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\n";
+    let line_of = |text: &str, needle: &str| format!(":{}:", text.lines().position(|l| l.contains(needle)).expect("needle") + 1);
+    let syntax = good.replace("burst = 100", "burst = = 100");
+    let truncated = good[..good.find("packets_per_second").expect("key") + 10].to_owned();
+    let bad_configs = [
+        ("syntax error", syntax.clone(), line_of(&syntax, "burst = =")),
+        ("zero rate", good.replace("packets_per_second = 1234", "packets_per_second = 0"), "xdp.limit.packets_per_second".to_owned()),
+        ("bad CIDR", format!("{good}{rule}{}", rule.replace("10.0.0.0/8", "10.0.0.0/33")), "xdp.cidr[1]".to_owned()),
+        (
+            "one bad rule among good ones",
+            format!("{good}{rule}{}{}", rule.replace("10.0.0.0", "11.0.0.0"), rule.replace("\"allow\"", "\"permit\"").replace("10.0.0.0", "12.0.0.0")),
+            "xdp.cidr[2]".to_owned(),
+        ),
+        ("unknown key", good.replace("burst = 100", "burst = 100\nbrust = 5"), "xdp.limit.brust".to_owned()),
+        ("truncated file", truncated.clone(), format!(":{}:", truncated.lines().count())),
+    ];
+    for (what, text, named) in &bad_configs {
+        lab.agent.write_config(text);
+        let output = lab.agent.cli(&["reload"]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{what}: reload must fail: {stderr}");
+        assert!(stderr.contains(named.as_str()), "{what}: error must name {named}: {stderr}");
+        assert_eq!(default_pps(&lab.agent.pin_dir), 1_234, "{what}: old limit must stay");
+        let cidrs = KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps").cidrs().expect("cidrs");
+        assert!(cidrs.is_empty(), "{what}: no rule of a rejected file may be applied: {cidrs:?}");
+    }
+    lab.agent.write_config(&format!("{good}{rule}"));
+    let output = lab.agent.cli(&["reload"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("xdp.cidr added 10.0.0.0/8"));
+    let stats = lab.agent.cli_json(&["stats", "--json"]);
+    assert!(stats["agent"]["reloads"]["rejected"].as_u64() >= Some(bad_configs.len() as u64), "{stats}");
+}
+
+#[test]
+fn a_killed_agent_keeps_dropping_and_its_successor_continues_the_counts() {
+    let mut lab = XdpLab::start(1, "keep_attached_on_exit = true", &limit(500, 50));
+    let source = lab.sources[0];
+    let receiver = traffic::Receiver::bind(lab.host_ip);
+    traffic::send(&lab.net.ns, source, receiver.addr, 2_000, 200);
+    let dropped_before_kill = counter(&lab.agent.pin_dir, Counter::DroppedRateLimit);
+    assert!(dropped_before_kill > 0);
+    let status = lab.agent.stop_with(libc::SIGKILL);
+    assert!(!status.success());
+    // Nobody holds the program now but its pinned link: it must still be dropping.
+    let received_before = receiver.from(source).len();
+    traffic::send(&lab.net.ns, source, receiver.addr, 2_000, 200);
+    receiver.settle(Duration::from_millis(200));
+    let dropped_after_kill = counter(&lab.agent.pin_dir, Counter::DroppedRateLimit);
+    let got_through = receiver.from(source).len() - received_before;
+    assert!(dropped_after_kill >= dropped_before_kill + 1_500, "{dropped_before_kill} -> {dropped_after_kill}");
+    assert!(got_through <= 500, "{got_through} of 2000 passed with the agent dead");
+    let source_key = limiter_common::maps::SourceKey { addr: limiter_common::addr::v4_mapped(source.octets()) };
+    let packets_before = KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps").source(&source_key).expect("tracked").packets;
+
+    lab.agent.spawn();
+    assert!(counter(&lab.agent.pin_dir, Counter::DroppedRateLimit) >= dropped_after_kill, "counters must not reset");
+    let state = KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps").source(&source_key).expect("bucket kept");
+    assert_eq!(state.packets, packets_before, "the source's bucket survives the restart");
+    traffic::send(&lab.net.ns, source, receiver.addr, 1_000, 200);
+    assert!(counter(&lab.agent.pin_dir, Counter::DroppedRateLimit) > dropped_after_kill);
+    let attached = limiter::xdp::attached(&lab.agent.pin_dir).expect("attached");
+    assert_eq!(attached.len(), 1, "one link, reused: {attached:?}");
+}
+
+#[test]
+fn a_block_with_a_ttl_drops_then_lets_traffic_through_again() {
+    let lab = XdpLab::start(1, "keep_attached_on_exit = false", &limit(10_000, 10_000));
+    let source = lab.sources[0];
+    let receiver = traffic::Receiver::bind(lab.host_ip);
+    let output = lab.agent.cli(&["block", &source.to_string(), "--ttl", "1s"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let expires = monotonic_now_ns() + 1_000_000_000;
+    let stats = lab.agent.cli_json(&["stats", "--json"]);
+    assert_eq!(stats["xdp"]["blocks"][0]["cidr"].as_str(), Some(format!("{source}/32").as_str()), "{stats}");
+    assert!(stats["xdp"]["blocks"][0]["expires_in_secs"].as_u64() <= Some(1));
+    traffic::send(&lab.net.ns, source, receiver.addr, 50, 10);
+    receiver.settle(Duration::from_millis(100));
+    assert_eq!(receiver.from(source).len(), 0, "blocked traffic got through");
+    assert_eq!(counter(&lab.agent.pin_dir, Counter::DroppedDeny), 50);
+    while monotonic_now_ns() <= expires {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    traffic::send(&lab.net.ns, source, receiver.addr, 50, 10);
+    receiver.settle(Duration::from_millis(100));
+    assert_eq!(receiver.from(source).len(), 50, "traffic must pass after the TTL");
+    let output = lab.agent.cli(&["unblock", &source.to_string()]);
+    assert_eq!(output.status.code(), Some(1), "a lapsed block is gone");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    response
+}
+
+#[test]
+fn metrics_parse_as_prometheus_text() {
+    let port = free_port();
+    let lab = XdpLab::start(
+        1,
+        &format!("metrics = \"127.0.0.1:{port}\""),
+        &format!("{}\n[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:9\"\n", limit(100, 10)),
+    );
+    let response = http_get(&format!("127.0.0.1:{port}"), "/metrics");
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b).expect("HTTP body");
+    for expected in [
+        "limiter_xdp_packets_total{action=\"dropped_rate_limit\"}",
+        "limiter_xdp_attached{interface=",
+        "limiter_config_reloads_total{result=\"ok\"}",
+        "limiter_proxy_requests_total{decision=\"forwarded\"}",
+        "limiter_proxy_decision_seconds_bucket{le=\"+Inf\"}",
+    ] {
+        assert!(body.contains(expected), "missing {expected} in:\n{body}");
+    }
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (cargo xtask setup installs it)");
+    use std::io::Write as _;
+    promtool.stdin.take().expect("stdin").write_all(body.as_bytes()).expect("write");
+    let output = promtool.wait_with_output().expect("promtool");
+    assert!(output.status.success(), "promtool: {}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    drop(lab);
+}
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).expect("fds").count()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn a_hundred_reloads_leak_neither_memory_nor_file_descriptors() {
+    let lab = XdpLab::start(1, "", &limit(1_000, 100));
+    let pid = lab.agent.child.as_ref().expect("running").id();
+    let configs = [
+        lab.config_with("", &limit(1_000, 100)),
+        lab.config_with("", &format!("{}[[xdp.cidr]]\ncidr = \"10.9.0.0/16\"\naction = \"deny\"\n", limit(2_000, 200))),
+    ];
+    let reload = |i: usize| {
+        lab.agent.write_config(&configs[i % 2]);
+        let output = lab.agent.cli(&["reload"]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    };
+    for i in 0..10 {
+        reload(i);
+    }
+    let (fds, rss) = (fd_count(pid), rss_kib(pid));
+    for i in 0..100 {
+        reload(i);
+    }
+    let (fds_after, rss_after) = (fd_count(pid), rss_kib(pid));
+    eprintln!("fds {fds} -> {fds_after}, rss {rss} KiB -> {rss_after} KiB");
+    assert_eq!(fds_after, fds, "file descriptors leaked");
+    assert!(rss_after <= rss + 1_024, "memory grew from {rss} to {rss_after} KiB");
+}
+
+#[test]
+fn detach_removes_program_links_and_pins() {
+    let lab = XdpLab::start(1, "keep_attached_on_exit = true", &limit(1_000, 100));
+    let xdp_on = |interface: &str| {
+        let output = Command::new("ip").args(["-d", "link", "show", "dev", interface]).output().expect("ip");
+        String::from_utf8_lossy(&output.stdout).contains("prog/xdp")
+    };
+    assert!(xdp_on(&lab.net.host_if));
+    let output = lab.agent.cli(&["detach"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(!lab.agent.pin_dir.exists(), "pins must be gone");
+    assert!(!xdp_on(&lab.net.host_if), "program must be detached");
+}
