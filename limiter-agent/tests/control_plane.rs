@@ -11,7 +11,8 @@ use std::{
 
 use limiter::xdp::{KernelMaps, monotonic_now_ns};
 use limiter_common::counters::Counter;
-use support::{lab::XdpLab, traffic};
+use limiter::lab::traffic;
+use support::lab::XdpLab;
 
 fn limit(pps: u32, burst: u32) -> String {
     format!("[xdp.limit]\npackets_per_second = {pps}\nburst = {burst}\n")
@@ -35,11 +36,11 @@ fn reload_during_a_flood_follows_the_new_limit_without_a_burst() {
     const NEW: u32 = 500;
     let lab = XdpLab::start(1, "keep_attached_on_exit = false", &limit(OLD, 100));
     let source = lab.sources[0];
-    let receiver = traffic::Receiver::bind(lab.host_ip);
+    let receiver = traffic::Receiver::bind(lab.host_ip).expect("receiver");
     let started = Instant::now();
     let (reloaded_at, flood_end) = std::thread::scope(|scope| {
         // About 30 000 packets per second for two seconds.
-        let flood = scope.spawn(|| traffic::send(&lab.net.ns, source, receiver.addr, 60_000, 300));
+        let flood = scope.spawn(|| traffic::send(&lab.net.ns, source, receiver.addr, 60_000, 300).expect("send"));
         std::thread::sleep(Duration::from_millis(1_000));
         lab.agent.write_config(&lab.config_with("keep_attached_on_exit = false", &limit(NEW, 50)));
         let output = lab.agent.cli(&["reload"]);
@@ -108,15 +109,15 @@ fn rejected_configs_leave_the_running_limits_in_force() {
 fn a_killed_agent_keeps_dropping_and_its_successor_continues_the_counts() {
     let mut lab = XdpLab::start(1, "keep_attached_on_exit = true", &limit(500, 50));
     let source = lab.sources[0];
-    let receiver = traffic::Receiver::bind(lab.host_ip);
-    traffic::send(&lab.net.ns, source, receiver.addr, 2_000, 200);
+    let receiver = traffic::Receiver::bind(lab.host_ip).expect("receiver");
+    traffic::send(&lab.net.ns, source, receiver.addr, 2_000, 200).expect("send");
     let dropped_before_kill = counter(&lab.agent.pin_dir, Counter::DroppedRateLimit);
     assert!(dropped_before_kill > 0);
     let status = lab.agent.stop_with(libc::SIGKILL);
     assert!(!status.success());
     // Nobody holds the program now but its pinned link: it must still be dropping.
     let received_before = receiver.from(source).len();
-    traffic::send(&lab.net.ns, source, receiver.addr, 2_000, 200);
+    traffic::send(&lab.net.ns, source, receiver.addr, 2_000, 200).expect("send");
     receiver.settle(Duration::from_millis(200));
     let dropped_after_kill = counter(&lab.agent.pin_dir, Counter::DroppedRateLimit);
     let got_through = receiver.from(source).len() - received_before;
@@ -129,7 +130,7 @@ fn a_killed_agent_keeps_dropping_and_its_successor_continues_the_counts() {
     assert!(counter(&lab.agent.pin_dir, Counter::DroppedRateLimit) >= dropped_after_kill, "counters must not reset");
     let state = KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps").source(&source_key).expect("bucket kept");
     assert_eq!(state.packets, packets_before, "the source's bucket survives the restart");
-    traffic::send(&lab.net.ns, source, receiver.addr, 1_000, 200);
+    traffic::send(&lab.net.ns, source, receiver.addr, 1_000, 200).expect("send");
     assert!(counter(&lab.agent.pin_dir, Counter::DroppedRateLimit) > dropped_after_kill);
     let attached = limiter::xdp::attached(&lab.agent.pin_dir).expect("attached");
     assert_eq!(attached.len(), 1, "one link, reused: {attached:?}");
@@ -139,21 +140,21 @@ fn a_killed_agent_keeps_dropping_and_its_successor_continues_the_counts() {
 fn a_block_with_a_ttl_drops_then_lets_traffic_through_again() {
     let lab = XdpLab::start(1, "keep_attached_on_exit = false", &limit(10_000, 10_000));
     let source = lab.sources[0];
-    let receiver = traffic::Receiver::bind(lab.host_ip);
+    let receiver = traffic::Receiver::bind(lab.host_ip).expect("receiver");
     let output = lab.agent.cli(&["block", &source.to_string(), "--ttl", "1s"]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let expires = monotonic_now_ns() + 1_000_000_000;
     let stats = lab.agent.cli_json(&["stats", "--json"]);
     assert_eq!(stats["xdp"]["blocks"][0]["cidr"].as_str(), Some(format!("{source}/32").as_str()), "{stats}");
     assert!(stats["xdp"]["blocks"][0]["expires_in_secs"].as_u64() <= Some(1));
-    traffic::send(&lab.net.ns, source, receiver.addr, 50, 10);
+    traffic::send(&lab.net.ns, source, receiver.addr, 50, 10).expect("send");
     receiver.settle(Duration::from_millis(100));
     assert_eq!(receiver.from(source).len(), 0, "blocked traffic got through");
     assert_eq!(counter(&lab.agent.pin_dir, Counter::DroppedDeny), 50);
     while monotonic_now_ns() <= expires {
         std::thread::sleep(Duration::from_millis(50));
     }
-    traffic::send(&lab.net.ns, source, receiver.addr, 50, 10);
+    traffic::send(&lab.net.ns, source, receiver.addr, 50, 10).expect("send");
     receiver.settle(Duration::from_millis(100));
     assert_eq!(receiver.from(source).len(), 50, "traffic must pass after the TTL");
     let output = lab.agent.cli(&["unblock", &source.to_string()]);

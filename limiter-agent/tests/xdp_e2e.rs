@@ -4,7 +4,8 @@ mod support;
 
 use std::time::Duration;
 
-use support::{lab::XdpLab, traffic};
+use limiter::lab::traffic;
+use support::lab::XdpLab;
 
 const RATE: u64 = 1_000;
 const BURST: u64 = 100;
@@ -17,13 +18,13 @@ fn flood_is_held_to_its_rate_while_a_slow_flow_loses_nothing() {
         &format!("[xdp.limit]\npackets_per_second = {RATE}\nburst = {BURST}\n"),
     );
     let (flooder, polite) = (lab.sources[0], lab.sources[1]);
-    let receiver = traffic::Receiver::bind(lab.host_ip);
+    let receiver = traffic::Receiver::bind(lab.host_ip).expect("receiver");
     const FLOOD: u64 = 30_000;
     const POLITE: u64 = 40;
     let flood_elapsed = std::thread::scope(|scope| {
         // 30 000 packets over about a second: 30x the limit.
-        let flood = scope.spawn(|| traffic::send(&lab.net.ns, flooder, receiver.addr, FLOOD, 300));
-        scope.spawn(|| traffic::send(&lab.net.ns, polite, receiver.addr, POLITE, 1));
+        let flood = scope.spawn(|| traffic::send(&lab.net.ns, flooder, receiver.addr, FLOOD, 300).expect("send"));
+        scope.spawn(|| traffic::send(&lab.net.ns, polite, receiver.addr, POLITE, 1).expect("send"));
         flood.join().expect("flood")
     });
     receiver.settle(Duration::from_millis(200));

@@ -1,6 +1,14 @@
-//! `cargo xtask demo`: the namespace lab (to be written).
+//! `cargo xtask demo`: the namespace lab of `limiter-agent/examples/demo.rs`, run on
+//! `config/demo.toml` with the freshly built agent.
+
+use crate::util;
 
 pub fn run() -> anyhow::Result<()> {
-    eprintln!("demo: not yet implemented");
-    std::process::exit(2)
+    util::run(util::cmd("cargo").args(["build", "--quiet", "-p", "limiter-agent", "--example", "demo"]))?;
+    let target = util::target_dir();
+    util::run(
+        util::cmd(target.join("debug/examples/demo"))
+            .arg(target.join("debug/limiter"))
+            .arg(util::workspace_root().join("config/demo.toml")),
+    )
 }

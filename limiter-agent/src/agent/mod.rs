@@ -162,6 +162,7 @@ impl Agent {
         let text = std::fs::read_to_string(path).map_err(|source| {
             ReloadError::Invalid(crate::config::ConfigError::Read { path: path.to_owned(), source })
         })?;
+        // Secrets are read here, in the agent's environment, not the CLI's.
         let new = Config::parse_and_load_secrets(&text, path)?;
         reload::check_restartless(&self.config, &new)?;
         let mut changes = Vec::new();

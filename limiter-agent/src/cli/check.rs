@@ -5,7 +5,7 @@ use std::{path::Path, process::ExitCode};
 use crate::config::Config;
 
 pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
-    match Config::load(path) {
+    match Config::load_with_secrets(path) {
         Ok(config) => {
             let layers = [config.xdp.is_some().then_some("xdp"), config.proxy.is_some().then_some("proxy")];
             let layers: Vec<&str> = layers.into_iter().flatten().collect();

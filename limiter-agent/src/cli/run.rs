@@ -5,7 +5,7 @@ use std::{path::Path, process::ExitCode};
 use crate::config::{Config, agent::LogFormat};
 
 pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
-    let config = match Config::load(path) {
+    let config = match Config::load_with_secrets(path) {
         Ok(config) => config,
         Err(error) => {
             eprintln!("{error}");
@@ -21,7 +21,8 @@ pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LIMITER_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(colour).with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

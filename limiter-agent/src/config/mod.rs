@@ -49,12 +49,16 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// Reads and validates the config at `path`, including that every secret it
-    /// references can be read.
+    /// Reads and validates the config at `path`; secrets are not read (commands
+    /// that only need the pin directory or the socket must not need them).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        Self::parse_and_load_secrets(&text, path)
+        Self::parse(&read(path)?, path)
+    }
+
+    /// [`Config::load`], and every secret it references must be readable: what
+    /// `limiter run` and `limiter check` use.
+    pub fn load_with_secrets(path: &Path) -> Result<Self, ConfigError> {
+        Self::parse_and_load_secrets(&read(path)?, path)
     }
 
     /// [`Config::parse`], then reads every `file:`/`env:` secret reference: a
@@ -107,6 +111,10 @@ impl Config {
         }
         Ok(())
     }
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })
 }
 
 /// The line (1-based) of `span` and the dotted key written there, found from the

@@ -65,11 +65,15 @@ pub fn attach(kernel: &mut Kernel, interface: &str, mode: AttachMode) -> Result<
     let program = kernel.program_mut()?;
     let attach_error = |source| XdpError::Attach { interface: interface.to_owned(), source };
     if let Some(existing) = attached(&pin_dir)?.into_iter().find(|a| a.interface == interface) {
-        let pinned = PinnedLink::from_pin(link_path(&pin_dir, &existing)).map_err(XdpError::Link)?;
-        let link = XdpLink::try_from(FdLink::from(pinned)).map_err(XdpError::Link)?;
-        let id = program.attach_to_link(link).map_err(attach_error)?;
-        let link = program.take_link(id).map_err(attach_error)?;
-        return Ok((existing, FdLink::try_from(link).map_err(XdpError::Link)?));
+        match swap_into(program, &pin_dir, &existing) {
+            Ok(link) => return Ok((existing, link)),
+            // A link whose interface went away (and came back) is severed: it can
+            // only be dropped and replaced by a fresh attachment.
+            Err(error) => {
+                tracing::warn!(%interface, %error, "the pinned XDP link cannot be reused; attaching afresh");
+                detach(&pin_dir, &existing)?;
+            }
+        }
     }
     let candidates: &[AttachedMode] = match mode {
         AttachMode::Auto => &[AttachedMode::Native, AttachedMode::Generic],
@@ -92,6 +96,16 @@ pub fn attach(kernel: &mut Kernel, interface: &str, mode: AttachMode) -> Result<
         }
     }
     Err(attach_error(last_error.unwrap_or(aya::programs::ProgramError::AlreadyAttached)))
+}
+
+/// Swaps `program` into the pinned link of `existing`, atomically.
+fn swap_into(program: &mut aya::programs::Xdp, pin_dir: &Path, existing: &Attachment) -> Result<FdLink, XdpError> {
+    let attach_error = |source| XdpError::Attach { interface: existing.interface.clone(), source };
+    let pinned = PinnedLink::from_pin(link_path(pin_dir, existing)).map_err(XdpError::Link)?;
+    let link = XdpLink::try_from(FdLink::from(pinned)).map_err(XdpError::Link)?;
+    let id = program.attach_to_link(link).map_err(attach_error)?;
+    let link = program.take_link(id).map_err(attach_error)?;
+    FdLink::try_from(link).map_err(XdpError::Link)
 }
 
 /// Interfaces with a pinned link under `pin_dir`.

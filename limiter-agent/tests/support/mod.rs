@@ -6,8 +6,6 @@
 pub mod agent;
 pub mod frames;
 pub mod lab;
-pub mod netns;
-pub mod traffic;
 
 use std::{
     path::PathBuf,

@@ -2,34 +2,39 @@
 
 use std::process::Command;
 
-/// Runs `ip` with `args`, panicking with its stderr on failure.
-pub fn ip(args: &[&str]) {
-    let output = Command::new("ip").args(args).output().expect("run ip");
-    assert!(output.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr));
+/// Runs `ip` with `args`.
+pub fn ip(args: &[&str]) -> std::io::Result<()> {
+    let output = Command::new("ip").args(args).output()?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr).trim())))
+    }
 }
 
 /// A namespace `ns` joined to the host by a veth pair: `host_if` (host side, with
 /// `host_addr`) and `ns_if` (inside, with `ns_addr`). Addresses are CIDRs.
+#[derive(Debug)]
 pub struct VethNamespace {
     pub ns: String,
     pub host_if: String,
 }
 
 impl VethNamespace {
-    pub fn new(ns: &str, host_if: &str, ns_if: &str, host_addr: &str, ns_addrs: &[&str]) -> Self {
+    pub fn new(ns: &str, host_if: &str, ns_if: &str, host_addr: &str, ns_addrs: &[&str]) -> std::io::Result<Self> {
         let _ = Command::new("ip").args(["netns", "del", ns]).output();
         let _ = Command::new("ip").args(["link", "del", host_if]).output();
-        ip(&["netns", "add", ns]);
+        ip(&["netns", "add", ns])?;
         let created = Self { ns: ns.to_owned(), host_if: host_if.to_owned() };
-        ip(&["link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns]);
-        ip(&["addr", "add", host_addr, "dev", host_if]);
-        ip(&["link", "set", host_if, "up"]);
+        ip(&["link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns])?;
+        ip(&["addr", "add", host_addr, "dev", host_if])?;
+        ip(&["link", "set", host_if, "up"])?;
         for addr in ns_addrs {
-            ip(&["-n", ns, "addr", "add", addr, "dev", ns_if]);
+            ip(&["-n", ns, "addr", "add", addr, "dev", ns_if])?;
         }
-        ip(&["-n", ns, "link", "set", ns_if, "up"]);
-        ip(&["-n", ns, "link", "set", "lo", "up"]);
-        created
+        ip(&["-n", ns, "link", "set", ns_if, "up"])?;
+        ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        Ok(created)
     }
 
     /// A command run inside the namespace.
@@ -49,18 +54,19 @@ impl Drop for VethNamespace {
 
 /// Runs `f` on a thread that has entered namespace `ns` (setns affects only the
 /// calling thread), so sockets it opens live in the namespace.
-pub fn in_namespace<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+pub fn in_namespace<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> std::io::Result<T> {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                let file = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("open netns");
+                let file = std::fs::File::open(format!("/var/run/netns/{ns}"))?;
                 use std::os::fd::AsRawFd as _;
                 // SAFETY: setns on a valid namespace fd, for this thread only.
-                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
-                f()
+                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(f())
             })
             .join()
-            .expect("namespace thread")
+            .unwrap_or_else(|_| Err(std::io::Error::other("namespace thread panicked")))
     })
 }

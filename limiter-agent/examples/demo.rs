@@ -1,0 +1,257 @@
+//! What `cargo xtask demo` runs: a small lab of namespaces, the agent on
+//! `config/demo.toml`, a flood plus a well-behaved flow at the kernel layer with a
+//! reload halfway, then well- and badly-behaved clients at the proxy. Cleans up on
+//! exit and on Ctrl-C.
+//!
+//! Usage (as root): demo LIMITER_BINARY CONFIG
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use limiter::{
+    lab::{netns::VethNamespace, traffic},
+    signature::{Canonical, sha256, sign_hex},
+};
+
+const NS: &str = "lim-demo";
+const HOST_IF: &str = "lim-demo0";
+const HOST_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 1);
+const FLOODER: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 2);
+const POLITE: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 3);
+const SECRET: &str = "demo-secret-do-not-use";
+const FLOOD: u64 = 20_000;
+const POLITE_PACKETS: u64 = 50;
+
+/// What Ctrl-C must undo: the namespace, the agent, its pins, the temp dir.
+struct Cleanup {
+    agent_pid: Option<u32>,
+    dir: PathBuf,
+    pin_dir: PathBuf,
+}
+
+static CLEANUP: Mutex<Option<Cleanup>> = Mutex::new(None);
+
+fn cleanup() {
+    let Some(state) = CLEANUP.lock().ok().and_then(|mut c| c.take()) else { return };
+    if let Some(pid) = state.agent_pid {
+        // SAFETY: kill(2) on the agent we started.
+        unsafe { libc::kill(i32::try_from(pid).unwrap_or(0), libc::SIGTERM) };
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let _ = Command::new("ip").args(["link", "del", HOST_IF]).output();
+    let _ = Command::new("ip").args(["netns", "del", NS]).output();
+    let _ = limiter::xdp::detach_all(&state.pin_dir);
+    let _ = std::fs::remove_dir_all(&state.dir);
+}
+
+/// Ctrl-C and SIGTERM clean up, then exit 130.
+fn install_interrupt_cleanup() {
+    std::thread::spawn(|| {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+        runtime.block_on(async {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+                return;
+            };
+            tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
+        });
+        eprintln!("\ninterrupted: cleaning up");
+        cleanup();
+        std::process::exit(130);
+    });
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let limiter = PathBuf::from(args.next().context("usage: demo LIMITER_BINARY CONFIG")?);
+    let config_source = PathBuf::from(args.next().context("usage: demo LIMITER_BINARY CONFIG")?);
+    let dir = std::env::temp_dir().join("limiter-demo");
+    std::fs::create_dir_all(&dir)?;
+    let pin_dir = limiter::config::Config::load(&config_source)?.agent.pin_dir;
+    // Counters from an earlier run would muddle the table.
+    limiter::xdp::detach_all(&pin_dir)?;
+    *CLEANUP.lock().map_err(|_| anyhow::anyhow!("lock"))? = Some(Cleanup { agent_pid: None, dir: dir.clone(), pin_dir });
+    install_interrupt_cleanup();
+    let result = run(&limiter, &config_source, &dir);
+    cleanup();
+    result
+}
+
+fn run(limiter: &Path, config_source: &Path, dir: &Path) -> anyhow::Result<()> {
+    let config_text = std::fs::read_to_string(config_source)?;
+    let config_path = dir.join("limiter.toml");
+    std::fs::write(&config_path, &config_text)?;
+
+    println!("== lab: namespace {NS} ({FLOODER} floods, {POLITE} behaves) behind veth {HOST_IF} ({HOST_IP})");
+    let _lab = VethNamespace::new(NS, HOST_IF, "eth0", &format!("{HOST_IP}/24"), &[&format!("{FLOODER}/24"), &format!("{POLITE}/24")])?;
+    let upstream = spawn_upstream()?;
+    let mut agent = start_agent(limiter, &config_path, dir)?;
+
+    println!("\n== kernel layer: {FLOOD} UDP packets in ~1 s from {FLOODER}, {POLITE_PACKETS} at 50/s from {POLITE}");
+    let before = kernel_phase()?;
+    let reloaded = config_text.replace("packets_per_second = 1_000", "packets_per_second = 250");
+    std::fs::write(&config_path, reloaded)?;
+    let output = Command::new(limiter).args(["reload", "-c"]).arg(&config_path).output()?;
+    println!("\n$ limiter reload   # xdp.limit 1000 -> 250 packets/s, while nothing restarts");
+    print!("{}", String::from_utf8_lossy(&output.stdout));
+    let after = kernel_phase()?;
+    println!("\n{:<24} {:>10} {:>10} {:>10} {:>14}", "", "flood sent", "passed", "dropped", "polite passed");
+    for (label, row) in [("limit 1000/s, burst 200", before), ("limit 250/s (reloaded)", after)] {
+        println!("{label:<24} {:>10} {:>10} {:>10} {:>11}/{POLITE_PACKETS}", FLOOD, row.0, FLOOD - row.0, row.1);
+    }
+
+    println!("\n== application layer: proxy 127.0.0.1:18080 -> upstream {upstream}");
+    proxy_phase()?;
+
+    println!("\n$ limiter stats");
+    let output = Command::new(limiter).args(["stats", "-c"]).arg(&config_path).output()?;
+    print!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    // A clean stop: with keep_attached_on_exit = false the agent detaches itself.
+    // SAFETY: kill(2) on the agent we started.
+    unsafe { libc::kill(i32::try_from(agent.id()).unwrap_or(0), libc::SIGTERM) };
+    agent.wait()?;
+    if let Ok(mut cleanup) = CLEANUP.lock()
+        && let Some(state) = cleanup.as_mut()
+    {
+        state.agent_pid = None;
+    }
+    Ok(())
+}
+
+fn start_agent(limiter: &Path, config: &Path, dir: &Path) -> anyhow::Result<Child> {
+    let log = std::fs::File::create(dir.join("agent.log"))?;
+    let mut child = Command::new(limiter)
+        .args(["run", "-c"])
+        .arg(config)
+        .env("LIMITER_DEMO_SECRET", SECRET)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()?;
+    if let Ok(mut cleanup) = CLEANUP.lock()
+        && let Some(state) = cleanup.as_mut()
+    {
+        state.agent_pid = Some(child.id());
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect("127.0.0.1:18080").is_err() {
+        if child.try_wait()?.is_some() || Instant::now() > deadline {
+            anyhow::bail!("the agent did not start:\n{}", std::fs::read_to_string(dir.join("agent.log"))?);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = std::fs::read_to_string(dir.join("agent.log"))?;
+    if let Some(line) = log.lines().find(|l| l.contains("XDP attached")) {
+        println!("agent: {}", line.split_once("INFO").map_or(line, |(_, rest)| rest).trim());
+    }
+    Ok(child)
+}
+
+/// Floods and trickles once; (flood packets passed, polite packets passed).
+fn kernel_phase() -> anyhow::Result<(u64, u64)> {
+    let receiver = traffic::Receiver::bind(HOST_IP)?;
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let flood = scope.spawn(|| traffic::send(NS, FLOODER, receiver.addr, FLOOD, 200));
+        let polite = scope.spawn(|| traffic::send(NS, POLITE, receiver.addr, POLITE_PACKETS, 1));
+        flood.join().map_err(|_| anyhow::anyhow!("flood thread"))??;
+        polite.join().map_err(|_| anyhow::anyhow!("polite thread"))??;
+        Ok(())
+    })?;
+    receiver.settle(Duration::from_millis(200));
+    Ok((receiver.from(FLOODER).len() as u64, receiver.from(POLITE).len() as u64))
+}
+
+/// A minimal upstream answering 200 to everything, on 127.0.0.1:18081.
+fn spawn_upstream() -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:18081")?;
+    let addr = listener.local_addr()?;
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let mut buffer = [0u8; 65_536];
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                let _ = stream.read(&mut buffer);
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n");
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// One request through the proxy; (status, headers text).
+fn request(method: &str, target: &str, headers: &[(&str, String)], body: &str) -> anyhow::Result<(u16, String)> {
+    let mut stream = TcpStream::connect("127.0.0.1:18080")?;
+    let mut text = format!("{method} {target} HTTP/1.1\r\nhost: demo\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
+    for (name, value) in headers {
+        text += &format!("{name}: {value}\r\n");
+    }
+    text += "\r\n";
+    text += body;
+    stream.write_all(text.as_bytes())?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    Ok((status, response))
+}
+
+fn header<'a>(response: &'a str, name: &str) -> &'a str {
+    response
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.trim()))
+        .unwrap_or("-")
+}
+
+fn signed(target: &str, body: &str, nonce: &str) -> Vec<(&'static str, String)> {
+    let timestamp = limiter::signature::unix_now().to_string();
+    let canonical =
+        Canonical { method: "POST", target, timestamp: &timestamp, body_sha256: &sha256(body.as_bytes()), nonce: Some(nonce) };
+    let signature = sign_hex(SECRET.as_bytes(), &canonical.string_to_sign());
+    vec![("x-api-key", "k-pro".to_owned()), ("x-timestamp", timestamp), ("x-signature", signature), ("x-nonce", nonce.to_owned())]
+}
+
+fn proxy_phase() -> anyhow::Result<()> {
+    let key = [("x-api-key", "k-demo".to_owned())];
+    let (mut fast, mut throttled, mut rejected) = (0, 0, 0);
+    let mut last_reject = String::new();
+    for _ in 0..105 {
+        let started = Instant::now();
+        let (status, response) = request("GET", "/api/items", &key, "")?;
+        match status {
+            429 => {
+                rejected += 1;
+                last_reject = response;
+            }
+            _ if started.elapsed() >= Duration::from_millis(50) => throttled += 1,
+            _ => fast += 1,
+        }
+    }
+    println!("free plan (100/min, delay band from 80), 105 requests at once:");
+    println!("  {fast} forwarded at once, {throttled} forwarded after the 50 ms throttle delay, {rejected} rejected (429)");
+    println!(
+        "  last 429: Retry-After: {}, RateLimit: {}, X-RateLimit-Remaining: {}",
+        header(&last_reject, "retry-after"),
+        header(&last_reject, "ratelimit"),
+        header(&last_reject, "x-ratelimit-remaining")
+    );
+
+    let statuses: Vec<u16> =
+        (0..7).map(|_| request("POST", "/login", &[], "user=demo&password=guess").map(|r| r.0)).collect::<Result<_, _>>()?;
+    println!("POST /login 7 times from one IP (limit 5/min): {statuses:?}");
+    let get = request("GET", "/login", &[], "")?.0;
+    println!("GET /login from the same IP: {get}");
+
+    let body = r#"{"to":"acct-42","amount":100}"#;
+    let headers = signed("/api/transfer", body, "n-1");
+    let valid = request("POST", "/api/transfer", &headers, body)?.0;
+    let replay = request("POST", "/api/transfer", &headers, body)?.0;
+    let tampered = request("POST", "/api/transfer", &signed("/api/transfer", body, "n-2"), &body.replace("100", "900"))?.0;
+    println!("signed POST /api/transfer: valid {valid}, same request again (replay) {replay}, body changed after signing {tampered}");
+    Ok(())
+}
