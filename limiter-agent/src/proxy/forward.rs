@@ -79,6 +79,9 @@ impl Upstream {
             .await?;
         let (mut parts, body) = response.into_parts();
         remove_hop_by_hop(&mut parts.headers);
+        // Likewise towards the client: an HTTP/1.0 upstream must not make hyper
+        // answer our client in 1.0 (and close its keep-alive connection).
+        parts.version = Version::HTTP_11;
         Ok(Response::from_parts(
             parts,
             body.map_err(Into::into).boxed(),
