@@ -317,3 +317,29 @@ fn two_cpus_hammering_one_source_admit_no_more_than_the_bucket() {
     let allowed = BURST + (elapsed.as_secs_f64() * RATE as f64).ceil() as u64;
     assert!(admitted >= BURST && admitted <= allowed, "admitted {admitted}, bucket allows {allowed} over {elapsed:?}");
 }
+
+#[test]
+fn pinned_maps_of_another_layout_are_refused_not_reused() {
+    let mut first = slow_kernel();
+    let mut settings = first.kernel.maps().settings().expect("settings");
+    settings.layout_version += 1;
+    first.kernel.maps_mut().write_settings(settings).expect("write");
+    let options = limiter::xdp::LoadOptions { pin_dir: first.pin_dir.clone(), max_sources: 1_000_000, log: false };
+    let error = limiter::xdp::Kernel::load(&options).expect_err("a foreign layout must be refused");
+    assert!(error.to_string().contains("limiter detach"), "{error}");
+
+    let other = slow_kernel();
+    let options = limiter::xdp::LoadOptions { pin_dir: other.pin_dir.clone(), max_sources: 1_000, log: false };
+    let error = limiter::xdp::Kernel::load(&options).expect_err("a resized sources map must be refused");
+    assert!(error.to_string().contains("max_sources 1000000 pinned, 1000 configured"), "{error}");
+}
+
+#[test]
+fn a_new_config_keeps_every_bucket_where_it_was() {
+    let mut kernel = slow_kernel();
+    assert_eq!(verdicts(&kernel, &udp4(A), 4), [XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP]);
+    // A larger burst and rate: an emptied bucket is not refilled by the reload.
+    kernel.kernel.maps_mut().apply(&xdp_config("[xdp.limit]\npackets_per_second = 2\nburst = 3\n")).expect("apply");
+    assert_eq!(kernel.run(&udp4(A)), XDP_DROP);
+    assert_eq!(verdicts(&kernel, &udp4(B), 4), [XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP], "new rate applies");
+}

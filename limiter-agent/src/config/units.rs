@@ -41,7 +41,7 @@ impl fmt::Display for HumanDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let millis = self.0.as_millis();
         for (unit, size) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
-            if millis != 0 && millis % size == 0 {
+            if millis != 0 && millis.is_multiple_of(size) {
                 return write!(f, "{}{unit}", millis / size);
             }
         }

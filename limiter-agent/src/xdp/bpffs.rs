@@ -34,7 +34,7 @@ fn on_bpffs(path: &Path) -> bool {
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid C string and an out-pointer to a statfs we own.
     let rc = unsafe { libc::statfs(c_path.as_ptr(), &raw mut stat) };
-    rc == 0 && i64::from(stat.f_type) == BPF_FS_MAGIC
+    rc == 0 && stat.f_type == BPF_FS_MAGIC
 }
 
 fn mount_bpffs() -> Result<(), XdpError> {
