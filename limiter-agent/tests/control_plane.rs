@@ -259,3 +259,32 @@ fn detach_removes_program_links_and_pins() {
     assert!(!lab.agent.pin_dir.exists(), "pins must be gone");
     assert!(!xdp_on(&lab.net.host_if), "program must be detached");
 }
+
+#[test]
+fn a_reload_attaches_and_detaches_only_the_interfaces_that_changed() {
+    let lab = XdpLab::start(1, "keep_attached_on_exit = false", &limit(1_000, 100));
+    let name = support::unique("lim-if-");
+    let second = limiter::lab::netns::VethNamespace::new(&name, &format!("{}h", &name[..name.len().min(13)]), "eth0", "10.99.77.1/24", &["10.99.77.2/24"])
+        .expect("second veth");
+    let xdp_on = |interface: &str| {
+        let output = Command::new("ip").args(["-d", "link", "show", "dev", interface]).output().expect("ip");
+        String::from_utf8_lossy(&output.stdout).contains("prog/xdp")
+    };
+    let first_link = limiter::xdp::attached(&lab.agent.pin_dir).expect("attached");
+    let both = lab.config_with("keep_attached_on_exit = false", &limit(1_000, 100)).replace(
+        &format!("interfaces = [\"{}\"]", lab.net.host_if),
+        &format!("interfaces = [\"{}\", \"{}\"]", lab.net.host_if, second.host_if),
+    );
+    lab.agent.write_config(&both);
+    let output = lab.agent.cli(&["reload"]);
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(printed.trim(), format!("xdp.interfaces attached {} (native)", second.host_if));
+    assert!(xdp_on(&lab.net.host_if) && xdp_on(&second.host_if));
+    assert!(limiter::xdp::attached(&lab.agent.pin_dir).expect("attached").contains(&first_link[0]), "first link untouched");
+
+    let only_second = both.replace(&format!("\"{}\", ", lab.net.host_if), "");
+    lab.agent.write_config(&only_second);
+    let output = lab.agent.cli(&["reload"]);
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), format!("xdp.interfaces detached {}", lab.net.host_if));
+    assert!(!xdp_on(&lab.net.host_if) && xdp_on(&second.host_if));
+}
