@@ -345,3 +345,38 @@ async fn idempotency_key_replays_conflicts_and_in_flight() {
     assert_eq!(upstream.count(), 2);
     assert_eq!(proxy.proxy.stats().idempotent_replays, 1);
 }
+
+/// The operator's tool and the proxy agree: headers printed by the `limiter sign`
+/// binary, pasted onto a request, pass; the same headers on a changed body do not.
+#[tokio::test]
+async fn limiter_sign_output_is_accepted_by_the_proxy() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
+    let client = TestClient::default();
+    let body = br#"{"amount":5,"to":"acct-7"}"#;
+    let body_file = secret_file(body);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_limiter"))
+        .args(["sign", "--key-id", "k-pay", "--method", "POST", "--path", "/api/transfer?x=1", "--nonce"])
+        .arg("--secret-file")
+        .arg(secret_file(SECRET))
+        .arg("--body-file")
+        .arg(&body_file)
+        .output()
+        .expect("run limiter sign");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let printed = String::from_utf8(output.stdout).expect("utf-8");
+    let headers: Vec<(&str, &str)> = printed
+        .lines()
+        .filter_map(|line| line.split_once(": "))
+        .collect();
+    assert_eq!(headers.len(), 4, "key, timestamp, nonce, signature: {printed}");
+    let reply = client
+        .request(Method::POST, &proxy.url("/api/transfer?x=1"), &headers, body)
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    assert_eq!(upstream.seen()[0].body, &body[..]);
+    let tampered = client
+        .request(Method::POST, &proxy.url("/api/transfer?x=1"), &headers, br#"{"amount":500,"to":"acct-7"}"#)
+        .await;
+    assert_eq!(tampered.status, StatusCode::UNAUTHORIZED);
+}
