@@ -203,9 +203,18 @@ impl Policies {
                 }
             }
         };
+        // `+route` counts each path the rule covers on its own: per client per
+        // endpoint. (The rule's own prefix would add nothing: every rule already has
+        // state of its own.) Paths are client-chosen, so the key is bounded in length
+        // like header values, and the store's bound holds the number of them.
         if rule.key.per_route {
-            key.push_str(" route=");
-            key.push_str(rule.path.as_deref().unwrap_or("/"));
+            if request.path.len() <= MAX_KEY_VALUE {
+                key.push_str(" route=");
+                key.push_str(request.path);
+            } else {
+                key.push_str(" route#");
+                key.push_str(&hex::encode(Sha256::digest(request.path.as_bytes())));
+            }
         }
         Some(key)
     }

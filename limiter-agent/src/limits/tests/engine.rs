@@ -362,7 +362,7 @@ fn ipv6_clients_share_a_bucket_per_64_and_mapped_ipv4_is_ipv4() {
 }
 
 #[test]
-fn route_keys_count_separately_from_plain_ones() {
+fn route_keys_count_each_path_separately() {
     let (engine, _) = engine(
         r#"
 [[proxy.rules]]
@@ -375,8 +375,12 @@ window = "1m"
 "#,
     );
     assert!(is_forward(&get("/upload/a").to(&engine)));
-    assert!(is_reject(&get("/upload/b").to(&engine)), "the whole prefix is one route");
-    assert!(is_forward(&get("/upload").from("192.0.2.9").to(&engine)));
+    assert!(is_reject(&get("/upload/a").to(&engine)), "same client, same route");
+    assert!(is_forward(&get("/upload/b").to(&engine)), "another route under the prefix");
+    assert!(is_forward(&get("/upload/a").from("192.0.2.9").to(&engine)), "another client");
+    let long: &'static str = Box::leak(format!("/upload/{}", "x".repeat(500)).into_boxed_str());
+    assert!(is_forward(&get(long).to(&engine)));
+    assert!(is_reject(&get(long).to(&engine)), "a long path is keyed by its hash, still per route");
 }
 
 #[test]
