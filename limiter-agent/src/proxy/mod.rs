@@ -57,6 +57,8 @@ pub enum ProxyError {
         #[source]
         source: SecretError,
     },
+    #[error("proxy.redis_url: {0}")]
+    Store(#[from] crate::fleet::FleetError),
     #[error(
         "proxy.listen changed from {running} to {requested}: the agent must restart the proxy to move it"
     )]
