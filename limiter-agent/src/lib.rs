@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod escalation;
 pub mod fleet;
 pub mod limits;
 pub mod metrics;

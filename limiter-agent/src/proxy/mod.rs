@@ -112,6 +112,11 @@ impl<C: Clock> Proxy<C> {
         self.pipeline.reconfigure(config)
     }
 
+    /// Counts this proxy's 429 and 401 answers towards escalation to the kernel layer.
+    pub fn escalate_to(&self, escalator: Arc<crate::escalation::Escalator>) {
+        self.pipeline.escalate_to(escalator);
+    }
+
     /// The counters so far.
     #[must_use]
     pub fn stats(&self) -> ProxyStats {

@@ -3,7 +3,7 @@
 
 use std::{
     net::IpAddr,
-    sync::{Arc, PoisonError, RwLock},
+    sync::{Arc, OnceLock, PoisonError, RwLock},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -23,6 +23,7 @@ use crate::{
         proxy::{KeyKind, SignatureConfig},
     },
     config::proxy::{StoreFailure, StoreKind},
+    escalation::Escalator,
     fleet::{Fleet, FleetError},
     limits::{Clock, Decision, Engine, RedisStore, RequestInfo, TimeSource, Verdict},
     signature::{
@@ -99,6 +100,8 @@ pub(super) struct Pipeline<C: Clock> {
     idempotency: IdempotencyStore,
     /// With `store = "redis"`: used instead of `replay` and `idempotency`.
     shared: Option<Shared>,
+    /// Set by the agent when it runs the kernel layer too.
+    escalator: OnceLock<Arc<Escalator>>,
     max_stored_body: usize,
     counters: Counters,
 }
@@ -135,6 +138,7 @@ impl<C: Clock> Pipeline<C> {
         Ok(Self {
             engine,
             shared,
+            escalator: OnceLock::new(),
             max_stored_body: *idempotency_max_body_bytes,
             snapshot: RwLock::new(Arc::new(Snapshot::build(config, replay.clone())?)),
             upstream: Upstream::new(),
@@ -179,6 +183,11 @@ impl<C: Clock> Pipeline<C> {
         )
     }
 
+    /// Sends this proxy's rejections to `escalator`; only the first call counts.
+    pub(super) fn escalate_to(&self, escalator: Arc<Escalator>) {
+        let _ = self.escalator.set(escalator);
+    }
+
     pub(super) fn header_timeout(&self) -> Duration {
         self.snapshot().config.header_timeout.0
     }
@@ -196,11 +205,19 @@ impl<C: Clock> Pipeline<C> {
         let snapshot = self.snapshot();
         match self.process(&snapshot, request, peer).await {
             Ok(response) => response,
-            Err(refusal) => self.refuse(refusal),
+            Err(refusal) => self.refuse(&snapshot.config, refusal, peer),
         }
     }
 
-    fn refuse(&self, refusal: Refusal) -> Response<ProxyBody> {
+    /// Answers a refusal; a 429 or 401 to a directly connected client counts
+    /// towards its escalation.
+    fn refuse(&self, config: &ProxyConfig, refusal: Refusal, peer: IpAddr) -> Response<ProxyBody> {
+        if matches!(refusal, Refusal::QuotaExceeded { .. } | Refusal::Unauthorized)
+            && let Some(escalator) = self.escalator.get()
+            && !keys::is_trusted(peer.to_canonical(), &config.trusted_proxies)
+        {
+            escalator.record(peer);
+        }
         let event = match &refusal {
             Refusal::QuotaExceeded { .. }
             | Refusal::MissingKey { .. }
@@ -265,7 +282,7 @@ impl<C: Clock> Pipeline<C> {
             Ok(()) => self.forward(config, parts, body, origin, claim).await,
             Err(refusal) => Err(refusal),
         };
-        let mut response = outcome.unwrap_or_else(|refusal| self.refuse(refusal));
+        let mut response = outcome.unwrap_or_else(|refusal| self.refuse(config, refusal, peer));
         headers::add_rate_limit_headers(response.headers_mut(), &policies, SystemTime::now());
         Ok(response)
     }
