@@ -122,7 +122,8 @@ pub struct Engine<C: Clock> {
 #[derive(Debug)]
 enum Backend {
     Memory(MemoryStore),
-    Redis(RedisStore),
+    /// Boxed: the connection is large beside the memory store's handful of words.
+    Redis(Box<RedisStore>),
 }
 
 /// A limit with a name and the identity its state is stored under.
@@ -242,7 +243,7 @@ impl<C: Clock> Engine<C> {
     /// follow `store_failure`.
     #[must_use]
     pub fn with_redis(config: &ProxyConfig, clock: C, store: RedisStore) -> Self {
-        Self::with_backend(config, clock, Backend::Redis(store))
+        Self::with_backend(config, clock, Backend::Redis(Box::new(store)))
     }
 
     fn with_backend(config: &ProxyConfig, clock: C, store: Backend) -> Self {

@@ -18,7 +18,8 @@ use crate::signature::{Guard, SharedGuard, StoredResponse, idempotency::IDEMPOTE
 #[derive(Debug)]
 pub(super) enum Claim {
     Local(Guard),
-    Shared(SharedGuard),
+    /// Boxed: a shared claim carries its connection and key names.
+    Shared(Box<SharedGuard>),
 }
 
 impl Claim {

@@ -400,7 +400,7 @@ impl<C: Clock> Pipeline<C> {
                         .idempotency
                         .begin(&verified.key_id, key, fingerprint)
                         .await
-                        .map(|begin| begin.map_claim(idempotent::Claim::Shared)),
+                        .map(|begin| begin.map_claim(|guard| idempotent::Claim::Shared(Box::new(guard)))),
                 };
                 match begin {
                     Ok(Begin::Proceed(claim)) => Some(claim),
