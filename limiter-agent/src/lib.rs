@@ -4,6 +4,8 @@
 pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod escalation;
+pub mod fleet;
 pub mod lab;
 pub mod limits;
 pub mod metrics;

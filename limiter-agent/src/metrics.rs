@@ -108,6 +108,7 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
         ("limiter_proxy_header_timeouts_total", "Connections answered 408.", stats.timeouts),
         ("limiter_proxy_upstream_errors_total", "Upstream failures answered 502.", stats.upstream_errors),
         ("limiter_proxy_key_evictions_total", "Per-key states evicted to stay within max_tracked_keys.", stats.evictions),
+        ("limiter_proxy_store_failures_total", "Decisions taken by store_failure while Redis was unreachable.", stats.store_failures),
     ] {
         family(out, name, "counter", help);
         let _ = writeln!(out, "{name} {value}");

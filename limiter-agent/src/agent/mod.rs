@@ -26,7 +26,9 @@ pub use self::{
     xdp::XdpRuntime,
 };
 use crate::{
-    config::Config,
+    config::{Config, proxy::StoreKind},
+    escalation::{self, Escalation, Escalator},
+    fleet::Fleet,
     limits::SystemClock,
     metrics::{AgentGauges, MetricsSources},
     proxy::Proxy,
@@ -49,6 +51,8 @@ pub enum AgentError {
     Signal(#[source] std::io::Error),
     #[error(transparent)]
     Proxy(#[from] crate::proxy::ProxyError),
+    #[error("escalation: {0}")]
+    Fleet(#[from] crate::fleet::FleetError),
     #[error("metrics endpoint {addr}: {source}")]
     Metrics {
         addr: std::net::SocketAddr,
@@ -99,7 +103,22 @@ pub struct Agent {
     xdp: Option<XdpRuntime>,
     proxy: Option<ProxyRuntime>,
     gauges: Arc<AgentGauges>,
+    /// With both the proxy and the kernel layer: the proxy's rejections escalate.
+    escalation: Option<EscalationRuntime>,
 }
+
+/// What escalation runs on: the proxy's counter, the blocks it asks for, and the
+/// fleet's Redis when the proxy shares its store.
+#[derive(Debug)]
+struct EscalationRuntime {
+    escalator: Arc<Escalator>,
+    /// Taken by the agent loop.
+    requests: Option<mpsc::Receiver<Escalation>>,
+    fleet: Option<Fleet>,
+}
+
+/// Blocks waiting for the agent loop; a flood beyond it waits for the next rejection.
+const ESCALATION_QUEUE: usize = 1024;
 
 impl Agent {
     /// Puts `config` in force: loads and attaches the kernel layer, binds the proxy.
@@ -112,8 +131,14 @@ impl Agent {
             Some(proxy) => Some(ProxyRuntime::start(proxy).await?),
             None => None,
         };
+        let escalation = match (&proxy, &config.proxy, &xdp) {
+            (Some(runtime), Some(proxy_config), Some(_)) => {
+                Some(EscalationRuntime::start(&config, proxy_config, &runtime.proxy)?)
+            }
+            _ => None,
+        };
         let applied_text = std::fs::read_to_string(&config_path).ok();
-        let agent = Self { config_path, config, applied_text, xdp, proxy, gauges: Arc::default() };
+        let agent = Self { config_path, config, applied_text, xdp, proxy, gauges: Arc::default(), escalation };
         agent.publish_attachments();
         Ok(agent)
     }
@@ -183,6 +208,12 @@ impl Agent {
                 return Err(error);
             }
         }
+        if let Some(escalation) = &self.escalation {
+            escalation.escalator.reconfigure(&new);
+            if self.config.escalation != new.escalation {
+                changes.push("escalation changed".to_owned());
+            }
+        }
         if changes.is_empty() {
             changes.push("no changes".to_owned());
         }
@@ -221,6 +252,25 @@ impl Agent {
             (None, None) => {}
         }
         Ok(())
+    }
+
+    /// Puts an escalation's block in the kernel layer and, if it was crossed here,
+    /// tells the fleet.
+    fn escalate(&mut self, escalation: Escalation) {
+        let Some(xdp) = &mut self.xdp else { return };
+        let Escalation { cidr, ttl, local } = escalation;
+        match xdp.kernel.maps_mut().block(cidr, Some(ttl)) {
+            Ok(()) if local => tracing::warn!(%cidr, ?ttl, "source blocked: too many rejections"),
+            Ok(()) => tracing::info!(%cidr, ?ttl, "source blocked: escalated by another agent"),
+            Err(error) => tracing::error!(%cidr, %error, "cannot block an escalated source"),
+        }
+        if local && let Some(fleet) = self.escalation.as_ref().and_then(|e| e.fleet.clone()) {
+            tokio::spawn(async move {
+                if let Err(error) = escalation::publish(&fleet, escalation).await {
+                    tracing::warn!(%cidr, %error, "escalation not published to the fleet");
+                }
+            });
+        }
     }
 
     /// Whether the config file differs from what was last applied.
@@ -284,6 +334,7 @@ pub async fn run(config_path: PathBuf, config: Config) -> Result<(), AgentError>
     let mut terminate = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(AgentError::Signal)?;
     let mut watch = tokio::time::interval(WATCH_INTERVAL);
+    let mut escalations = agent.escalation.as_mut().and_then(|e| e.requests.take());
     tracing::info!(admin_socket = %socket_path.display(), "agent running");
     let detach = loop {
         tokio::select! {
@@ -296,6 +347,7 @@ pub async fn run(config_path: PathBuf, config: Config) -> Result<(), AgentError>
                     let _ = agent.reload(None);
                 }
             }
+            Some(escalation) = next(&mut escalations) => agent.escalate(escalation),
             Some((request, reply)) = incoming.recv() => {
                 let (response, stop) = match request {
                     Request::Reload { config } => match agent.reload(config.as_deref()) {
@@ -314,6 +366,35 @@ pub async fn run(config_path: PathBuf, config: Config) -> Result<(), AgentError>
     agent.stop(detach).await;
     let _ = std::fs::remove_file(&socket_path);
     Ok(())
+}
+
+/// The next escalation, or never without escalation.
+async fn next(escalations: &mut Option<mpsc::Receiver<Escalation>>) -> Option<Escalation> {
+    match escalations {
+        Some(receiver) => receiver.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl EscalationRuntime {
+    /// Hands the proxy its escalator and, with a shared store and escalation on,
+    /// follows the fleet's blocks.
+    fn start(config: &Config, proxy_config: &crate::config::ProxyConfig, proxy: &Proxy) -> Result<Self, AgentError> {
+        let (sender, requests) = mpsc::channel(ESCALATION_QUEUE);
+        let escalator = Arc::new(Escalator::new(config, sender.clone()));
+        proxy.escalate_to(escalator.clone());
+        let enabled = config.escalation.as_ref().is_some_and(|e| e.enabled);
+        let fleet = match proxy_config.store {
+            StoreKind::Redis if enabled => {
+                let fleet =
+                    Fleet::connect(&proxy_config.redis_url, &proxy_config.redis_prefix, proxy_config.redis_timeout.0)?;
+                tokio::spawn(escalation::follow(fleet.clone(), sender));
+                Some(fleet)
+            }
+            StoreKind::Redis | StoreKind::Memory => None,
+        };
+        Ok(Self { escalator, requests: Some(requests), fleet })
+    }
 }
 
 fn bind_admin(path: &Path) -> Result<UnixListener, AgentError> {

@@ -6,6 +6,7 @@
 //! the raw records, which keeps the error attached to the right table and line.
 
 pub mod agent;
+pub mod escalation;
 pub mod proxy;
 pub mod units;
 pub mod xdp;
@@ -18,7 +19,7 @@ use std::{
 
 use serde::Deserialize;
 
-pub use self::{agent::AgentConfig, proxy::ProxyConfig, xdp::XdpConfig};
+pub use self::{agent::AgentConfig, escalation::EscalationConfig, proxy::ProxyConfig, xdp::XdpConfig};
 
 /// Where every command looks for the config unless `-c` says otherwise.
 pub const DEFAULT_PATH: &str = "/etc/limiter/limiter.toml";
@@ -33,6 +34,8 @@ pub struct Config {
     pub xdp: Option<XdpConfig>,
     /// The HTTP proxy; absent: no proxy runs.
     pub proxy: Option<ProxyConfig>,
+    /// Blocks in the kernel layer for sources the proxy keeps refusing; absent: none.
+    pub escalation: Option<EscalationConfig>,
 }
 
 /// Why a config was refused.
@@ -108,6 +111,12 @@ impl Config {
         }
         if let Some(proxy) = &self.proxy {
             proxy.validate()?;
+        }
+        if self.escalation.as_ref().is_some_and(|e| e.enabled) && (self.proxy.is_none() || self.xdp.is_none()) {
+            return Err((
+                "escalation.enabled".to_owned(),
+                "escalation needs both [proxy] (which counts rejections) and [xdp] (which blocks)".to_owned(),
+            ));
         }
         Ok(())
     }

@@ -32,6 +32,13 @@ pub struct ProxyConfig {
     pub store: StoreKind,
     #[serde(default = "default_redis_url")]
     pub redis_url: String,
+    /// Start of every key this agent's fleet uses in Redis: agents sharing limits
+    /// share it, and unrelated fleets on one server pick different ones.
+    #[serde(default = "default_redis_prefix")]
+    pub redis_prefix: String,
+    /// Longest wait for Redis per decision; past it, `store_failure` decides.
+    #[serde(default = "default_redis_timeout")]
+    pub redis_timeout: HumanDuration,
     /// Verdict while the store is unreachable.
     #[serde(default)]
     pub store_failure: StoreFailure,
@@ -353,8 +360,18 @@ impl ProxyConfig {
                 return Err((format!("proxy.rules[{i}].name"), format!("rule name `{}` appears twice", rule.name)));
             }
         }
-        if self.store == StoreKind::Redis && !self.redis_url.starts_with("redis://") {
-            return Err(("proxy.redis_url".to_owned(), format!("`{}` is not a redis:// URL", self.redis_url)));
+        if self.store == StoreKind::Redis {
+            if !self.redis_url.starts_with("redis://") {
+                return Err(("proxy.redis_url".to_owned(), format!("`{}` is not a redis:// URL", self.redis_url)));
+            }
+            if self.redis_timeout.0.is_zero() {
+                return Err(("proxy.redis_timeout".to_owned(), "must be longer than 0".to_owned()));
+            }
+            let rules = self.rules.iter().enumerate().map(|(i, rule)| (format!("proxy.rules[{i}].limit"), &rule.limit));
+            let plans = self.plans.iter().map(|(name, spec)| (format!("proxy.plans.{name}.limit"), spec));
+            for (key, spec) in rules.chain(plans) {
+                crate::limits::redis::check_exact(spec).map_err(|message| (key, message))?;
+            }
         }
         Ok(())
     }
@@ -387,6 +404,14 @@ fn default_header_timeout() -> HumanDuration {
 
 fn default_max_tracked_keys() -> NonZeroUsize {
     NonZeroUsize::new(1_000_000).unwrap_or(NonZeroUsize::MIN)
+}
+
+fn default_redis_prefix() -> String {
+    "limiter:".to_owned()
+}
+
+fn default_redis_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_millis(100))
 }
 
 fn default_redis_url() -> String {

@@ -132,3 +132,31 @@ fn missing_secret_is_a_config_error_at_its_line() {
     let expected = EXAMPLE.lines().position(|l| l.starts_with("secrets = ")).expect("secrets line") + 1;
     assert_eq!(line, expected);
 }
+
+const PROXY: &str = "[proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:3000\"\n";
+
+#[test]
+fn escalation_has_defaults_and_names_its_mistakes() {
+    let config = parse(&format!("{XDP}{PROXY}[escalation]\nthreshold = 5\n")).expect("escalation");
+    let escalation = config.escalation.expect("section");
+    assert!(escalation.enabled);
+    assert_eq!(escalation.threshold.get(), 5);
+    assert_eq!((escalation.window, escalation.block_ttl), (Duration::from_secs(10), Duration::from_secs(600)));
+
+    let (line, key, message) = refusal(&format!("{XDP}{PROXY}[escalation]\nthreshold = 5\nblock_ttl = \"0s\"\n"));
+    assert_eq!((line, key.as_str()), (9, "escalation"), "{message}");
+    assert!(message.contains("block_ttl"), "{message}");
+    let (line, key, _) = refusal(&format!("{XDP}{PROXY}[escalation]\nthreshold = 0\n"));
+    assert_eq!((line, key.as_str()), (10, "escalation.threshold"));
+    let (_, key, message) = refusal(&format!("{PROXY}[escalation]\n"));
+    assert_eq!(key, "escalation.enabled", "{message}");
+}
+
+#[test]
+fn a_redis_store_refuses_limits_beyond_exact_lua_arithmetic() {
+    let redis = "store = \"redis\"\n";
+    let plan = "[proxy.plans.huge]\nlimit = 4_000_000_000\nwindow = \"30d\"\n";
+    let (_, key, message) = refusal(&format!("{PROXY}{redis}{plan}"));
+    assert_eq!(key, "proxy.plans.huge.limit", "{message}");
+    parse(&format!("{PROXY}{plan}")).expect("the memory store takes it");
+}

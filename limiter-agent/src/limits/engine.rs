@@ -21,6 +21,9 @@
 //! The strictest verdict wins: a rejection by any bucket rejects (with the longest
 //! `retry_after` of the rejecting ones) and charges no bucket; otherwise the request
 //! is delayed by the longest delay (throttle band or shaper), or forwarded.
+//!
+//! `decide` and `penalize` are async because the state may live in Redis; with the
+//! memory store they never wait, and cost what a plain call would.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -34,9 +37,10 @@ use sha2::{Digest, Sha256};
 use super::{
     clock::{Clock, to_nanos},
     outcome::{Outcome, Quota},
+    redis::RedisStore,
     store::{Bucket, Charge, MemoryStore, Store},
 };
-use crate::config::proxy::{KeyKind, KeySpec, LimitSpec, MissingKey, ProxyConfig, Rule};
+use crate::config::proxy::{KeyKind, KeySpec, LimitSpec, MissingKey, ProxyConfig, Rule, StoreFailure};
 
 /// The key of a rule's shared bucket for requests without its key.
 pub const MISSING_KEY: &str = "<missing>";
@@ -85,6 +89,9 @@ pub enum Verdict {
     MissingKey {
         rule: String,
     },
+    /// The shared store is unreachable and `store_failure = "deny"`: 503. Not a 429,
+    /// which would count towards escalation and block every client of an outage.
+    StoreUnavailable,
 }
 
 /// One policy's quota, for the response headers.
@@ -107,7 +114,16 @@ pub struct PolicyStatus {
 pub struct Engine<C: Clock> {
     clock: C,
     policies: RwLock<Arc<Policies>>,
-    store: Box<dyn Store>,
+    store: Backend,
+}
+
+/// Where the buckets live: a closed set, so that the memory store is called
+/// directly, with no future to box.
+#[derive(Debug)]
+enum Backend {
+    Memory(MemoryStore),
+    /// Boxed: the connection is large beside the memory store's handful of words.
+    Redis(Box<RedisStore>),
 }
 
 /// A limit with a name and the identity its state is stored under.
@@ -151,6 +167,7 @@ struct Policies {
     /// API key id → plan name.
     keys: HashMap<String, String>,
     missing_key: MissingKey,
+    store_failure: StoreFailure,
 }
 
 impl Policies {
@@ -169,6 +186,7 @@ impl Policies {
                 .collect(),
             keys: config.keys.iter().map(|key| (key.id.clone(), key.plan.clone())).collect(),
             missing_key: config.missing_key,
+            store_failure: config.store_failure,
         }
     }
 
@@ -224,13 +242,21 @@ impl Policies {
 type Counted<'p> = Result<Vec<(&'p Policy, String)>, Verdict>;
 
 impl<C: Clock> Engine<C> {
+    /// An engine keeping its buckets in memory.
     #[must_use]
     pub fn new(config: &ProxyConfig, clock: C) -> Self {
-        Self {
-            clock,
-            policies: RwLock::new(Arc::new(Policies::new(config))),
-            store: Box::new(MemoryStore::new(config.max_tracked_keys)),
-        }
+        Self::with_backend(config, clock, Backend::Memory(MemoryStore::new(config.max_tracked_keys)))
+    }
+
+    /// An engine keeping its buckets in Redis; while Redis is unreachable, decisions
+    /// follow `store_failure`.
+    #[must_use]
+    pub fn with_redis(config: &ProxyConfig, clock: C, store: RedisStore) -> Self {
+        Self::with_backend(config, clock, Backend::Redis(Box::new(store)))
+    }
+
+    fn with_backend(config: &ProxyConfig, clock: C, store: Backend) -> Self {
+        Self { clock, policies: RwLock::new(Arc::new(Policies::new(config))), store }
     }
 
     /// Swaps rules and plans. State of the rules and plans whose identity (name, key
@@ -239,17 +265,20 @@ impl<C: Clock> Engine<C> {
     pub fn reconfigure(&self, config: &ProxyConfig) {
         let policies = Arc::new(Policies::new(config));
         let live = policies.identities();
-        self.store.set_capacity(config.max_tracked_keys);
         *self.policies.write().unwrap_or_else(PoisonError::into_inner) = policies;
-        // A request still deciding on the old policies may recreate a dropped bucket
-        // after this; it is then an orphan that fills up and is evicted first.
-        self.store.retain_policies(&|identity| live.contains(identity));
+        // Redis drops the buckets of a gone policy by itself: they expire once full.
+        if let Backend::Memory(store) = &self.store {
+            store.set_capacity(config.max_tracked_keys);
+            // A request still deciding on the old policies may recreate a dropped
+            // bucket after this; it is then an orphan that fills up and is evicted first.
+            store.retain_policies(&|identity| live.contains(identity));
+        }
     }
 
     /// Checks every matching rule and the key's plan; if none rejects, charges all of
     /// them, atomically with respect to concurrent calls. A rejected request is
     /// charged to nothing.
-    pub fn decide(&self, request: &RequestInfo<'_>) -> Decision {
+    pub async fn decide(&self, request: &RequestInfo<'_>) -> Decision {
         let policies = self.snapshot();
         let matching: Vec<&(Rule, Policy)> =
             policies.rules.iter().filter(|(rule, _)| rule.matches(request.method, request.path)).collect();
@@ -258,7 +287,13 @@ impl<C: Clock> Engine<C> {
             Ok(counted) => counted,
             Err(verdict) => return Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature },
         };
-        let outcomes = self.apply(&counted, Charge::AllOrNothing);
+        let Some(outcomes) = self.apply(&counted, Charge::AllOrNothing).await else {
+            let verdict = match policies.store_failure {
+                StoreFailure::Allow => Verdict::Forward,
+                StoreFailure::Deny => Verdict::StoreUnavailable,
+            };
+            return Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature };
+        };
 
         let rejecting = || counted.iter().zip(&outcomes).filter(|(_, outcome)| !outcome.admitted);
         if let Some(retry_after) = rejecting().map(|(_, outcome)| outcome.retry_after).max() {
@@ -284,7 +319,7 @@ impl<C: Clock> Engine<C> {
     /// Charges the IP-keyed rules matching this request whatever the verdict of the
     /// others (used for failed signatures, so that guessing is rate limited). Each
     /// such bucket takes one unit if it has one left; a full bucket stays full.
-    pub fn penalize(&self, request: &RequestInfo<'_>) {
+    pub async fn penalize(&self, request: &RequestInfo<'_>) {
         let policies = self.snapshot();
         let counted: Vec<(&Policy, String)> = policies
             .rules
@@ -292,7 +327,8 @@ impl<C: Clock> Engine<C> {
             .filter(|(rule, _)| rule.key.by == KeyKind::Ip && rule.matches(request.method, request.path))
             .filter_map(|(rule, policy)| Some((policy, policies.key(rule, request)?)))
             .collect();
-        self.apply(&counted, Charge::EachAdmitting);
+        // Without the store a penalty is lost: the signature was refused anyway.
+        let _ = self.apply(&counted, Charge::EachAdmitting).await;
     }
 
     /// The key's plan name if the API key is known.
@@ -304,23 +340,42 @@ impl<C: Clock> Engine<C> {
     /// Buckets holding state.
     #[must_use]
     pub fn tracked_keys(&self) -> usize {
-        self.store.tracked_keys()
+        match &self.store {
+            Backend::Memory(store) => store.tracked_keys(),
+            // Counting them would take a scan of the shared server.
+            Backend::Redis(_) => 0,
+        }
     }
 
     /// Buckets evicted to stay within `max_tracked_keys`, since the start.
     #[must_use]
     pub fn evictions(&self) -> u64 {
-        self.store.evictions()
+        match &self.store {
+            Backend::Memory(store) => store.evictions(),
+            Backend::Redis(_) => 0,
+        }
     }
 
     fn snapshot(&self) -> Arc<Policies> {
         Arc::clone(&self.policies.read().unwrap_or_else(PoisonError::into_inner))
     }
 
-    fn apply(&self, counted: &[(&Policy, String)], charge: Charge) -> Vec<Outcome> {
+    /// The outcome of each bucket; `None` if the store could not be reached (counted,
+    /// and logged once per outage by the connection).
+    async fn apply(&self, counted: &[(&Policy, String)], charge: Charge) -> Option<Vec<Outcome>> {
         let buckets: Vec<Bucket<'_>> =
             counted.iter().map(|(policy, key)| Bucket { policy: &policy.identity, key, spec: &policy.spec }).collect();
-        self.store.apply(&buckets, self.clock.now(), charge)
+        match &self.store {
+            Backend::Memory(store) => Some(store.apply(&buckets, self.clock.now(), charge)),
+            Backend::Redis(store) => match store.apply(&buckets, self.clock.now(), charge).await {
+                Ok(outcomes) => Some(outcomes),
+                Err(error) => {
+                    store.fleet().count_failure();
+                    tracing::debug!(%error, "limits store unreachable");
+                    None
+                }
+            },
+        }
     }
 }
 

@@ -18,7 +18,7 @@
 //! places in the queue), `reset_after` the time until the queue is empty, and
 //! `retry_after` the time until a place frees up.
 
-use std::time::Duration;
+use std::{num::NonZeroU32, time::Duration};
 
 use super::{
     gcra::{Gcra, Tat},
@@ -47,6 +47,11 @@ pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) {
 }
 
 fn gcra(spec: &LimitSpec) -> Gcra {
-    // A shaper holds the request leaving now and `queue` more behind it.
-    Gcra::new(spec, spec.queue.map_or(spec.limit, |queue| queue.saturating_add(1)))
+    Gcra::new(spec, capacity(spec))
+}
+
+/// The bucket's size: a shaper holds the request leaving now and `queue` more
+/// behind it.
+pub(super) fn capacity(spec: &LimitSpec) -> NonZeroU32 {
+    spec.queue.map_or(spec.limit, |queue| queue.saturating_add(1))
 }

@@ -16,6 +16,9 @@
 //!   two windows.
 //! - `penalize` takes one unit from each matching IP-keyed bucket that has one.
 //!
+//! - `decide` and `penalize` are async (the store may be Redis); `Verdict` has
+//!   `StoreUnavailable` for `store_failure = "deny"` during an outage.
+//!
 //! INTERFACE (shared by `limits/` and `proxy/`):
 //!
 //! ```text
@@ -80,6 +83,7 @@ pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
 pub mod outcome;
+pub mod redis;
 pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod store;
@@ -93,5 +97,6 @@ pub use self::{
     clock::{Clock, FakeClock, SystemClock},
     engine::{Decision, Engine, PolicyStatus, RequestInfo, Verdict},
     outcome::{Outcome, Quota},
+    redis::{RedisStore, TimeSource},
     store::{MemoryStore, Store},
 };

@@ -9,7 +9,7 @@
 //!
 //! Kept as a GCRA TAT (see [`super::gcra`]): one number per key.
 
-use std::time::Duration;
+use std::{num::NonZeroU32, time::Duration};
 
 use super::{
     gcra::{Gcra, Tat},
@@ -32,5 +32,10 @@ pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) {
 }
 
 fn gcra(spec: &LimitSpec) -> Gcra {
-    Gcra::new(spec, spec.burst.unwrap_or(spec.limit))
+    Gcra::new(spec, capacity(spec))
+}
+
+/// Tokens the bucket holds when full.
+pub(super) fn capacity(spec: &LimitSpec) -> NonZeroU32 {
+    spec.burst.unwrap_or(spec.limit)
 }

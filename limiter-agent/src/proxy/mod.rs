@@ -57,6 +57,8 @@ pub enum ProxyError {
         #[source]
         source: SecretError,
     },
+    #[error("proxy.redis_url: {0}")]
+    Store(#[from] crate::fleet::FleetError),
     #[error(
         "proxy.listen changed from {running} to {requested}: the agent must restart the proxy to move it"
     )]
@@ -108,6 +110,11 @@ impl<C: Clock> Proxy<C> {
     /// plans is kept. Refused whole if a secret cannot be loaded or `listen` moved.
     pub fn reconfigure(&self, config: Arc<ProxyConfig>) -> Result<(), ProxyError> {
         self.pipeline.reconfigure(config)
+    }
+
+    /// Counts this proxy's 429 and 401 answers towards escalation to the kernel layer.
+    pub fn escalate_to(&self, escalator: Arc<crate::escalation::Escalator>) {
+        self.pipeline.escalate_to(escalator);
     }
 
     /// The counters so far.

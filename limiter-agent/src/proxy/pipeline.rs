@@ -3,7 +3,7 @@
 
 use std::{
     net::IpAddr,
-    sync::{Arc, PoisonError, RwLock},
+    sync::{Arc, OnceLock, PoisonError, RwLock},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -22,10 +22,13 @@ use crate::{
         ProxyConfig,
         proxy::{KeyKind, SignatureConfig},
     },
-    limits::{Clock, Decision, Engine, RequestInfo, Verdict},
+    config::proxy::{StoreFailure, StoreKind},
+    escalation::Escalator,
+    fleet::{Fleet, FleetError},
+    limits::{Clock, Decision, Engine, RedisStore, RequestInfo, TimeSource, Verdict},
     signature::{
-        Begin, BodyError, Guard, IdempotencyConfig, IdempotencyStore, ReplayCache, SignedRequest,
-        Verifier,
+        Begin, BodyError, Failure, IdempotencyConfig, IdempotencyStore, ReplayCache, SharedIdempotency,
+        SharedReplay, SignedRequest, Verified, Verifier,
         idempotency::{self, IDEMPOTENCY_KEY_HEADER},
         load_secret, read_body_hashed, unix_now,
         verify::API_KEY_HEADER,
@@ -73,8 +76,16 @@ enum Admission {
     Forward {
         body: ProxyBody,
         /// The idempotency key this request holds until its response is stored.
-        claim: Option<Guard>,
+        claim: Option<idempotent::Claim>,
     },
+}
+
+/// The replay cache and idempotency store in the fleet's Redis, with its connection.
+#[derive(Debug)]
+struct Shared {
+    fleet: Fleet,
+    replay: SharedReplay,
+    idempotency: SharedIdempotency,
 }
 
 /// Everything requests share, across connections and reloads.
@@ -87,6 +98,10 @@ pub(super) struct Pipeline<C: Clock> {
     replay: Arc<ReplayCache>,
     /// Outlives reloads, sized by the first config.
     idempotency: IdempotencyStore,
+    /// With `store = "redis"`: used instead of `replay` and `idempotency`.
+    shared: Option<Shared>,
+    /// Set by the agent when it runs the kernel layer too.
+    escalator: OnceLock<Arc<Escalator>>,
     max_stored_body: usize,
     counters: Counters,
 }
@@ -101,13 +116,29 @@ impl<C: Clock> Pipeline<C> {
             ..
         } = &config.signature;
         let replay = Arc::new(ReplayCache::new(replay_cache_size.get()));
-        let idempotency = IdempotencyStore::new(IdempotencyConfig {
+        let idempotency_config = IdempotencyConfig {
             ttl: idempotency_ttl.0,
             max_entries: idempotency_max_entries.get(),
             max_response_bytes: *idempotency_max_body_bytes,
-        });
+        };
+        let idempotency = IdempotencyStore::new(idempotency_config);
+        let (engine, shared) = match config.store {
+            StoreKind::Memory => (Engine::new(&config, clock), None),
+            StoreKind::Redis => {
+                let fleet = Fleet::connect(&config.redis_url, &config.redis_prefix, config.redis_timeout.0)?;
+                let shared = Shared {
+                    replay: SharedReplay::new(fleet.clone()),
+                    idempotency: SharedIdempotency::new(fleet.clone(), idempotency_config),
+                    fleet: fleet.clone(),
+                };
+                let store = RedisStore::new(fleet, TimeSource::Server);
+                (Engine::with_redis(&config, clock, store), Some(shared))
+            }
+        };
         Ok(Self {
-            engine: Engine::new(&config, clock),
+            engine,
+            shared,
+            escalator: OnceLock::new(),
             max_stored_body: *idempotency_max_body_bytes,
             snapshot: RwLock::new(Arc::new(Snapshot::build(config, replay.clone())?)),
             upstream: Upstream::new(),
@@ -145,8 +176,16 @@ impl<C: Clock> Pipeline<C> {
     }
 
     pub(super) fn stats(&self) -> ProxyStats {
-        self.counters
-            .snapshot(self.engine.tracked_keys(), self.engine.evictions())
+        self.counters.snapshot(
+            self.engine.tracked_keys(),
+            self.engine.evictions(),
+            self.shared.as_ref().map_or(0, |shared| shared.fleet.failures()),
+        )
+    }
+
+    /// Sends this proxy's rejections to `escalator`; only the first call counts.
+    pub(super) fn escalate_to(&self, escalator: Arc<Escalator>) {
+        let _ = self.escalator.set(escalator);
     }
 
     pub(super) fn header_timeout(&self) -> Duration {
@@ -166,13 +205,23 @@ impl<C: Clock> Pipeline<C> {
         let snapshot = self.snapshot();
         match self.process(&snapshot, request, peer).await {
             Ok(response) => response,
-            Err(refusal) => self.refuse(refusal),
+            Err(refusal) => self.refuse(&snapshot.config, refusal, peer),
         }
     }
 
-    fn refuse(&self, refusal: Refusal) -> Response<ProxyBody> {
+    /// Answers a refusal; a 429 or 401 to a directly connected client counts
+    /// towards its escalation.
+    fn refuse(&self, config: &ProxyConfig, refusal: Refusal, peer: IpAddr) -> Response<ProxyBody> {
+        if matches!(refusal, Refusal::QuotaExceeded { .. } | Refusal::Unauthorized)
+            && let Some(escalator) = self.escalator.get()
+            && !keys::is_trusted(peer.to_canonical(), &config.trusted_proxies)
+        {
+            escalator.record(peer);
+        }
         let event = match &refusal {
-            Refusal::QuotaExceeded { .. } | Refusal::MissingKey { .. } => Some(Event::Rejected),
+            Refusal::QuotaExceeded { .. }
+            | Refusal::MissingKey { .. }
+            | Refusal::StoreUnavailable => Some(Event::Rejected),
             Refusal::BodyTooLarge { .. } => Some(Event::BodyTooLarge),
             Refusal::Upstream(_) => Some(Event::UpstreamError),
             _ => None,
@@ -222,7 +271,7 @@ impl<C: Clock> Pipeline<C> {
             policies,
             violated,
             ..
-        } = self.engine.decide(&info);
+        } = self.engine.decide(&info).await;
         self.counters.observe_decision(deciding.elapsed());
         let peer = peer.to_canonical();
         let origin = Origin {
@@ -233,7 +282,7 @@ impl<C: Clock> Pipeline<C> {
             Ok(()) => self.forward(config, parts, body, origin, claim).await,
             Err(refusal) => Err(refusal),
         };
-        let mut response = outcome.unwrap_or_else(|refusal| self.refuse(refusal));
+        let mut response = outcome.unwrap_or_else(|refusal| self.refuse(config, refusal, peer));
         headers::add_rate_limit_headers(response.headers_mut(), &policies, SystemTime::now());
         Ok(response)
     }
@@ -271,7 +320,8 @@ impl<C: Clock> Pipeline<C> {
                 };
                 Err(Refusal::MissingKey { rule, status })
             }
-            Verdict::Reject { .. } | Verdict::MissingKey { .. } => {
+            Verdict::StoreUnavailable if config.enforce => Err(Refusal::StoreUnavailable),
+            Verdict::Reject { .. } | Verdict::MissingKey { .. } | Verdict::StoreUnavailable => {
                 self.counters.add(Event::Rejected);
                 Ok(())
             }
@@ -284,7 +334,7 @@ impl<C: Clock> Pipeline<C> {
         parts: request::Parts,
         body: ProxyBody,
         origin: Origin,
-        claim: Option<Guard>,
+        claim: Option<idempotent::Claim>,
     ) -> Result<Response<ProxyBody>, Refusal> {
         self.counters.add(Event::Forwarded);
         let response = self
@@ -299,7 +349,7 @@ impl<C: Clock> Pipeline<C> {
         let (response, stored) = idempotent::capture(response, self.max_stored_body)
             .await
             .map_err(Refusal::Upstream)?;
-        claim.complete(stored, Instant::now());
+        claim.complete(stored).await;
         Ok(response)
     }
 
@@ -327,34 +377,47 @@ impl<C: Clock> Pipeline<C> {
             headers: &parts.headers,
             body_sha256: &body_sha256,
         };
-        let verified = snapshot
-            .verifier
-            .verify(&signed, unix_now(), config.signature.max_skew.0)
-            .map_err(|failure| {
+        let verified = match self.verify(snapshot, &signed).await? {
+            Ok(verified) => verified,
+            Err(failure) => {
                 self.counters.add_signature_failure(failure.reason());
                 // Failures count against the client's IP limits, so guessing is rate limited.
-                self.engine.penalize(info);
+                self.engine.penalize(info).await;
                 tracing::debug!(%failure, "signature refused");
-                Refusal::Unauthorized
-            })?;
+                return Err(Refusal::Unauthorized);
+            }
+        };
         let claim = match idempotency_key(parts)? {
             None => None,
             Some(key) => {
                 let fingerprint = idempotency::fingerprint(&parts.method, target, &body_sha256);
-                match self
-                    .idempotency
-                    .begin(&verified.key_id, key, fingerprint, Instant::now())
-                {
-                    Begin::Proceed(guard) => Some(guard),
-                    Begin::Replay(stored) => {
+                let begin = match &self.shared {
+                    None => Ok(self
+                        .idempotency
+                        .begin(&verified.key_id, key, fingerprint, Instant::now())
+                        .map_claim(idempotent::Claim::Local)),
+                    Some(shared) => shared
+                        .idempotency
+                        .begin(&verified.key_id, key, fingerprint)
+                        .await
+                        .map(|begin| begin.map_claim(|guard| idempotent::Claim::Shared(Box::new(guard)))),
+                };
+                match begin {
+                    Ok(Begin::Proceed(claim)) => Some(claim),
+                    Ok(Begin::Replay(stored)) => {
                         self.counters.add(Event::IdempotentReplay);
                         return Ok(Admission::Answered(idempotent::replay(stored)));
                     }
-                    Begin::Conflict => return Err(Refusal::IdempotencyKeyReused),
-                    Begin::InFlight | Begin::NotReplayable => {
+                    Ok(Begin::Conflict) => return Err(Refusal::IdempotencyKeyReused),
+                    Ok(Begin::InFlight | Begin::NotReplayable) => {
                         return Err(Refusal::IdempotencyConflict);
                     }
-                    Begin::Full => return Err(Refusal::IdempotencyStoreFull),
+                    Ok(Begin::Full) => return Err(Refusal::IdempotencyStoreFull),
+                    // Without the store the request goes on unprotected, or not at all.
+                    Err(error) => {
+                        self.store_unreachable(config, &error)?;
+                        None
+                    }
                 }
             }
         };
@@ -362,6 +425,53 @@ impl<C: Clock> Pipeline<C> {
             body: full_body(bytes),
             claim,
         })
+    }
+
+    /// Verifies a signed request, recording its signature in the fleet's replay
+    /// cache when there is one.
+    /// The outer error is the shared store's absence under `store_failure = "deny"`.
+    async fn verify(
+        &self,
+        snapshot: &Snapshot,
+        signed: &SignedRequest<'_>,
+    ) -> Result<Result<Verified, Failure>, Refusal> {
+        let max_skew = snapshot.config.signature.max_skew.0;
+        let now = unix_now();
+        let Some(shared) = &self.shared else {
+            return Ok(snapshot.verifier.verify(signed, now, max_skew));
+        };
+        let authenticated = match snapshot.verifier.authenticate(signed, now, max_skew) {
+            Ok(authenticated) => authenticated,
+            Err(failure) => return Ok(Err(failure)),
+        };
+        let recorded = shared
+            .replay
+            .check_and_insert(&authenticated.key_id, &authenticated.signature, authenticated.timestamp, max_skew, now)
+            .await;
+        match recorded {
+            Ok(Ok(())) => {}
+            Ok(Err(replay)) => return Ok(Err(Failure::from(replay))),
+            // Unrecorded, the signature could be replayed during the outage: that is
+            // what `store_failure = "allow"` accepts.
+            Err(error) => self.store_unreachable(&snapshot.config, &error)?,
+        }
+        Ok(Ok(Verified {
+            key_id: authenticated.key_id,
+            timestamp: authenticated.timestamp,
+        }))
+    }
+
+    /// Counts a decision taken without the shared store and says whether
+    /// `store_failure` lets the request go on.
+    fn store_unreachable(&self, config: &ProxyConfig, error: &FleetError) -> Result<(), Refusal> {
+        if let Some(shared) = &self.shared {
+            shared.fleet.count_failure();
+        }
+        tracing::debug!(%error, "shared store unreachable");
+        match config.store_failure {
+            StoreFailure::Allow => Ok(()),
+            StoreFailure::Deny => Err(Refusal::StoreUnavailable),
+        }
     }
 }
 

@@ -40,6 +40,9 @@ pub(super) enum Refusal {
     IdempotencyStoreFull,
     #[error("upstream unavailable: {0}")]
     Upstream(BoxError),
+    /// The shared store is unreachable and `store_failure = "deny"`.
+    #[error("limits store unreachable")]
+    StoreUnavailable,
 }
 
 /// The body of every problem response.
@@ -159,6 +162,12 @@ impl Refusal {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "idempotency-store-full",
                 "Too many idempotent requests are in progress; retry shortly.",
+                None,
+            ),
+            Self::StoreUnavailable => problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "The rate limits cannot be checked right now; retry shortly.",
                 None,
             ),
             Self::Upstream(_) => problem(

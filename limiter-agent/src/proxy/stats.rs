@@ -92,7 +92,7 @@ impl Counters {
         }
     }
 
-    pub(super) fn snapshot(&self, tracked_keys: usize, evictions: u64) -> ProxyStats {
+    pub(super) fn snapshot(&self, tracked_keys: usize, evictions: u64, store_failures: u64) -> ProxyStats {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let by_reason: BTreeMap<String, u64> = FailureReason::ALL
             .iter()
@@ -120,6 +120,7 @@ impl Counters {
                 sum_seconds: load(&self.decision_nanos_sum) as f64 / 1e9,
             },
             evictions,
+            store_failures,
         }
     }
 }
@@ -157,6 +158,10 @@ pub struct ProxyStats {
     pub tracked_keys: u64,
     /// Per-key state evicted to stay within `max_tracked_keys`.
     pub evictions: u64,
+    /// Decisions taken without the shared store (Redis unreachable), by
+    /// `store_failure`.
+    #[serde(default)]
+    pub store_failures: u64,
     /// Time spent deciding (rules, plans, store), for the metrics.
     pub decision_seconds: DecisionHistogram,
 }

@@ -77,7 +77,7 @@ pub struct StoredResponse {
 
 impl StoredResponse {
     /// Bytes counted against `max_response_bytes`.
-    fn stored_size(&self) -> usize {
+    pub(super) fn stored_size(&self) -> usize {
         self.headers
             .iter()
             .map(|(name, value)| name.as_str().len() + value.len())
@@ -86,11 +86,12 @@ impl StoredResponse {
     }
 }
 
-/// What to do with a request carrying an idempotency key.
+/// What to do with a request carrying an idempotency key; `G` is the claim on the
+/// key (a [`Guard`] here, a [`super::SharedGuard`] in the fleet's store).
 #[derive(Debug)]
-pub enum Begin {
-    /// First use: forward it, then [`Guard::complete`] with the response.
-    Proceed(Guard),
+pub enum Begin<G = Guard> {
+    /// First use: forward it, then complete the claim with the response.
+    Proceed(G),
     /// A completed repeat with the same request: answer with this and
     /// `Idempotency-Replayed: true`, without reaching the upstream.
     Replay(StoredResponse),
@@ -104,6 +105,20 @@ pub enum Begin {
     NotReplayable,
     /// Every entry is in flight; the store cannot track another key (503).
     Full,
+}
+
+impl<G> Begin<G> {
+    /// The same answer with the claim turned into another type.
+    pub fn map_claim<H>(self, f: impl FnOnce(G) -> H) -> Begin<H> {
+        match self {
+            Self::Proceed(guard) => Begin::Proceed(f(guard)),
+            Self::Replay(response) => Begin::Replay(response),
+            Self::Conflict => Begin::Conflict,
+            Self::InFlight => Begin::InFlight,
+            Self::NotReplayable => Begin::NotReplayable,
+            Self::Full => Begin::Full,
+        }
+    }
 }
 
 type EntryKey = (Box<str>, Box<str>);

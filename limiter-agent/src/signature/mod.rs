@@ -45,6 +45,7 @@ pub mod canonical;
 pub mod idempotency;
 pub mod replay;
 pub mod secrets;
+pub mod shared;
 pub mod verify;
 
 #[cfg(test)]
@@ -55,7 +56,8 @@ pub use canonical::{Canonical, sha256, sign_hex};
 pub use idempotency::{Begin, Guard, IdempotencyConfig, IdempotencyStore, StoredResponse};
 pub use replay::{ReplayCache, ReplayError};
 pub use secrets::{SecretError, load_secret};
-pub use verify::{Failure, FailureReason, SignedRequest, Verified, Verifier};
+pub use shared::{SharedGuard, SharedIdempotency, SharedReplay};
+pub use verify::{Authenticated, Failure, FailureReason, SignedRequest, Verified, Verifier};
 
 /// The wall clock in unix seconds, for [`Verifier::verify`]. A clock before 1970 reads
 /// as 0, which fails every timestamp check rather than panicking.

@@ -38,6 +38,15 @@ pub struct SignedRequest<'a> {
     pub body_sha256: &'a [u8; 32],
 }
 
+impl From<ReplayError> for Failure {
+    fn from(error: ReplayError) -> Self {
+        match error {
+            ReplayError::Replay => Self::Replay,
+            ReplayError::Full => Self::ReplayCacheFull,
+        }
+    }
+}
+
 /// A request whose signature verified and which was not a replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verified {
@@ -45,6 +54,17 @@ pub struct Verified {
     pub key_id: String,
     /// The signed timestamp (unix seconds).
     pub timestamp: u64,
+}
+
+/// A request whose signature verified, before the replay check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authenticated {
+    /// The key that signed the request.
+    pub key_id: String,
+    /// The signed timestamp (unix seconds).
+    pub timestamp: u64,
+    /// The MAC, what the replay check remembers.
+    pub signature: [u8; 32],
 }
 
 /// Why a signed request was refused. The HTTP layer answers every variant with the same
@@ -244,6 +264,24 @@ impl Verifier {
         now: u64,
         max_skew: Duration,
     ) -> Result<Verified, Failure> {
+        let Authenticated { key_id, timestamp, signature } = self.authenticate(req, now, max_skew)?;
+        match self
+            .replay
+            .check_and_insert(&key_id, &signature, timestamp, max_skew, now)
+        {
+            Ok(()) => Ok(Verified { key_id, timestamp }),
+            Err(error) => Err(Failure::from(error)),
+        }
+    }
+
+    /// Every check of [`Verifier::verify`] but the replay check, which the caller
+    /// makes elsewhere (in the fleet's shared store).
+    pub fn authenticate(
+        &self,
+        req: &SignedRequest<'_>,
+        now: u64,
+        max_skew: Duration,
+    ) -> Result<Authenticated, Failure> {
         let key_id = header_str(req.headers, API_KEY_HEADER)?
             .ok_or(Failure::MissingHeader(API_KEY_HEADER))?;
         let timestamp_raw = header_str(req.headers, TIMESTAMP_HEADER)?
@@ -275,17 +313,11 @@ impl Verifier {
             return Err(Failure::BadMac);
         }
 
-        match self
-            .replay
-            .check_and_insert(key_id, &signature, timestamp, max_skew, now)
-        {
-            Ok(()) => Ok(Verified {
-                key_id: key_id.to_owned(),
-                timestamp,
-            }),
-            Err(ReplayError::Replay) => Err(Failure::Replay),
-            Err(ReplayError::Full) => Err(Failure::ReplayCacheFull),
-        }
+        Ok(Authenticated {
+            key_id: key_id.to_owned(),
+            timestamp,
+            signature,
+        })
     }
 
     /// Whether any secret of `key_id` produced `signature`, doing the same work for an

@@ -7,6 +7,8 @@
     reason = "each test binary uses a different part of the helpers"
 )]
 
+pub mod redis;
+
 use std::{
     convert::Infallible,
     net::SocketAddr,

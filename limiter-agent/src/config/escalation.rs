@@ -1,0 +1,63 @@
+//! `[escalation]`: from the proxy's rejections to a block in the kernel layer.
+
+use std::{num::NonZeroU32, time::Duration};
+
+use serde::Deserialize;
+
+use super::units::HumanDuration;
+
+/// A source (client address, connected directly) that collects more than
+/// `threshold` rejections (429 or 401) within `window` is blocked in the kernel layer
+/// for `block_ttl`, through the blocks map of `limiter block`. Sources in an
+/// `[[xdp.cidr]]` with `action = "allow"` never are.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, try_from = "RawEscalation")]
+pub struct EscalationConfig {
+    pub enabled: bool,
+    pub threshold: NonZeroU32,
+    pub window: Duration,
+    pub block_ttl: Duration,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEscalation {
+    #[serde(default = "yes")]
+    enabled: bool,
+    #[serde(default = "default_threshold")]
+    threshold: NonZeroU32,
+    #[serde(default = "default_window")]
+    window: HumanDuration,
+    #[serde(default = "default_block_ttl")]
+    block_ttl: HumanDuration,
+}
+
+impl TryFrom<RawEscalation> for EscalationConfig {
+    type Error = String;
+
+    fn try_from(raw: RawEscalation) -> Result<Self, String> {
+        if raw.window.0.is_zero() {
+            return Err("window must be longer than 0".to_owned());
+        }
+        if raw.block_ttl.0.is_zero() {
+            return Err("block_ttl must be longer than 0".to_owned());
+        }
+        Ok(Self { enabled: raw.enabled, threshold: raw.threshold, window: raw.window.0, block_ttl: raw.block_ttl.0 })
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_threshold() -> NonZeroU32 {
+    NonZeroU32::new(50).unwrap_or(NonZeroU32::MIN)
+}
+
+fn default_window() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
+}
+
+fn default_block_ttl() -> HumanDuration {
+    HumanDuration(Duration::from_secs(600))
+}

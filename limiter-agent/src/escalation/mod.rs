@@ -1,0 +1,226 @@
+//! Escalation (`[escalation]`): a source the proxy keeps refusing is blocked in the
+//! kernel layer, so that it stops costing the proxy anything.
+//!
+//! The proxy counts each 429 and 401 it gives a directly connected client in the
+//! [`Escalator`], a sliding window log per source (the limits' own algorithm, in
+//! memory: counting is per agent). The rejection past `threshold` within `window`
+//! sends an [`Escalation`] to the agent loop, which owns the kernel maps and blocks
+//! the source for `block_ttl` (the kernel drops it from then on, and lets it pass
+//! again when the TTL lapses). Clients behind a trusted proxy are never escalated:
+//! their packets come from the proxy, which a block would cut off whole.
+//!
+//! With `store = "redis"` the agent also publishes each escalation ([`publish`]):
+//! every agent of the fleet follows the channel ([`follow`]) and blocks the source
+//! too, and an agent that starts (or reconnects) later learns the blocks still active
+//! from a sorted set kept beside the channel.
+
+use std::{
+    net::IpAddr,
+    num::NonZeroUsize,
+    sync::{Arc, PoisonError, RwLock},
+    time::Duration,
+};
+
+use futures_util::StreamExt as _;
+use ipnet::IpNet;
+use redis::Script;
+use tokio::sync::mpsc;
+
+use crate::{
+    config::{
+        Config,
+        proxy::{Algorithm, LimitSpec},
+        xdp::CidrAction,
+    },
+    fleet::{Fleet, FleetError, MAX_BACKOFF, MIN_BACKOFF},
+    limits::{
+        Clock, MemoryStore, Store, SystemClock,
+        store::{Bucket, Charge},
+    },
+};
+
+/// Sources whose rejections are counted at once; beyond it the store evicts the
+/// quietest, which at worst delays one escalation.
+const MAX_COUNTED_SOURCES: usize = 100_000;
+
+/// A block to put in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Escalation {
+    pub cidr: IpNet,
+    pub ttl: Duration,
+    /// Crossed on this agent (so to publish), or learnt from the fleet.
+    pub local: bool,
+}
+
+/// Counts rejections per source and escalates those past the threshold.
+#[derive(Debug)]
+pub struct Escalator {
+    settings: RwLock<Arc<Settings>>,
+    counts: MemoryStore,
+    sender: mpsc::Sender<Escalation>,
+}
+
+#[derive(Debug)]
+struct Settings {
+    /// `None`: disabled.
+    limit: Option<LimitSpec>,
+    /// The counting policy's identity: a new window or threshold starts over.
+    identity: Arc<str>,
+    block_ttl: Duration,
+    allowed: Vec<IpNet>,
+    ipv6_prefix: u8,
+}
+
+impl Settings {
+    fn new(config: &Config) -> Self {
+        let escalation = config.escalation.as_ref().filter(|e| e.enabled);
+        let limit = escalation.map(|e| LimitSpec {
+            algorithm: Algorithm::SlidingWindowLog,
+            limit: e.threshold,
+            window: e.window,
+            burst: None,
+            throttle: None,
+            queue: None,
+        });
+        let identity = format!("escalation {:?}", limit.as_ref().map(|l| (l.limit, l.window)));
+        let xdp = config.xdp.as_ref();
+        Self {
+            limit,
+            identity: identity.into(),
+            block_ttl: escalation.map_or(Duration::ZERO, |e| e.block_ttl),
+            allowed: xdp
+                .map(|x| x.cidr.iter().filter(|c| c.action == CidrAction::Allow).map(|c| c.cidr).collect())
+                .unwrap_or_default(),
+            ipv6_prefix: xdp.map_or(64, |x| x.ipv6_prefix.0),
+        }
+    }
+
+    /// The CIDR the kernel layer tracks `source` under (IPv6 by its prefix).
+    fn cidr(&self, source: IpAddr) -> IpNet {
+        let source = source.to_canonical();
+        let prefix = if source.is_ipv4() { 32 } else { self.ipv6_prefix };
+        IpNet::new(source, prefix).map_or(IpNet::from(source), |net| net.trunc())
+    }
+}
+
+impl Escalator {
+    /// Escalations go to `sender`, the agent loop.
+    #[must_use]
+    pub fn new(config: &Config, sender: mpsc::Sender<Escalation>) -> Self {
+        Self {
+            settings: RwLock::new(Arc::new(Settings::new(config))),
+            counts: MemoryStore::new(NonZeroUsize::new(MAX_COUNTED_SOURCES).unwrap_or(NonZeroUsize::MIN)),
+            sender,
+        }
+    }
+
+    /// Takes a new config's `[escalation]` and allowlist.
+    pub fn reconfigure(&self, config: &Config) {
+        *self.settings.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Settings::new(config));
+    }
+
+    /// Counts one rejection of a directly connected `source`.
+    pub fn record(&self, source: IpAddr) {
+        let settings = Arc::clone(&self.settings.read().unwrap_or_else(PoisonError::into_inner));
+        let Some(limit) = &settings.limit else { return };
+        let cidr = settings.cidr(source);
+        if settings.allowed.iter().any(|allowed| allowed.contains(&cidr.addr())) {
+            return;
+        }
+        let key = cidr.to_string();
+        let bucket = Bucket { policy: &settings.identity, key: &key, spec: limit };
+        let crossed = self.counts.apply(&[bucket], SystemClock.now(), Charge::AllOrNothing).iter().any(|o| !o.admitted);
+        if crossed {
+            // A full queue means the agent is busy blocking; the source's next
+            // rejection tries again.
+            let _ = self.sender.try_send(Escalation { cidr, ttl: settings.block_ttl, local: true });
+        }
+    }
+}
+
+/// The fleet's names for escalations.
+fn blocks_key(fleet: &Fleet) -> String {
+    fleet.key("blocks")
+}
+
+fn channel(fleet: &Fleet) -> String {
+    fleet.key("escalations")
+}
+
+fn script() -> Script {
+    Script::new(include_str!("blocks.lua"))
+}
+
+/// Tells every agent of the fleet to block `escalation.cidr`, and records the block
+/// for agents that start later.
+pub async fn publish(fleet: &Fleet, escalation: Escalation) -> Result<(), FleetError> {
+    let script = script();
+    let (key, channel) = (blocks_key(fleet), channel(fleet));
+    let ttl = u64::try_from(escalation.ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+    let cidr = escalation.cidr.to_string();
+    let _receivers: i64 = fleet
+        .call(|mut connection| {
+            let mut invocation = script.key(&key);
+            invocation.arg("add").arg(&cidr).arg(ttl).arg(&channel);
+            async move { invocation.invoke_async(&mut connection).await }
+        })
+        .await?;
+    Ok(())
+}
+
+/// Follows the fleet's escalations for as long as `sender` is open: the blocks still
+/// active first, then each one published. Reconnects with backoff, learning the
+/// active blocks again each time, so that none published meanwhile is missed.
+pub async fn follow(fleet: Fleet, sender: mpsc::Sender<Escalation>) {
+    let mut backoff = MIN_BACKOFF;
+    while !sender.is_closed() {
+        match follow_once(&fleet, &sender).await {
+            Ok(()) => backoff = MIN_BACKOFF,
+            Err(error) => {
+                tracing::debug!(%error, "following the fleet's escalations");
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+async fn follow_once(fleet: &Fleet, sender: &mpsc::Sender<Escalation>) -> Result<(), FleetError> {
+    let mut pubsub = fleet.pubsub().await?;
+    // Subscribed before listing, so that a block published in between is not lost.
+    pubsub.subscribe(channel(fleet)).await?;
+    let script = script();
+    let key = blocks_key(fleet);
+    let active: Vec<String> = fleet
+        .call(|mut connection| {
+            let mut invocation = script.key(&key);
+            invocation.arg("list");
+            async move { invocation.invoke_async(&mut connection).await }
+        })
+        .await?;
+    for pair in active.chunks_exact(2) {
+        if let Some(escalation) = parse(&format!("{} {}", pair[0], pair[1])) {
+            let _ = sender.send(escalation).await;
+        }
+    }
+    let mut messages = pubsub.on_message();
+    while let Some(message) = messages.next().await {
+        let Ok(text) = message.get_payload::<String>() else { continue };
+        match parse(&text) {
+            Some(escalation) => {
+                if sender.send(escalation).await.is_err() {
+                    return Ok(());
+                }
+            }
+            None => tracing::warn!(message = %text, "ignoring a malformed fleet escalation"),
+        }
+    }
+    Err(FleetError::Down)
+}
+
+/// `CIDR TTL_MS`, as published.
+fn parse(text: &str) -> Option<Escalation> {
+    let (cidr, ttl) = text.split_once(' ')?;
+    let ttl = ttl.parse::<u64>().ok().filter(|&ms| ms > 0)?;
+    Some(Escalation { cidr: cidr.parse().ok()?, ttl: Duration::from_millis(ttl), local: false })
+}

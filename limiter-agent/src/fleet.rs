@@ -1,0 +1,184 @@
+//! The Redis server that the agents of a fleet share (`proxy.store = "redis"`): one
+//! multiplexed connection per agent, a short timeout per call, and the health of the
+//! link, so that an outage is logged once and not per request.
+//!
+//! While the server is unreachable, calls fail at once instead of each waiting for
+//! the timeout: one call per backoff interval (doubling from [`MIN_BACKOFF`] to
+//! [`MAX_BACKOFF`]) is let through to probe it, and the first that succeeds ends the
+//! outage. Every decision taken without the store is counted ([`Fleet::failures`]).
+
+use std::{
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+/// First wait between probes of an unreachable server.
+pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
+/// Longest wait between probes: how late limits resume after the server is back.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Why a call to the shared store did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("redis_url `{url}`: {source}")]
+    Url {
+        url: String,
+        #[source]
+        source: redis::RedisError,
+    },
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The server is known to be down and this call was not the probe.
+    #[error("redis unreachable")]
+    Down,
+    #[error("redis answered an unexpected reply: {0}")]
+    Reply(String),
+}
+
+/// A handle on the shared Redis; clones share the connection and its health.
+#[derive(Clone)]
+pub struct Fleet {
+    client: redis::Client,
+    connection: ConnectionManager,
+    prefix: Arc<str>,
+    timeout: Duration,
+    health: Arc<Health>,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("failures", &self.failures())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Health {
+    /// `Some` during an outage.
+    down: Mutex<Option<Outage>>,
+    failures: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Outage {
+    next_probe: Instant,
+    backoff: Duration,
+}
+
+impl Fleet {
+    /// A handle on the server at `url`; connects on first use (an agent starts, and
+    /// follows `store_failure`, while Redis is down). Every key it names starts with
+    /// `prefix`. Must be called within a tokio runtime.
+    pub fn connect(url: &str, prefix: &str, timeout: Duration) -> Result<Self, FleetError> {
+        let url_error = |source| FleetError::Url { url: url.to_owned(), source };
+        let client = redis::Client::open(url).map_err(url_error)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            // Retries would hold a decision past its timeout; the probes retry instead.
+            .set_number_of_retries(0);
+        let connection = ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(url_error)?;
+        Ok(Self { client, connection, prefix: prefix.into(), timeout, health: Arc::default() })
+    }
+
+    /// `prefix` then `name`: the name of a key in the shared server.
+    #[must_use]
+    pub fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// Runs one call on the connection within the timeout, keeping track of health.
+    pub async fn call<T, F>(&self, call: impl FnOnce(ConnectionManager) -> F) -> Result<T, FleetError>
+    where
+        F: Future<Output = redis::RedisResult<T>>,
+    {
+        self.health.admit()?;
+        let result = match tokio::time::timeout(self.timeout, call(self.connection.clone())).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(FleetError::Redis(error)),
+            Err(_) => Err(FleetError::Timeout(self.timeout)),
+        };
+        match &result {
+            Ok(_) => self.health.up(),
+            Err(error) if is_outage(error) => self.health.down(error),
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// Counts one decision taken without the store (by `store_failure`).
+    pub fn count_failure(&self) {
+        self.health.failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Decisions taken without the store since the start.
+    #[must_use]
+    pub fn failures(&self) -> u64 {
+        self.health.failures.load(Ordering::Relaxed)
+    }
+
+    /// A dedicated connection for subscriptions (a subscribed connection can do
+    /// nothing else).
+    pub async fn pubsub(&self) -> Result<redis::aio::PubSub, FleetError> {
+        match tokio::time::timeout(self.timeout, self.client.get_async_pubsub()).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(FleetError::Timeout(self.timeout)),
+        }
+    }
+}
+
+/// Whether an error means the server is unreachable (rather than refusing one call,
+/// as a script error would).
+fn is_outage(error: &FleetError) -> bool {
+    match error {
+        FleetError::Redis(error) => {
+            error.is_io_error() || error.is_connection_dropped() || error.is_timeout() || error.is_unrecoverable_error()
+        }
+        FleetError::Timeout(_) | FleetError::Down => true,
+        FleetError::Url { .. } | FleetError::Reply(_) => false,
+    }
+}
+
+impl Health {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Outage>> {
+        // Only plain assignments happen under the lock.
+        self.down.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Lets a call through unless the server is down and this is not a probe's turn.
+    fn admit(&self) -> Result<(), FleetError> {
+        let mut down = self.lock();
+        let Some(outage) = down.as_mut() else { return Ok(()) };
+        let now = Instant::now();
+        if now < outage.next_probe {
+            return Err(FleetError::Down);
+        }
+        outage.backoff = (outage.backoff * 2).min(MAX_BACKOFF);
+        outage.next_probe = now + outage.backoff;
+        Ok(())
+    }
+
+    fn up(&self) {
+        if self.lock().take().is_some() {
+            tracing::info!(failures = self.failures.load(Ordering::Relaxed), "redis reachable again: shared limits resume");
+        }
+    }
+
+    fn down(&self, error: &FleetError) {
+        let mut down = self.lock();
+        if down.is_none() {
+            tracing::error!(%error, "redis unreachable: decisions follow proxy.store_failure until it is back");
+            *down = Some(Outage { next_probe: Instant::now() + MIN_BACKOFF, backoff: MIN_BACKOFF });
+        }
+    }
+}

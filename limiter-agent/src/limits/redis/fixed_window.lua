@@ -1,0 +1,34 @@
+-- Fixed window (limits/fixed_window.rs): "window count".
+
+local function fixed_window_current(spec, state, now)
+  local latest, count = 0, 0
+  if state then
+    latest, count = state[1], state[2]
+  end
+  local w = window_at(spec, latest, now)
+  if w.index ~= latest then
+    count = 0
+  end
+  return w, count
+end
+
+ALGORITHMS.fixed_window = {
+  load = load_numbers,
+  check = function(spec, state, now)
+    local w, count = fixed_window_current(spec, state, now)
+    local remaining = math.max(spec.limit - count, 0)
+    local to_end = until_end(w, 0)
+    local reset_after = 0
+    if count > 0 then
+      reset_after = to_end
+    end
+    if remaining == 0 then
+      return rejected(spec.limit, remaining, reset_after, to_end)
+    end
+    return admitted(spec.limit, remaining, reset_after, to_end)
+  end,
+  charge = function(key, spec, state, now, _, ttl_ms)
+    local w, count = fixed_window_current(spec, state, now)
+    redis.call('SET', key, int(w.index) .. ' ' .. int(count + 1), 'PX', ttl_ms)
+  end,
+}

@@ -1,0 +1,55 @@
+-- GCRA, under the token bucket and the leaky bucket (limits/gcra.rs). The TAT is
+-- counted in units of 1 / limit ns, stored as whole microseconds plus the units
+-- within that microsecond, and the limit it was counted with: "us rem scale".
+
+local function gcra(spec)
+  local interval = spec.window_us * 1000
+  return { interval = interval, tolerance = interval * spec.capacity, per_us = 1000 * spec.limit }
+end
+
+-- How far the TAT runs ahead of now, in units; 0 for a full bucket.
+local function gcra_debt(spec, g, state, now)
+  if not state then
+    return 0
+  end
+  local tat_us, rem, scale = state[1], state[2], state[3]
+  if scale ~= spec.limit then
+    -- A reconfigured limit keeps the instant the bucket is full (rounded up).
+    rem = ceil_div(rem * spec.limit, scale)
+    if rem >= g.per_us then
+      tat_us, rem = tat_us + 1, rem - g.per_us
+    end
+  end
+  return math.max((tat_us - now) * g.per_us + rem, 0)
+end
+
+local function gcra_check(spec, state, now)
+  local g = gcra(spec)
+  local debt = gcra_debt(spec, g, state, now)
+  local remaining = 0
+  if g.tolerance > debt then
+    remaining = floor_div(g.tolerance - debt, g.interval)
+  end
+  local reset_after = ceil_div(debt, spec.limit)
+  local outcome
+  if remaining == 0 then
+    outcome = rejected(spec.capacity, 0, reset_after, ceil_div(debt + g.interval - g.tolerance, spec.limit))
+  else
+    outcome = admitted(spec.capacity, remaining, reset_after, ceil_div(debt + g.interval, spec.limit))
+    if spec.shaper then
+      outcome.wait = reset_after
+    end
+  end
+  outcome.debt = debt
+  return outcome
+end
+
+local function gcra_charge(key, spec, state, now, outcome, ttl_ms)
+  local g = gcra(spec)
+  local ahead = outcome.debt + g.interval
+  local whole = floor_div(ahead, g.per_us)
+  redis.call('SET', key, int(now + whole) .. ' ' .. int(ahead - whole * g.per_us) .. ' ' .. int(spec.limit), 'PX', ttl_ms)
+end
+
+ALGORITHMS.token_bucket = { load = load_numbers, check = gcra_check, charge = gcra_charge }
+ALGORITHMS.leaky_bucket = { load = load_numbers, check = gcra_check, charge = gcra_charge }

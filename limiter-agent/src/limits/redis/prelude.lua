@@ -1,0 +1,77 @@
+-- Shared by every algorithm script: integer arithmetic on Lua's doubles, and the
+-- outcome record. The arithmetic of each algorithm is the in-memory one (see its
+-- Rust module's docs), ported with times in microseconds (the resolution of Redis
+-- TIME) and reported durations in nanoseconds.
+--
+-- Doubles hold integers exactly below 2^53; every product below stays under it as
+-- long as limit x window and capacity x window do (the config refuses more for the
+-- redis store). Divisions are corrected so that floating rounding cannot move a
+-- quotient across an integer.
+
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function ceil_div(a, b)
+  local q = floor_div(a, b)
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end
+
+-- floor(a * m / d), for an a * m that may pass 2^53 while a * m / d does not.
+local function mul_div(a, m, d)
+  local q = floor_div(a, d)
+  return q * m + floor_div((a - q * d) * m, d)
+end
+
+-- Integers as Redis stores them: tostring would write 1e+15.
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+local function admitted(capacity, remaining, reset_after, after_reset)
+  local left = math.max(remaining - 1, 0)
+  return { admitted = 1, before_remaining = remaining, before_reset = reset_after, after_remaining = left,
+           after_reset = after_reset, retry = 0, used = math.max(capacity - left, 0), wait = 0 }
+end
+
+local function rejected(capacity, remaining, reset_after, retry)
+  return { admitted = 0, before_remaining = remaining, before_reset = reset_after, after_remaining = remaining,
+           after_reset = reset_after, retry = retry, used = capacity, wait = 0 }
+end
+
+-- The window [index x length, (index + 1) x length) containing now, never one before
+-- latest (a clock stepping back stays at that window's start).
+local function window_at(spec, latest, now)
+  local length = spec.window_us
+  local index = math.max(floor_div(now, length), latest)
+  return { index = index, length = length, elapsed = math.max(now - index * length, 0) }
+end
+
+-- Nanoseconds until the end of the window `ahead` windows after w.
+local function until_end(w, ahead)
+  return math.max(w.length * (ahead + 1) - w.elapsed, 0) * 1000
+end
+
+-- Numbers stored space-separated in one string value.
+local function load_numbers(key)
+  local raw = redis.call('GET', key)
+  if not raw then
+    return nil
+  end
+  local values = {}
+  for word in string.gmatch(raw, '%S+') do
+    values[#values + 1] = tonumber(word)
+  end
+  return values
+end
+
+local ALGORITHMS = {}

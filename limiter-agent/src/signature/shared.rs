@@ -1,0 +1,243 @@
+//! The replay cache and the idempotency store in the fleet's Redis (`proxy.store =
+//! "redis"`), so that a signature used on one agent is a replay on every other, and
+//! a repeat of an idempotent request lands on the first one's response wherever it
+//! arrives. Same answers as [`super::ReplayCache`] and [`super::IdempotencyStore`];
+//! Redis bounds them by memory, so neither is ever full, and entries expire by
+//! themselves.
+//!
+//! - Replay: `{prefix}replay:{signature}:{key id}`, set if absent (`SET NX`) until
+//!   the signed request can no longer pass the timestamp check.
+//! - Idempotency: `{prefix}idem:{len(key id)}:{key id}:{Idempotency-Key}`, a hash
+//!   driven by `idempotency.lua`. An in-flight claim is a lease of at most
+//!   [`IN_FLIGHT_LEASE`]: an agent that dies mid-request cannot block the key for
+//!   the whole TTL.
+
+use std::{
+    fmt,
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use redis::Script;
+
+use super::{
+    Begin, IdempotencyConfig, StoredResponse,
+    replay::ReplayError,
+};
+use crate::fleet::{Fleet, FleetError};
+
+/// Longest an in-flight claim holds its key without completing.
+pub const IN_FLIGHT_LEASE: Duration = Duration::from_secs(300);
+
+/// Accepted signatures, in Redis.
+#[derive(Debug, Clone)]
+pub struct SharedReplay {
+    fleet: Fleet,
+}
+
+impl SharedReplay {
+    #[must_use]
+    pub fn new(fleet: Fleet) -> Self {
+        Self { fleet }
+    }
+
+    /// Records `signature` of `key_id` as used, as
+    /// [`ReplayCache::check_and_insert`](super::ReplayCache::check_and_insert); the
+    /// outer error is an unreachable store.
+    pub async fn check_and_insert(
+        &self,
+        key_id: &str,
+        signature: &[u8; 32],
+        timestamp: u64,
+        max_skew: Duration,
+        now: u64,
+    ) -> Result<Result<(), ReplayError>, FleetError> {
+        // Kept until the request fails the timestamp check, and a second beyond.
+        let live_secs = timestamp.saturating_add(max_skew.as_secs()).saturating_sub(now).saturating_add(1);
+        let key = self.fleet.key(&format!("replay:{}:{key_id}", hex::encode(signature)));
+        let set: Option<String> = self
+            .fleet
+            .call(|mut connection| async move {
+                redis::cmd("SET")
+                    .arg(&key)
+                    .arg(1)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(live_secs.saturating_mul(1000))
+                    .query_async(&mut connection)
+                    .await
+            })
+            .await?;
+        Ok(if set.is_some() { Ok(()) } else { Err(ReplayError::Replay) })
+    }
+}
+
+/// Idempotent responses, in Redis.
+#[derive(Clone)]
+pub struct SharedIdempotency {
+    fleet: Fleet,
+    config: IdempotencyConfig,
+    script: std::sync::Arc<Script>,
+}
+
+impl fmt::Debug for SharedIdempotency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedIdempotency").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl SharedIdempotency {
+    /// `config.max_entries` does not apply: Redis bounds the store by its memory.
+    #[must_use]
+    pub fn new(fleet: Fleet, config: IdempotencyConfig) -> Self {
+        Self { fleet, config, script: std::sync::Arc::new(Script::new(include_str!("idempotency.lua"))) }
+    }
+
+    /// As [`IdempotencyStore::begin`](super::IdempotencyStore::begin), never
+    /// [`Begin::Full`]; the error is an unreachable store.
+    pub async fn begin(
+        &self,
+        key_id: &str,
+        idem_key: &str,
+        fingerprint: [u8; 32],
+    ) -> Result<Begin<SharedGuard>, FleetError> {
+        let key = self.fleet.key(&format!("idem:{}:{key_id}:{idem_key}", key_id.len()));
+        let fingerprint = hex::encode(fingerprint);
+        let owner = owner_token();
+        let lease = self.config.ttl.min(IN_FLIGHT_LEASE);
+        let reply: Vec<Vec<u8>> = self
+            .fleet
+            .call(|mut connection| {
+                let mut invocation = self.script.key(&key);
+                invocation.arg("begin").arg(&fingerprint).arg(&owner).arg(millis(lease));
+                async move { invocation.invoke_async(&mut connection).await }
+            })
+            .await?;
+        let field = |i: usize| reply.get(i).map_or(&[][..], Vec::as_slice);
+        Ok(match field(0) {
+            b"proceed" => Begin::Proceed(SharedGuard {
+                store: self.clone(),
+                claim: Some(Claim { key, fingerprint, owner }),
+            }),
+            b"conflict" => Begin::Conflict,
+            b"in_flight" => Begin::InFlight,
+            b"not_replayable" => Begin::NotReplayable,
+            b"replay" => Begin::Replay(decode(field(1), field(2), field(3))?),
+            other => return Err(FleetError::Reply(String::from_utf8_lossy(other).into_owned())),
+        })
+    }
+}
+
+/// One held entry.
+#[derive(Debug)]
+struct Claim {
+    key: String,
+    fingerprint: String,
+    owner: String,
+}
+
+/// The in-flight claim on a key in Redis. Complete it with the response; dropping it
+/// instead frees the key so that a retry can proceed.
+pub struct SharedGuard {
+    store: SharedIdempotency,
+    /// `None` once completed.
+    claim: Option<Claim>,
+}
+
+impl fmt::Debug for SharedGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedGuard").field("claim", &self.claim).finish_non_exhaustive()
+    }
+}
+
+impl SharedGuard {
+    /// Stores `response` for the TTL (or only the fact of completion, if it is larger
+    /// than `max_response_bytes`). If Redis cannot be reached the claim lapses with
+    /// its lease, and a retry runs again.
+    pub async fn complete(mut self, response: StoredResponse) {
+        let Some(claim) = self.claim.take() else { return };
+        let store = &self.store;
+        let stored = (response.stored_size() <= store.config.max_response_bytes).then_some(response);
+        let (status, headers, body) = match &stored {
+            Some(response) => (response.status.as_str().to_owned(), encode_headers(&response.headers), response.body.clone()),
+            None => (String::new(), Vec::new(), Bytes::new()),
+        };
+        let result: Result<i64, FleetError> = store
+            .fleet
+            .call(|mut connection| {
+                let mut invocation = store.script.key(&claim.key);
+                invocation
+                    .arg("complete")
+                    .arg(&claim.fingerprint)
+                    .arg(&claim.owner)
+                    .arg(millis(store.config.ttl))
+                    .arg(status)
+                    .arg(headers)
+                    .arg(body.as_ref());
+                async move { invocation.invoke_async(&mut connection).await }
+            })
+            .await;
+        if let Err(error) = result {
+            tracing::debug!(%error, "idempotent response not stored");
+        }
+    }
+}
+
+impl Drop for SharedGuard {
+    fn drop(&mut self) {
+        let Some(claim) = self.claim.take() else { return };
+        // Drop cannot wait: the release runs on its own, and if it never reaches
+        // Redis the lease frees the key.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let store = self.store.clone();
+        runtime.spawn(async move {
+            let _: Result<i64, FleetError> = store
+                .fleet
+                .call(|mut connection| {
+                    let mut invocation = store.script.key(&claim.key);
+                    invocation.arg("release").arg(&claim.fingerprint).arg(&claim.owner);
+                    async move { invocation.invoke_async(&mut connection).await }
+                })
+                .await;
+        });
+    }
+}
+
+/// A token naming one claim, unique across the fleet's agents in practice: process,
+/// a counter and the time.
+fn owner_token() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{}-{}-{nanos}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// `name: value` lines: names cannot hold `:` nor values a newline.
+fn encode_headers(headers: &HeaderMap) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.push(b'\n');
+    }
+    out
+}
+
+fn decode(status: &[u8], headers: &[u8], body: &[u8]) -> Result<StoredResponse, FleetError> {
+    let bad = || FleetError::Reply("a stored idempotent response is malformed".to_owned());
+    let status = StatusCode::from_bytes(status).map_err(|_| bad())?;
+    let mut map = HeaderMap::new();
+    for line in headers.split(|&b| b == b'\n').filter(|line| !line.is_empty()) {
+        let at = line.windows(2).position(|w| w == b": ").ok_or_else(bad)?;
+        let name = HeaderName::from_bytes(&line[..at]).map_err(|_| bad())?;
+        let value = HeaderValue::from_bytes(&line[at + 2..]).map_err(|_| bad())?;
+        map.append(name, value);
+    }
+    Ok(StoredResponse { status, headers: map, body: Bytes::copy_from_slice(body) })
+}

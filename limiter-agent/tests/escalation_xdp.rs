@@ -1,0 +1,175 @@
+//! Escalation end to end: agents with the kernel layer on veths, a client in a
+//! namespace that keeps getting 429, and a Redis the agents share.
+
+mod common;
+mod support;
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use common::{
+    Upstream,
+    redis::{TestRedis, redis_keys, unique_prefix},
+};
+use limiter::lab::netns::{VethNamespace, in_namespace};
+use support::{
+    agent::{AgentProcess, agent_section},
+    unique,
+};
+
+const BLOCK_TTL: Duration = Duration::from_secs(2);
+
+/// One agent with its own veth lab: kernel layer on the host side, proxy listening
+/// on the host address, a client address inside.
+struct Site {
+    lab: VethNamespace,
+    client: Ipv4Addr,
+    proxy: SocketAddr,
+    agent: AgentProcess,
+}
+
+impl Site {
+    fn start(subnet: u8, redis: &str, upstream: SocketAddr) -> Self {
+        let name = unique("esc");
+        let net = 200 + (std::process::id() % 50) as u8;
+        let host = Ipv4Addr::new(10, net, subnet, 1);
+        let client = Ipv4Addr::new(10, net, subnet, 2);
+        let lab = VethNamespace::new(
+            &name,
+            &format!("{}h", &name[..name.len().min(13)]),
+            "eth0",
+            &format!("{host}/24"),
+            &[&format!("{client}/24")],
+        )
+        .expect("veth lab");
+        let port = TcpListener::bind((host, 0)).and_then(|l| l.local_addr()).expect("free port").port();
+        let proxy = SocketAddr::from((host, port));
+        let config = format!(
+            r#"{agent}
+[xdp]
+interfaces = ["{interface}"]
+mode = "auto"
+[xdp.limit]
+packets_per_second = 100000
+burst = 100000
+
+[proxy]
+listen = "{proxy}"
+upstream = "http://{upstream}"
+{redis}
+[[proxy.rules]]
+name = "per-ip"
+key = "ip"
+algorithm = "fixed_window"
+limit = 2
+window = "1m"
+
+[escalation]
+threshold = 3
+window = "10s"
+block_ttl = "{ttl}ms"
+"#,
+            agent = agent_section(&name, "keep_attached_on_exit = false"),
+            interface = lab.host_if,
+            ttl = BLOCK_TTL.as_millis(),
+        );
+        let agent = AgentProcess::start(&name, &config);
+        Self { lab, client, proxy, agent }
+    }
+
+    /// One GET from the client on a new connection: its status, or `None` if the
+    /// connection could not be made (the kernel layer drops the client's packets).
+    fn get(&self) -> Option<u16> {
+        in_namespace(&self.lab.ns, || {
+            let mut stream = TcpStream::connect_timeout(&self.proxy, Duration::from_millis(300)).ok()?;
+            stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+            stream.write_all(b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").ok()?;
+            let mut reply = String::new();
+            let _ = stream.read_to_string(&mut reply);
+            reply.split(' ').nth(1)?.parse().ok()
+        })
+        .expect("enter namespace")
+    }
+
+    /// Whether `limiter stats` shows a block for `cidr`.
+    fn blocks(&self, cidr: &str) -> bool {
+        let stats = self.agent.cli_json(&["stats", "--json"]);
+        stats["xdp"]["blocks"].as_array().is_some_and(|blocks| blocks.iter().any(|b| b["cidr"] == cidr))
+    }
+}
+
+/// Polls `check` every 50 ms for up to `within`; the time it took.
+fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if check() {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_keeps_getting_429_is_dropped_by_xdp_on_every_agent_until_the_ttl() {
+    let redis = TestRedis::shared();
+    let keys = redis_keys(&redis, &unique_prefix("escalation"), "allow");
+    let upstream = Upstream::start().await;
+    let upstream_addr = upstream.addr;
+
+    tokio::task::spawn_blocking(move || {
+        let here = Site::start(8, &keys, upstream_addr);
+        let there = Site::start(9, &keys, upstream_addr);
+        let cidr = format!("{}/32", here.client);
+
+        // Two pass, then 429s: the fourth rejection is past the threshold of three.
+        let statuses: Vec<Option<u16>> = (0..6).map(|_| here.get()).collect();
+        assert_eq!(statuses, [Some(200), Some(200), Some(429), Some(429), Some(429), Some(429)]);
+        let crossed = Instant::now();
+
+        let dropped = eventually(Duration::from_secs(1), || here.get().is_none());
+        assert!(dropped.is_some(), "the client still reaches the proxy a second after crossing: {}", here.agent.log());
+        assert!(crossed.elapsed() < Duration::from_secs(2));
+        assert!(here.blocks(&cidr), "the agent that counted blocks the client");
+        assert!(
+            eventually(Duration::from_secs(1), || there.blocks(&cidr)).is_some(),
+            "the other agent blocks it too: {}",
+            there.agent.log()
+        );
+
+        // After the TTL the client's packets pass again (and it is answered).
+        let back = eventually(BLOCK_TTL + Duration::from_secs(3), || here.get().is_some());
+        assert!(back.is_some(), "the client is still dropped well after the TTL");
+        assert!(crossed.elapsed() >= BLOCK_TTL - Duration::from_millis(100), "the block lasted its TTL");
+    })
+    .await
+    .expect("test thread");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_that_starts_later_learns_the_active_blocks() {
+    let redis = TestRedis::shared();
+    let keys = redis_keys(&redis, &unique_prefix("escalation-late"), "allow");
+    let upstream = Upstream::start().await;
+    let upstream_addr = upstream.addr;
+
+    tokio::task::spawn_blocking(move || {
+        let here = Site::start(10, &keys, upstream_addr);
+        let cidr = format!("{}/32", here.client);
+        for _ in 0..6 {
+            here.get();
+        }
+        assert!(eventually(Duration::from_secs(1), || here.blocks(&cidr)).is_some());
+        let later = Site::start(11, &keys, upstream_addr);
+        assert!(
+            eventually(Duration::from_secs(1), || later.blocks(&cidr)).is_some(),
+            "a late agent learns the block: {}",
+            later.agent.log()
+        );
+    })
+    .await
+    .expect("test thread");
+}
