@@ -239,6 +239,26 @@ async fn unresponsive_upstream_host_gives_502_after_the_connect_timeout() {
 }
 
 #[tokio::test]
+async fn an_upstream_that_never_answers_gives_504_after_the_upstream_timeout() {
+    // Accepts and reads, never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = silent.local_addr().expect("address");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+        }
+    });
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}upstream_timeout = \"300ms\"\n"), addr).await;
+    let reply = TestClient::default().get(&proxy.url("/"), &[]).await;
+    assert_eq!(reply.status, StatusCode::GATEWAY_TIMEOUT);
+    assert!(reply.elapsed >= Duration::from_millis(300), "took {:?}", reply.elapsed);
+    assert!(reply.elapsed < Duration::from_secs(2), "took {:?}", reply.elapsed);
+    assert_eq!(reply.json()["type"], "https://limiter.dev/problems#upstream-timeout");
+    assert_eq!(proxy.proxy.stats().upstream_errors, 1);
+}
+
+#[tokio::test]
 async fn hop_by_hop_headers_stay_on_their_hop() {
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(PROXY_HEAD, upstream.addr).await;

@@ -25,6 +25,9 @@ pub struct ProxyConfig {
     pub max_body_bytes: u64,
     #[serde(default = "default_header_timeout")]
     pub header_timeout: HumanDuration,
+    /// Longest wait for the upstream's response head (then 504).
+    #[serde(default = "default_upstream_timeout")]
+    pub upstream_timeout: HumanDuration,
     /// Bound on per-key limiter state.
     #[serde(default = "default_max_tracked_keys")]
     pub max_tracked_keys: NonZeroUsize,
@@ -400,6 +403,10 @@ fn default_max_body_bytes() -> u64 {
 
 fn default_header_timeout() -> HumanDuration {
     HumanDuration(Duration::from_secs(10))
+}
+
+fn default_upstream_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
 }
 
 fn default_max_tracked_keys() -> NonZeroUsize {

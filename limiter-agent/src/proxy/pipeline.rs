@@ -223,7 +223,7 @@ impl<C: Clock> Pipeline<C> {
             | Refusal::MissingKey { .. }
             | Refusal::StoreUnavailable => Some(Event::Rejected),
             Refusal::BodyTooLarge { .. } => Some(Event::BodyTooLarge),
-            Refusal::Upstream(_) => Some(Event::UpstreamError),
+            Refusal::Upstream(_) | Refusal::UpstreamTimeout => Some(Event::UpstreamError),
             _ => None,
         };
         if let Some(event) = event {
@@ -337,11 +337,14 @@ impl<C: Clock> Pipeline<C> {
         claim: Option<idempotent::Claim>,
     ) -> Result<Response<ProxyBody>, Refusal> {
         self.counters.add(Event::Forwarded);
-        let response = self
-            .upstream
-            .send(&config.upstream, parts, body, origin)
-            .await
-            .map_err(|e| Refusal::Upstream(e.into()))?;
+        // Bounds the wait for the response head; a streaming body may take longer.
+        let response = tokio::time::timeout(
+            config.upstream_timeout.0,
+            self.upstream.send(&config.upstream, parts, body, origin),
+        )
+        .await
+        .map_err(|_| Refusal::UpstreamTimeout)?
+        .map_err(|e| Refusal::Upstream(e.into()))?;
         let Some(claim) = claim else {
             return Ok(response);
         };

@@ -40,6 +40,9 @@ pub(super) enum Refusal {
     IdempotencyStoreFull,
     #[error("upstream unavailable: {0}")]
     Upstream(BoxError),
+    /// The upstream took longer than `upstream_timeout` to answer.
+    #[error("upstream did not answer in time")]
+    UpstreamTimeout,
     /// The shared store is unreachable and `store_failure = "deny"`.
     #[error("limits store unreachable")]
     StoreUnavailable,
@@ -174,6 +177,12 @@ impl Refusal {
                 StatusCode::BAD_GATEWAY,
                 "upstream-unavailable",
                 "The upstream service could not be reached.",
+                None,
+            ),
+            Self::UpstreamTimeout => problem(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream-timeout",
+                "The upstream service did not answer in time.",
                 None,
             ),
         }
