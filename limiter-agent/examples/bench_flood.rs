@@ -180,7 +180,7 @@ fn flood(count: u64, sources: u32, good_pps: u64, idle_softirq_per_second: f64) 
     let status = Command::new("timeout")
         .args(["120", "ip", "netns", "exec", TX_NS, "taskset", "-c", "0", "trafgen", "--dev", "tx0", "--conf"])
         .arg(&config_arg)
-        .args(["--num", &count_arg, "--cpus", "1", "--notouch-irq", "--no-cpu-stats"])
+        .args(["--num", &count_arg, "--cpus", "1", "--notouch-irq", "--no-cpu-stats", "--qdisc-path"])
         .stdout(std::process::Stdio::null())
         .status()
         .context("cannot run trafgen (apt-get install netsniff-ng)")?;
