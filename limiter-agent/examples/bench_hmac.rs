@@ -40,21 +40,26 @@ fn wrk_script(args: &[String]) -> anyhow::Result<()> {
     let count: usize = count.parse()?;
     let now = unix_now();
     let body_hash = sha256(b"");
-    let mut lua = String::from("local reqs = {}\n");
+    // The requests go in a data file read at init: a script of that many statements
+    // is more than LuaJIT compiles.
+    let data = format!("{out}.data");
+    let timestamp = now.to_string();
+    let mut lines = String::new();
     for i in 0..count {
         let nonce = format!("n{i}-{now}");
-        let timestamp = now.to_string();
         let message = Canonical { method: "GET", target: path, timestamp: &timestamp, body_sha256: &body_hash, nonce: Some(&nonce) }
             .string_to_sign();
-        let signature = sign_hex(secret.as_bytes(), &message);
-        lua += &format!(
-            "reqs[{}] = wrk.format('GET', '{path}', {{['X-API-Key']='{key_id}', ['X-Timestamp']='{timestamp}', ['X-Nonce']='{nonce}', ['X-Signature']='{signature}'}})\n",
-            i + 1
-        );
+        lines += &format!("{nonce} {}\n", sign_hex(secret.as_bytes(), &message));
     }
+    std::fs::write(&data, lines)?;
     // One wrk thread: each request is sent once, in order; past the end they repeat
     // (and are refused as replays, which the report counts as errors).
-    lua += &format!("local n = {count}\nlocal i = 0\nfunction request() i = i + 1 if i > n then i = 1 end return reqs[i] end\n");
+    let lua = format!(
+        "local reqs = {{}}\nlocal n = 0\nlocal i = 0\n\
+         function init(args)\n  for line in io.lines('{data}') do\n    local nonce, sig = line:match('(%S+) (%S+)')\n    n = n + 1\n    \
+         reqs[n] = wrk.format('GET', '{path}', {{['X-API-Key']='{key_id}', ['X-Timestamp']='{timestamp}', ['X-Nonce']=nonce, ['X-Signature']=sig}})\n  end\nend\n\
+         function request() i = i + 1 if i > n then i = 1 end return reqs[i] end\n"
+    );
     std::fs::write(out, lua)?;
     Ok(())
 }

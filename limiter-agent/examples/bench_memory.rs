@@ -65,7 +65,7 @@ fn proxy_bytes_per_key(algorithm: Algorithm, keys: usize) -> f64 {
     let policy: Arc<str> = Arc::from("per-ip");
     let before = LIVE.load(Ordering::Relaxed);
     // Room to spare: the bound is split over shards, and no key may be evicted here.
-    let store = MemoryStore::new(NonZeroUsize::new(keys * 2).unwrap_or(NonZeroUsize::MIN));
+    let store = MemoryStore::new(NonZeroUsize::new(keys * 2 + 64 * 64).unwrap_or(NonZeroUsize::MIN));
     let now = Duration::from_secs(1_700_000_000);
     for name in &names {
         store.apply(&[Bucket { policy: &policy, key: name, spec: &spec }], now, Charge::AllOrNothing);

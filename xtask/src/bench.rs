@@ -545,7 +545,8 @@ fn targets(report: &Value) -> Value {
 
     let flood = &report["flood"];
     let per_m = |name| find(flood, "filter", name).and_then(|r| f(&r["softirq_ms_per_million_packets"]));
-    let (nft, lim) = (per_m("nftables"), per_m("limiter"));
+    // Zero means the flood was too short for the tick-based accounting to see it.
+    let (nft, lim) = (per_m("nftables").filter(|v| *v > 0.0), per_m("limiter").filter(|v| *v > 0.0));
     let delivery = find(flood, "filter", "limiter").and_then(|r| f(&r["good_delivery"]));
     let ratio = nft.zip(lim).map(|(n, l)| n / l.max(1e-9));
     list.push(target(
