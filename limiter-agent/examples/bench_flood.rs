@@ -3,7 +3,8 @@
 //!
 //! - Flood: `trafgen` (netsniff-ng) in `lbench-tx`, pinned to CPU 0, sending COUNT
 //!   UDP frames from SOURCES spoofed addresses (10.202.0.0/16, random within the
-//!   set) as fast as it can, through `tx0` to `rx0` in `lbench-rx`.
+//!   set) at a fixed offered rate (200 000 per second, or `LBENCH_FLOOD_PPS`),
+//!   through `tx0` to `rx0` in `lbench-rx`. The packet count is `tx0`'s counter.
 //! - Well-behaved flow: one UDP socket at 10.201.0.2 sending GOOD_PPS datagrams per
 //!   second to a receiver at 10.201.0.1 for as long as the flood lasts.
 //! - Filters on `rx0`, each with RATE packets per second per source, burst RATE:
