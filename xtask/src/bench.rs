@@ -516,7 +516,7 @@ fn f(v: &Value) -> Option<f64> {
     v.as_f64()
 }
 
-fn rows<'a>(v: &'a Value) -> impl Iterator<Item = &'a Value> {
+fn rows(v: &Value) -> impl Iterator<Item = &Value> {
     v["rows"].as_array().into_iter().flatten()
 }
 
