@@ -146,9 +146,19 @@ fn charge(ctx: &XdpContext, key: &SourceKey, now: u64, rate: Rate) -> bool {
     let state = match SOURCES.get_ptr_mut(key) {
         Some(state) => state,
         None => {
-            if SOURCES.insert(key, SourceState::default(), BPF_NOEXIST).is_ok() {
+            // A new source: its first packet is charged in the value inserted, so one
+            // insert replaces insert, second lookup and three atomics. A CPU that
+            // loses the race to insert charges the winner's bucket below, by CAS.
+            let admitted = bucket::admit(SourceState::default().tat_ns, now, rate);
+            let first = SourceState {
+                tat_ns: admitted.unwrap_or(SourceState::default().tat_ns),
+                packets: 1,
+                dropped: u64::from(admitted.is_none()),
+            };
+            if SOURCES.insert(key, first, BPF_NOEXIST).is_ok() {
                 count(Counter::NewSources);
                 debug!(ctx, "new source {:i}", key.addr);
+                return admitted.is_some();
             }
             let Some(state) = SOURCES.get_ptr_mut(key) else {
                 // Evicted between insert and lookup by a flood of new sources: refuse

@@ -45,8 +45,8 @@ enum Cmd {
     Install(install::Opts),
     /// Run the namespace lab demo.
     Demo,
-    /// Run the benchmarks.
-    Bench,
+    /// Run the benchmarks (`--quick`: about two minutes); report in target/bench/.
+    Bench(bench::Opts),
 }
 
 fn main() {
@@ -79,10 +79,7 @@ fn dispatch(command: Cmd) -> Result<()> {
             util::cargo_build(false)?;
             demo::run()
         }
-        Cmd::Bench => {
-            util::cargo_build(true)?;
-            bench::run()
-        }
+        Cmd::Bench(opts) => bench::run(&opts),
     }
 }
 

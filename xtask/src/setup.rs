@@ -194,6 +194,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("nft", "nftables"),
     ("hping3", "hping3"),
     ("wrk", "wrk"),
+    ("trafgen", "netsniff-ng"),
+    ("taskset", "util-linux"),
     ("nginx", "nginx"),
     ("promtool", "prometheus"),
     ("openssl", "openssl"),
