@@ -127,11 +127,7 @@ struct Key {
 impl Hash for Key {
     /// As [`KeyRef`] hashes.
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        KeyRef {
-            policy: &self.policy,
-            key: self.key.as_str(),
-        }
-        .hash(state);
+        KeyRef { policy: &self.policy, key: self.key.as_str() }.hash(state);
     }
 }
 
@@ -224,11 +220,7 @@ impl MemoryStore {
         let store = Self {
             shards: (0..shards)
                 .map(|_| {
-                    Padded(Mutex::new(Shard {
-                        entries: IndexMap::with_hasher(hasher.clone()),
-                        capacity: 0,
-                        hand: 0,
-                    }))
+                    Padded(Mutex::new(Shard { entries: IndexMap::with_hasher(hasher.clone()), capacity: 0, hand: 0 }))
                 })
                 .collect(),
             hasher,
@@ -241,10 +233,7 @@ impl MemoryStore {
 
     /// The bucket's hash, the same its key has in a shard's table.
     fn hash(&self, bucket: &Bucket<'_>) -> u64 {
-        self.hasher.hash_one(KeyRef {
-            policy: bucket.policy,
-            key: bucket.key,
-        })
+        self.hasher.hash_one(KeyRef { policy: bucket.policy, key: bucket.key })
     }
 
     fn shard_of(&self, hash: u64) -> usize {
@@ -306,12 +295,8 @@ impl Store for MemoryStore {
         order.dedup();
         // Locking in ascending shard order means two requests sharing shards cannot
         // deadlock; holding every lock across check and charge makes the step atomic.
-        let mut guards: Few<MutexGuard<'_, Shard>> =
-            order.iter().map(|&i| lock(&self.shards[i])).collect();
-        let guard_of: Few<usize> = shard_of
-            .iter()
-            .map(|s| order.partition_point(|o| o < s))
-            .collect();
+        let mut guards: Few<MutexGuard<'_, Shard>> = order.iter().map(|&i| lock(&self.shards[i])).collect();
+        let guard_of: Few<usize> = shard_of.iter().map(|s| order.partition_point(|o| o < s)).collect();
 
         let outcomes: Vec<Outcome> = buckets
             .iter()
@@ -319,11 +304,7 @@ impl Store for MemoryStore {
             .zip(&hashes)
             .map(|((b, &g), &h)| {
                 let shard = &guards[g];
-                bucket::check(
-                    b.spec,
-                    shard.find(h, b).map(|i| &shard.entries[i].state),
-                    now,
-                )
+                bucket::check(b.spec, shard.find(h, b).map(|i| &shard.entries[i].state), now)
             })
             .collect();
         let all_admit = outcomes.iter().all(|o| o.admitted);
@@ -346,16 +327,12 @@ impl Store for MemoryStore {
             let mut shard = lock(shard);
             let before = shard.entries.len();
             shard.entries.retain(|key, _| keep(&key.policy));
-            self.tracked
-                .fetch_sub(before - shard.entries.len(), Ordering::Relaxed);
+            self.tracked.fetch_sub(before - shard.entries.len(), Ordering::Relaxed);
         }
     }
 
     fn set_capacity(&self, max_tracked_keys: NonZeroUsize) {
-        let (share, extra) = (
-            max_tracked_keys.get() / self.shards.len(),
-            max_tracked_keys.get() % self.shards.len(),
-        );
+        let (share, extra) = (max_tracked_keys.get() / self.shards.len(), max_tracked_keys.get() % self.shards.len());
         for (i, shard) in self.shards.iter().enumerate() {
             let mut shard = lock(shard);
             shard.capacity = (share + usize::from(i < extra)).max(1);
@@ -381,19 +358,11 @@ impl Store for MemoryStore {
 impl Shard {
     /// Where `bucket` (of hash `hash`) is in the table.
     fn find(&self, hash: u64, bucket: &Bucket<'_>) -> Option<usize> {
-        self.entries
-            .raw_entry_v1()
-            .index_from_hash(hash, |key| key.is(bucket))
+        self.entries.raw_entry_v1().index_from_hash(hash, |key| key.is(bucket))
     }
 
     /// Charges an admitted request to the bucket at `index`.
-    fn update(
-        &mut self,
-        index: usize,
-        bucket: &Bucket<'_>,
-        outcome: &Outcome,
-        now: Duration,
-    ) -> Change {
+    fn update(&mut self, index: usize, bucket: &Bucket<'_>, outcome: &Outcome, now: Duration) -> Change {
         if let Some((_, entry)) = self.entries.get_index_mut(index) {
             bucket::charge(bucket.spec, &mut entry.state, now);
             entry.idle_at = idle_at(outcome, now);
@@ -421,15 +390,8 @@ impl Shard {
         };
         let mut state = State::new(bucket.spec.algorithm);
         bucket::charge(bucket.spec, &mut state, now);
-        let key = Key {
-            policy: Arc::clone(bucket.policy),
-            key: Text::new(bucket.key),
-        };
-        match self
-            .entries
-            .raw_entry_mut_v1()
-            .from_hash(hash, |k| k.is(bucket))
-        {
+        let key = Key { policy: Arc::clone(bucket.policy), key: Text::new(bucket.key) };
+        match self.entries.raw_entry_mut_v1().from_hash(hash, |k| k.is(bucket)) {
             RawEntryMut::Vacant(vacant) => {
                 vacant.insert_hashed_nocheck(hash, key, Entry { state, idle_at });
             }
