@@ -7,7 +7,7 @@
 use crate::bucket::Rate;
 
 /// Bumped on every change of a map's key, value or meaning.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// LRU hash of [`SourceKey`] → [`SourceState`]; sized from `xdp.max_sources`.
 pub const SOURCES: &str = "SOURCES";
@@ -26,10 +26,28 @@ pub const SETTINGS: &str = "SETTINGS";
 pub const SETTINGS_ACTIVE: &str = "SETTINGS_ACTIVE";
 /// Per-CPU array of `u64`, indexed by [`crate::counters::Counter`].
 pub const COUNTERS: &str = "COUNTERS";
+/// Array of [`OCCUPANCY_SLOTS`] `u32` flags, one per trie (`OCCUPIED_*`): 0 means
+/// the trie is empty and the program skips its lookup; anything else means it may
+/// hold entries. Writers set a flag before (and again after) inserting, and clear
+/// it only after seeing the trie empty, re-checking after the clear (see
+/// `KernelMaps` in the agent), so a flag of 0 never hides an entry for longer than
+/// a concurrent insert takes.
+pub const OCCUPANCY: &str = "OCCUPANCY";
+
+/// [`OCCUPANCY`] slot of [`BLOCK_V4`].
+pub const OCCUPIED_BLOCK_V4: u32 = 0;
+/// [`OCCUPANCY`] slot of [`BLOCK_V6`].
+pub const OCCUPIED_BLOCK_V6: u32 = 1;
+/// [`OCCUPANCY`] slot of [`CIDR_V4`].
+pub const OCCUPIED_CIDR_V4: u32 = 2;
+/// [`OCCUPANCY`] slot of [`CIDR_V6`].
+pub const OCCUPIED_CIDR_V6: u32 = 3;
+/// Entries of [`OCCUPANCY`].
+pub const OCCUPANCY_SLOTS: u32 = 4;
 
 /// Every pinned map, for tools that walk the pin directory.
-pub const ALL: [&str; 8] =
-    [SOURCES, CIDR_V4, CIDR_V6, BLOCK_V4, BLOCK_V6, SETTINGS, SETTINGS_ACTIVE, COUNTERS];
+pub const ALL: [&str; 9] =
+    [SOURCES, CIDR_V4, CIDR_V6, BLOCK_V4, BLOCK_V6, SETTINGS, SETTINGS_ACTIVE, COUNTERS, OCCUPANCY];
 
 /// Capacity of each CIDR trie.
 pub const MAX_CIDRS: u32 = 65_536;

@@ -25,11 +25,11 @@ use aya_log_ebpf::{debug, warn};
 use limiter_common::{
     bucket::{self, Rate},
     counters::Counter,
-    maps::{Action, SourceKey, SourceState},
+    maps::{Action, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, SourceKey, SourceState},
 };
 
 use crate::{
-    maps::{BLOCK_V4, BLOCK_V6, CIDR_V4, CIDR_V6, SOURCES, count, settings},
+    maps::{BLOCK_V4, BLOCK_V6, CIDR_V4, CIDR_V6, SOURCES, count, may_hold, settings},
     parse::{Frame, Packet, parse},
 };
 
@@ -72,8 +72,7 @@ pub fn limiter(ctx: XdpContext) -> u32 {
         count(Counter::Allowed);
         return XDP_PASS;
     }
-    let now = unsafe { bpf_ktime_get_ns() };
-    if blocked(&packet, now) {
+    if blocked(&packet) {
         return refuse(enforce, Counter::DroppedDeny);
     }
     let rate = match policy(&packet) {
@@ -85,6 +84,8 @@ pub fn limiter(ctx: XdpContext) -> u32 {
         Some((Action::Limit, rate)) => rate,
         None => settings.default_rate,
     };
+    // Read the clock only once a bucket needs it: it is the costliest helper here.
+    let now = unsafe { bpf_ktime_get_ns() };
     if charge(&ctx, &SourceKey { addr: packet.source }, now, rate) {
         pass()
     } else {
@@ -118,19 +119,22 @@ fn refuse(enforce: bool, reason: Counter) -> u32 {
 }
 
 #[inline(always)]
-fn blocked(packet: &Packet, now: u64) -> bool {
+fn blocked(packet: &Packet) -> bool {
     let block = match packet.v4 {
-        Some(v4) => BLOCK_V4.get(Key::new(32, v4)),
-        None => BLOCK_V6.get(Key::new(128, packet.v6)),
+        Some(v4) if may_hold(OCCUPIED_BLOCK_V4) => BLOCK_V4.get(Key::new(32, v4)),
+        None if may_hold(OCCUPIED_BLOCK_V6) => BLOCK_V6.get(Key::new(128, packet.v6)),
+        _ => return false,
     };
-    block.is_some_and(|block| block.active(now))
+    // A block without expiry needs no clock.
+    block.is_some_and(|block| block.expires_at_ns == 0 || block.active(unsafe { bpf_ktime_get_ns() }))
 }
 
 #[inline(always)]
 fn policy(packet: &Packet) -> Option<(Action, Rate)> {
     let policy = match packet.v4 {
-        Some(v4) => CIDR_V4.get(Key::new(32, v4)),
-        None => CIDR_V6.get(Key::new(128, packet.v6)),
+        Some(v4) if may_hold(OCCUPIED_CIDR_V4) => CIDR_V4.get(Key::new(32, v4)),
+        None if may_hold(OCCUPIED_CIDR_V6) => CIDR_V6.get(Key::new(128, packet.v6)),
+        _ => None,
     }?;
     let action = match policy.action {
         0 => Action::Allow,

@@ -6,7 +6,7 @@ use aya_ebpf::{
 };
 use limiter_common::{
     counters::Counter,
-    maps::{Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, SETTINGS_SLOTS, Settings, SourceKey, SourceState},
+    maps::{Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, OCCUPANCY_SLOTS, SETTINGS_SLOTS, Settings, SourceKey, SourceState},
 };
 
 /// Sized by the agent from `xdp.max_sources` at load time.
@@ -33,6 +33,16 @@ pub static SETTINGS_ACTIVE: Array<u32> = Array::pinned(1, 0);
 
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(Counter::COUNT, 0);
+
+#[map]
+pub static OCCUPANCY: Array<u32> = Array::pinned(OCCUPANCY_SLOTS, 0);
+
+/// Whether the trie of `slot` (`limiter_common::maps::OCCUPIED_*`) may hold entries;
+/// an array lookup the verifier inlines, far cheaper than an LPM walk.
+#[inline(always)]
+pub fn may_hold(slot: u32) -> bool {
+    OCCUPANCY.get(slot).is_none_or(|flag| *flag != 0)
+}
 
 #[inline(always)]
 pub fn count(counter: Counter) {

@@ -10,7 +10,10 @@ use aya::{
 use aya_log::EbpfLogger;
 use limiter_common::{
     counters::Counter,
-    maps::{self as names, Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, SETTINGS_SLOTS, Settings, SourceKey, SourceState},
+    maps::{
+        self as names, Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, OCCUPANCY_SLOTS, SETTINGS_SLOTS, Settings, SourceKey,
+        SourceState,
+    },
 };
 
 use super::{XdpError, bpffs, maps::KernelMaps};
@@ -138,7 +141,7 @@ impl Kernel {
 /// would otherwise reuse them silently and the program would misread them.
 fn check_pinned_layout(pin_dir: &Path, max_sources: u32) -> Result<(), XdpError> {
     use std::mem::size_of;
-    let expected: [(&'static str, usize, usize, Option<u32>); 8] = [
+    let expected: [(&'static str, usize, usize, Option<u32>); 9] = [
         (names::SOURCES, size_of::<SourceKey>(), size_of::<SourceState>(), Some(max_sources)),
         (names::CIDR_V4, 4 + 4, size_of::<CidrPolicy>(), Some(MAX_CIDRS)),
         (names::CIDR_V6, 4 + 16, size_of::<CidrPolicy>(), Some(MAX_CIDRS)),
@@ -147,6 +150,7 @@ fn check_pinned_layout(pin_dir: &Path, max_sources: u32) -> Result<(), XdpError>
         (names::SETTINGS, 4, size_of::<Settings>(), Some(SETTINGS_SLOTS)),
         (names::SETTINGS_ACTIVE, 4, 4, Some(1)),
         (names::COUNTERS, 4, 8, Some(Counter::COUNT)),
+        (names::OCCUPANCY, 4, 4, Some(OCCUPANCY_SLOTS)),
     ];
     for (name, key_size, value_size, max_entries) in expected {
         let path = pin_dir.join(name);

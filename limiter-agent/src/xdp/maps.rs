@@ -13,7 +13,10 @@ use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Ke
 use ipnet::IpNet;
 use limiter_common::{
     counters::Counter,
-    maps::{self as names, Action, Block, CidrPolicy, LAYOUT_VERSION, SETTINGS_SLOTS, Settings, SourceKey, SourceState},
+    maps::{
+        self as names, Action, Block, CidrPolicy, LAYOUT_VERSION, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6,
+        OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, SETTINGS_SLOTS, Settings, SourceKey, SourceState,
+    },
 };
 
 use super::XdpError;
@@ -30,6 +33,8 @@ pub struct KernelMaps {
     settings: Array<MapData, Settings>,
     settings_active: Array<MapData, u32>,
     counters: PerCpuArray<MapData, u64>,
+    /// Per-trie "may hold entries" flags (`names::OCCUPANCY`).
+    occupancy: Array<MapData, u32>,
 }
 
 impl std::fmt::Debug for KernelMaps {
@@ -107,6 +112,7 @@ impl KernelMaps {
             settings: map(names::SETTINGS)?.try_into().map_err(map_error(names::SETTINGS))?,
             settings_active: map(names::SETTINGS_ACTIVE)?.try_into().map_err(map_error(names::SETTINGS_ACTIVE))?,
             counters: map(names::COUNTERS)?.try_into().map_err(map_error(names::COUNTERS))?,
+            occupancy: map(names::OCCUPANCY)?.try_into().map_err(map_error(names::OCCUPANCY))?,
         })
     }
 
@@ -145,6 +151,13 @@ impl KernelMaps {
     pub fn sync_cidrs(&mut self, rules: &[CidrRule]) -> Result<CidrChanges, XdpError> {
         let current = self.cidrs()?;
         let mut changes = CidrChanges::default();
+        // Flags up before the first insert, so no new rule is ever skipped.
+        if rules.iter().any(|rule| matches!(rule.cidr, IpNet::V4(_))) {
+            self.set_occupied(OCCUPIED_CIDR_V4, true)?;
+        }
+        if rules.iter().any(|rule| matches!(rule.cidr, IpNet::V6(_))) {
+            self.set_occupied(OCCUPIED_CIDR_V6, true)?;
+        }
         for rule in rules {
             let policy = policy_of(rule.action);
             match current.get(&rule.cidr) {
@@ -166,7 +179,35 @@ impl KernelMaps {
             }
             .map_err(map_error(names::CIDR_V4))?;
         }
+        // Only the agent writes CIDRs, so a trie seen empty here stays empty.
+        let v4_empty = self.cidr_v4.keys().next().is_none();
+        let v6_empty = self.cidr_v6.keys().next().is_none();
+        self.set_occupied(OCCUPIED_CIDR_V4, !v4_empty)?;
+        self.set_occupied(OCCUPIED_CIDR_V6, !v6_empty)?;
         Ok(changes)
+    }
+
+    fn set_occupied(&mut self, slot: u32, occupied: bool) -> Result<(), XdpError> {
+        self.occupancy.set(slot, u32::from(occupied), 0).map_err(map_error(names::OCCUPANCY))
+    }
+
+    fn block_trie_empty(&self, slot: u32) -> bool {
+        if slot == OCCUPIED_BLOCK_V4 { self.block_v4.keys().next().is_none() } else { self.block_v6.keys().next().is_none() }
+    }
+
+    /// Clears the block flag of `slot` if its trie is empty. The CLI and the agent
+    /// write blocks concurrently, and every writer raises the flag before and after
+    /// its insert; so the flag is cleared only after the trie was seen empty, and
+    /// raised again if an insert landed meanwhile.
+    fn settle_block_flag(&mut self, slot: u32) -> Result<(), XdpError> {
+        if !self.block_trie_empty(slot) {
+            return Ok(());
+        }
+        self.set_occupied(slot, false)?;
+        if !self.block_trie_empty(slot) {
+            self.set_occupied(slot, true)?;
+        }
+        Ok(())
     }
 
     /// The CIDR rules the program applies now.
@@ -189,11 +230,16 @@ impl KernelMaps {
             monotonic_now_ns().saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX)).max(1)
         });
         let block = Block { expires_at_ns };
+        let slot = if cidr.addr().is_ipv4() { OCCUPIED_BLOCK_V4 } else { OCCUPIED_BLOCK_V6 };
+        self.set_occupied(slot, true)?;
         match cidr {
             IpNet::V4(net) => self.block_v4.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), block, 0),
             IpNet::V6(net) => self.block_v6.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), block, 0),
         }
-        .map_err(map_error(names::BLOCK_V4))
+        .map_err(map_error(names::BLOCK_V4))?;
+        // Again after the insert: a concurrent `settle_block_flag` may have cleared
+        // the flag between ours and the insert.
+        self.set_occupied(slot, true)
     }
 
     /// Removes a block; `false` if there was none in force for exactly this CIDR
@@ -212,6 +258,7 @@ impl KernelMaps {
             IpNet::V4(net) => self.block_v4.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
             IpNet::V6(net) => self.block_v6.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
         };
+        self.settle_block_flag(if cidr.addr().is_ipv4() { OCCUPIED_BLOCK_V4 } else { OCCUPIED_BLOCK_V6 })?;
         match removed {
             Ok(()) => Ok(true),
             Err(aya::maps::MapError::KeyNotFound) => Ok(false),
