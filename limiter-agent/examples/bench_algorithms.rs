@@ -125,7 +125,8 @@ fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let per_thread: usize = args.next().map_or(Ok(2_000_000), |a| a.parse())?;
     let keys: usize = args.next().map_or(Ok(10_000), |a| a.parse())?;
-    let names: Vec<String> = (0..keys).map(|i| format!("10.{}.{}.{}", i >> 16 & 0xff, i >> 8 & 0xff, i & 0xff)).collect();
+    let names: Vec<String> =
+        (0..keys).map(|i| format!("10.{}.{}.{}", i >> 16 & 0xff, i >> 8 & 0xff, i & 0xff)).collect();
     let streams: Vec<Vec<u32>> = (0..2).map(|t| key_stream(per_thread, keys, 0x9e37_79b9_7f4a_7c15 + t)).collect();
     let algorithms = [
         Algorithm::TokenBucket,

@@ -59,7 +59,13 @@ impl Lab {
         let lab = Lab;
         run("ip", &["netns", "add", RX_NS])?;
         run("ip", &["netns", "add", TX_NS])?;
-        run("ip", &["-n", TX_NS, "link", "add", "tx0", "address", TX_MAC, "type", "veth", "peer", "name", "rx0", "address", RX_MAC, "netns", RX_NS])?;
+        run(
+            "ip",
+            &[
+                "-n", TX_NS, "link", "add", "tx0", "address", TX_MAC, "type", "veth", "peer", "name", "rx0", "address",
+                RX_MAC, "netns", RX_NS,
+            ],
+        )?;
         run("ip", &["-n", RX_NS, "addr", "add", "10.201.0.1/24", "dev", "rx0"])?;
         run("ip", &["-n", TX_NS, "addr", "add", "10.201.0.2/24", "dev", "tx0"])?;
         for ns in [RX_NS, TX_NS] {
@@ -68,8 +74,14 @@ impl Lab {
         run("ip", &["-n", RX_NS, "link", "set", "rx0", "up"])?;
         run("ip", &["-n", TX_NS, "link", "set", "tx0", "up"])?;
         // The well-behaved flow must not wait for ARP in the middle of a flood.
-        run("ip", &["-n", TX_NS, "neigh", "replace", "10.201.0.1", "lladdr", RX_MAC, "dev", "tx0", "nud", "permanent"])?;
-        run("ip", &["-n", RX_NS, "neigh", "replace", "10.201.0.2", "lladdr", TX_MAC, "dev", "rx0", "nud", "permanent"])?;
+        run(
+            "ip",
+            &["-n", TX_NS, "neigh", "replace", "10.201.0.1", "lladdr", RX_MAC, "dev", "tx0", "nud", "permanent"],
+        )?;
+        run(
+            "ip",
+            &["-n", RX_NS, "neigh", "replace", "10.201.0.2", "lladdr", TX_MAC, "dev", "rx0", "nud", "permanent"],
+        )?;
         Ok(lab)
     }
 
@@ -195,7 +207,17 @@ fn flood(count: u64, sources: u32, good_pps: u64, idle_softirq_per_second: f64) 
         let attempt = Command::new("timeout")
             .args(["120", "ip", "netns", "exec", TX_NS, "taskset", "-c", "0", "trafgen", "--dev", "tx0", "--conf"])
             .arg(&config_arg)
-            .args(["--num", &count_arg, "--cpus", "1", "--notouch-irq", "--no-cpu-stats", "--qdisc-path", "--rate", &rate_arg])
+            .args([
+                "--num",
+                &count_arg,
+                "--cpus",
+                "1",
+                "--notouch-irq",
+                "--no-cpu-stats",
+                "--qdisc-path",
+                "--rate",
+                &rate_arg,
+            ])
             .stdout(std::process::Stdio::null())
             .status()
             .context("cannot run trafgen (apt-get install netsniff-ng)")?;
@@ -227,7 +249,8 @@ fn flood(count: u64, sources: u32, good_pps: u64, idle_softirq_per_second: f64) 
 
 fn rx_counters_drops() -> u64 {
     // Packets nftables dropped: the rule's counter.
-    let Ok(out) = run("ip", &["netns", "exec", RX_NS, "nft", "-j", "list", "chain", "netdev", "lbench", "ingress"]) else {
+    let Ok(out) = run("ip", &["netns", "exec", RX_NS, "nft", "-j", "list", "chain", "netdev", "lbench", "ingress"])
+    else {
         return 0;
     };
     let value: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
@@ -305,9 +328,10 @@ fn main() -> anyhow::Result<()> {
         let outcome = flood(count, sources, good_pps, idle);
         let dropped = match filter {
             "nftables" => rx_counters_drops(),
-            "limiter" => kernel.as_ref().and_then(|k| k.maps().counters().ok()).map_or(0, |c| {
-                c[limiter_common::counters::Counter::DroppedRateLimit as usize]
-            }),
+            "limiter" => kernel
+                .as_ref()
+                .and_then(|k| k.maps().counters().ok())
+                .map_or(0, |c| c[limiter_common::counters::Counter::DroppedRateLimit as usize]),
             _ => 0,
         };
         // The program's own share, from bpf_stats over a second, shorter flood (the

@@ -47,8 +47,14 @@ fn wrk_script(args: &[String]) -> anyhow::Result<()> {
     let mut lines = String::new();
     for i in 0..count {
         let nonce = format!("n{i}-{now}");
-        let message = Canonical { method: "GET", target: path, timestamp: &timestamp, body_sha256: &body_hash, nonce: Some(&nonce) }
-            .string_to_sign();
+        let message = Canonical {
+            method: "GET",
+            target: path,
+            timestamp: &timestamp,
+            body_sha256: &body_hash,
+            nonce: Some(&nonce),
+        }
+        .string_to_sign();
         lines += &format!("{nonce} {}\n", sign_hex(secret.as_bytes(), &message));
     }
     std::fs::write(&data, lines)?;

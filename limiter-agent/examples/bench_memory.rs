@@ -61,7 +61,8 @@ fn proxy_bytes_per_key(algorithm: Algorithm, keys: usize) -> f64 {
         throttle: None,
         queue: None,
     };
-    let names: Vec<String> = (0..keys).map(|i| format!("10.{}.{}.{}", i >> 16 & 0xff, i >> 8 & 0xff, i & 0xff)).collect();
+    let names: Vec<String> =
+        (0..keys).map(|i| format!("10.{}.{}.{}", i >> 16 & 0xff, i >> 8 & 0xff, i & 0xff)).collect();
     let policy: Arc<str> = Arc::from("per-ip");
     let before = LIVE.load(Ordering::Relaxed);
     // Room to spare: the bound is split over shards, and no key may be evicted here.
@@ -102,10 +103,13 @@ fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let keys: usize = args.next().map_or(Ok(100_000), |a| a.parse())?;
     let sources: u32 = args.next().map_or(Ok(1_000_000), |a| a.parse())?;
-    let proxy: Vec<_> = [Algorithm::TokenBucket, Algorithm::FixedWindow, Algorithm::SlidingWindowLog, Algorithm::SlidingWindowCounter]
-        .into_iter()
-        .map(|a| json!({"algorithm": format!("{a:?}"), "keys": keys, "bytes_per_key": proxy_bytes_per_key(a, keys)}))
-        .collect();
+    let proxy: Vec<_> =
+        [Algorithm::TokenBucket, Algorithm::FixedWindow, Algorithm::SlidingWindowLog, Algorithm::SlidingWindowCounter]
+            .into_iter()
+            .map(
+                |a| json!({"algorithm": format!("{a:?}"), "keys": keys, "bytes_per_key": proxy_bytes_per_key(a, keys)}),
+            )
+            .collect();
     let kernel = kernel_bytes_per_source(sources)?;
     println!("{}", json!({"proxy": proxy, "kernel": kernel}));
     Ok(())

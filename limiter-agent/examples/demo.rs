@@ -77,7 +77,8 @@ fn main() -> anyhow::Result<()> {
     let pin_dir = limiter::config::Config::load(&config_source)?.agent.pin_dir;
     // Counters from an earlier run would muddle the table.
     limiter::xdp::detach_all(&pin_dir)?;
-    *CLEANUP.lock().map_err(|_| anyhow::anyhow!("lock"))? = Some(Cleanup { agent_pid: None, dir: dir.clone(), pin_dir });
+    *CLEANUP.lock().map_err(|_| anyhow::anyhow!("lock"))? =
+        Some(Cleanup { agent_pid: None, dir: dir.clone(), pin_dir });
     install_interrupt_cleanup();
     let result = run(&limiter, &config_source, &dir);
     cleanup();
@@ -90,7 +91,13 @@ fn run(limiter: &Path, config_source: &Path, dir: &Path) -> anyhow::Result<()> {
     std::fs::write(&config_path, &config_text)?;
 
     println!("== lab: namespace {NS} ({FLOODER} floods, {POLITE} behaves) behind veth {HOST_IF} ({HOST_IP})");
-    let _lab = VethNamespace::new(NS, HOST_IF, "eth0", &format!("{HOST_IP}/24"), &[&format!("{FLOODER}/24"), &format!("{POLITE}/24")])?;
+    let _lab = VethNamespace::new(
+        NS,
+        HOST_IF,
+        "eth0",
+        &format!("{HOST_IP}/24"),
+        &[&format!("{FLOODER}/24"), &format!("{POLITE}/24")],
+    )?;
     let upstream = spawn_upstream()?;
     let mut agent = start_agent(limiter, &config_path, dir)?;
 
@@ -188,7 +195,8 @@ fn spawn_upstream() -> anyhow::Result<SocketAddr> {
 /// One request through the proxy; (status, headers text).
 fn request(method: &str, target: &str, headers: &[(&str, String)], body: &str) -> anyhow::Result<(u16, String)> {
     let mut stream = TcpStream::connect("127.0.0.1:18080")?;
-    let mut text = format!("{method} {target} HTTP/1.1\r\nhost: demo\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
+    let mut text =
+        format!("{method} {target} HTTP/1.1\r\nhost: demo\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
     for (name, value) in headers {
         text += &format!("{name}: {value}\r\n");
     }
@@ -210,10 +218,20 @@ fn header<'a>(response: &'a str, name: &str) -> &'a str {
 
 fn signed(target: &str, body: &str, nonce: &str) -> Vec<(&'static str, String)> {
     let timestamp = limiter::signature::unix_now().to_string();
-    let canonical =
-        Canonical { method: "POST", target, timestamp: &timestamp, body_sha256: &sha256(body.as_bytes()), nonce: Some(nonce) };
+    let canonical = Canonical {
+        method: "POST",
+        target,
+        timestamp: &timestamp,
+        body_sha256: &sha256(body.as_bytes()),
+        nonce: Some(nonce),
+    };
     let signature = sign_hex(SECRET.as_bytes(), &canonical.string_to_sign());
-    vec![("x-api-key", "k-pro".to_owned()), ("x-timestamp", timestamp), ("x-signature", signature), ("x-nonce", nonce.to_owned())]
+    vec![
+        ("x-api-key", "k-pro".to_owned()),
+        ("x-timestamp", timestamp),
+        ("x-signature", signature),
+        ("x-nonce", nonce.to_owned()),
+    ]
 }
 
 fn proxy_phase() -> anyhow::Result<()> {
@@ -233,7 +251,9 @@ fn proxy_phase() -> anyhow::Result<()> {
         }
     }
     println!("free plan (100/min, delay band from 80), 105 requests at once:");
-    println!("  {fast} forwarded at once, {throttled} forwarded after the 50 ms throttle delay, {rejected} rejected (429)");
+    println!(
+        "  {fast} forwarded at once, {throttled} forwarded after the 50 ms throttle delay, {rejected} rejected (429)"
+    );
     println!(
         "  last 429: Retry-After: {}, RateLimit: {}, X-RateLimit-Remaining: {}",
         header(&last_reject, "retry-after"),
@@ -241,8 +261,9 @@ fn proxy_phase() -> anyhow::Result<()> {
         header(&last_reject, "x-ratelimit-remaining")
     );
 
-    let statuses: Vec<u16> =
-        (0..7).map(|_| request("POST", "/login", &[], "user=demo&password=guess").map(|r| r.0)).collect::<Result<_, _>>()?;
+    let statuses: Vec<u16> = (0..7)
+        .map(|_| request("POST", "/login", &[], "user=demo&password=guess").map(|r| r.0))
+        .collect::<Result<_, _>>()?;
     println!("POST /login 7 times from one IP (limit 5/min): {statuses:?}");
     let get = request("GET", "/login", &[], "")?.0;
     println!("GET /login from the same IP: {get}");
@@ -251,7 +272,10 @@ fn proxy_phase() -> anyhow::Result<()> {
     let headers = signed("/api/transfer", body, "n-1");
     let valid = request("POST", "/api/transfer", &headers, body)?.0;
     let replay = request("POST", "/api/transfer", &headers, body)?.0;
-    let tampered = request("POST", "/api/transfer", &signed("/api/transfer", body, "n-2"), &body.replace("100", "900"))?.0;
-    println!("signed POST /api/transfer: valid {valid}, same request again (replay) {replay}, body changed after signing {tampered}");
+    let tampered =
+        request("POST", "/api/transfer", &signed("/api/transfer", body, "n-2"), &body.replace("100", "900"))?.0;
+    println!(
+        "signed POST /api/transfer: valid {valid}, same request again (replay) {replay}, body changed after signing {tampered}"
+    );
     Ok(())
 }

@@ -7,7 +7,14 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 /// `(X-Timestamp, X-Signature)` for a request.
-fn sign(secret: &[u8], method: &str, target: &str, body: &[u8], timestamp: u64, nonce: Option<&str>) -> (String, String) {
+fn sign(
+    secret: &[u8],
+    method: &str,
+    target: &str,
+    body: &[u8],
+    timestamp: u64,
+    nonce: Option<&str>,
+) -> (String, String) {
     let timestamp = timestamp.to_string();
     let body_hash = hex::encode(Sha256::digest(body));
     let mut lines = vec![method, target, &timestamp, &body_hash];

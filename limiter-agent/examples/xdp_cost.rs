@@ -80,7 +80,10 @@ fn main() -> anyhow::Result<()> {
     config.cidr = (0..10_000u32)
         .map(|i| CidrRule {
             cidr: ipnet::IpNet::new(Ipv4Addr::from(0xac00_0000 + (i << 8)).into(), 24).unwrap_or_default(),
-            action: CidrAction::Limit(PacketLimit { packets_per_second: nonzero(1_000_000), burst: nonzero(1_000_000) }),
+            action: CidrAction::Limit(PacketLimit {
+                packets_per_second: nonzero(1_000_000),
+                burst: nonzero(1_000_000),
+            }),
         })
         .collect();
     kernel.maps_mut().apply(&config)?;

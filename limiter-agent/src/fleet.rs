@@ -170,7 +170,10 @@ impl Health {
 
     fn up(&self) {
         if self.lock().take().is_some() {
-            tracing::info!(failures = self.failures.load(Ordering::Relaxed), "redis reachable again: shared limits resume");
+            tracing::info!(
+                failures = self.failures.load(Ordering::Relaxed),
+                "redis reachable again: shared limits resume"
+            );
         }
     }
 

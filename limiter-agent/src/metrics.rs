@@ -52,13 +52,31 @@ pub fn render(sources: &MetricsSources) -> String {
     let agent = &sources.agent;
     family(&mut out, "limiter_xdp_attached", "gauge", "XDP attachments by interface and mode.");
     for attachment in agent.attached.lock().map(|a| a.clone()).unwrap_or_default() {
-        let _ = writeln!(out, "limiter_xdp_attached{{interface=\"{}\",mode=\"{}\"}} 1", escape(&attachment.interface), attachment.mode);
+        let _ = writeln!(
+            out,
+            "limiter_xdp_attached{{interface=\"{}\",mode=\"{}\"}} 1",
+            escape(&attachment.interface),
+            attachment.mode
+        );
     }
     family(&mut out, "limiter_config_reloads_total", "counter", "Config reloads by result.");
     let _ = writeln!(out, "limiter_config_reloads_total{{result=\"ok\"}} {}", agent.reloads_ok.load(Ordering::Relaxed));
-    let _ = writeln!(out, "limiter_config_reloads_total{{result=\"rejected\"}} {}", agent.reloads_rejected.load(Ordering::Relaxed));
-    family(&mut out, "limiter_config_last_reload_timestamp_seconds", "gauge", "Unix time of the last reload attempt (0: none).");
-    let _ = writeln!(out, "limiter_config_last_reload_timestamp_seconds {}", agent.last_reload_unix.load(Ordering::Relaxed));
+    let _ = writeln!(
+        out,
+        "limiter_config_reloads_total{{result=\"rejected\"}} {}",
+        agent.reloads_rejected.load(Ordering::Relaxed)
+    );
+    family(
+        &mut out,
+        "limiter_config_last_reload_timestamp_seconds",
+        "gauge",
+        "Unix time of the last reload attempt (0: none).",
+    );
+    let _ = writeln!(
+        out,
+        "limiter_config_last_reload_timestamp_seconds {}",
+        agent.last_reload_unix.load(Ordering::Relaxed)
+    );
     if let Some(proxy) = &sources.proxy {
         render_proxy(&mut out, proxy);
     }
@@ -77,7 +95,8 @@ fn render_xdp(out: &mut String, maps: &mut KernelMaps) {
     if let Ok(counters) = maps.counter_snapshot() {
         family(out, "limiter_xdp_packets_total", "counter", "Packets seen by the XDP program, by outcome.");
         for counter in Counter::ALL {
-            let _ = writeln!(out, "limiter_xdp_packets_total{{action=\"{}\"}} {}", counter.name(), counters.get(counter));
+            let _ =
+                writeln!(out, "limiter_xdp_packets_total{{action=\"{}\"}} {}", counter.name(), counters.get(counter));
         }
     }
     family(out, "limiter_xdp_sources_tracked", "gauge", "Sources with a bucket in the kernel map.");
@@ -92,8 +111,15 @@ fn render_xdp(out: &mut String, maps: &mut KernelMaps) {
 
 fn render_proxy(out: &mut String, proxy: &Proxy) {
     let stats = proxy.stats();
-    family(out, "limiter_proxy_requests_total", "counter", "Proxy requests by decision (shadow mode counts would-be decisions).");
-    for (decision, value) in [("forwarded", stats.forwarded), ("throttled", stats.throttled), ("rejected", stats.rejected)] {
+    family(
+        out,
+        "limiter_proxy_requests_total",
+        "counter",
+        "Proxy requests by decision (shadow mode counts would-be decisions).",
+    );
+    for (decision, value) in
+        [("forwarded", stats.forwarded), ("throttled", stats.throttled), ("rejected", stats.rejected)]
+    {
         let _ = writeln!(out, "limiter_proxy_requests_total{{decision=\"{decision}\"}} {value}");
     }
     family(out, "limiter_proxy_received_total", "counter", "Requests that reached the proxy's handler.");
@@ -103,12 +129,24 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
         let _ = writeln!(out, "limiter_signature_failures_total{{reason=\"{}\"}} {value}", escape(reason));
     }
     for (name, help, value) in [
-        ("limiter_proxy_idempotent_replays_total", "Requests answered from the idempotency store.", stats.idempotent_replays),
+        (
+            "limiter_proxy_idempotent_replays_total",
+            "Requests answered from the idempotency store.",
+            stats.idempotent_replays,
+        ),
         ("limiter_proxy_body_too_large_total", "Requests refused with 413.", stats.body_too_large),
         ("limiter_proxy_header_timeouts_total", "Connections answered 408.", stats.timeouts),
         ("limiter_proxy_upstream_errors_total", "Upstream failures answered 502.", stats.upstream_errors),
-        ("limiter_proxy_key_evictions_total", "Per-key states evicted to stay within max_tracked_keys.", stats.evictions),
-        ("limiter_proxy_store_failures_total", "Decisions taken by store_failure while Redis was unreachable.", stats.store_failures),
+        (
+            "limiter_proxy_key_evictions_total",
+            "Per-key states evicted to stay within max_tracked_keys.",
+            stats.evictions,
+        ),
+        (
+            "limiter_proxy_store_failures_total",
+            "Decisions taken by store_failure while Redis was unreachable.",
+            stats.store_failures,
+        ),
     ] {
         family(out, name, "counter", help);
         let _ = writeln!(out, "{name} {value}");
@@ -142,7 +180,9 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: MetricsSources) {
                             .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
                             .body(Full::new(Bytes::from(body)))
                     } else {
-                        Response::builder().status(StatusCode::NOT_FOUND).body(Full::new(Bytes::from_static(b"see /metrics\n")))
+                        Response::builder()
+                            .status(StatusCode::NOT_FOUND)
+                            .body(Full::new(Bytes::from_static(b"see /metrics\n")))
                     };
                     response.map_err(std::io::Error::other)
                 }

@@ -9,9 +9,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use limiter::lab::traffic;
 use limiter::xdp::{KernelMaps, monotonic_now_ns};
 use limiter_common::counters::Counter;
-use limiter::lab::traffic;
 use support::lab::XdpLab;
 
 fn limit(pps: u32, burst: u32) -> String {
@@ -53,7 +53,8 @@ fn reload_during_a_flood_follows_the_new_limit_without_a_burst() {
     });
     receiver.settle(Duration::from_millis(200));
     let arrivals = receiver.from(source);
-    let before = count_between(&arrivals, started + Duration::from_millis(200), reloaded_at - Duration::from_millis(100));
+    let before =
+        count_between(&arrivals, started + Duration::from_millis(200), reloaded_at - Duration::from_millis(100));
     let before_secs = (reloaded_at - Duration::from_millis(100) - started - Duration::from_millis(200)).as_secs_f64();
     let after = count_between(&arrivals, reloaded_at, flood_end);
     let after_secs = (flood_end - reloaded_at).as_secs_f64();
@@ -72,16 +73,25 @@ fn rejected_configs_leave_the_running_limits_in_force() {
     let lab = XdpLab::start(1, "", &limit(1_234, 100));
     let good = lab.config_with("", &limit(1_234, 100));
     let rule = "[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\n";
-    let line_of = |text: &str, needle: &str| format!(":{}:", text.lines().position(|l| l.contains(needle)).expect("needle") + 1);
+    let line_of =
+        |text: &str, needle: &str| format!(":{}:", text.lines().position(|l| l.contains(needle)).expect("needle") + 1);
     let syntax = good.replace("burst = 100", "burst = = 100");
     let truncated = good[..good.find("packets_per_second").expect("key") + 10].to_owned();
     let bad_configs = [
         ("syntax error", syntax.clone(), line_of(&syntax, "burst = =")),
-        ("zero rate", good.replace("packets_per_second = 1234", "packets_per_second = 0"), "xdp.limit.packets_per_second".to_owned()),
+        (
+            "zero rate",
+            good.replace("packets_per_second = 1234", "packets_per_second = 0"),
+            "xdp.limit.packets_per_second".to_owned(),
+        ),
         ("bad CIDR", format!("{good}{rule}{}", rule.replace("10.0.0.0/8", "10.0.0.0/33")), "xdp.cidr[1]".to_owned()),
         (
             "one bad rule among good ones",
-            format!("{good}{rule}{}{}", rule.replace("10.0.0.0", "11.0.0.0"), rule.replace("\"allow\"", "\"permit\"").replace("10.0.0.0", "12.0.0.0")),
+            format!(
+                "{good}{rule}{}{}",
+                rule.replace("10.0.0.0", "11.0.0.0"),
+                rule.replace("\"allow\"", "\"permit\"").replace("10.0.0.0", "12.0.0.0")
+            ),
             "xdp.cidr[2]".to_owned(),
         ),
         ("unknown key", good.replace("burst = 100", "burst = 100\nbrust = 5"), "xdp.limit.brust".to_owned()),
@@ -124,7 +134,8 @@ fn a_killed_agent_keeps_dropping_and_its_successor_continues_the_counts() {
     assert!(dropped_after_kill >= dropped_before_kill + 1_500, "{dropped_before_kill} -> {dropped_after_kill}");
     assert!(got_through <= 500, "{got_through} of 2000 passed with the agent dead");
     let source_key = limiter_common::maps::SourceKey { addr: limiter_common::addr::v4_mapped(source.octets()) };
-    let packets_before = KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps").source(&source_key).expect("tracked").packets;
+    let packets_before =
+        KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps").source(&source_key).expect("tracked").packets;
 
     lab.agent.spawn();
     assert!(counter(&lab.agent.pin_dir, Counter::DroppedRateLimit) >= dropped_after_kill, "counters must not reset");
@@ -203,7 +214,12 @@ fn metrics_parse_as_prometheus_text() {
     use std::io::Write as _;
     promtool.stdin.take().expect("stdin").write_all(body.as_bytes()).expect("write");
     let output = promtool.wait_with_output().expect("promtool");
-    assert!(output.status.success(), "promtool: {}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     drop(lab);
 }
 
@@ -264,8 +280,14 @@ fn detach_removes_program_links_and_pins() {
 fn a_reload_attaches_and_detaches_only_the_interfaces_that_changed() {
     let lab = XdpLab::start(1, "keep_attached_on_exit = false", &limit(1_000, 100));
     let name = support::unique("lim-if-");
-    let second = limiter::lab::netns::VethNamespace::new(&name, &format!("{}h", &name[..name.len().min(13)]), "eth0", "10.99.77.1/24", &["10.99.77.2/24"])
-        .expect("second veth");
+    let second = limiter::lab::netns::VethNamespace::new(
+        &name,
+        &format!("{}h", &name[..name.len().min(13)]),
+        "eth0",
+        "10.99.77.1/24",
+        &["10.99.77.2/24"],
+    )
+    .expect("second veth");
     let xdp_on = |interface: &str| {
         let output = Command::new("ip").args(["-d", "link", "show", "dev", interface]).output().expect("ip");
         String::from_utf8_lossy(&output.stdout).contains("prog/xdp")
@@ -280,7 +302,10 @@ fn a_reload_attaches_and_detaches_only_the_interfaces_that_changed() {
     let printed = String::from_utf8_lossy(&output.stdout).into_owned();
     assert_eq!(printed.trim(), format!("xdp.interfaces attached {} (native)", second.host_if));
     assert!(xdp_on(&lab.net.host_if) && xdp_on(&second.host_if));
-    assert!(limiter::xdp::attached(&lab.agent.pin_dir).expect("attached").contains(&first_link[0]), "first link untouched");
+    assert!(
+        limiter::xdp::attached(&lab.agent.pin_dir).expect("attached").contains(&first_link[0]),
+        "first link untouched"
+    );
 
     let only_second = both.replace(&format!("\"{}\", ", lab.net.host_if), "");
     lab.agent.write_config(&only_second);

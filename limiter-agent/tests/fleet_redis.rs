@@ -37,7 +37,8 @@ async fn two_proxies_sharing_redis_forward_exactly_the_plan_and_count_down_toget
     let keys = redis_keys(&redis, &unique_prefix("two-proxies"), "allow");
     let upstream = Upstream::start().await;
     let config = format!("{PROXY_HEAD}{keys}{FREE}");
-    let proxies = [RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await];
+    let proxies =
+        [RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await];
     let client = TestClient::default();
     stay_inside_window(Duration::from_secs(60), Duration::from_secs(15)).await;
 
@@ -125,7 +126,8 @@ async fn every_algorithm_decides_on_redis_exactly_as_in_memory() {
         same_outcomes(&store, name, specs, Charge::AllOrNothing, seed as u64).await;
     }
     // Penalties charge each admitting bucket, as in memory.
-    let penalties = [spec(Algorithm::SlidingWindowLog, 4, 1000, None, None), spec(Algorithm::FixedWindow, 6, 1000, None, None)];
+    let penalties =
+        [spec(Algorithm::SlidingWindowLog, 4, 1000, None, None), spec(Algorithm::FixedWindow, 6, 1000, None, None)];
     same_outcomes(&store, "penalties", &penalties, Charge::EachAdmitting, 99).await;
 }
 
@@ -143,7 +145,11 @@ async fn a_reloaded_limit_keeps_the_token_bucket_level_on_redis_as_in_memory() {
             now += Duration::from_micros(97_531);
             let bucket = [Bucket { policy: &policy, key: "k", spec: &spec }];
             let expected = memory.apply(&bucket, now, Charge::AllOrNothing);
-            assert_eq!(store.apply(&bucket, now, Charge::AllOrNothing).await.expect("redis"), expected, "limit {limit} step {step}");
+            assert_eq!(
+                store.apply(&bucket, now, Charge::AllOrNothing).await.expect("redis"),
+                expected,
+                "limit {limit} step {step}"
+            );
         }
     }
 }
@@ -169,7 +175,8 @@ async fn outage(store_failure: &str, during: StatusCode) {
     let url = proxy.url("/");
     let get = || client.get(&url, &[]);
 
-    let before: Vec<StatusCode> = [get().await, get().await, get().await, get().await].iter().map(|r| r.status).collect();
+    let before: Vec<StatusCode> =
+        [get().await, get().await, get().await, get().await].iter().map(|r| r.status).collect();
     assert_eq!(before, [StatusCode::OK, StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
 
     redis.stop();
@@ -237,7 +244,13 @@ window = "1s"
     )
 }
 
-async fn send_signed(client: &TestClient, proxy: &RunningProxy, body: &[u8], nonce: &str, idempotency_key: Option<&str>) -> Reply {
+async fn send_signed(
+    client: &TestClient,
+    proxy: &RunningProxy,
+    body: &[u8],
+    nonce: &str,
+    idempotency_key: Option<&str>,
+) -> Reply {
     let timestamp = unix_now().to_string();
     let canonical = Canonical {
         method: "POST",

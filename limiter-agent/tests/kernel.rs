@@ -78,9 +78,8 @@ fn ipv6_prefix_is_configurable() {
 
 #[test]
 fn ipv4_mapped_ipv6_counts_as_the_ipv4_source() {
-    let kernel = TestKernel::new(&xdp_config(&format!(
-        "{SLOW}[[xdp.cidr]]\ncidr = \"198.51.100.0/24\"\naction = \"deny\"\n"
-    )));
+    let kernel =
+        TestKernel::new(&xdp_config(&format!("{SLOW}[[xdp.cidr]]\ncidr = \"198.51.100.0/24\"\naction = \"deny\"\n")));
     let mapped = A.to_ipv6_mapped();
     assert_eq!(kernel.run(&udp4(A)), XDP_PASS);
     assert_eq!(verdicts(&kernel, &udp6(mapped), 2), [XDP_PASS; 2]);
@@ -100,7 +99,8 @@ fn one_and_two_vlan_tags_are_parsed() {
     assert_eq!(kernel.run(&double), XDP_PASS);
     assert_eq!(kernel.run(&udp4(A)), XDP_PASS);
     assert_eq!(kernel.run(&double), XDP_DROP, "tagged and untagged frames share the source's bucket");
-    let v6 = tagged(&[(ETH_P_8021Q, 10)], ETH_P_IPV6, &ipv6("2001:db8::1".parse().expect("addr"), IPPROTO_UDP, 64, &[0; 8]));
+    let v6 =
+        tagged(&[(ETH_P_8021Q, 10)], ETH_P_IPV6, &ipv6("2001:db8::1".parse().expect("addr"), IPPROTO_UDP, 64, &[0; 8]));
     assert_eq!(kernel.run(&v6), XDP_PASS);
     assert_eq!(kernel.counters(), [("passed", 4), ("dropped_rate_limit", 1), ("new_sources", 2)]);
 }

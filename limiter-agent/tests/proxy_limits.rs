@@ -37,97 +37,47 @@ async fn free_key_is_throttled_then_rejected_and_pro_key_is_unaffected() {
 
     let mut replies = Vec::new();
     for _ in 0..105 {
-        replies.push(
-            client
-                .get(&proxy.url("/api"), &[("x-api-key", "k-free")])
-                .await,
-        );
+        replies.push(client.get(&proxy.url("/api"), &[("x-api-key", "k-free")]).await);
     }
 
     for (i, reply) in replies.iter().enumerate() {
         let n = i + 1;
-        let expected = if n <= 100 {
-            StatusCode::OK
-        } else {
-            StatusCode::TOO_MANY_REQUESTS
-        };
+        let expected = if n <= 100 { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
         assert_eq!(reply.status, expected, "request {n}");
-        assert_eq!(
-            reply.header("ratelimit-policy"),
-            r#""free";q=100;w=60"#,
-            "request {n}"
-        );
+        assert_eq!(reply.header("ratelimit-policy"), r#""free";q=100;w=60"#, "request {n}");
         assert_eq!(reply.header("x-ratelimit-limit"), "100", "request {n}");
-        assert_eq!(
-            reply.header("x-ratelimit-remaining"),
-            (100 - n.min(100)).to_string(),
-            "request {n}"
-        );
+        assert_eq!(reply.header("x-ratelimit-remaining"), (100 - n.min(100)).to_string(), "request {n}");
         if n <= 80 {
-            assert!(
-                reply.elapsed < delay,
-                "request {n} took {:?}, inside the limit",
-                reply.elapsed
-            );
+            assert!(reply.elapsed < delay, "request {n} took {:?}, inside the limit", reply.elapsed);
         } else if n <= 100 {
-            assert!(
-                reply.elapsed >= delay,
-                "request {n} took {:?}, inside the throttle band",
-                reply.elapsed
-            );
+            assert!(reply.elapsed >= delay, "request {n} took {:?}, inside the throttle band", reply.elapsed);
         }
     }
     for reply in &replies[100..] {
-        let retry_after: u64 = reply
-            .header("retry-after")
-            .parse()
-            .expect("Retry-After in seconds");
+        let retry_after: u64 = reply.header("retry-after").parse().expect("Retry-After in seconds");
         assert!((1..=60).contains(&retry_after), "Retry-After {retry_after}");
         assert_eq!(reply.header("content-type"), "application/problem+json");
         let problem = reply.json();
-        assert_eq!(
-            problem["type"],
-            "https://limiter.dev/problems#quota-exceeded"
-        );
+        assert_eq!(problem["type"], "https://limiter.dev/problems#quota-exceeded");
         assert_eq!(problem["status"], 429);
         assert_eq!(problem["violated_policies"], serde_json::json!(["free"]));
         assert!(problem["title"].is_string() && problem["detail"].is_string());
-        let reset: u64 = reply
-            .header("x-ratelimit-reset")
-            .parse()
-            .expect("reset in unix seconds");
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_secs();
+        let reset: u64 = reply.header("x-ratelimit-reset").parse().expect("reset in unix seconds");
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
         // A sliding window counter is back in full once this window and the next
         // (which still weighs this one) have passed.
         assert!(reset > now && reset <= now + 121, "reset {reset} now {now}");
-        assert!(
-            reply.header("ratelimit").starts_with(r#""free";r=0;t="#),
-            "{}",
-            reply.header("ratelimit")
-        );
+        assert!(reply.header("ratelimit").starts_with(r#""free";r=0;t="#), "{}", reply.header("ratelimit"));
     }
     assert_eq!(upstream.count(), 100);
 
-    let pro = client
-        .get(&proxy.url("/api"), &[("x-api-key", "k-pro")])
-        .await;
+    let pro = client.get(&proxy.url("/api"), &[("x-api-key", "k-pro")]).await;
     assert_eq!(pro.status, StatusCode::OK);
     assert_eq!(pro.header("x-ratelimit-remaining"), "999");
     assert!(pro.elapsed < delay);
 
     let stats = proxy.proxy.stats();
-    assert_eq!(
-        (
-            stats.requests,
-            stats.forwarded,
-            stats.throttled,
-            stats.rejected
-        ),
-        (106, 101, 20, 5)
-    );
+    assert_eq!((stats.requests, stats.forwarded, stats.throttled, stats.rejected), (106, 101, 20, 5));
 }
 
 #[tokio::test]
@@ -148,25 +98,15 @@ window = "1m"
     let proxy = RunningProxy::start(&config, upstream.addr).await;
     let client = TestClient::default();
     for n in 1..=5 {
-        let reply = client
-            .request(Method::POST, &proxy.url("/login"), &[], b"user=a")
-            .await;
+        let reply = client.request(Method::POST, &proxy.url("/login"), &[], b"user=a").await;
         assert_eq!(reply.status, StatusCode::OK, "POST {n}");
     }
-    let sixth = client
-        .request(Method::POST, &proxy.url("/login"), &[], b"user=a")
-        .await;
+    let sixth = client.request(Method::POST, &proxy.url("/login"), &[], b"user=a").await;
     assert_eq!(sixth.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(
-        sixth.json()["violated_policies"],
-        serde_json::json!(["login"])
-    );
+    assert_eq!(sixth.json()["violated_policies"], serde_json::json!(["login"]));
     let get = client.get(&proxy.url("/login"), &[]).await;
     assert_eq!(get.status, StatusCode::OK);
-    assert!(
-        get.headers.get("ratelimit").is_none(),
-        "no rule counted the GET"
-    );
+    assert!(get.headers.get("ratelimit").is_none(), "no rule counted the GET");
     assert_eq!(upstream.count(), 6);
 }
 
@@ -208,54 +148,23 @@ window = "1m"
     // One key from many addresses: the key's limit trips.
     for n in 1..=5 {
         let ip = format!("192.0.2.{n}");
-        let reply = client
-            .get(&url, &[("x-api-key", "k1"), ("x-forwarded-for", &ip)])
-            .await;
+        let reply = client.get(&url, &[("x-api-key", "k1"), ("x-forwarded-for", &ip)]).await;
         assert_eq!(reply.status, StatusCode::OK, "k1 request {n}");
     }
-    let over_key = client
-        .get(
-            &url,
-            &[("x-api-key", "k1"), ("x-forwarded-for", "192.0.2.6")],
-        )
-        .await;
+    let over_key = client.get(&url, &[("x-api-key", "k1"), ("x-forwarded-for", "192.0.2.6")]).await;
     assert_eq!(over_key.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(
-        over_key.json()["violated_policies"],
-        serde_json::json!(["per-key"])
-    );
+    assert_eq!(over_key.json()["violated_policies"], serde_json::json!(["per-key"]));
 
     // One address with a fresh key: the address's limit trips.
     for n in 1..=3 {
-        let reply = client
-            .get(
-                &url,
-                &[("x-api-key", "k2"), ("x-forwarded-for", "198.51.100.1")],
-            )
-            .await;
+        let reply = client.get(&url, &[("x-api-key", "k2"), ("x-forwarded-for", "198.51.100.1")]).await;
         assert_eq!(reply.status, StatusCode::OK, "k2 request {n}");
     }
-    let over_ip = client
-        .get(
-            &url,
-            &[("x-api-key", "k2"), ("x-forwarded-for", "198.51.100.1")],
-        )
-        .await;
+    let over_ip = client.get(&url, &[("x-api-key", "k2"), ("x-forwarded-for", "198.51.100.1")]).await;
     assert_eq!(over_ip.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(
-        over_ip.json()["violated_policies"],
-        serde_json::json!(["per-ip"])
-    );
-    assert!(
-        over_ip
-            .header("ratelimit-policy")
-            .contains(r#""per-ip";q=3;w=60"#)
-    );
-    assert!(
-        over_ip
-            .header("ratelimit-policy")
-            .contains(r#""per-key";q=5;w=60"#)
-    );
+    assert_eq!(over_ip.json()["violated_policies"], serde_json::json!(["per-ip"]));
+    assert!(over_ip.header("ratelimit-policy").contains(r#""per-ip";q=3;w=60"#));
+    assert!(over_ip.header("ratelimit-policy").contains(r#""per-key";q=5;w=60"#));
     assert_eq!(upstream.count(), 8);
 }
 
@@ -283,10 +192,7 @@ plan = "small"
     }
     let statuses = tasks.join_all().await;
     let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
-    let rejected = statuses
-        .iter()
-        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
-        .count();
+    let rejected = statuses.iter().filter(|s| **s == StatusCode::TOO_MANY_REQUESTS).count();
     assert_eq!((ok, rejected), (50, 150));
     assert_eq!(upstream.count(), 50);
 }
@@ -306,33 +212,13 @@ async fn forwarded_for_from_an_untrusted_peer_does_not_change_the_key() {
     let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{PER_IP_2}"), upstream.addr).await;
     let client = TestClient::default();
     let statuses = [
-        client
-            .get(&proxy.url("/"), &[("x-forwarded-for", "203.0.113.1")])
-            .await
-            .status,
-        client
-            .get(&proxy.url("/"), &[("x-forwarded-for", "203.0.113.2")])
-            .await
-            .status,
-        client
-            .get(&proxy.url("/"), &[("x-forwarded-for", "203.0.113.3")])
-            .await
-            .status,
+        client.get(&proxy.url("/"), &[("x-forwarded-for", "203.0.113.1")]).await.status,
+        client.get(&proxy.url("/"), &[("x-forwarded-for", "203.0.113.2")]).await.status,
+        client.get(&proxy.url("/"), &[("x-forwarded-for", "203.0.113.3")]).await.status,
     ];
-    assert_eq!(
-        statuses,
-        [
-            StatusCode::OK,
-            StatusCode::OK,
-            StatusCode::TOO_MANY_REQUESTS
-        ]
-    );
+    assert_eq!(statuses, [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
     // The upstream hears only what we saw, not what the client claimed.
-    let forwarded: Vec<_> = upstream
-        .seen()
-        .iter()
-        .map(|s| s.headers["x-forwarded-for"].clone())
-        .collect();
+    let forwarded: Vec<_> = upstream.seen().iter().map(|s| s.headers["x-forwarded-for"].clone()).collect();
     assert_eq!(forwarded, ["127.0.0.1", "127.0.0.1"]);
 }
 
@@ -344,34 +230,16 @@ async fn forwarded_for_from_a_trusted_peer_sets_the_key() {
     let client = TestClient::default();
     for n in 1..=3 {
         let ip = format!("203.0.113.{n}");
-        let reply = client
-            .get(&proxy.url("/"), &[("x-forwarded-for", &ip)])
-            .await;
+        let reply = client.get(&proxy.url("/"), &[("x-forwarded-for", &ip)]).await;
         assert_eq!(reply.status, StatusCode::OK, "client {ip}");
     }
     let same = [
-        client
-            .get(
-                &proxy.url("/"),
-                &[("x-forwarded-for", "198.51.100.9, 203.0.113.1")],
-            )
-            .await
-            .status,
-        client
-            .get(&proxy.url("/"), &[("x-forwarded-for", "203.0.113.1")])
-            .await
-            .status,
+        client.get(&proxy.url("/"), &[("x-forwarded-for", "198.51.100.9, 203.0.113.1")]).await.status,
+        client.get(&proxy.url("/"), &[("x-forwarded-for", "203.0.113.1")]).await.status,
     ];
-    assert_eq!(
-        same,
-        [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS],
-        "third and fourth from 203.0.113.1"
-    );
+    assert_eq!(same, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS], "third and fourth from 203.0.113.1");
     let last = &upstream.seen()[3];
-    assert_eq!(
-        last.headers["x-forwarded-for"],
-        "198.51.100.9, 203.0.113.1, 127.0.0.1"
-    );
+    assert_eq!(last.headers["x-forwarded-for"], "198.51.100.9, 203.0.113.1, 127.0.0.1");
 }
 
 #[tokio::test]
@@ -395,24 +263,16 @@ plan = "tiny"
     let client = TestClient::default();
     let mut remaining = Vec::new();
     for n in 1..=5 {
-        let reply = client
-            .get(&proxy.url("/"), &[("x-api-key", "k-tiny")])
-            .await;
+        let reply = client.get(&proxy.url("/"), &[("x-api-key", "k-tiny")]).await;
         assert_eq!(reply.status, StatusCode::OK, "request {n}");
-        assert!(
-            reply.elapsed < Duration::from_secs(5),
-            "request {n} was delayed"
-        );
+        assert!(reply.elapsed < Duration::from_secs(5), "request {n} was delayed");
         assert_eq!(reply.header("ratelimit-policy"), r#""tiny";q=3;w=60"#);
         remaining.push(reply.header("x-ratelimit-remaining").to_owned());
     }
     assert_eq!(remaining, ["2", "1", "0", "0", "0"]);
     assert_eq!(upstream.count(), 5);
     let stats = proxy.proxy.stats();
-    assert_eq!(
-        (stats.forwarded, stats.throttled, stats.rejected),
-        (5, 1, 2)
-    );
+    assert_eq!((stats.forwarded, stats.throttled, stats.rejected), (5, 1, 2));
 }
 
 #[tokio::test]
@@ -428,30 +288,14 @@ async fn reload_changes_a_limit_and_keeps_the_counts() {
     let client = TestClient::default();
     let key = [("x-api-key", "k")];
     for _ in 0..4 {
-        assert_eq!(
-            client.get(&proxy.url("/"), &key).await.status,
-            StatusCode::OK
-        );
+        assert_eq!(client.get(&proxy.url("/"), &key).await.status, StatusCode::OK);
     }
-    proxy
-        .proxy
-        .reconfigure(proxy_config(&plan(6), upstream.addr))
-        .expect("reload");
+    proxy.proxy.reconfigure(proxy_config(&plan(6), upstream.addr)).expect("reload");
     let fifth = client.get(&proxy.url("/"), &key).await;
     assert_eq!(fifth.status, StatusCode::OK);
-    assert_eq!(
-        fifth.header("x-ratelimit-remaining"),
-        "1",
-        "4 counted before the reload, 1 after, of 6"
-    );
-    assert_eq!(
-        client.get(&proxy.url("/"), &key).await.status,
-        StatusCode::OK
-    );
-    assert_eq!(
-        client.get(&proxy.url("/"), &key).await.status,
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    assert_eq!(fifth.header("x-ratelimit-remaining"), "1", "4 counted before the reload, 1 after, of 6");
+    assert_eq!(client.get(&proxy.url("/"), &key).await.status, StatusCode::OK);
+    assert_eq!(client.get(&proxy.url("/"), &key).await.status, StatusCode::TOO_MANY_REQUESTS);
 }
 
 #[tokio::test]
@@ -484,26 +328,11 @@ window = "1m"
     let client = TestClient::default();
     let no_key = client.get(&proxy.url("/api"), &[]).await;
     assert_eq!(no_key.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(
-        no_key.json()["type"],
-        "https://limiter.dev/problems#missing-key"
-    );
+    assert_eq!(no_key.json()["type"], "https://limiter.dev/problems#missing-key");
     let no_header = client.get(&proxy.url("/tenant"), &[]).await;
     assert_eq!(no_header.status, StatusCode::BAD_REQUEST);
-    assert_eq!(
-        client
-            .get(&proxy.url("/api"), &[("x-api-key", "k")])
-            .await
-            .status,
-        StatusCode::OK
-    );
-    assert_eq!(
-        client
-            .get(&proxy.url("/tenant"), &[("x-tenant", "t1")])
-            .await
-            .status,
-        StatusCode::OK
-    );
+    assert_eq!(client.get(&proxy.url("/api"), &[("x-api-key", "k")]).await.status, StatusCode::OK);
+    assert_eq!(client.get(&proxy.url("/tenant"), &[("x-tenant", "t1")]).await.status, StatusCode::OK);
     assert_eq!(upstream.count(), 2);
     assert_eq!(proxy.proxy.stats().rejected, 2);
 }

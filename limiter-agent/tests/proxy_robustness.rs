@@ -28,15 +28,8 @@ async fn body_over_the_limit_by_content_length_is_refused_unread() {
         b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1001\r\nExpect: 100-continue\r\n\r\n",
     )
     .await;
-    assert_eq!(
-        status_line(&response),
-        "HTTP/1.1 413 Payload Too Large",
-        "{response}"
-    );
-    assert!(
-        response.contains("application/problem+json") && response.contains("#body-too-large"),
-        "{response}"
-    );
+    assert_eq!(status_line(&response), "HTTP/1.1 413 Payload Too Large", "{response}");
+    assert!(response.contains("application/problem+json") && response.contains("#body-too-large"), "{response}");
     assert_eq!(upstream.count(), 0);
     assert_eq!(proxy.proxy.stats().body_too_large, 1);
 }
@@ -46,15 +39,10 @@ async fn chunked_body_over_the_limit_is_refused_before_the_upstream_sees_it() {
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(&with_body_limit(1000), upstream.addr).await;
     let chunk = format!("258\r\n{}\r\n", "a".repeat(600));
-    let request = format!(
-        "POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{chunk}{chunk}0\r\n\r\n"
-    );
+    let request =
+        format!("POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{chunk}{chunk}0\r\n\r\n");
     let response = raw_exchange(proxy.addr, request.as_bytes()).await;
-    assert_eq!(
-        status_line(&response),
-        "HTTP/1.1 413 Payload Too Large",
-        "{response}"
-    );
+    assert_eq!(status_line(&response), "HTTP/1.1 413 Payload Too Large", "{response}");
     assert_eq!(upstream.count(), 0);
 
     // Under the limit, the same framing goes through with the exact bytes.
@@ -66,35 +54,20 @@ async fn chunked_body_over_the_limit_is_refused_before_the_upstream_sees_it() {
     let seen = upstream.seen();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].body, "a".repeat(600));
-    assert!(
-        seen[0]
-            .headers
-            .get("transfer-encoding")
-            .is_none_or(|te| te == "chunked")
-    );
+    assert!(seen[0].headers.get("transfer-encoding").is_none_or(|te| te == "chunked"));
 }
 
 #[tokio::test]
 async fn slow_headers_get_408_and_the_connection_closes() {
     let upstream = Upstream::start().await;
     let timeout = Duration::from_millis(300);
-    let proxy = RunningProxy::start(
-        &format!("{PROXY_HEAD}header_timeout = \"300ms\"\n"),
-        upstream.addr,
-    )
-    .await;
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}header_timeout = \"300ms\"\n"), upstream.addr).await;
     let start = Instant::now();
     let response = raw_exchange(proxy.addr, b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ").await;
     let elapsed = start.elapsed();
-    assert!(
-        response.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
-        "{response}"
-    );
+    assert!(response.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{response}");
     assert!(response.contains("#request-timeout"), "{response}");
-    assert!(
-        elapsed >= timeout && elapsed < timeout * 10,
-        "closed after {elapsed:?}"
-    );
+    assert!(elapsed >= timeout && elapsed < timeout * 10, "closed after {elapsed:?}");
     assert_eq!(upstream.count(), 0);
     assert_eq!(proxy.proxy.stats().timeouts, 1);
 
@@ -150,14 +123,7 @@ async fn content_length_with_transfer_encoding_cannot_smuggle_a_request() {
     let seen = upstream.seen();
     assert!(seen.iter().all(|s| s.uri.path() != "/smuggled"), "{seen:?}");
     assert_eq!(seen.len(), 1);
-    assert!(
-        seen[0]
-            .headers
-            .get("content-length")
-            .is_none_or(|cl| cl == "0"),
-        "{:?}",
-        seen[0].headers
-    );
+    assert!(seen[0].headers.get("content-length").is_none_or(|cl| cl == "0"), "{:?}", seen[0].headers);
     assert!(seen[0].body.is_empty());
 }
 
@@ -174,10 +140,7 @@ async fn garbage_does_not_hurt_the_proxy() {
     ];
     for bytes in garbage {
         let response = raw_exchange(proxy.addr, bytes).await;
-        assert!(
-            response.is_empty() || response.starts_with("HTTP/1.1 4"),
-            "{response}"
-        );
+        assert!(response.is_empty() || response.starts_with("HTTP/1.1 4"), "{response}");
     }
     let reply = TestClient::default().get(&proxy.url("/"), &[]).await;
     assert_eq!(reply.status, StatusCode::OK);
@@ -186,24 +149,15 @@ async fn garbage_does_not_hurt_the_proxy() {
 #[tokio::test]
 async fn dead_upstream_gives_502_quickly() {
     let closed = {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         listener.local_addr().expect("address")
     };
     let proxy = RunningProxy::start(PROXY_HEAD, closed).await;
     let reply = TestClient::default().get(&proxy.url("/"), &[]).await;
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
-    assert!(
-        reply.elapsed < Duration::from_secs(1),
-        "took {:?}",
-        reply.elapsed
-    );
+    assert!(reply.elapsed < Duration::from_secs(1), "took {:?}", reply.elapsed);
     assert_eq!(reply.header("content-type"), "application/problem+json");
-    assert_eq!(
-        reply.json()["type"],
-        "https://limiter.dev/problems#upstream-unavailable"
-    );
+    assert_eq!(reply.json()["type"], "https://limiter.dev/problems#upstream-unavailable");
     assert_eq!(proxy.proxy.stats().upstream_errors, 1);
 }
 
@@ -212,30 +166,18 @@ async fn unresponsive_upstream_host_gives_502_after_the_connect_timeout() {
     // A listener that never accepts, its backlog filled: Linux drops further SYNs, so
     // a connect hangs as it would to a host that is down.
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket
-        .bind("127.0.0.1:0".parse().expect("address"))
-        .expect("bind");
+    socket.bind("127.0.0.1:0".parse().expect("address")).expect("bind");
     let black_hole = socket.local_addr().expect("address");
     let _listener = socket.listen(1).expect("listen");
     let mut fillers = Vec::new();
-    while let Ok(Ok(stream)) =
-        tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(black_hole)).await
-    {
+    while let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(black_hole)).await {
         fillers.push(stream);
     }
     let proxy = RunningProxy::start(PROXY_HEAD, black_hole).await;
     let reply = TestClient::default().get(&proxy.url("/"), &[]).await;
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
-    assert!(
-        reply.elapsed >= Duration::from_millis(900),
-        "took {:?}: the connect did not hang",
-        reply.elapsed
-    );
-    assert!(
-        reply.elapsed < Duration::from_secs(3),
-        "took {:?}",
-        reply.elapsed
-    );
+    assert!(reply.elapsed >= Duration::from_millis(900), "took {:?}: the connect did not hang", reply.elapsed);
+    assert!(reply.elapsed < Duration::from_secs(3), "took {:?}", reply.elapsed);
 }
 
 #[tokio::test]
@@ -280,24 +222,12 @@ async fn hop_by_hop_headers_stay_on_their_hop() {
         .await;
     assert_eq!(reply.status, StatusCode::OK);
     for name in ["x-upstream-secret", "keep-alive", "proxy-authenticate"] {
-        assert!(
-            reply.headers.get(name).is_none(),
-            "{name} reached the client"
-        );
+        assert!(reply.headers.get(name).is_none(), "{name} reached the client");
     }
     assert_eq!(reply.header("x-upstream-kept"), "1");
     let seen = &upstream.seen()[0];
-    for name in [
-        "x-client-secret",
-        "keep-alive",
-        "proxy-authorization",
-        "te",
-        "upgrade",
-    ] {
-        assert!(
-            seen.headers.get(name).is_none(),
-            "{name} reached the upstream"
-        );
+    for name in ["x-client-secret", "keep-alive", "proxy-authorization", "te", "upgrade"] {
+        assert!(seen.headers.get(name).is_none(), "{name} reached the upstream");
     }
     assert_eq!(seen.headers["x-client-kept"], "1");
     assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
@@ -315,9 +245,7 @@ async fn shutdown_drains_in_flight_requests() {
 
     // An idle keep-alive connection must not hold up the drain.
     let mut idle = TcpStream::connect(addr).await.expect("connect");
-    idle.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .expect("write");
+    idle.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
     upstream.arrived(2).await;
 
     let shutdown = tokio::spawn(proxy.shutdown());
@@ -328,15 +256,8 @@ async fn shutdown_drains_in_flight_requests() {
     let reply = in_flight.await.expect("client task");
     assert_eq!(reply.status, StatusCode::OK);
     shutdown.await.expect("shutdown");
-    assert!(
-        read_to_close(&mut idle)
-            .await
-            .starts_with("HTTP/1.1 200 OK")
-    );
-    assert!(
-        TcpStream::connect(addr).await.is_err(),
-        "still accepting after shutdown"
-    );
+    assert!(read_to_close(&mut idle).await.starts_with("HTTP/1.1 200 OK"));
+    assert!(TcpStream::connect(addr).await.is_err(), "still accepting after shutdown");
 }
 
 #[tokio::test]

@@ -25,10 +25,8 @@ fn secret_file(secret: &[u8]) -> PathBuf {
 }
 
 fn config(secrets: &[&[u8]], extra: &str) -> String {
-    let references: Vec<String> = secrets
-        .iter()
-        .map(|secret| format!("\"file:{}\"", secret_file(secret).display()))
-        .collect();
+    let references: Vec<String> =
+        secrets.iter().map(|secret| format!("\"file:{}\"", secret_file(secret).display())).collect();
     format!(
         r#"{PROXY_HEAD}
 [proxy.plans.basic]
@@ -63,14 +61,7 @@ struct Signed<'a> {
 
 impl<'a> Signed<'a> {
     fn post(target: &'a str, body: &'a [u8]) -> Self {
-        Self {
-            method: Method::POST,
-            target,
-            body,
-            timestamp: unix_now(),
-            nonce: None,
-            idempotency_key: None,
-        }
+        Self { method: Method::POST, target, body, timestamp: unix_now(), nonce: None, idempotency_key: None }
     }
 
     fn signature(&self, secret: &[u8]) -> String {
@@ -88,21 +79,10 @@ impl<'a> Signed<'a> {
     /// now, which a test may have changed after signing.
     async fn send_with(&self, client: &TestClient, proxy: &RunningProxy, signature: &str) -> Reply {
         let timestamp = self.timestamp.to_string();
-        let mut headers = vec![
-            ("x-api-key", "k-pay"),
-            ("x-timestamp", timestamp.as_str()),
-            ("x-signature", signature),
-        ];
+        let mut headers = vec![("x-api-key", "k-pay"), ("x-timestamp", timestamp.as_str()), ("x-signature", signature)];
         headers.extend(self.nonce.map(|nonce| ("x-nonce", nonce)));
         headers.extend(self.idempotency_key.map(|key| ("idempotency-key", key)));
-        client
-            .request(
-                self.method.clone(),
-                &proxy.url(self.target),
-                &headers,
-                self.body,
-            )
-            .await
+        client.request(self.method.clone(), &proxy.url(self.target), &headers, self.body).await
     }
 
     async fn send(&self, client: &TestClient, proxy: &RunningProxy) -> Reply {
@@ -121,90 +101,35 @@ async fn valid_signature_passes_and_any_change_fails_alike() {
     let reply = valid.send(&client, &proxy).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(upstream.seen()[0].body, &body[..]);
-    assert_eq!(
-        reply.header("ratelimit-policy"),
-        r#""transfer";q=100;w=1, "basic";q=1000;w=60"#
-    );
+    assert_eq!(reply.header("ratelimit-policy"), r#""transfer";q=100;w=1, "basic";q=1000;w=60"#);
 
-    let original = || Signed {
-        nonce: Some("n-1"),
-        ..Signed::post("/api/transfer?dry_run=1", body)
-    };
+    let original = || Signed { nonce: Some("n-1"), ..Signed::post("/api/transfer?dry_run=1", body) };
     let signature = original().signature(SECRET);
     let mut failures = Vec::new();
     for changed in [
-        Signed {
-            body: br#"{"amount":900,"to":"acct-42"}"#,
-            ..original()
-        },
-        Signed {
-            method: Method::PUT,
-            ..original()
-        },
-        Signed {
-            target: "/api/transfer/other?dry_run=1",
-            ..original()
-        },
-        Signed {
-            target: "/api/transfer?dry_run=0",
-            ..original()
-        },
-        Signed {
-            timestamp: original().timestamp + 1,
-            ..original()
-        },
+        Signed { body: br#"{"amount":900,"to":"acct-42"}"#, ..original() },
+        Signed { method: Method::PUT, ..original() },
+        Signed { target: "/api/transfer/other?dry_run=1", ..original() },
+        Signed { target: "/api/transfer?dry_run=0", ..original() },
+        Signed { timestamp: original().timestamp + 1, ..original() },
     ] {
         failures.push(changed.send_with(&client, &proxy, &signature).await);
     }
     for timestamp in [unix_now() - 301, unix_now() + 301] {
-        failures.push(
-            Signed {
-                timestamp,
-                ..original()
-            }
-            .send(&client, &proxy)
-            .await,
-        );
+        failures.push(Signed { timestamp, ..original() }.send(&client, &proxy).await);
     }
-    failures.push(
-        original()
-            .send_with(&client, &proxy, &signature[..63])
-            .await,
-    );
-    failures.push(
-        original()
-            .send_with(&client, &proxy, &signature.to_uppercase())
-            .await,
-    );
-    failures.push(
-        client
-            .request(
-                Method::POST,
-                &proxy.url("/api/transfer"),
-                &[("x-api-key", "k-pay")],
-                body,
-            )
-            .await,
-    );
-    failures.push(
-        original()
-            .send_with(&client, &proxy, &original().signature(b"not the secret"))
-            .await,
-    );
+    failures.push(original().send_with(&client, &proxy, &signature[..63]).await);
+    failures.push(original().send_with(&client, &proxy, &signature.to_uppercase()).await);
+    failures.push(client.request(Method::POST, &proxy.url("/api/transfer"), &[("x-api-key", "k-pay")], body).await);
+    failures.push(original().send_with(&client, &proxy, &original().signature(b"not the secret")).await);
     // The first request once more: a replay.
     failures.push(valid.send(&client, &proxy).await);
 
     let first = &failures[0];
-    assert_eq!(
-        first.json()["type"],
-        "https://limiter.dev/problems#invalid-signature"
-    );
+    assert_eq!(first.json()["type"], "https://limiter.dev/problems#invalid-signature");
     for (i, reply) in failures.iter().enumerate() {
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "case {i}");
-        assert_eq!(
-            reply.body, first.body,
-            "case {i}: every failure looks the same"
-        );
+        assert_eq!(reply.body, first.body, "case {i}: every failure looks the same");
     }
     assert_eq!(upstream.count(), 1);
 
@@ -212,14 +137,7 @@ async fn valid_signature_passes_and_any_change_fails_alike() {
     assert_eq!(stats.signature_failures, 12);
     assert_eq!(stats.replays, 1);
     let reasons = &stats.signature_failure_reasons;
-    assert_eq!(
-        (
-            reasons["bad_mac"],
-            reasons["skew"],
-            reasons["bad_signature_format"]
-        ),
-        (6, 2, 2)
-    );
+    assert_eq!((reasons["bad_mac"], reasons["skew"], reasons["bad_signature_format"]), (6, 2, 2));
     assert_eq!((reasons["missing_header"], reasons["replay"]), (1, 1));
 }
 
@@ -228,22 +146,10 @@ async fn distinct_nonces_pass_and_a_rotated_key_verifies_with_either_secret() {
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(&config(&[SECRET, NEW_SECRET], ""), upstream.addr).await;
     let client = TestClient::default();
-    let first = Signed {
-        nonce: Some("a"),
-        ..Signed::post("/api/transfer", b"x")
-    };
-    let second = Signed {
-        nonce: Some("b"),
-        ..Signed::post("/api/transfer", b"x")
-    };
+    let first = Signed { nonce: Some("a"), ..Signed::post("/api/transfer", b"x") };
+    let second = Signed { nonce: Some("b"), ..Signed::post("/api/transfer", b"x") };
     assert_eq!(first.send(&client, &proxy).await.status, StatusCode::OK);
-    assert_eq!(
-        second
-            .send_with(&client, &proxy, &second.signature(NEW_SECRET))
-            .await
-            .status,
-        StatusCode::OK
-    );
+    assert_eq!(second.send_with(&client, &proxy, &second.signature(NEW_SECRET)).await.status, StatusCode::OK);
     assert_eq!(upstream.count(), 2);
 }
 
@@ -254,23 +160,14 @@ async fn failed_signatures_are_charged_to_the_ip_limits() {
     let proxy = RunningProxy::start(&config(&[SECRET], per_ip), upstream.addr).await;
     let client = TestClient::default();
     for guess in ["0", "1", "2"] {
-        let request = Signed {
-            nonce: Some(guess),
-            ..Signed::post("/api/transfer", b"x")
-        };
+        let request = Signed { nonce: Some(guess), ..Signed::post("/api/transfer", b"x") };
         let reply = request.send_with(&client, &proxy, &"0".repeat(64)).await;
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
     }
-    let honest = Signed {
-        nonce: Some("honest"),
-        ..Signed::post("/api/transfer", b"x")
-    };
+    let honest = Signed { nonce: Some("honest"), ..Signed::post("/api/transfer", b"x") };
     let reply = honest.send(&client, &proxy).await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(
-        reply.json()["violated_policies"],
-        serde_json::json!(["per-ip"])
-    );
+    assert_eq!(reply.json()["violated_policies"], serde_json::json!(["per-ip"]));
     assert_eq!(upstream.count(), 0);
 }
 
@@ -285,30 +182,21 @@ async fn idempotency_key_replays_conflicts_and_in_flight() {
         ..Signed::post("/api/transfer", body)
     };
 
-    let first = with_key("1", b"pay 10", "idem-1")
-        .send(&client, &proxy)
-        .await;
+    let first = with_key("1", b"pay 10", "idem-1").send(&client, &proxy).await;
     assert_eq!(first.status, StatusCode::OK);
     assert!(first.headers.get("idempotency-replayed").is_none());
-    let again = with_key("2", b"pay 10", "idem-1")
-        .send(&client, &proxy)
-        .await;
+    let again = with_key("2", b"pay 10", "idem-1").send(&client, &proxy).await;
     assert_eq!(again.status, StatusCode::OK);
     assert_eq!(again.header("idempotency-replayed"), "true");
     assert_eq!(again.body, first.body);
     assert_eq!(upstream.count(), 1);
 
-    let other_body = with_key("3", b"pay 99", "idem-1")
-        .send(&client, &proxy)
-        .await;
+    let other_body = with_key("3", b"pay 99", "idem-1").send(&client, &proxy).await;
     assert_eq!(other_body.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(upstream.count(), 1);
 
-    let held = Signed {
-        nonce: Some("4"),
-        idempotency_key: Some("idem-2"),
-        ..Signed::post("/api/transfer/hold", b"pay 5")
-    };
+    let held =
+        Signed { nonce: Some("4"), idempotency_key: Some("idem-2"), ..Signed::post("/api/transfer/hold", b"pay 5") };
     let (held_client, held_proxy_url) = (client.clone(), proxy.url(""));
     let signature = held.signature(SECRET);
     let timestamp = held.timestamp.to_string();
@@ -320,28 +208,13 @@ async fn idempotency_key_replays_conflicts_and_in_flight() {
             ("x-nonce", "4"),
             ("idempotency-key", "idem-2"),
         ];
-        held_client
-            .request(
-                Method::POST,
-                &format!("{held_proxy_url}/api/transfer/hold"),
-                &headers,
-                b"pay 5",
-            )
-            .await
+        held_client.request(Method::POST, &format!("{held_proxy_url}/api/transfer/hold"), &headers, b"pay 5").await
     });
     upstream.arrived(2).await;
-    let duplicate = Signed {
-        nonce: Some("5"),
-        ..held
-    }
-    .send(&client, &proxy)
-    .await;
+    let duplicate = Signed { nonce: Some("5"), ..held }.send(&client, &proxy).await;
     assert_eq!(duplicate.status, StatusCode::CONFLICT);
     upstream.release(1);
-    assert_eq!(
-        in_flight.await.expect("held request").status,
-        StatusCode::OK
-    );
+    assert_eq!(in_flight.await.expect("held request").status, StatusCode::OK);
     assert_eq!(upstream.count(), 2);
     assert_eq!(proxy.proxy.stats().idempotent_replays, 1);
 }
@@ -365,14 +238,9 @@ async fn limiter_sign_output_is_accepted_by_the_proxy() {
         .expect("run limiter sign");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let printed = String::from_utf8(output.stdout).expect("utf-8");
-    let headers: Vec<(&str, &str)> = printed
-        .lines()
-        .filter_map(|line| line.split_once(": "))
-        .collect();
+    let headers: Vec<(&str, &str)> = printed.lines().filter_map(|line| line.split_once(": ")).collect();
     assert_eq!(headers.len(), 4, "key, timestamp, nonce, signature: {printed}");
-    let reply = client
-        .request(Method::POST, &proxy.url("/api/transfer?x=1"), &headers, body)
-        .await;
+    let reply = client.request(Method::POST, &proxy.url("/api/transfer?x=1"), &headers, body).await;
     assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
     assert_eq!(upstream.seen()[0].body, &body[..]);
     let tampered = client

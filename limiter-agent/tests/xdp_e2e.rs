@@ -31,7 +31,9 @@ fn flood_is_held_to_its_rate_while_a_slow_flow_loses_nothing() {
 
     let flood_received = receiver.from(flooder).len() as u64;
     let polite_received = receiver.from(polite).len() as u64;
-    eprintln!("flood: {flood_received} of {FLOOD} received in {flood_elapsed:?}; slow flow: {polite_received} of {POLITE}");
+    eprintln!(
+        "flood: {flood_received} of {FLOOD} received in {flood_elapsed:?}; slow flow: {polite_received} of {POLITE}"
+    );
     assert_eq!(polite_received, POLITE, "the slow flow lost packets");
     let ceiling = BURST + (flood_elapsed.as_secs_f64() * RATE as f64).ceil() as u64 + RATE / 20;
     let floor = (flood_elapsed.as_secs_f64() * RATE as f64 * 0.8) as u64;

@@ -54,11 +54,7 @@ pub fn limiter(ctx: XdpContext) -> u32 {
         }
         Frame::Malformed => {
             count(Counter::Malformed);
-            return if settings.malformed_drop != 0 {
-                refuse(enforce, Counter::DroppedMalformed)
-            } else {
-                pass()
-            };
+            return if settings.malformed_drop != 0 { refuse(enforce, Counter::DroppedMalformed) } else { pass() };
         }
         Frame::Ip(packet) => packet,
     };
@@ -174,9 +170,8 @@ fn charge(ctx: &XdpContext, key: &SourceKey, now: u64, rate: Rate) -> bool {
     };
     // SAFETY: `state` points into a live map value whose fields are 8-byte aligned
     // u64s that every CPU only touches atomically.
-    let (tat, packets, dropped) = unsafe {
-        (&raw mut (*state).tat_ns, &raw mut (*state).packets, &raw mut (*state).dropped)
-    };
+    let (tat, packets, dropped) =
+        unsafe { (&raw mut (*state).tat_ns, &raw mut (*state).packets, &raw mut (*state).dropped) };
     unsafe { atomic::increment(packets) };
     let mut current = unsafe { atomic::load(tat) };
     for _ in 0..CAS_ATTEMPTS {

@@ -6,7 +6,9 @@ use aya_ebpf::{
 };
 use limiter_common::{
     counters::Counter,
-    maps::{Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, OCCUPANCY_SLOTS, SETTINGS_SLOTS, Settings, SourceKey, SourceState},
+    maps::{
+        Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, OCCUPANCY_SLOTS, SETTINGS_SLOTS, Settings, SourceKey, SourceState,
+    },
 };
 
 /// Sized by the agent from `xdp.max_sources` at load time.

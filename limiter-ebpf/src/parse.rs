@@ -134,13 +134,7 @@ fn parse_v6(ctx: &XdpContext, offset: usize, ipv6_prefix: u8) -> Frame {
     let payload_len = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
     let mut packet = match as_v4(&v6) {
         Some(v4) => Packet { source: v6, v4: Some(v4), v6, malformed: false, link_control: false },
-        None => Packet {
-            source: mask_v6(v6, ipv6_prefix),
-            v4: None,
-            v6,
-            malformed: false,
-            link_control: false,
-        },
+        None => Packet { source: mask_v6(v6, ipv6_prefix), v4: None, v6, malformed: false, link_control: false },
     };
     if offset + IPV6_HLEN + payload_len > frame_len(ctx) {
         packet.malformed = true;
@@ -148,8 +142,8 @@ fn parse_v6(ctx: &XdpContext, offset: usize, ipv6_prefix: u8) -> Frame {
     }
     match upper_layer(ctx, offset + IPV6_HLEN, ip[6]) {
         UpperLayer::Icmpv6(icmp_type) => {
-            packet.link_control = ip[7] == ND_HOP_LIMIT
-                && (ICMPV6_ROUTER_SOLICIT..=ICMPV6_REDIRECT).contains(&icmp_type);
+            packet.link_control =
+                ip[7] == ND_HOP_LIMIT && (ICMPV6_ROUTER_SOLICIT..=ICMPV6_REDIRECT).contains(&icmp_type);
         }
         UpperLayer::Other => {}
         UpperLayer::Broken => packet.malformed = true,

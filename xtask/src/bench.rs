@@ -141,9 +141,13 @@ impl Bench {
         let s = self.sizes;
         let started = Instant::now();
         let xdp = self.example("xdp_cost", &[s.xdp_repeat.to_string(), s.xdp_capacity.to_string()]);
-        let flood = self.example("bench_flood", &[s.flood_packets.to_string(), s.flood_sources.to_string(), "100".into(), "50".into()]);
+        let flood = self.example(
+            "bench_flood",
+            &[s.flood_packets.to_string(), s.flood_sources.to_string(), "100".into(), "50".into()],
+        );
         let http = self.group("http", Self::http);
-        let algorithms = self.example("bench_algorithms", &[s.algorithm_decisions.to_string(), s.algorithm_keys.to_string()]);
+        let algorithms =
+            self.example("bench_algorithms", &[s.algorithm_decisions.to_string(), s.algorithm_keys.to_string()]);
         let hmac = self.example("bench_hmac", &[s.hmac_bytes.to_string()]);
         let memory = self.example("bench_memory", &[s.memory_keys.to_string(), s.memory_sources.to_string()]);
         let mut report = json!({
@@ -238,7 +242,14 @@ impl Bench {
         start_limiter(self, "limiter, per-IP + per-key + plan", LIMITER_RULES, "/")?;
         start_limiter(self, "limiter, signed route", LIMITER_SIGNED, "/signed")?;
         let nginx_port = free_port()?;
-        servers.push(Server::nginx(self, &nginx, &dir, "nginx-limit-req", &nginx_limit_req_conf(nginx_port, upstream_port), nginx_port)?);
+        servers.push(Server::nginx(
+            self,
+            &nginx,
+            &dir,
+            "nginx-limit-req",
+            &nginx_limit_req_conf(nginx_port, upstream_port),
+            nginx_port,
+        )?);
         scenarios.push(("nginx limit_req", nginx_port, "/"));
 
         let latency_lua = dir.join("latency.lua");
@@ -265,13 +276,18 @@ impl Bench {
             let url = format!("http://127.0.0.1:{port}{path}");
             let script = if path == "/signed" { &signed_lua } else { &latency_lua };
             let mut c = cmd(&wrk);
-            c.args(["-t1", "-c", &connections, "-d", &format!("{seconds}s"), "-s"])
-                .arg(script)
-                .args(["-H", &format!("X-API-Key: {KEY_ID}"), &url]);
+            c.args(["-t1", "-c", &connections, "-d", &format!("{seconds}s"), "-s"]).arg(script).args([
+                "-H",
+                &format!("X-API-Key: {KEY_ID}"),
+                &url,
+            ]);
             self.record(&c);
             let out = c.output()?;
             let text = String::from_utf8_lossy(&out.stdout);
-            let line = text.lines().find(|l| l.starts_with("{\"rps\"")).with_context(|| format!("wrk gave no summary for {name}: {text}"))?;
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("{\"rps\""))
+                .with_context(|| format!("wrk gave no summary for {name}: {text}"))?;
             let closed: Value = serde_json::from_str(line)?;
             rows.push(json!({"scenario": name, "url": url, "closed_loop": closed}));
         }
@@ -287,11 +303,23 @@ impl Bench {
                 }
                 let url = row["url"].as_str().unwrap_or_default().to_owned();
                 let mut c = cmd(&oha);
-                c.args(["-z", &format!("{seconds}s"), "-q", &rate.to_string(), "-c", &connections, "--latency-correction", "--no-tui", "--output-format", "json"])
-                    .args(["-H", &format!("X-API-Key: {KEY_ID}"), &url]);
+                c.args([
+                    "-z",
+                    &format!("{seconds}s"),
+                    "-q",
+                    &rate.to_string(),
+                    "-c",
+                    &connections,
+                    "--latency-correction",
+                    "--no-tui",
+                    "--output-format",
+                    "json",
+                ])
+                .args(["-H", &format!("X-API-Key: {KEY_ID}"), &url]);
                 self.record(&c);
                 let out = c.output()?;
-                let parsed: Value = serde_json::from_slice(&out.stdout).with_context(|| format!("oha output for {name}"))?;
+                let parsed: Value =
+                    serde_json::from_slice(&out.stdout).with_context(|| format!("oha output for {name}"))?;
                 let p = &parsed["latencyPercentiles"];
                 let ms = |v: &Value| v.as_f64().map(|s| s * 1e3);
                 let codes = &parsed["statusCodeDistribution"];
@@ -495,8 +523,13 @@ fn first_line(program: &str, args: &[&str]) -> String {
 
 fn environment() -> Value {
     let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu = cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).unwrap_or("?").trim();
-    let nginx = Command::new("nginx").arg("-v").output().map(|o| String::from_utf8_lossy(&o.stderr).trim().to_owned()).unwrap_or_default();
+    let cpu =
+        cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).unwrap_or("?").trim();
+    let nginx = Command::new("nginx")
+        .arg("-v")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stderr).trim().to_owned())
+        .unwrap_or_default();
     json!({
         "kernel": first_line("uname", &["-r"]),
         "cpu": cpu,
@@ -537,11 +570,22 @@ fn targets(report: &Value) -> Value {
     list.push(target(
         "XDP known source",
         "≤ 2.5 × XDP_PASS floor",
-        ratio.map_or("—".into(), |r| format!("{r:.2} × ({:.0} ns vs {:.0} ns)", f(&xdp["known_source_ns"]).unwrap_or(0.0), f(&xdp["xdp_pass_floor_ns"]).unwrap_or(0.0))),
+        ratio.map_or("—".into(), |r| {
+            format!(
+                "{r:.2} × ({:.0} ns vs {:.0} ns)",
+                f(&xdp["known_source_ns"]).unwrap_or(0.0),
+                f(&xdp["xdp_pass_floor_ns"]).unwrap_or(0.0)
+            )
+        }),
         ratio.map(|r| r <= 2.5),
     ));
     let fresh = f(&xdp["new_source_full_map_ns"]);
-    list.push(target("XDP new source, full map", "< 400 ns", fresh.map_or("—".into(), |n| format!("{n:.0} ns")), fresh.map(|n| n < 400.0)));
+    list.push(target(
+        "XDP new source, full map",
+        "< 400 ns",
+        fresh.map_or("—".into(), |n| format!("{n:.0} ns")),
+        fresh.map(|n| n < 400.0),
+    ));
 
     let flood = &report["flood"];
     let per_m = |name| find(flood, "filter", name).and_then(|r| f(&r["softirq_ms_per_million_packets"]));
@@ -553,7 +597,12 @@ fn targets(report: &Value) -> Value {
         "Flood: CPU per packet, nftables / limiter",
         "≥ 3 ×, well-behaved flow ≥ 99 % delivered",
         match (ratio, delivery) {
-            (Some(r), Some(d)) => format!("{r:.2} × ({:.0} vs {:.0} ms per M packets), delivery {:.1} %", nft.unwrap_or(0.0), lim.unwrap_or(0.0), d * 100.0),
+            (Some(r), Some(d)) => format!(
+                "{r:.2} × ({:.0} vs {:.0} ms per M packets), delivery {:.1} %",
+                nft.unwrap_or(0.0),
+                lim.unwrap_or(0.0),
+                d * 100.0
+            ),
             _ => "—".into(),
         },
         ratio.zip(delivery).map(|(r, d)| r >= 3.0 && d >= 0.99),
@@ -580,7 +629,9 @@ fn targets(report: &Value) -> Value {
     let algorithms = &report["algorithms"];
     let mut worst: Option<(f64, String)> = None;
     for threads in [1, 2] {
-        let governor = rows(algorithms).find(|r| r["algorithm"] == "governor" && r["threads"] == threads).and_then(|r| f(&r["decisions_per_second"]));
+        let governor = rows(algorithms)
+            .find(|r| r["algorithm"] == "governor" && r["threads"] == threads)
+            .and_then(|r| f(&r["decisions_per_second"]));
         for r in rows(algorithms).filter(|r| r["algorithm"] != "governor" && r["threads"] == threads) {
             if let (Some(g), Some(d)) = (governor, f(&r["decisions_per_second"])) {
                 let ratio = d / g;
@@ -597,7 +648,12 @@ fn targets(report: &Value) -> Value {
         worst.map(|(r, _)| r >= 1.0),
     ));
     let hmac = rows(&report["hmac"]).find(|r| r["body_bytes"] == 1_048_576).and_then(|r| f(&r["bytes_per_second"]));
-    list.push(target("HMAC verification, 1 MiB bodies", "> 1 GB/s", hmac.map_or("—".into(), |b| format!("{:.2} GB/s", b / 1e9)), hmac.map(|b| b > 1e9)));
+    list.push(target(
+        "HMAC verification, 1 MiB bodies",
+        "> 1 GB/s",
+        hmac.map_or("—".into(), |b| format!("{:.2} GB/s", b / 1e9)),
+        hmac.map(|b| b > 1e9),
+    ));
     json!(list)
 }
 
@@ -646,7 +702,11 @@ fn markdown(report: &Value) -> String {
         env["oha"].as_str().unwrap_or("oha missing"),
         env["nft"].as_str().unwrap_or("?"),
     );
-    let _ = writeln!(m, "Reproduce: `cargo xtask bench{}` (as root).\n", if report["run"] == "quick" { " --quick" } else { "" });
+    let _ = writeln!(
+        m,
+        "Reproduce: `cargo xtask bench{}` (as root).\n",
+        if report["run"] == "quick" { " --quick" } else { "" }
+    );
     let _ = writeln!(m, "## Targets\n\n{}", summary_table(report));
 
     let x = &report["xdp_cost"];
@@ -660,7 +720,12 @@ fn markdown(report: &Value) -> String {
         ("limiter, known source, 10 000 CIDRs", "known_source_10k_cidrs_ns"),
     ] {
         let v = f(&x[key]);
-        let _ = writeln!(m, "| {label} | {} | {} |", num(&x[key], 1), v.map_or("—".into(), |v| format!("{:.2}", v / floor)));
+        let _ = writeln!(
+            m,
+            "| {label} | {} | {} |",
+            num(&x[key], 1),
+            v.map_or("—".into(), |v| format!("{:.2}", v / floor))
+        );
     }
     let _ = writeln!(
         m,
@@ -676,7 +741,10 @@ fn markdown(report: &Value) -> String {
          plus one well-behaved flow at {} packets/s. Receiving side's CPU = softirq time on the flooding CPU (background rate removed).\n",
         fl["flood_packets"], fl["spoofed_sources"], fl["rate_per_source"], fl["burst_per_source"], fl["good_pps"]
     );
-    let _ = writeln!(m, "| filter | softirq ms per M packets | flood packets/s | dropped | well-behaved delivered | XDP program ns/packet (bpf_stats) |\n|---|---|---|---|---|---|");
+    let _ = writeln!(
+        m,
+        "| filter | softirq ms per M packets | flood packets/s | dropped | well-behaved delivered | XDP program ns/packet (bpf_stats) |\n|---|---|---|---|---|---|"
+    );
     for r in rows(fl) {
         let _ = writeln!(
             m,
@@ -701,9 +769,16 @@ fn markdown(report: &Value) -> String {
     let _ = writeln!(
         m,
         "## 3. HTTP (loopback, one upstream nginx, {} connections, {} s per run)\n\nClosed loop: {}. Fixed rate {} req/s: {}.\n",
-        h["connections"], h["seconds"], h["load_tools"]["closed_loop"].as_str().unwrap_or(""), h["fixed_rate"], h["load_tools"]["fixed_rate"].as_str().unwrap_or("")
+        h["connections"],
+        h["seconds"],
+        h["load_tools"]["closed_loop"].as_str().unwrap_or(""),
+        h["fixed_rate"],
+        h["load_tools"]["fixed_rate"].as_str().unwrap_or("")
     );
-    let _ = writeln!(m, "| scenario | closed-loop req/s | p50 / p99 / p99.9 ms (closed) | fixed-rate p50 / p99 / p99.9 ms | errors |\n|---|---|---|---|---|");
+    let _ = writeln!(
+        m,
+        "| scenario | closed-loop req/s | p50 / p99 / p99.9 ms (closed) | fixed-rate p50 / p99 / p99.9 ms | errors |\n|---|---|---|---|---|"
+    );
     for r in rows(h) {
         let c = &r["closed_loop"];
         let fr = &r["fixed_rate"];
@@ -721,7 +796,10 @@ fn markdown(report: &Value) -> String {
             c["errors"],
         );
     }
-    let _ = writeln!(m, "\nLimits are set far above the load on both proxies, so every request is decided and forwarded.\n\n![http](http.svg)\n");
+    let _ = writeln!(
+        m,
+        "\nLimits are set far above the load on both proxies, so every request is decided and forwarded.\n\n![http](http.svg)\n"
+    );
 
     let a = &report["algorithms"];
     let _ = writeln!(
@@ -729,28 +807,64 @@ fn markdown(report: &Value) -> String {
         "## 4. Decisions per second, {} keys, limit {} per second\n\n| algorithm | 1 thread | 2 threads | bare check+charge, 1 thread |\n|---|---|---|---|",
         a["keys"], a["limit_per_second"]
     );
-    let names: Vec<String> = rows(a).filter(|r| r["threads"] == 1).map(|r| r["algorithm"].as_str().unwrap_or("").to_owned()).collect();
+    let names: Vec<String> =
+        rows(a).filter(|r| r["threads"] == 1).map(|r| r["algorithm"].as_str().unwrap_or("").to_owned()).collect();
     for name in names {
-        let get = |t: u64| rows(a).find(|r| r["algorithm"] == name.as_str() && r["threads"] == t).cloned().unwrap_or_default();
+        let get = |t: u64| {
+            rows(a).find(|r| r["algorithm"] == name.as_str() && r["threads"] == t).cloned().unwrap_or_default()
+        };
         let (one, two) = (get(1), get(2));
-        let label = if name == "governor" { "governor keyed (anchor)".to_owned() } else { format!("limiter {name} (MemoryStore)") };
-        let _ = writeln!(m, "| {label} | {} | {} | {} |", num(&one["decisions_per_second"], 0), num(&two["decisions_per_second"], 0), num(&one["bare_decisions_per_second"], 0));
+        let label = if name == "governor" {
+            "governor keyed (anchor)".to_owned()
+        } else {
+            format!("limiter {name} (MemoryStore)")
+        };
+        let _ = writeln!(
+            m,
+            "| {label} | {} | {} | {} |",
+            num(&one["decisions_per_second"], 0),
+            num(&two["decisions_per_second"], 0),
+            num(&one["bare_decisions_per_second"], 0)
+        );
     }
     let _ = writeln!(m, "\n![algorithms](algorithms.svg)\n");
 
-    let _ = writeln!(m, "## 5. HMAC verification (body SHA-256 + string to sign + HMAC + replay cache)\n\n| body | verifications/s | MB/s |\n|---|---|---|");
+    let _ = writeln!(
+        m,
+        "## 5. HMAC verification (body SHA-256 + string to sign + HMAC + replay cache)\n\n| body | verifications/s | MB/s |\n|---|---|---|"
+    );
     for r in rows(&report["hmac"]) {
-        let _ = writeln!(m, "| {} B | {} | {:.0} |", r["body_bytes"], num(&r["requests_per_second"], 0), f(&r["bytes_per_second"]).unwrap_or(0.0) / 1e6);
+        let _ = writeln!(
+            m,
+            "| {} B | {} | {:.0} |",
+            r["body_bytes"],
+            num(&r["requests_per_second"], 0),
+            f(&r["bytes_per_second"]).unwrap_or(0.0) / 1e6
+        );
     }
     let _ = writeln!(m, "\n![hmac](hmac.svg)\n");
 
     let mem = &report["memory"];
     let _ = writeln!(m, "## 6. Memory\n\n| where | bytes per tracked key |\n|---|---|");
     for r in mem["proxy"].as_array().into_iter().flatten() {
-        let _ = writeln!(m, "| proxy, {} ({} keys, heap) | {} |", r["algorithm"].as_str().unwrap_or(""), r["keys"], num(&r["bytes_per_key"], 0));
+        let _ = writeln!(
+            m,
+            "| proxy, {} ({} keys, heap) | {} |",
+            r["algorithm"].as_str().unwrap_or(""),
+            r["keys"],
+            num(&r["bytes_per_key"], 0)
+        );
     }
     let k = &mem["kernel"];
-    let _ = writeln!(m, "| kernel sources map ({}, {} slots, key {} B + value {} B) | {} |", k["map_type"].as_str().unwrap_or(""), k["capacity"], k["key_bytes"], k["value_bytes"], num(&k["bytes_per_source"], 0));
+    let _ = writeln!(
+        m,
+        "| kernel sources map ({}, {} slots, key {} B + value {} B) | {} |",
+        k["map_type"].as_str().unwrap_or(""),
+        k["capacity"],
+        k["key_bytes"],
+        k["value_bytes"],
+        num(&k["bytes_per_source"], 0)
+    );
 
     let _ = writeln!(m, "\n## Commands\n\n```");
     for c in report["commands"].as_array().into_iter().flatten() {
@@ -824,17 +938,23 @@ fn charts(report: &Value) -> Vec<(&'static str, String)> {
     .iter()
     .filter_map(|(l, k)| f(&x[*k]).map(|v| ((*l).to_owned(), v)))
     .collect();
-    let flood: Vec<(String, f64)> =
-        rows(&report["flood"]).filter_map(|r| Some((r["filter"].as_str()?.to_owned(), f(&r["softirq_ms_per_million_packets"])?))).collect();
-    let http: Vec<(String, f64)> =
-        rows(&report["http"]).filter_map(|r| Some((r["scenario"].as_str()?.to_owned(), f(&r["closed_loop"]["rps"])?))).collect();
-    let p99: Vec<(String, f64)> =
-        rows(&report["http"]).filter_map(|r| Some((r["scenario"].as_str()?.to_owned(), f(&r["fixed_rate"]["p99_ms"])?))).collect();
-    let algorithms: Vec<(String, f64)> = rows(&report["algorithms"])
-        .filter_map(|r| Some((format!("{} ({}t)", r["algorithm"].as_str()?, r["threads"]), f(&r["decisions_per_second"])?)))
+    let flood: Vec<(String, f64)> = rows(&report["flood"])
+        .filter_map(|r| Some((r["filter"].as_str()?.to_owned(), f(&r["softirq_ms_per_million_packets"])?)))
         .collect();
-    let hmac: Vec<(String, f64)> =
-        rows(&report["hmac"]).filter_map(|r| Some((format!("{} B", r["body_bytes"]), f(&r["bytes_per_second"])? / 1e6))).collect();
+    let http: Vec<(String, f64)> = rows(&report["http"])
+        .filter_map(|r| Some((r["scenario"].as_str()?.to_owned(), f(&r["closed_loop"]["rps"])?)))
+        .collect();
+    let p99: Vec<(String, f64)> = rows(&report["http"])
+        .filter_map(|r| Some((r["scenario"].as_str()?.to_owned(), f(&r["fixed_rate"]["p99_ms"])?)))
+        .collect();
+    let algorithms: Vec<(String, f64)> = rows(&report["algorithms"])
+        .filter_map(|r| {
+            Some((format!("{} ({}t)", r["algorithm"].as_str()?, r["threads"]), f(&r["decisions_per_second"])?))
+        })
+        .collect();
+    let hmac: Vec<(String, f64)> = rows(&report["hmac"])
+        .filter_map(|r| Some((format!("{} B", r["body_bytes"]), f(&r["bytes_per_second"])? / 1e6)))
+        .collect();
     vec![
         ("xdp_cost", bar_chart("XDP cost per packet (lower is better)", "ns", &xdp)),
         ("flood", bar_chart("Flood: receiving CPU per million packets (lower is better)", "ms", &flood)),
@@ -857,14 +977,17 @@ mod tests {
         let bin_dir = target_dir().join("debug");
         let needed = ["xdp_cost", "bench_flood", "bench_algorithms", "bench_hmac", "bench_memory"];
         if let Some(missing) = needed.iter().find(|n| !bin_dir.join("examples").join(n).is_file()) {
-            panic!("{missing} is not built: run through `cargo xtask test` (cargo test --workspace builds the examples)");
+            panic!(
+                "{missing} is not built: run through `cargo xtask test` (cargo test --workspace builds the examples)"
+            );
         }
         assert!(bin_dir.join("limiter").is_file(), "target/debug/limiter is not built");
         let started = Instant::now();
         let out = target_dir().join("bench-smoke");
         let report = Bench::new(Sizes::SMOKE, bin_dir, out.clone()).run().expect("bench run");
         assert_eq!(report["errors"], json!([]), "{:#}", report["errors"]);
-        for file in ["report.md", "report.json", "xdp_cost.svg", "flood.svg", "http.svg", "algorithms.svg", "hmac.svg"] {
+        for file in ["report.md", "report.json", "xdp_cost.svg", "flood.svg", "http.svg", "algorithms.svg", "hmac.svg"]
+        {
             assert!(out.join(file).is_file(), "{file} missing");
         }
         assert!(report["xdp_cost"]["known_source_ns"].as_f64().is_some());

@@ -32,18 +32,10 @@ pub fn run(opts: &Opts) -> Result<()> {
     } else {
         cargo_build(true)?;
     }
-    let unit = install(
-        opts,
-        &target_dir().join("release/limiter"),
-        &workspace_root(),
-    )?;
+    let unit = install(opts, &target_dir().join("release/limiter"), &workspace_root())?;
     let systemd = Path::new("/run/systemd/system").is_dir() && find_program("systemctl").is_some();
     if opts.root.is_some() {
-        println!(
-            "installed under {}; unit: {}",
-            dest(opts, Path::new("/")).display(),
-            unit.display()
-        );
+        println!("installed under {}; unit: {}", dest(opts, Path::new("/")).display(), unit.display());
     } else if !systemd {
         println!(
             "systemd unit: {} (systemd is not running here; with systemd: systemctl daemon-reload && systemctl enable --now limiter)",
@@ -70,34 +62,18 @@ fn dest(opts: &Opts, path: &Path) -> PathBuf {
 /// Installs every file; returns the unit's path. `src` is the workspace root.
 fn install(opts: &Opts, binary: &Path, src: &Path) -> Result<PathBuf> {
     let bin_path = opts.prefix.join("bin/limiter");
-    put(opts.dry_run, binary, &dest(opts, &bin_path), 0o755, |t| {
-        fs::copy(binary, t).map(drop)
-    })?;
+    put(opts.dry_run, binary, &dest(opts, &bin_path), 0o755, |t| fs::copy(binary, t).map(drop))?;
 
     let config = dest(opts, Path::new("/etc/limiter/limiter.toml"));
     let example = src.join("config/limiter.toml");
     if config.exists() {
-        println!(
-            "kept existing {} (the example is {})",
-            config.display(),
-            example.display()
-        );
+        println!("kept existing {} (the example is {})", config.display(), example.display());
     } else {
-        put(opts.dry_run, &example, &config, 0o644, |t| {
-            fs::copy(&example, t).map(drop)
-        })?;
+        put(opts.dry_run, &example, &config, 0o644, |t| fs::copy(&example, t).map(drop))?;
     }
 
     let keys = dest(opts, Path::new("/etc/limiter/keys"));
-    println!(
-        "{} {} (700)",
-        if opts.dry_run {
-            "would create"
-        } else {
-            "create"
-        },
-        keys.display()
-    );
+    println!("{} {} (700)", if opts.dry_run { "would create" } else { "create" }, keys.display());
     if !opts.dry_run {
         fs::create_dir_all(&keys).with_context(|| format!("cannot create {}", keys.display()))?;
         fs::set_permissions(&keys, fs::Permissions::from_mode(0o700))
@@ -105,31 +81,17 @@ fn install(opts: &Opts, binary: &Path, src: &Path) -> Result<PathBuf> {
     }
 
     let template = src.join("packaging/limiter.service");
-    let text = fs::read_to_string(&template)
-        .with_context(|| format!("cannot read {}", template.display()))?;
+    let text = fs::read_to_string(&template).with_context(|| format!("cannot read {}", template.display()))?;
     let text = text.replace(UNIT_BINARY, &bin_path.to_string_lossy());
     let unit = dest(opts, Path::new("/etc/systemd/system/limiter.service"));
-    put(opts.dry_run, &template, &unit, 0o644, |t| {
-        fs::write(t, &text)
-    })?;
+    put(opts.dry_run, &template, &unit, 0o644, |t| fs::write(t, &text))?;
     Ok(unit)
 }
 
 /// Writes through a temporary file and a rename, so replacing a running binary does
 /// not fail with ETXTBSY and a reader never sees half a file.
-fn put(
-    dry_run: bool,
-    from: &Path,
-    to: &Path,
-    mode: u32,
-    write: impl FnOnce(&Path) -> io::Result<()>,
-) -> Result<()> {
-    println!(
-        "{} {} -> {} ({mode:o})",
-        if dry_run { "would install" } else { "install" },
-        from.display(),
-        to.display()
-    );
+fn put(dry_run: bool, from: &Path, to: &Path, mode: u32, write: impl FnOnce(&Path) -> io::Result<()>) -> Result<()> {
+    println!("{} {} -> {} ({mode:o})", if dry_run { "would install" } else { "install" }, from.display(), to.display());
     if dry_run {
         return Ok(());
     }
@@ -139,8 +101,7 @@ fn put(
     write(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
     fs::set_permissions(&tmp, fs::Permissions::from_mode(mode))
         .with_context(|| format!("cannot chmod {}", tmp.display()))?;
-    fs::rename(&tmp, to)
-        .with_context(|| format!("cannot move {} to {}", tmp.display(), to.display()))
+    fs::rename(&tmp, to).with_context(|| format!("cannot move {} to {}", tmp.display(), to.display()))
 }
 
 #[cfg(test)]
@@ -159,19 +120,12 @@ mod tests {
         fs::create_dir_all(&tmp).expect("mkdir");
         fs::write(&binary, b"\x7fELF fake").expect("write binary");
         let root = tmp.join("root");
-        let opts = Opts {
-            prefix: "/opt/lim".into(),
-            dry_run: true,
-            root: Some(root.clone()),
-        };
+        let opts = Opts { prefix: "/opt/lim".into(), dry_run: true, root: Some(root.clone()) };
 
         install(&opts, &binary, &workspace_root()).expect("dry run");
         assert!(!root.exists(), "a dry run must not create anything");
 
-        let opts = Opts {
-            dry_run: false,
-            ..opts
-        };
+        let opts = Opts { dry_run: false, ..opts };
         let unit = install(&opts, &binary, &workspace_root()).expect("install");
         let bin = root.join("opt/lim/bin/limiter");
         let config = root.join("etc/limiter/limiter.toml");
@@ -184,19 +138,13 @@ mod tests {
         assert_eq!(mode(&root.join("etc/limiter/keys")), 0o700);
         assert_eq!(unit, root.join("etc/systemd/system/limiter.service"));
         let text = fs::read_to_string(&unit).expect("unit");
-        assert!(
-            text.contains("\nExecStart=/opt/lim/bin/limiter run -c /etc/limiter/limiter.toml\n"),
-            "{text}"
-        );
+        assert!(text.contains("\nExecStart=/opt/lim/bin/limiter run -c /etc/limiter/limiter.toml\n"), "{text}");
         assert!(!text.contains(UNIT_BINARY));
         assert_eq!(mode(&unit), 0o644);
 
         fs::write(&config, "# the operator's\n").expect("edit config");
         install(&opts, &binary, &workspace_root()).expect("reinstall");
-        assert_eq!(
-            fs::read_to_string(&config).expect("config"),
-            "# the operator's\n"
-        );
+        assert_eq!(fs::read_to_string(&config).expect("config"), "# the operator's\n");
         fs::remove_dir_all(&tmp).expect("cleanup");
     }
 }

@@ -66,10 +66,7 @@ fn dispatch(command: Cmd) -> Result<()> {
     match command {
         Cmd::Setup => Ok(()),
         Cmd::Build { release } => util::cargo_build(release),
-        Cmd::Test {
-            packages,
-            test_args,
-        } => test::run(&packages, &test_args),
+        Cmd::Test { packages, test_args } => test::run(&packages, &test_args),
         Cmd::Run { args } => {
             util::cargo_build(false)?;
             util::exec(&util::target_dir().join("debug/limiter"), &args)
@@ -89,20 +86,8 @@ mod tests {
 
     #[test]
     fn test_args_after_double_dash_go_to_the_harness() {
-        let argv = [
-            "xtask",
-            "test",
-            "-p",
-            "limiter-common",
-            "--",
-            "--test-threads=2",
-            "config",
-        ];
-        let Cmd::Test {
-            packages,
-            test_args,
-        } = Cli::try_parse_from(argv).expect("parse").command
-        else {
+        let argv = ["xtask", "test", "-p", "limiter-common", "--", "--test-threads=2", "config"];
+        let Cmd::Test { packages, test_args } = Cli::try_parse_from(argv).expect("parse").command else {
             panic!("not test")
         };
         assert_eq!(packages, ["limiter-common"]);

@@ -53,11 +53,7 @@ pub fn run() -> Result<()> {
 
 fn root() -> Result<Outcome> {
     // /proc/self belongs to the effective uid; avoids a libc dependency for geteuid().
-    if fs::metadata("/proc/self")
-        .context("cannot stat /proc/self")?
-        .uid()
-        == 0
-    {
+    if fs::metadata("/proc/self").context("cannot stat /proc/self")?.uid() == 0 {
         return Ok(Outcome::Ok);
     }
     bail!(
@@ -69,15 +65,10 @@ fn root() -> Result<Outcome> {
 fn nightly() -> Result<Outcome> {
     let list = probe("rustup", &["toolchain", "list"]).unwrap_or_default();
     // aya-build compiles with `+nightly`, so only an undated nightly counts.
-    let found = list
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .any(|name| {
-            name == "nightly"
-                || name
-                    .strip_prefix("nightly-")
-                    .is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_digit()))
-        });
+    let found = list.lines().filter_map(|l| l.split_whitespace().next()).any(|name| {
+        name == "nightly"
+            || name.strip_prefix("nightly-").is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_digit()))
+    });
     if found {
         return Ok(Outcome::Ok);
     }
@@ -89,12 +80,8 @@ fn nightly() -> Result<Outcome> {
 }
 
 fn rust_src() -> Result<Outcome> {
-    let has =
-        |out: Option<String>| out.is_some_and(|o| o.lines().any(|l| l.starts_with("rust-src")));
-    if has(probe(
-        "rustup",
-        &["component", "list", "--toolchain", "nightly", "--installed"],
-    )) {
+    let has = |out: Option<String>| out.is_some_and(|o| o.lines().any(|l| l.starts_with("rust-src")));
+    if has(probe("rustup", &["component", "list", "--toolchain", "nightly", "--installed"])) {
         return Ok(Outcome::Ok);
     }
     run_cmd(cmd("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
@@ -105,8 +92,8 @@ fn rust_src() -> Result<Outcome> {
 /// bpf-linker must use the very LLVM that nightly rustc emits bitcode for; nightly ships
 /// it as libLLVM.so.22.1-rust-<ver>-nightly, which bpf-linker's build links against.
 fn bpf_linker() -> Result<Outcome> {
-    let sysroot = probe("rustc", &["+nightly", "--print", "sysroot"])
-        .context("`rustc +nightly --print sysroot` failed")?;
+    let sysroot =
+        probe("rustc", &["+nightly", "--print", "sysroot"]).context("`rustc +nightly --print sysroot` failed")?;
     let libdir = Path::new(sysroot.trim()).join("lib");
     let llvm = fs::read_dir(&libdir)
         .with_context(|| format!("cannot read {}", libdir.display()))?
@@ -117,16 +104,9 @@ fn bpf_linker() -> Result<Outcome> {
                 .is_some_and(|n| n.starts_with("libLLVM.so.22.1-rust-") && n.ends_with("-nightly"))
         })
         .ok_or_else(|| {
-            anyhow!(
-                "no libLLVM.so.22.1-rust-*-nightly in {}: nightly is not on LLVM 22",
-                libdir.display()
-            )
+            anyhow!("no libLLVM.so.22.1-rust-*-nightly in {}: nightly is not on LLVM 22", libdir.display())
         })?;
-    let llvm_name = llvm
-        .file_name()
-        .and_then(|n| n.to_str())
-        .context("non-UTF-8 libLLVM name")?
-        .to_owned();
+    let llvm_name = llvm.file_name().and_then(|n| n.to_str()).context("non-UTF-8 libLLVM name")?.to_owned();
     if linker_ok(&llvm_name) {
         return Ok(Outcome::Ok);
     }
@@ -180,10 +160,7 @@ fn linker_ok(llvm_name: &str) -> bool {
         .and_then(|r| r.split_whitespace().next())
         .map(PathBuf::from);
     resolved.is_some_and(|r| r.is_file() && r.file_name().is_some_and(|n| n == llvm_name))
-        && linker
-            .to_str()
-            .and_then(|l| probe(l, &["--version"]))
-            .is_some()
+        && linker.to_str().and_then(|l| probe(l, &["--version"])).is_some()
 }
 
 /// Commands the tests, demo and bench call, and the Debian package providing each.
@@ -206,24 +183,14 @@ const PACKAGES: &[(&str, &str)] = &[
 /// The first python3 that imports scapy: the one on PATH may be a pyenv build that
 /// cannot see Debian's python3-scapy, while /usr/bin/python3 can.
 pub fn scapy_python() -> Option<PathBuf> {
-    [
-        find_program("python3"),
-        Some(PathBuf::from("/usr/bin/python3")),
-    ]
-    .into_iter()
-    .flatten()
-    .find(|p| {
-        p.to_str()
-            .is_some_and(|p| probe(p, &["-c", "import scapy"]).is_some())
-    })
+    [find_program("python3"), Some(PathBuf::from("/usr/bin/python3"))]
+        .into_iter()
+        .flatten()
+        .find(|p| p.to_str().is_some_and(|p| probe(p, &["-c", "import scapy"]).is_some()))
 }
 
 fn packages() -> Result<Outcome> {
-    let mut missing: Vec<&str> = PACKAGES
-        .iter()
-        .filter(|(c, _)| find_program(c).is_none())
-        .map(|(_, p)| *p)
-        .collect();
+    let mut missing: Vec<&str> = PACKAGES.iter().filter(|(c, _)| find_program(c).is_none()).map(|(_, p)| *p).collect();
     if scapy_python().is_none() {
         missing.push("python3-scapy");
     }
@@ -242,10 +209,7 @@ fn packages() -> Result<Outcome> {
             .args(&missing),
     )
     .context(hint.clone())?;
-    for service in ["nginx", "redis-server"]
-        .into_iter()
-        .filter(|s| missing.contains(s))
-    {
+    for service in ["nginx", "redis-server"].into_iter().filter(|s| missing.contains(s)) {
         stop_service(service);
     }
     if let Some((c, _)) = PACKAGES.iter().find(|(c, _)| find_program(c).is_none()) {
@@ -266,11 +230,7 @@ fn stop_service(name: &str) {
         let _ = run_cmd(cmd("service").args([name, "stop"]));
         let _ = run_cmd(cmd("update-rc.d").args([name, "disable"]));
     }
-    let pidfile = if name == "nginx" {
-        "/run/nginx.pid"
-    } else {
-        "/run/redis/redis-server.pid"
-    };
+    let pidfile = if name == "nginx" { "/run/nginx.pid" } else { "/run/redis/redis-server.pid" };
     if let Ok(pid) = fs::read_to_string(pidfile) {
         let _ = run_cmd(cmd("kill").arg(pid.trim()));
     }

@@ -19,8 +19,7 @@ use crate::{
 };
 
 pub fn run(packages: &[String], test_args: &[String]) -> Result<()> {
-    let server =
-        find_program("redis-server").context("redis-server not found; run `cargo xtask setup`")?;
+    let server = find_program("redis-server").context("redis-server not found; run `cargo xtask setup`")?;
     let redis = Redis::start(&server)?;
     let mut c = cmd("cargo");
     c.args(["test", "--no-fail-fast"]);
@@ -34,10 +33,7 @@ pub fn run(packages: &[String], test_args: &[String]) -> Result<()> {
     c.arg("--")
         .args(test_args)
         .env("RUST_BACKTRACE", "1")
-        .env(
-            "LIMITER_TEST_REDIS_URL",
-            format!("redis://127.0.0.1:{}/", redis.port),
-        )
+        .env("LIMITER_TEST_REDIS_URL", format!("redis://127.0.0.1:{}/", redis.port))
         .env("LIMITER_TEST_REDIS_PORT", redis.port.to_string())
         .env("LIMITER_TEST_REDIS_SERVER", &server);
     if let Some(python) = scapy_python() {
@@ -60,10 +56,7 @@ impl Redis {
     fn start(server: &Path) -> Result<Self> {
         // Racy by nature (the port could be taken before redis binds it), but a clash
         // shows up as a start failure below, not as tests talking to a foreign server.
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .context("no free port")?
-            .port();
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).context("no free port")?.port();
         let log = target_dir().join("xtask-redis.log");
         std::fs::create_dir_all(target_dir()).context("cannot create the target directory")?;
         let out = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
@@ -84,9 +77,7 @@ impl Redis {
         .stdout(out.try_clone().context("cannot share the log file")?)
         .stderr(out);
         println!("{} (log: {})", show(&c), log.display());
-        let child = c
-            .spawn()
-            .with_context(|| format!("cannot start {}", server.display()))?;
+        let child = c.spawn().with_context(|| format!("cannot start {}", server.display()))?;
         let mut redis = Redis { child, port };
         redis.wait_ready(&log)?;
         println!("redis-server ready on 127.0.0.1:{port}");
@@ -97,20 +88,14 @@ impl Redis {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait().context("cannot poll redis-server")? {
-                bail!(
-                    "redis-server exited at start ({status}); see {}",
-                    log.display()
-                );
+                bail!("redis-server exited at start ({status}); see {}", log.display());
             }
             if ping(self.port) {
                 return Ok(());
             }
             thread::sleep(Duration::from_millis(50));
         }
-        bail!(
-            "redis-server did not answer PING within 10 s; see {}",
-            log.display()
-        )
+        bail!("redis-server did not answer PING within 10 s; see {}", log.display())
     }
 }
 

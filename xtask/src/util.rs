@@ -20,9 +20,7 @@ pub fn target_dir() -> PathBuf {
 }
 
 pub fn home() -> Result<PathBuf> {
-    env::var_os("HOME")
-        .map(PathBuf::from)
-        .context("HOME is not set")
+    env::var_os("HOME").map(PathBuf::from).context("HOME is not set")
 }
 
 pub fn cargo_bin_dir() -> Result<PathBuf> {
@@ -36,11 +34,8 @@ pub fn cargo_bin_dir() -> Result<PathBuf> {
 /// PATH plus the places a root shell (sudo's secure_path) may leave out: cargo install
 /// puts bpf-linker in ~/.cargo/bin, and rustc must find it there to link the eBPF object.
 fn search_path() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> =
-        env::split_paths(&env::var_os("PATH").unwrap_or_default()).collect();
-    let extra = cargo_bin_dir()
-        .into_iter()
-        .chain(["/usr/sbin", "/sbin", "/usr/bin"].map(PathBuf::from));
+    let mut dirs: Vec<PathBuf> = env::split_paths(&env::var_os("PATH").unwrap_or_default()).collect();
+    let extra = cargo_bin_dir().into_iter().chain(["/usr/sbin", "/sbin", "/usr/bin"].map(PathBuf::from));
     for dir in extra {
         if !dirs.contains(&dir) {
             dirs.push(dir);
@@ -50,10 +45,7 @@ fn search_path() -> Vec<PathBuf> {
 }
 
 pub fn find_program(name: &str) -> Option<PathBuf> {
-    search_path()
-        .into_iter()
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
+    search_path().into_iter().map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 pub fn cmd(program: impl AsRef<std::ffi::OsStr>) -> Command {
@@ -69,21 +61,13 @@ pub fn show(c: &Command) -> String {
     let mut s = String::from("$");
     for (k, v) in c.get_envs() {
         if k != "PATH" {
-            s += &format!(
-                " {}={}",
-                k.to_string_lossy(),
-                v.map(|v| v.to_string_lossy()).unwrap_or_default()
-            );
+            s += &format!(" {}={}", k.to_string_lossy(), v.map(|v| v.to_string_lossy()).unwrap_or_default());
         }
     }
     s += &format!(" {}", c.get_program().to_string_lossy());
     for a in c.get_args() {
         let a = a.to_string_lossy();
-        if a.is_empty() || a.contains(' ') {
-            s += &format!(" '{a}'")
-        } else {
-            s += &format!(" {a}")
-        }
+        if a.is_empty() || a.contains(' ') { s += &format!(" '{a}'") } else { s += &format!(" {a}") }
     }
     s
 }
@@ -92,9 +76,7 @@ pub fn show(c: &Command) -> String {
 pub fn run(c: &mut Command) -> Result<()> {
     let line = show(c);
     println!("{line}");
-    let status = c
-        .status()
-        .with_context(|| format!("cannot start `{line}`"))?;
+    let status = c.status().with_context(|| format!("cannot start `{line}`"))?;
     if !status.success() {
         bail!("`{}` failed: {status}", line.trim_start_matches("$ "));
     }
@@ -104,9 +86,7 @@ pub fn run(c: &mut Command) -> Result<()> {
 /// Output of a probe; None when it cannot start or exits non-zero.
 pub fn probe(program: &str, args: &[&str]) -> Option<String> {
     let out = cmd(program).args(args).output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Always `-p limiter-agent`: building other package sets unifies features differently

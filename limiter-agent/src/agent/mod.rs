@@ -229,8 +229,12 @@ impl Agent {
                 let cidrs = runtime.kernel.maps_mut().apply(xdp)?;
                 changes.extend(reload::describe_xdp(self.config.xdp.as_ref(), Some(xdp), &cidrs));
                 changes.extend(added.iter().map(|a| format!("xdp.interfaces attached {} ({})", a.interface, a.mode)));
-                let removed: Vec<String> =
-                    runtime.attachments().into_iter().map(|a| a.interface).filter(|i| !xdp.interfaces.contains(i)).collect();
+                let removed: Vec<String> = runtime
+                    .attachments()
+                    .into_iter()
+                    .map(|a| a.interface)
+                    .filter(|i| !xdp.interfaces.contains(i))
+                    .collect();
                 for interface in removed {
                     runtime.detach(&interface);
                     changes.push(format!("xdp.interfaces detached {interface}"));
@@ -239,7 +243,12 @@ impl Agent {
             (None, Some(xdp)) => {
                 let runtime = XdpRuntime::start(new, xdp)?;
                 changes.extend(reload::describe_xdp(None, Some(xdp), &Default::default()));
-                changes.extend(runtime.attachments().iter().map(|a| format!("xdp.interfaces attached {} ({})", a.interface, a.mode)));
+                changes.extend(
+                    runtime
+                        .attachments()
+                        .iter()
+                        .map(|a| format!("xdp.interfaces attached {} ({})", a.interface, a.mode)),
+                );
                 self.xdp = Some(runtime);
             }
             (Some(runtime), None) => {
@@ -420,9 +429,12 @@ async fn serve_admin(listener: UnixListener, requests: mpsc::Sender<(Request, on
         let requests = requests.clone();
         tokio::spawn(async move {
             let mut stream = BufReader::new(stream);
-            let Ok(Some(request)) = tokio::time::timeout(Duration::from_secs(5), admin::read_request(&mut stream)).await
+            let Ok(Some(request)) =
+                tokio::time::timeout(Duration::from_secs(5), admin::read_request(&mut stream)).await
             else {
-                let _ = admin::write_response(&mut stream, &Response::Rejected { error: "malformed request".to_owned() }).await;
+                let _ =
+                    admin::write_response(&mut stream, &Response::Rejected { error: "malformed request".to_owned() })
+                        .await;
                 return;
             };
             let (reply, answer) = oneshot::channel();

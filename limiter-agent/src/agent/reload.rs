@@ -70,7 +70,8 @@ pub fn describe_xdp(old: Option<&XdpConfig>, new: Option<&XdpConfig>, cidrs: &Ci
         (None, None) => {}
     }
     let rule = |cidr: &ipnet::IpNet| {
-        new.and_then(|n| n.cidr.iter().find(|r| r.cidr == *cidr)).map_or(String::new(), |r| format!(" ({:?})", r.action))
+        new.and_then(|n| n.cidr.iter().find(|r| r.cidr == *cidr))
+            .map_or(String::new(), |r| format!(" ({:?})", r.action))
     };
     lines.extend(cidrs.added.iter().map(|c| format!("xdp.cidr added {c}{}", rule(c))));
     lines.extend(cidrs.changed.iter().map(|c| format!("xdp.cidr changed {c}{}", rule(c))));
@@ -91,7 +92,9 @@ pub fn describe_proxy(old: &ProxyConfig, new: &ProxyConfig) -> Vec<String> {
     for (name, spec) in &new.plans {
         match old.plans.get(name) {
             None => lines.push(format!("proxy.plans.{name} added: {}", limit(spec))),
-            Some(before) if before != spec => lines.push(format!("proxy.plans.{name}: {} -> {}", limit(before), limit(spec))),
+            Some(before) if before != spec => {
+                lines.push(format!("proxy.plans.{name}: {} -> {}", limit(before), limit(spec)))
+            }
             Some(_) => {}
         }
     }
@@ -106,7 +109,10 @@ pub fn describe_proxy(old: &ProxyConfig, new: &ProxyConfig) -> Vec<String> {
         }
     }
     lines.extend(
-        old.rules.iter().filter(|r| !new.rules.iter().any(|n| n.name == r.name)).map(|r| format!("proxy.rules.{} removed", r.name)),
+        old.rules
+            .iter()
+            .filter(|r| !new.rules.iter().any(|n| n.name == r.name))
+            .map(|r| format!("proxy.rules.{} removed", r.name)),
     );
     if old.keys != new.keys {
         lines.push(format!("proxy.keys: {} -> {} keys", old.keys.len(), new.keys.len()));

@@ -9,7 +9,11 @@ pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
         Ok(config) => {
             let layers = [config.xdp.is_some().then_some("xdp"), config.proxy.is_some().then_some("proxy")];
             let layers: Vec<&str> = layers.into_iter().flatten().collect();
-            println!("{}: ok ({})", path.display(), if layers.is_empty() { "nothing enabled".to_owned() } else { layers.join(", ") });
+            println!(
+                "{}: ok ({})",
+                path.display(),
+                if layers.is_empty() { "nothing enabled".to_owned() } else { layers.join(", ") }
+            );
             Ok(ExitCode::SUCCESS)
         }
         Err(error) => {

@@ -7,7 +7,9 @@ use crate::agent::{Request, Response, admin};
 pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
     let config = super::load(path)?;
     // A running agent holds the links open: ask it to let go and stop first.
-    if let Ok(Response::Detaching) = admin::ask_blocking(&config.agent.admin_socket, &Request::Detach, super::AGENT_TIMEOUT) {
+    if let Ok(Response::Detaching) =
+        admin::ask_blocking(&config.agent.admin_socket, &Request::Detach, super::AGENT_TIMEOUT)
+    {
         println!("agent detached and stopping");
         wait_until_gone(&config.agent.admin_socket);
     }

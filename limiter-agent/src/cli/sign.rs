@@ -48,60 +48,32 @@ pub struct SignArgs {
 pub fn run(args: SignArgs) -> anyhow::Result<()> {
     let secret = read_secret_file(&args.secret_file)
         .with_context(|| format!("reading secret file {}", args.secret_file.display()))?;
-    ensure!(
-        !secret.is_empty(),
-        "secret file {} is empty",
-        args.secret_file.display()
-    );
+    ensure!(!secret.is_empty(), "secret file {} is empty", args.secret_file.display());
     let body = match &args.body_file {
-        Some(path) => {
-            std::fs::read(path).with_context(|| format!("reading body file {}", path.display()))?
-        }
+        Some(path) => std::fs::read(path).with_context(|| format!("reading body file {}", path.display()))?,
         None => Vec::new(),
     };
     let nonce = args.nonce.then(random_nonce).transpose()?;
     let timestamp = args.timestamp.unwrap_or_else(unix_now);
-    print!(
-        "{}",
-        render(&args, &secret, &body, timestamp, nonce.as_deref())?
-    );
+    print!("{}", render(&args, &secret, &body, timestamp, nonce.as_deref())?);
     Ok(())
 }
 
 /// The output of `limiter sign`, with every input fixed (for tests).
-fn render(
-    args: &SignArgs,
-    secret: &[u8],
-    body: &[u8],
-    timestamp: u64,
-    nonce: Option<&str>,
-) -> anyhow::Result<String> {
+fn render(args: &SignArgs, secret: &[u8], body: &[u8], timestamp: u64, nonce: Option<&str>) -> anyhow::Result<String> {
     // Validate exactly what the proxy will see, so a typo fails here and not as a 401.
     Method::from_str(&args.method).with_context(|| format!("invalid method {:?}", args.method))?;
-    ensure!(
-        args.path.starts_with('/'),
-        "--path must be a request target starting with '/', got {:?}",
-        args.path
-    );
-    PathAndQuery::from_str(&args.path)
-        .with_context(|| format!("invalid request target {:?}", args.path))?;
+    ensure!(args.path.starts_with('/'), "--path must be a request target starting with '/', got {:?}", args.path);
+    PathAndQuery::from_str(&args.path).with_context(|| format!("invalid request target {:?}", args.path))?;
 
     let timestamp = timestamp.to_string();
     let body_sha256 = sha256(body);
-    let message = Canonical {
-        method: &args.method,
-        target: &args.path,
-        timestamp: &timestamp,
-        body_sha256: &body_sha256,
-        nonce,
-    }
-    .string_to_sign();
+    let message =
+        Canonical { method: &args.method, target: &args.path, timestamp: &timestamp, body_sha256: &body_sha256, nonce }
+            .string_to_sign();
     let signature = sign_hex(secret, &message);
 
-    let mut headers = vec![
-        ("X-API-Key", args.key_id.as_str()),
-        ("X-Timestamp", timestamp.as_str()),
-    ];
+    let mut headers = vec![("X-API-Key", args.key_id.as_str()), ("X-Timestamp", timestamp.as_str())];
     if let Some(nonce) = nonce {
         headers.push(("X-Nonce", nonce));
     }
@@ -137,10 +109,7 @@ fn render(
 /// target curl sends and so break the signature, hence refused.
 fn curl_base(base: &str) -> anyhow::Result<&str> {
     let uri = Uri::from_str(base).with_context(|| format!("invalid --curl URL {base:?}"))?;
-    ensure!(
-        uri.scheme().is_some() && uri.authority().is_some(),
-        "--curl needs scheme://host[:port], got {base:?}"
-    );
+    ensure!(uri.scheme().is_some() && uri.authority().is_some(), "--curl needs scheme://host[:port], got {base:?}");
     if uri.path_and_query().is_some_and(|pq| pq.as_str() != "/") {
         bail!("--curl takes the proxy's base URL only; put the target in --path (got {base:?})");
     }
@@ -148,8 +117,7 @@ fn curl_base(base: &str) -> anyhow::Result<&str> {
 }
 
 fn path_str(path: &Path) -> anyhow::Result<&str> {
-    path.to_str()
-        .with_context(|| format!("body file path {} is not UTF-8", path.display()))
+    path.to_str().with_context(|| format!("body file path {} is not UTF-8", path.display()))
 }
 
 /// Single-quotes `s` for a POSIX shell.
@@ -198,10 +166,7 @@ mod tests {
         out.lines()
             .map(|line| {
                 let (name, value) = line.split_once(": ").unwrap();
-                (
-                    HeaderName::from_str(name).unwrap(),
-                    HeaderValue::from_str(value).unwrap(),
-                )
+                (HeaderName::from_str(name).unwrap(), HeaderValue::from_str(value).unwrap())
             })
             .collect()
     }
@@ -210,14 +175,7 @@ mod tests {
     fn headers_match_the_fixed_vector() {
         // Same vector as signature::tests::canonical::fixed_vector.
         let a = args("POST", "/api/transfer?dry_run=1", Some("b.json"), None);
-        let out = render(
-            &a,
-            b"k-free-1-secret",
-            br#"{"amount":100,"to":"acct-42"}"#,
-            TS,
-            None,
-        )
-        .unwrap();
+        let out = render(&a, b"k-free-1-secret", br#"{"amount":100,"to":"acct-42"}"#, TS, None).unwrap();
         assert_eq!(
             out,
             "X-API-Key: k-free-1\nX-Timestamp: 1700000000\n\
@@ -227,14 +185,10 @@ mod tests {
 
     #[test]
     fn output_is_accepted_by_the_verifier() {
-        let verifier = Verifier::new(
-            [("k-free-1".to_owned(), vec![b"s".to_vec()])],
-            Arc::new(ReplayCache::new(10)),
-        );
+        let verifier = Verifier::new([("k-free-1".to_owned(), vec![b"s".to_vec()])], Arc::new(ReplayCache::new(10)));
         for nonce in [None, Some(random_nonce().unwrap())] {
             let a = args("PATCH", "/v1/x?y=%2F", None, None);
-            let headers =
-                parse_headers(&render(&a, b"s", b"payload", TS, nonce.as_deref()).unwrap());
+            let headers = parse_headers(&render(&a, b"s", b"payload", TS, nonce.as_deref()).unwrap());
             assert_eq!(headers.contains_key("x-nonce"), nonce.is_some());
             let digest = sha256(b"payload");
             let req = SignedRequest {
@@ -243,28 +197,15 @@ mod tests {
                 headers: &headers,
                 body_sha256: &digest,
             };
-            verifier
-                .verify(&req, TS + 5, Duration::from_secs(300))
-                .unwrap();
+            verifier.verify(&req, TS + 5, Duration::from_secs(300)).unwrap();
         }
     }
 
     #[test]
     fn curl_command() {
-        let a = args(
-            "POST",
-            "/api/it's?a=[1]",
-            Some("/tmp/my body.json"),
-            Some("http://127.0.0.1:8080/"),
-        );
+        let a = args("POST", "/api/it's?a=[1]", Some("/tmp/my body.json"), Some("http://127.0.0.1:8080/"));
         let out = render(&a, b"s", b"{}", TS, Some("n")).unwrap();
-        let sig = sign_hex(
-            b"s",
-            &format!(
-                "POST\n/api/it's?a=[1]\n{TS}\n{}\nn",
-                hex::encode(sha256(b"{}"))
-            ),
-        );
+        let sig = sign_hex(b"s", &format!("POST\n/api/it's?a=[1]\n{TS}\n{}\nn", hex::encode(sha256(b"{}"))));
         assert_eq!(
             out,
             format!(
@@ -273,14 +214,7 @@ mod tests {
                  'http://127.0.0.1:8080/api/it'\\''s?a=[1]'\n"
             )
         );
-        let no_body = render(
-            &args("GET", "/", None, Some("https://h")),
-            b"s",
-            b"",
-            TS,
-            None,
-        )
-        .unwrap();
+        let no_body = render(&args("GET", "/", None, Some("https://h")), b"s", b"", TS, None).unwrap();
         assert!(!no_body.contains("--data-binary"));
         assert!(no_body.ends_with(" 'https://h/'\n"));
     }
@@ -304,10 +238,7 @@ mod tests {
     fn nonce_is_128_bit_hex() {
         let (a, b) = (random_nonce().unwrap(), random_nonce().unwrap());
         assert_eq!(a.len(), 32);
-        assert!(
-            a.bytes()
-                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
-        );
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
         assert_ne!(a, b);
     }
 

@@ -47,7 +47,7 @@ fn metrics_address<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<
     if text.is_empty() {
         return Ok(None);
     }
-    text.parse()
-        .map(Some)
-        .map_err(|_| de::Error::custom(format!("`{text}` is not an address like \"127.0.0.1:9464\" (or \"\" to disable)")))
+    text.parse().map(Some).map_err(|_| {
+        de::Error::custom(format!("`{text}` is not an address like \"127.0.0.1:9464\" (or \"\" to disable)"))
+    })
 }

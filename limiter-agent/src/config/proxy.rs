@@ -1,6 +1,11 @@
 //! `[proxy]`: the HTTP reverse proxy, its plans, API keys and rules.
 
-use std::{collections::BTreeMap, net::SocketAddr, num::{NonZeroU32, NonZeroUsize}, time::Duration};
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    num::{NonZeroU32, NonZeroUsize},
+    time::Duration,
+};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, de};
@@ -300,7 +305,14 @@ impl TryFrom<RawRule> for Rule {
         if raw.require_signature && raw.key.by != KeyKind::ApiKey {
             return Err(in_rule("require_signature needs key = \"api_key\" (or \"api_key+route\")".to_owned()));
         }
-        Ok(Self { name: raw.name, path: raw.path, methods, key: raw.key, limit, require_signature: raw.require_signature })
+        Ok(Self {
+            name: raw.name,
+            path: raw.path,
+            methods,
+            key: raw.key,
+            limit,
+            require_signature: raw.require_signature,
+        })
     }
 }
 
@@ -352,7 +364,10 @@ impl ProxyConfig {
     pub(super) fn validate(&self) -> Result<(), (String, String)> {
         for (i, key) in self.keys.iter().enumerate() {
             if !self.plans.contains_key(&key.plan) {
-                return Err((format!("proxy.keys[{i}].plan"), format!("no plan named `{}` in [proxy.plans]", key.plan)));
+                return Err((
+                    format!("proxy.keys[{i}].plan"),
+                    format!("no plan named `{}` in [proxy.plans]", key.plan),
+                ));
             }
             if self.keys[..i].iter().any(|k| k.id == key.id) {
                 return Err((format!("proxy.keys[{i}].id"), format!("key id `{}` appears twice", key.id)));

@@ -62,7 +62,9 @@ fn zero_rate_names_key_and_line() {
 
 #[test]
 fn bad_cidr_names_its_rule() {
-    let text = format!("{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\n[[xdp.cidr]]\ncidr = \"10.0.0.300/8\"\naction = \"deny\"\n");
+    let text = format!(
+        "{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\n[[xdp.cidr]]\ncidr = \"10.0.0.300/8\"\naction = \"deny\"\n"
+    );
     let (line, key, message) = refusal(&text);
     assert!(message.contains("10.0.0.300/8"), "{message}");
     assert!(key.starts_with("xdp.cidr[1]"), "{key}");
@@ -73,7 +75,9 @@ fn bad_cidr_names_its_rule() {
 fn host_bits_and_duplicates_are_refused() {
     let text = format!("{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.1/8\"\naction = \"allow\"\n");
     assert!(refusal(&text).2.contains("did you mean \"10.0.0.0/8\""));
-    let text = format!("{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\n[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"deny\"\n");
+    let text = format!(
+        "{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\n[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"deny\"\n"
+    );
     assert_eq!(refusal(&text), (10, "xdp.cidr[1].cidr".to_owned(), "10.0.0.0/8 appears twice".to_owned()));
 }
 

@@ -64,7 +64,9 @@ mod tests {
 
     #[test]
     fn parses_every_unit() {
-        for (text, millis) in [("250ms", 250), ("10s", 10_000), ("1m", 60_000), ("24h", 86_400_000), ("2d", 172_800_000)] {
+        for (text, millis) in
+            [("250ms", 250), ("10s", 10_000), ("1m", 60_000), ("24h", 86_400_000), ("2d", 172_800_000)]
+        {
             assert_eq!(HumanDuration::parse(text), Ok(HumanDuration(Duration::from_millis(millis))), "{text}");
             let shown = HumanDuration::parse(text).map(|d| d.to_string()).expect("valid");
             assert_eq!(HumanDuration::parse(&shown), HumanDuration::parse(text), "{text} shown as {shown}");

@@ -62,7 +62,11 @@ impl TryFrom<u8> for Ipv6Prefix {
     type Error = String;
 
     fn try_from(bits: u8) -> Result<Self, String> {
-        if (1..=128).contains(&bits) { Ok(Self(bits)) } else { Err(format!("{bits} is not a prefix length from 1 to 128")) }
+        if (1..=128).contains(&bits) {
+            Ok(Self(bits))
+        } else {
+            Err(format!("{bits} is not a prefix length from 1 to 128"))
+        }
     }
 }
 

@@ -3,9 +3,7 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use http::{
-    HeaderMap, HeaderValue, Request, Response, Uri, Version, header, request, uri::PathAndQuery,
-};
+use http::{HeaderMap, HeaderValue, Request, Response, Uri, Version, header, request, uri::PathAndQuery};
 use http_body_util::BodyExt;
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
@@ -50,9 +48,7 @@ impl Upstream {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector);
+        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE_TIMEOUT).build(connector);
         Self { client }
     }
 
@@ -64,36 +60,24 @@ impl Upstream {
         body: ProxyBody,
         origin: Origin,
     ) -> Result<Response<ProxyBody>, ForwardError> {
-        let chain = origin
-            .peer_trusted
-            .then(|| forwarded_chain(&parts.headers))
-            .flatten();
+        let chain = origin.peer_trusted.then(|| forwarded_chain(&parts.headers)).flatten();
         remove_hop_by_hop(&mut parts.headers);
         set_forwarded_for(&mut parts.headers, chain, origin.peer);
         parts.uri = upstream_uri(base, &parts.uri)?;
         // We speak HTTP/1.1 to the upstream whatever the client spoke to us.
         parts.version = Version::HTTP_11;
-        let response = self
-            .client
-            .request(Request::from_parts(parts, body))
-            .await?;
+        let response = self.client.request(Request::from_parts(parts, body)).await?;
         let (mut parts, body) = response.into_parts();
         remove_hop_by_hop(&mut parts.headers);
         // Likewise towards the client: an HTTP/1.0 upstream must not make hyper
         // answer our client in 1.0 (and close its keep-alive connection).
         parts.version = Version::HTTP_11;
-        Ok(Response::from_parts(
-            parts,
-            body.map_err(Into::into).boxed(),
-        ))
+        Ok(Response::from_parts(parts, body.map_err(Into::into).boxed()))
     }
 }
 
 fn upstream_uri(base: &Uri, request: &Uri) -> Result<Uri, http::Error> {
-    let path = request
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let path = request.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
     let mut uri = Uri::builder().path_and_query(path);
     if let Some(scheme) = base.scheme() {
         uri = uri.scheme(scheme.clone());
@@ -118,21 +102,11 @@ pub(super) fn remove_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name.as_str());
     }
-    for name in [
-        header::CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
+    for name in [header::CONNECTION, header::TE, header::TRAILER, header::TRANSFER_ENCODING, header::UPGRADE] {
         headers.remove(name);
     }
     headers.remove("keep-alive");
-    let proxy_headers: Vec<_> = headers
-        .keys()
-        .filter(|name| name.as_str().starts_with("proxy-"))
-        .cloned()
-        .collect();
+    let proxy_headers: Vec<_> = headers.keys().filter(|name| name.as_str().starts_with("proxy-")).cloned().collect();
     for name in proxy_headers {
         headers.remove(name);
     }
@@ -140,11 +114,7 @@ pub(super) fn remove_hop_by_hop(headers: &mut HeaderMap) {
 
 /// The `X-Forwarded-For` chain as received, joined into one list.
 fn forwarded_chain(headers: &HeaderMap) -> Option<String> {
-    let values: Vec<&str> = headers
-        .get_all(X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect();
+    let values: Vec<&str> = headers.get_all(X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()).collect();
     (!values.is_empty()).then(|| values.join(", "))
 }
 
@@ -201,31 +171,19 @@ mod tests {
     #[test]
     fn forwarded_for_keeps_a_trusted_chain_only() {
         let peer: IpAddr = [192, 0, 2, 1].into();
-        let mut map = headers(&[
-            ("x-forwarded-for", "203.0.113.9"),
-            ("x-forwarded-for", "10.0.0.2"),
-        ]);
+        let mut map = headers(&[("x-forwarded-for", "203.0.113.9"), ("x-forwarded-for", "10.0.0.2")]);
         let chain = forwarded_chain(&map);
         set_forwarded_for(&mut map, chain, peer);
-        assert_eq!(
-            map.get_all(X_FORWARDED_FOR).iter().collect::<Vec<_>>(),
-            ["203.0.113.9, 10.0.0.2, 192.0.2.1"]
-        );
+        assert_eq!(map.get_all(X_FORWARDED_FOR).iter().collect::<Vec<_>>(), ["203.0.113.9, 10.0.0.2, 192.0.2.1"]);
         set_forwarded_for(&mut map, None, peer);
-        assert_eq!(
-            map.get_all(X_FORWARDED_FOR).iter().collect::<Vec<_>>(),
-            ["192.0.2.1"]
-        );
+        assert_eq!(map.get_all(X_FORWARDED_FOR).iter().collect::<Vec<_>>(), ["192.0.2.1"]);
     }
 
     #[test]
     fn upstream_uri_takes_the_request_target() -> Result<(), http::Error> {
         let base: Uri = "http://127.0.0.1:3000".parse()?;
         let request: Uri = "/a/b?c=d".parse()?;
-        assert_eq!(
-            upstream_uri(&base, &request)?,
-            "http://127.0.0.1:3000/a/b?c=d"
-        );
+        assert_eq!(upstream_uri(&base, &request)?, "http://127.0.0.1:3000/a/b?c=d");
         let absolute: Uri = "http://evil.example/x".parse()?;
         assert_eq!(upstream_uri(&base, &absolute)?, "http://127.0.0.1:3000/x");
         Ok(())

@@ -24,28 +24,16 @@ pub(super) fn ceil_secs(duration: Duration) -> u64 {
 }
 
 /// Adds the headers for the policies that counted a request; none if none did.
-pub(super) fn add_rate_limit_headers(
-    headers: &mut HeaderMap,
-    policies: &[PolicyStatus],
-    now: SystemTime,
-) {
+pub(super) fn add_rate_limit_headers(headers: &mut HeaderMap, policies: &[PolicyStatus], now: SystemTime) {
     // Lowest remaining is what the client runs into first; on a tie, the one that
     // takes longer to recover.
-    let Some(tightest) = policies
-        .iter()
-        .min_by_key(|p| (p.remaining, Reverse(p.reset_after)))
-    else {
+    let Some(tightest) = policies.iter().min_by_key(|p| (p.remaining, Reverse(p.reset_after))) else {
         return;
     };
-    let now_secs = now
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_secs());
+    let now_secs = now.duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
     headers.insert(X_LIMIT.clone(), HeaderValue::from(tightest.limit));
     headers.insert(X_REMAINING.clone(), HeaderValue::from(tightest.remaining));
-    headers.insert(
-        X_RESET.clone(),
-        HeaderValue::from(now_secs.saturating_add(ceil_secs(tightest.reset_after))),
-    );
+    headers.insert(X_RESET.clone(), HeaderValue::from(now_secs.saturating_add(ceil_secs(tightest.reset_after))));
 
     let mut policy = String::new();
     let mut state = String::new();
@@ -53,18 +41,8 @@ pub(super) fn add_rate_limit_headers(
         let separator = if i == 0 { "" } else { ", " };
         let name = sf_string(&status.name);
         // Writing to a String cannot fail.
-        let _ = write!(
-            policy,
-            "{separator}{name};q={};w={}",
-            status.limit,
-            ceil_secs(status.window)
-        );
-        let _ = write!(
-            state,
-            "{separator}{name};r={};t={}",
-            status.remaining,
-            ceil_secs(status.reset_after)
-        );
+        let _ = write!(policy, "{separator}{name};q={};w={}", status.limit, ceil_secs(status.window));
+        let _ = write!(state, "{separator}{name};r={};t={}", status.remaining, ceil_secs(status.reset_after));
     }
     for (name, value) in [(&POLICY, policy), (&RATELIMIT, state)] {
         if let Ok(value) = HeaderValue::try_from(value) {
@@ -107,29 +85,17 @@ mod tests {
     }
 
     fn header<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("<absent>")
+        headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("<absent>")
     }
 
     #[test]
     fn lists_every_policy_and_takes_x_headers_from_the_tightest() {
         let mut headers = HeaderMap::new();
         let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let policies = [
-            policy("free", 100, 17, 41_200),
-            policy("per-ip", 10, 3, 5_000),
-        ];
+        let policies = [policy("free", 100, 17, 41_200), policy("per-ip", 10, 3, 5_000)];
         add_rate_limit_headers(&mut headers, &policies, now);
-        assert_eq!(
-            header(&headers, "ratelimit-policy"),
-            r#""free";q=100;w=60, "per-ip";q=10;w=60"#
-        );
-        assert_eq!(
-            header(&headers, "ratelimit"),
-            r#""free";r=17;t=42, "per-ip";r=3;t=5"#
-        );
+        assert_eq!(header(&headers, "ratelimit-policy"), r#""free";q=100;w=60, "per-ip";q=10;w=60"#);
+        assert_eq!(header(&headers, "ratelimit"), r#""free";r=17;t=42, "per-ip";r=3;t=5"#);
         assert_eq!(header(&headers, "x-ratelimit-limit"), "10");
         assert_eq!(header(&headers, "x-ratelimit-remaining"), "3");
         assert_eq!(header(&headers, "x-ratelimit-reset"), "1700000005");

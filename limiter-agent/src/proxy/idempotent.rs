@@ -37,10 +37,7 @@ pub(super) fn replay(stored: StoredResponse) -> Response<ProxyBody> {
     let mut response = Response::new(full_body(stored.body));
     *response.status_mut() = stored.status;
     *response.headers_mut() = stored.headers;
-    response.headers_mut().insert(
-        IDEMPOTENCY_REPLAYED_HEADER,
-        HeaderValue::from_static("true"),
-    );
+    response.headers_mut().insert(IDEMPOTENCY_REPLAYED_HEADER, HeaderValue::from_static("true"));
     response
 }
 
@@ -65,20 +62,8 @@ pub(super) async fn capture(
         }
     }
     let read = read.freeze();
-    let stored = StoredResponse {
-        status: parts.status,
-        headers: parts.headers.clone(),
-        body: read.clone(),
-    };
-    let body = if complete {
-        full_body(read)
-    } else {
-        Prefixed {
-            prefix: Some(read),
-            rest: body,
-        }
-        .boxed()
-    };
+    let stored = StoredResponse { status: parts.status, headers: parts.headers.clone(), body: read.clone() };
+    let body = if complete { full_body(read) } else { Prefixed { prefix: Some(read), rest: body }.boxed() };
     Ok((Response::from_parts(parts, body), stored))
 }
 
@@ -92,10 +77,7 @@ impl Body for Prefixed {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.prefix.take() {
             Some(prefix) => Poll::Ready(Some(Ok(Frame::data(prefix)))),
             None => Pin::new(&mut self.rest).poll_frame(cx),

@@ -46,10 +46,7 @@ fn forwarded_hops(headers: &HeaderMap) -> impl DoubleEndedIterator<Item = Option
 /// `192.0.2.1`, `2001:db8::1`, or either with a port (`192.0.2.1:4711`, `[2001:db8::1]:4711`).
 fn parse_hop(text: &str) -> Option<IpAddr> {
     let text = text.trim();
-    let ip = text
-        .parse::<IpAddr>()
-        .ok()
-        .or_else(|| text.parse::<SocketAddr>().ok().map(|addr| addr.ip()))?;
+    let ip = text.parse::<IpAddr>().ok().or_else(|| text.parse::<SocketAddr>().ok().map(|addr| addr.ip()))?;
     Some(ip.to_canonical())
 }
 
@@ -58,25 +55,17 @@ mod tests {
     use super::*;
 
     fn ip(text: &str) -> IpAddr {
-        text.parse()
-            .unwrap_or_else(|_| panic!("{text} is not an address"))
+        text.parse().unwrap_or_else(|_| panic!("{text} is not an address"))
     }
 
     fn trusted(nets: &[&str]) -> Vec<IpNet> {
-        nets.iter()
-            .map(|n| n.parse().unwrap_or_else(|_| panic!("{n} is not a net")))
-            .collect()
+        nets.iter().map(|n| n.parse().unwrap_or_else(|_| panic!("{n} is not a net"))).collect()
     }
 
     fn xff(values: &[&str]) -> HeaderMap {
         let mut headers = HeaderMap::new();
         for value in values {
-            headers.append(
-                X_FORWARDED_FOR,
-                value
-                    .parse()
-                    .unwrap_or_else(|_| panic!("bad value {value}")),
-            );
+            headers.append(X_FORWARDED_FOR, value.parse().unwrap_or_else(|_| panic!("bad value {value}")));
         }
         headers
     }
@@ -84,70 +73,36 @@ mod tests {
     #[test]
     fn untrusted_peer_is_the_client_whatever_it_claims() {
         let headers = xff(&["203.0.113.9"]);
-        assert_eq!(
-            client_ip(ip("198.51.100.7"), &headers, &trusted(&["10.0.0.0/8"])),
-            ip("198.51.100.7")
-        );
-        assert_eq!(
-            client_ip(ip("198.51.100.7"), &headers, &[]),
-            ip("198.51.100.7")
-        );
+        assert_eq!(client_ip(ip("198.51.100.7"), &headers, &trusted(&["10.0.0.0/8"])), ip("198.51.100.7"));
+        assert_eq!(client_ip(ip("198.51.100.7"), &headers, &[]), ip("198.51.100.7"));
     }
 
     #[test]
     fn trusted_peer_gives_rightmost_untrusted_hop() {
         let nets = trusted(&["10.0.0.0/8"]);
         let headers = xff(&["1.1.1.1, 203.0.113.9", "10.0.0.2"]);
-        assert_eq!(
-            client_ip(ip("10.0.0.1"), &headers, &nets),
-            ip("203.0.113.9")
-        );
+        assert_eq!(client_ip(ip("10.0.0.1"), &headers, &nets), ip("203.0.113.9"));
     }
 
     #[test]
     fn all_hops_trusted_gives_the_leftmost() {
         let nets = trusted(&["10.0.0.0/8"]);
-        assert_eq!(
-            client_ip(ip("10.0.0.1"), &xff(&["10.0.0.3, 10.0.0.2"]), &nets),
-            ip("10.0.0.3")
-        );
-        assert_eq!(
-            client_ip(ip("10.0.0.1"), &HeaderMap::new(), &nets),
-            ip("10.0.0.1")
-        );
+        assert_eq!(client_ip(ip("10.0.0.1"), &xff(&["10.0.0.3, 10.0.0.2"]), &nets), ip("10.0.0.3"));
+        assert_eq!(client_ip(ip("10.0.0.1"), &HeaderMap::new(), &nets), ip("10.0.0.1"));
     }
 
     #[test]
     fn garbage_stops_at_the_last_trusted_hop() {
         let nets = trusted(&["10.0.0.0/8"]);
-        assert_eq!(
-            client_ip(
-                ip("10.0.0.1"),
-                &xff(&["203.0.113.9, nonsense, 10.0.0.2"]),
-                &nets
-            ),
-            ip("10.0.0.2")
-        );
-        assert_eq!(
-            client_ip(ip("10.0.0.1"), &xff(&[""]), &nets),
-            ip("10.0.0.1")
-        );
+        assert_eq!(client_ip(ip("10.0.0.1"), &xff(&["203.0.113.9, nonsense, 10.0.0.2"]), &nets), ip("10.0.0.2"));
+        assert_eq!(client_ip(ip("10.0.0.1"), &xff(&[""]), &nets), ip("10.0.0.1"));
     }
 
     #[test]
     fn ports_and_mapped_addresses() {
         let nets = trusted(&["127.0.0.1/32"]);
-        assert_eq!(
-            client_ip(ip("::ffff:127.0.0.1"), &xff(&["[2001:db8::1]:4711"]), &nets),
-            ip("2001:db8::1")
-        );
-        assert_eq!(
-            client_ip(ip("127.0.0.1"), &xff(&["192.0.2.1:80"]), &nets),
-            ip("192.0.2.1")
-        );
-        assert_eq!(
-            client_ip(ip("::ffff:192.0.2.5"), &HeaderMap::new(), &[]),
-            ip("192.0.2.5")
-        );
+        assert_eq!(client_ip(ip("::ffff:127.0.0.1"), &xff(&["[2001:db8::1]:4711"]), &nets), ip("2001:db8::1"));
+        assert_eq!(client_ip(ip("127.0.0.1"), &xff(&["192.0.2.1:80"]), &nets), ip("192.0.2.1"));
+        assert_eq!(client_ip(ip("::ffff:192.0.2.5"), &HeaderMap::new(), &[]), ip("192.0.2.5"));
     }
 }

@@ -36,9 +36,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type ProxyBody = BoxBody<Bytes, BoxError>;
 
 fn full_body(bytes: impl Into<Bytes>) -> ProxyBody {
-    Full::new(bytes.into())
-        .map_err(|never| match never {})
-        .boxed()
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
 }
 
 /// Why the proxy could not start or take a new config. A refused config leaves the
@@ -59,13 +57,8 @@ pub enum ProxyError {
     },
     #[error("proxy.redis_url: {0}")]
     Store(#[from] crate::fleet::FleetError),
-    #[error(
-        "proxy.listen changed from {running} to {requested}: the agent must restart the proxy to move it"
-    )]
-    ListenChanged {
-        running: SocketAddr,
-        requested: SocketAddr,
-    },
+    #[error("proxy.listen changed from {running} to {requested}: the agent must restart the proxy to move it")]
+    ListenChanged { running: SocketAddr, requested: SocketAddr },
 }
 
 /// A bound proxy. `run` serves until shutdown; `reconfigure` and `stats` may be
@@ -81,17 +74,10 @@ impl<C: Clock> Proxy<C> {
     /// Loads the key secrets and binds `config.listen`; limits are measured with `clock`.
     pub async fn bind(config: Arc<ProxyConfig>, clock: C) -> Result<Self, ProxyError> {
         let pipeline = Pipeline::new(config.clone(), clock)?;
-        let bind_error = |source| ProxyError::Bind {
-            addr: config.listen,
-            source,
-        };
+        let bind_error = |source| ProxyError::Bind { addr: config.listen, source };
         let listener = TcpListener::bind(config.listen).await.map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
-        Ok(Self {
-            listener,
-            local_addr,
-            pipeline: Arc::new(pipeline),
-        })
+        Ok(Self { listener, local_addr, pipeline: Arc::new(pipeline) })
     }
 
     /// The address actually bound (`listen` may ask for port 0).

@@ -18,17 +18,17 @@ use super::{
     stats::{Counters, Event, ProxyStats},
 };
 use crate::{
+    config::proxy::{StoreFailure, StoreKind},
     config::{
         ProxyConfig,
         proxy::{KeyKind, SignatureConfig},
     },
-    config::proxy::{StoreFailure, StoreKind},
     escalation::Escalator,
     fleet::{Fleet, FleetError},
     limits::{Clock, Decision, Engine, RedisStore, RequestInfo, TimeSource, Verdict},
     signature::{
-        Begin, BodyError, Failure, IdempotencyConfig, IdempotencyStore, ReplayCache, SharedIdempotency,
-        SharedReplay, SignedRequest, Verified, Verifier,
+        Begin, BodyError, Failure, IdempotencyConfig, IdempotencyStore, ReplayCache, SharedIdempotency, SharedReplay,
+        SignedRequest, Verified, Verifier,
         idempotency::{self, IDEMPOTENCY_KEY_HEADER},
         load_secret, read_body_hashed, unix_now,
         verify::API_KEY_HEADER,
@@ -49,23 +49,13 @@ impl Snapshot {
             .iter()
             .filter(|key| !key.secrets.is_empty())
             .map(|key| {
-                let secrets = key
-                    .secrets
-                    .iter()
-                    .map(|reference| load_secret(reference))
-                    .collect::<Result<Vec<_>, _>>();
+                let secrets = key.secrets.iter().map(|reference| load_secret(reference)).collect::<Result<Vec<_>, _>>();
                 secrets
                     .map(|secrets| (key.id.clone(), secrets))
-                    .map_err(|source| ProxyError::Secret {
-                        key: key.id.clone(),
-                        source,
-                    })
+                    .map_err(|source| ProxyError::Secret { key: key.id.clone(), source })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self {
-            verifier: Verifier::new(keys, replay),
-            config,
-        })
+        Ok(Self { verifier: Verifier::new(keys, replay), config })
     }
 }
 
@@ -150,22 +140,13 @@ impl<C: Clock> Pipeline<C> {
 
     fn snapshot(&self) -> Arc<Snapshot> {
         // The lock only guards an Arc swap, which cannot leave it inconsistent.
-        self.snapshot
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.snapshot.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     pub(super) fn reconfigure(&self, config: Arc<ProxyConfig>) -> Result<(), ProxyError> {
-        let mut current = self
-            .snapshot
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut current = self.snapshot.write().unwrap_or_else(PoisonError::into_inner);
         if config.listen != current.config.listen {
-            return Err(ProxyError::ListenChanged {
-                running: current.config.listen,
-                requested: config.listen,
-            });
+            return Err(ProxyError::ListenChanged { running: current.config.listen, requested: config.listen });
         }
         let next = Snapshot::build(config, self.replay.clone())?;
         // Under the lock, so that concurrent reloads reach the engine and the snapshot
@@ -196,11 +177,7 @@ impl<C: Clock> Pipeline<C> {
         self.counters.add(event);
     }
 
-    pub(super) async fn handle(
-        &self,
-        request: Request<Incoming>,
-        peer: IpAddr,
-    ) -> Response<ProxyBody> {
+    pub(super) async fn handle(&self, request: Request<Incoming>, peer: IpAddr) -> Response<ProxyBody> {
         self.counters.add(Event::Request);
         let snapshot = self.snapshot();
         match self.process(&snapshot, request, peer).await {
@@ -219,9 +196,9 @@ impl<C: Clock> Pipeline<C> {
             escalator.record(peer);
         }
         let event = match &refusal {
-            Refusal::QuotaExceeded { .. }
-            | Refusal::MissingKey { .. }
-            | Refusal::StoreUnavailable => Some(Event::Rejected),
+            Refusal::QuotaExceeded { .. } | Refusal::MissingKey { .. } | Refusal::StoreUnavailable => {
+                Some(Event::Rejected)
+            }
             Refusal::BodyTooLarge { .. } => Some(Event::BodyTooLarge),
             Refusal::Upstream(_) | Refusal::UpstreamTimeout => Some(Event::UpstreamError),
             _ => None,
@@ -247,37 +224,23 @@ impl<C: Clock> Pipeline<C> {
             method: &parts.method,
             path: parts.uri.path(),
             client,
-            api_key: parts
-                .headers
-                .get(API_KEY_HEADER)
-                .and_then(|value| value.to_str().ok()),
+            api_key: parts.headers.get(API_KEY_HEADER).and_then(|value| value.to_str().ok()),
             headers: &parts.headers,
         };
         let admission = if requires_signature(config, &parts.method, parts.uri.path()) {
             self.admit_signed(snapshot, &parts, &info, body).await?
         } else {
-            Admission::Forward {
-                body: body::forwardable(body, config.max_body_bytes).await?,
-                claim: None,
-            }
+            Admission::Forward { body: body::forwardable(body, config.max_body_bytes).await?, claim: None }
         };
         let (body, claim) = match admission {
             Admission::Answered(response) => return Ok(response),
             Admission::Forward { body, claim } => (body, claim),
         };
         let deciding = std::time::Instant::now();
-        let Decision {
-            verdict,
-            policies,
-            violated,
-            ..
-        } = self.engine.decide(&info).await;
+        let Decision { verdict, policies, violated, .. } = self.engine.decide(&info).await;
         self.counters.observe_decision(deciding.elapsed());
         let peer = peer.to_canonical();
-        let origin = Origin {
-            peer,
-            peer_trusted: keys::is_trusted(peer, &config.trusted_proxies),
-        };
+        let origin = Origin { peer, peer_trusted: keys::is_trusted(peer, &config.trusted_proxies) };
         let outcome = match self.act(config, verdict, violated).await {
             Ok(()) => self.forward(config, parts, body, origin, claim).await,
             Err(refusal) => Err(refusal),
@@ -289,12 +252,7 @@ impl<C: Clock> Pipeline<C> {
 
     /// Carries out a decision up to forwarding: waits out a delay, or refuses. In
     /// shadow mode only counts what it would have done.
-    async fn act(
-        &self,
-        config: &ProxyConfig,
-        verdict: Verdict,
-        violated: Vec<String>,
-    ) -> Result<(), Refusal> {
+    async fn act(&self, config: &ProxyConfig, verdict: Verdict, violated: Vec<String>) -> Result<(), Refusal> {
         match verdict {
             Verdict::Forward => Ok(()),
             Verdict::Delay(delay) => {
@@ -304,17 +262,9 @@ impl<C: Clock> Pipeline<C> {
                 }
                 Ok(())
             }
-            Verdict::Reject { retry_after } if config.enforce => Err(Refusal::QuotaExceeded {
-                violated,
-                retry_after,
-            }),
+            Verdict::Reject { retry_after } if config.enforce => Err(Refusal::QuotaExceeded { violated, retry_after }),
             Verdict::MissingKey { rule } if config.enforce => {
-                let status = match config
-                    .rules
-                    .iter()
-                    .find(|r| r.name == rule)
-                    .map(|r| &r.key.by)
-                {
+                let status = match config.rules.iter().find(|r| r.name == rule).map(|r| &r.key.by) {
                     Some(KeyKind::ApiKey) => StatusCode::UNAUTHORIZED,
                     _ => StatusCode::BAD_REQUEST,
                 };
@@ -338,20 +288,17 @@ impl<C: Clock> Pipeline<C> {
     ) -> Result<Response<ProxyBody>, Refusal> {
         self.counters.add(Event::Forwarded);
         // Bounds the wait for the response head; a streaming body may take longer.
-        let response = tokio::time::timeout(
-            config.upstream_timeout.0,
-            self.upstream.send(&config.upstream, parts, body, origin),
-        )
-        .await
-        .map_err(|_| Refusal::UpstreamTimeout)?
-        .map_err(|e| Refusal::Upstream(e.into()))?;
+        let response =
+            tokio::time::timeout(config.upstream_timeout.0, self.upstream.send(&config.upstream, parts, body, origin))
+                .await
+                .map_err(|_| Refusal::UpstreamTimeout)?
+                .map_err(|e| Refusal::Upstream(e.into()))?;
         let Some(claim) = claim else {
             return Ok(response);
         };
         // Dropping the claim on failure frees the key, so the client can retry.
-        let (response, stored) = idempotent::capture(response, self.max_stored_body)
-            .await
-            .map_err(Refusal::Upstream)?;
+        let (response, stored) =
+            idempotent::capture(response, self.max_stored_body).await.map_err(Refusal::Upstream)?;
         claim.complete(stored).await;
         Ok(response)
     }
@@ -366,20 +313,15 @@ impl<C: Clock> Pipeline<C> {
     ) -> Result<Admission, Refusal> {
         let config = &snapshot.config;
         let limit = config.max_body_bytes;
-        let (bytes, body_sha256) =
-            read_body_hashed(body, usize::try_from(limit).unwrap_or(usize::MAX))
-                .await
-                .map_err(|error| match error {
-                    BodyError::TooLarge { .. } => Refusal::BodyTooLarge { limit },
-                    BodyError::Read(_) => Refusal::BodyUnreadable,
-                })?;
+        let (bytes, body_sha256) = read_body_hashed(body, usize::try_from(limit).unwrap_or(usize::MAX)).await.map_err(
+            |error| match error {
+                BodyError::TooLarge { .. } => Refusal::BodyTooLarge { limit },
+                BodyError::Read(_) => Refusal::BodyUnreadable,
+            },
+        )?;
         let target = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
-        let signed = SignedRequest {
-            method: &parts.method,
-            target,
-            headers: &parts.headers,
-            body_sha256: &body_sha256,
-        };
+        let signed =
+            SignedRequest { method: &parts.method, target, headers: &parts.headers, body_sha256: &body_sha256 };
         let verified = match self.verify(snapshot, &signed).await? {
             Ok(verified) => verified,
             Err(failure) => {
@@ -424,10 +366,7 @@ impl<C: Clock> Pipeline<C> {
                 }
             }
         };
-        Ok(Admission::Forward {
-            body: full_body(bytes),
-            claim,
-        })
+        Ok(Admission::Forward { body: full_body(bytes), claim })
     }
 
     /// Verifies a signed request, recording its signature in the fleet's replay
@@ -458,10 +397,7 @@ impl<C: Clock> Pipeline<C> {
             // what `store_failure = "allow"` accepts.
             Err(error) => self.store_unreachable(&snapshot.config, &error)?,
         }
-        Ok(Ok(Verified {
-            key_id: authenticated.key_id,
-            timestamp: authenticated.timestamp,
-        }))
+        Ok(Ok(Verified { key_id: authenticated.key_id, timestamp: authenticated.timestamp }))
     }
 
     /// Counts a decision taken without the shared store and says whether
@@ -479,10 +415,7 @@ impl<C: Clock> Pipeline<C> {
 }
 
 fn requires_signature(config: &ProxyConfig, method: &Method, path: &str) -> bool {
-    config
-        .rules
-        .iter()
-        .any(|rule| rule.require_signature && rule.matches(method, path))
+    config.rules.iter().any(|rule| rule.require_signature && rule.matches(method, path))
 }
 
 /// The `Idempotency-Key` of a state-changing request. Only signed requests get here:

@@ -16,10 +16,7 @@ const TYPE_BASE: &str = "https://limiter.dev/problems#";
 #[derive(Debug, thiserror::Error)]
 pub(super) enum Refusal {
     #[error("over the limit of {violated:?}")]
-    QuotaExceeded {
-        violated: Vec<String>,
-        retry_after: Duration,
-    },
+    QuotaExceeded { violated: Vec<String>, retry_after: Duration },
     /// A rule with `missing_key = "reject"` counts by a key the request lacks.
     #[error("rule `{rule}` needs a key the request lacks")]
     MissingKey { rule: String, status: StatusCode },
@@ -63,19 +60,12 @@ struct Problem<'a> {
 impl Problem<'_> {
     fn json(&self) -> Bytes {
         // Serialising a struct of strings and numbers cannot fail.
-        serde_json::to_vec(self)
-            .map(Bytes::from)
-            .unwrap_or_default()
+        serde_json::to_vec(self).map(Bytes::from).unwrap_or_default()
     }
 }
 
 /// A problem response with no other headers.
-fn problem(
-    status: StatusCode,
-    slug: &str,
-    detail: &str,
-    violated: Option<&[String]>,
-) -> Response<ProxyBody> {
+fn problem(status: StatusCode, slug: &str, detail: &str, violated: Option<&[String]>) -> Response<ProxyBody> {
     let body = Problem {
         kind: format!("{TYPE_BASE}{slug}"),
         title: status.canonical_reason().unwrap_or("Error"),
@@ -86,29 +76,21 @@ fn problem(
     .json();
     let mut response = Response::new(full_body(body));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
     response
 }
 
 impl Refusal {
     pub(super) fn into_response(self) -> Response<ProxyBody> {
         match self {
-            Self::QuotaExceeded {
-                violated,
-                retry_after,
-            } => {
+            Self::QuotaExceeded { violated, retry_after } => {
                 let mut response = problem(
                     StatusCode::TOO_MANY_REQUESTS,
                     "quota-exceeded",
                     "The request exceeds a rate limit; retry after the time in Retry-After.",
                     Some(&violated),
                 );
-                response.headers_mut().insert(
-                    header::RETRY_AFTER,
-                    HeaderValue::from(ceil_secs(retry_after)),
-                );
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(ceil_secs(retry_after)));
                 response
             }
             Self::MissingKey { rule, status } => problem(
@@ -132,23 +114,15 @@ impl Refusal {
                 );
                 // The rest of the body is still on its way; reading it only to keep
                 // the connection would be the work the limit exists to refuse.
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
                 response
             }
-            Self::BodyUnreadable => problem(
-                StatusCode::BAD_REQUEST,
-                "bad-body",
-                "The request body could not be read.",
-                None,
-            ),
-            Self::IdempotencyKeyMalformed => problem(
-                StatusCode::BAD_REQUEST,
-                "bad-idempotency-key",
-                "Idempotency-Key must be visible ASCII.",
-                None,
-            ),
+            Self::BodyUnreadable => {
+                problem(StatusCode::BAD_REQUEST, "bad-body", "The request body could not be read.", None)
+            }
+            Self::IdempotencyKeyMalformed => {
+                problem(StatusCode::BAD_REQUEST, "bad-idempotency-key", "Idempotency-Key must be visible ASCII.", None)
+            }
             Self::IdempotencyKeyReused => problem(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "idempotency-key-reused",

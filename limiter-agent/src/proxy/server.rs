@@ -2,9 +2,7 @@
 //! drain on shutdown. hyper refuses malformed and ambiguous requests (400) before the
 //! pipeline sees them.
 
-use std::{
-    convert::Infallible, future::poll_fn, net::SocketAddr, pin::Pin, sync::Arc, time::Duration,
-};
+use std::{convert::Infallible, future::poll_fn, net::SocketAddr, pin::Pin, sync::Arc, time::Duration};
 
 use http::{Request, Response};
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};

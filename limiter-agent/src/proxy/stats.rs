@@ -83,10 +83,8 @@ impl Counters {
     }
 
     pub(super) fn add_signature_failure(&self, reason: FailureReason) {
-        if let Some(counter) = FailureReason::ALL
-            .iter()
-            .position(|r| *r == reason)
-            .and_then(|i| self.signature_failures.get(i))
+        if let Some(counter) =
+            FailureReason::ALL.iter().position(|r| *r == reason).and_then(|i| self.signature_failures.get(i))
         {
             counter.fetch_add(1, Ordering::Relaxed);
         }
@@ -105,10 +103,7 @@ impl Counters {
             throttled: load(&self.throttled),
             rejected: load(&self.rejected),
             signature_failures: by_reason.values().sum(),
-            replays: by_reason
-                .get(FailureReason::Replay.as_str())
-                .copied()
-                .unwrap_or(0),
+            replays: by_reason.get(FailureReason::Replay.as_str()).copied().unwrap_or(0),
             signature_failure_reasons: by_reason,
             idempotent_replays: load(&self.idempotent_replays),
             body_too_large: load(&self.body_too_large),

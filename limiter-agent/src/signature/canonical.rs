@@ -34,12 +34,7 @@ impl Canonical<'_> {
     #[must_use]
     pub fn string_to_sign(&self) -> String {
         let mut s = String::with_capacity(
-            self.method.len()
-                + self.target.len()
-                + self.timestamp.len()
-                + 64
-                + 4
-                + self.nonce.map_or(0, str::len),
+            self.method.len() + self.target.len() + self.timestamp.len() + 64 + 4 + self.nonce.map_or(0, str::len),
         );
         s.push_str(self.method);
         s.push('\n');

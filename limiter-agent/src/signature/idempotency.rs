@@ -33,10 +33,7 @@ pub const IDEMPOTENCY_REPLAYED_HEADER: &str = "idempotency-replayed";
 /// Whether idempotency keys apply to `method`: the methods that change state.
 #[must_use]
 pub fn applies_to(method: &Method) -> bool {
-    matches!(
-        *method,
-        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-    )
+    matches!(*method, Method::POST | Method::PUT | Method::PATCH | Method::DELETE)
 }
 
 /// What identifies "the same request" for a key: method, target and body. Reusing a key
@@ -185,50 +182,24 @@ impl IdempotencyStore {
     /// An empty store with these limits.
     #[must_use]
     pub fn new(config: IdempotencyConfig) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                state: Mutex::new(State::default()),
-                config,
-                evictions: AtomicU64::new(0),
-            }),
-        }
+        Self { shared: Arc::new(Shared { state: Mutex::new(State::default()), config, evictions: AtomicU64::new(0) }) }
     }
 
     /// Looks up (`key_id`, `idem_key`) for a request identified by `fingerprint`
     /// (see [`fingerprint`]) at monotonic time `now`.
     #[must_use]
-    pub fn begin(
-        &self,
-        key_id: &str,
-        idem_key: &str,
-        fingerprint: [u8; 32],
-        now: Instant,
-    ) -> Begin {
+    pub fn begin(&self, key_id: &str, idem_key: &str, fingerprint: [u8; 32], now: Instant) -> Begin {
         let key: EntryKey = (key_id.into(), idem_key.into());
         let mut state = self.shared.lock();
         let expired = match state.entries.get(&key) {
             None => false,
-            Some(Entry {
-                slot: Slot::Done { expires, .. },
-                ..
-            }) if *expires <= now => true,
+            Some(Entry { slot: Slot::Done { expires, .. }, .. }) if *expires <= now => true,
             Some(entry) if entry.fingerprint != fingerprint => return Begin::Conflict,
-            Some(Entry {
-                slot: Slot::InFlight,
-                ..
-            }) => return Begin::InFlight,
-            Some(Entry {
-                slot:
-                    Slot::Done {
-                        response: Some(response),
-                        ..
-                    },
-                ..
-            }) => return Begin::Replay(response.clone()),
-            Some(Entry {
-                slot: Slot::Done { response: None, .. },
-                ..
-            }) => return Begin::NotReplayable,
+            Some(Entry { slot: Slot::InFlight, .. }) => return Begin::InFlight,
+            Some(Entry { slot: Slot::Done { response: Some(response), .. }, .. }) => {
+                return Begin::Replay(response.clone());
+            }
+            Some(Entry { slot: Slot::Done { response: None, .. }, .. }) => return Begin::NotReplayable,
         };
         if expired || state.entries.len() >= self.shared.config.max_entries {
             state.purge_expired(now);
@@ -240,18 +211,9 @@ impl IdempotencyStore {
             state.entries.remove(&oldest);
             self.shared.evictions.fetch_add(1, Ordering::Relaxed);
         }
-        state.entries.insert(
-            key.clone(),
-            Entry {
-                fingerprint,
-                slot: Slot::InFlight,
-            },
-        );
+        state.entries.insert(key.clone(), Entry { fingerprint, slot: Slot::InFlight });
         drop(state);
-        Begin::Proceed(Guard {
-            shared: Arc::clone(&self.shared),
-            key: Some(key),
-        })
+        Begin::Proceed(Guard { shared: Arc::clone(&self.shared), key: Some(key) })
     }
 
     /// Entries held, in flight or completed (expired ones until purged).
@@ -283,9 +245,7 @@ pub struct Guard {
 
 impl fmt::Debug for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Guard")
-            .field("key", &self.key)
-            .finish_non_exhaustive()
+        f.debug_struct("Guard").field("key", &self.key).finish_non_exhaustive()
     }
 }
 
@@ -298,9 +258,7 @@ impl Guard {
         };
         let config = self.shared.config;
         // A TTL too long to represent keeps the response for as long as the store lives.
-        let expires = now
-            .checked_add(config.ttl)
-            .unwrap_or_else(|| far_future(now));
+        let expires = now.checked_add(config.ttl).unwrap_or_else(|| far_future(now));
         let response = (response.stored_size() <= config.max_response_bytes).then_some(response);
         let mut state = self.shared.lock();
         // Only this guard removes or completes its in-flight entry, and in-flight

@@ -63,7 +63,5 @@ pub use verify::{Authenticated, Failure, FailureReason, SignedRequest, Verified,
 /// as 0, which fails every timestamp check rather than panicking.
 #[must_use]
 pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }

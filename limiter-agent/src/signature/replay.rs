@@ -69,11 +69,7 @@ impl ReplayCache {
     /// A cache holding at most `max_entries` signatures.
     #[must_use]
     pub fn new(max_entries: usize) -> Self {
-        Self {
-            inner: Mutex::new(Inner::default()),
-            max_entries,
-            full_rejections: AtomicU64::new(0),
-        }
+        Self { inner: Mutex::new(Inner::default()), max_entries, full_rejections: AtomicU64::new(0) }
     }
 
     /// Records `signature` of `key_id` as used, or says why it cannot be.

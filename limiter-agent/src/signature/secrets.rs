@@ -38,26 +38,20 @@ pub enum SecretError {
 /// Loads the secret `reference` points to: `file:PATH` (one trailing line ending is
 /// removed, as editors and `echo` add one) or `env:NAME` (taken as is).
 pub fn load_secret(reference: &str) -> Result<Vec<u8>, SecretError> {
-    let empty = || SecretError::Empty {
-        reference: reference.to_owned(),
-    };
+    let empty = || SecretError::Empty { reference: reference.to_owned() };
     let secret = if let Some(path) = reference.strip_prefix("file:") {
         if path.is_empty() {
             return Err(empty());
         }
-        read_secret_file(Path::new(path)).map_err(|source| SecretError::Read {
-            reference: reference.to_owned(),
-            source,
-        })?
+        read_secret_file(Path::new(path))
+            .map_err(|source| SecretError::Read { reference: reference.to_owned(), source })?
     } else if let Some(name) = reference.strip_prefix("env:") {
         if name.is_empty() {
             return Err(empty());
         }
         std::env::var_os(name)
             .map(OsString::into_vec)
-            .ok_or_else(|| SecretError::EnvMissing {
-                reference: reference.to_owned(),
-            })?
+            .ok_or_else(|| SecretError::EnvMissing { reference: reference.to_owned() })?
     } else {
         return Err(SecretError::NotAReference);
     };

@@ -22,10 +22,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use redis::Script;
 
-use super::{
-    Begin, IdempotencyConfig, StoredResponse,
-    replay::ReplayError,
-};
+use super::{Begin, IdempotencyConfig, StoredResponse, replay::ReplayError};
 use crate::fleet::{Fleet, FleetError};
 
 /// Longest an in-flight claim holds its key without completing.
@@ -117,10 +114,9 @@ impl SharedIdempotency {
             .await?;
         let field = |i: usize| reply.get(i).map_or(&[][..], Vec::as_slice);
         Ok(match field(0) {
-            b"proceed" => Begin::Proceed(SharedGuard {
-                store: self.clone(),
-                claim: Some(Claim { key, fingerprint, owner }),
-            }),
+            b"proceed" => {
+                Begin::Proceed(SharedGuard { store: self.clone(), claim: Some(Claim { key, fingerprint, owner }) })
+            }
             b"conflict" => Begin::Conflict,
             b"in_flight" => Begin::InFlight,
             b"not_replayable" => Begin::NotReplayable,
@@ -161,7 +157,9 @@ impl SharedGuard {
         let store = &self.store;
         let stored = (response.stored_size() <= store.config.max_response_bytes).then_some(response);
         let (status, headers, body) = match &stored {
-            Some(response) => (response.status.as_str().to_owned(), encode_headers(&response.headers), response.body.clone()),
+            Some(response) => {
+                (response.status.as_str().to_owned(), encode_headers(&response.headers), response.body.clone())
+            }
             None => (String::new(), Vec::new(), Bytes::new()),
         };
         let result: Result<i64, FleetError> = store

@@ -23,12 +23,7 @@ fn openssl_dgst(extra: &[&str], input: &[u8]) -> String {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "openssl failed");
     // `-r` prints "HEX *stdin".
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .split(' ')
-        .next()
-        .unwrap()
-        .to_owned()
+    String::from_utf8(out.stdout).unwrap().split(' ').next().unwrap().to_owned()
 }
 
 fn openssl_sha256(data: &[u8]) -> String {
@@ -40,19 +35,8 @@ fn openssl_hmac(key: &str, message: &[u8]) -> String {
 }
 
 /// The string to sign assembled independently of `Canonical`, as the contract words it.
-fn contract_string(
-    method: &str,
-    target: &str,
-    ts: &str,
-    body: &[u8],
-    nonce: Option<&str>,
-) -> String {
-    let mut lines = vec![
-        method.to_owned(),
-        target.to_owned(),
-        ts.to_owned(),
-        openssl_sha256(body),
-    ];
+fn contract_string(method: &str, target: &str, ts: &str, body: &[u8], nonce: Option<&str>) -> String {
+    let mut lines = vec![method.to_owned(), target.to_owned(), ts.to_owned(), openssl_sha256(body)];
     lines.extend(nonce.map(str::to_owned));
     lines.join("\n")
 }
@@ -67,21 +51,12 @@ fn signed_headers(
     nonce: Option<&str>,
 ) -> HeaderMap {
     let digest = sha256(body);
-    let message = Canonical {
-        method: method.as_str(),
-        target,
-        timestamp: ts,
-        body_sha256: &digest,
-        nonce,
-    }
-    .string_to_sign();
+    let message =
+        Canonical { method: method.as_str(), target, timestamp: ts, body_sha256: &digest, nonce }.string_to_sign();
     let mut headers = HeaderMap::new();
     headers.insert("x-api-key", HeaderValue::from_str(key_id).unwrap());
     headers.insert("x-timestamp", HeaderValue::from_str(ts).unwrap());
-    headers.insert(
-        "x-signature",
-        HeaderValue::from_str(&sign_hex(secret, &message)).unwrap(),
-    );
+    headers.insert("x-signature", HeaderValue::from_str(&sign_hex(secret, &message)).unwrap());
     if let Some(nonce) = nonce {
         headers.insert("x-nonce", HeaderValue::from_str(nonce).unwrap());
     }
@@ -106,10 +81,7 @@ mod canonical {
     fn fixed_vector() {
         let body = br#"{"amount":100,"to":"acct-42"}"#;
         let digest = sha256(body);
-        assert_eq!(
-            hex::encode(digest),
-            "ee0885070ca8ca1ff7df3e53275c4cadb3fbf747f3e0ea380a002f8c69ab8e9d"
-        );
+        assert_eq!(hex::encode(digest), "ee0885070ca8ca1ff7df3e53275c4cadb3fbf747f3e0ea380a002f8c69ab8e9d");
         let mut c = Canonical {
             method: "POST",
             target: "/api/transfer?dry_run=1",
@@ -143,83 +115,32 @@ mod canonical {
     #[test]
     fn matches_openssl() {
         // (method, target, timestamp, body, nonce, key)
-        type Case<'a> = (
-            &'a str,
-            &'a str,
-            &'a str,
-            &'a [u8],
-            Option<&'a str>,
-            &'a str,
-        );
+        type Case<'a> = (&'a str, &'a str, &'a str, &'a [u8], Option<&'a str>, &'a str);
         let cases: &[Case<'_>] = &[
             ("GET", "/", "0", b"", None, "k"),
-            (
-                "POST",
-                "/api/transfer",
-                "1700000000",
-                b"amount=5",
-                None,
-                "s3cret",
-            ),
-            (
-                "PUT",
-                "/a/b?x=1&y=%20z",
-                "1712345678",
-                b"\x00\x01\xff binary\n",
-                Some("n-1"),
-                "rotated secret",
-            ),
+            ("POST", "/api/transfer", "1700000000", b"amount=5", None, "s3cret"),
+            ("PUT", "/a/b?x=1&y=%20z", "1712345678", b"\x00\x01\xff binary\n", Some("n-1"), "rotated secret"),
             ("DELETE", "/items/7?", "99", b"", Some(""), "k"),
-            (
-                "PATCH",
-                "/p?q",
-                "1700000001",
-                &[b'x'; 70_000],
-                Some("abc"),
-                "long body key",
-            ),
+            ("PATCH", "/p?q", "1700000001", &[b'x'; 70_000], Some("abc"), "long body key"),
         ];
         for &(method, target, ts, body, nonce, key) in cases {
             let digest = sha256(body);
             assert_eq!(hex::encode(digest), openssl_sha256(body));
-            let ours = Canonical {
-                method,
-                target,
-                timestamp: ts,
-                body_sha256: &digest,
-                nonce,
-            }
-            .string_to_sign();
+            let ours = Canonical { method, target, timestamp: ts, body_sha256: &digest, nonce }.string_to_sign();
             let theirs = contract_string(method, target, ts, body, nonce);
             assert_eq!(ours, theirs);
             assert!(!ours.ends_with('\n') || nonce == Some(""));
-            assert_eq!(
-                sign_hex(key.as_bytes(), &ours),
-                openssl_hmac(key, theirs.as_bytes()),
-                "{method} {target}"
-            );
+            assert_eq!(sign_hex(key.as_bytes(), &ours), openssl_hmac(key, theirs.as_bytes()), "{method} {target}");
         }
     }
 
     #[test]
     fn nonce_line_only_when_sent() {
         let d = sha256(b"");
-        let base = Canonical {
-            method: "GET",
-            target: "/",
-            timestamp: "1",
-            body_sha256: &d,
-            nonce: None,
-        };
+        let base = Canonical { method: "GET", target: "/", timestamp: "1", body_sha256: &d, nonce: None };
         assert_eq!(base.string_to_sign().lines().count(), 4);
-        let with = Canonical {
-            nonce: Some("n"),
-            ..base
-        };
-        assert_eq!(
-            with.string_to_sign(),
-            format!("GET\n/\n1\n{EMPTY_SHA256}\nn")
-        );
+        let with = Canonical { nonce: Some("n"), ..base };
+        assert_eq!(with.string_to_sign(), format!("GET\n/\n1\n{EMPTY_SHA256}\nn"));
     }
 }
 
@@ -228,9 +149,7 @@ mod verify {
     use std::time::Duration;
 
     use super::*;
-    use crate::signature::{
-        Failure, FailureReason, ReplayCache, SignedRequest, Verified, Verifier,
-    };
+    use crate::signature::{Failure, FailureReason, ReplayCache, SignedRequest, Verified, Verifier};
 
     const NOW: u64 = 1_700_000_000;
     const SKEW: Duration = Duration::from_secs(300);
@@ -238,15 +157,9 @@ mod verify {
     fn verifier(capacity: usize) -> Verifier {
         Verifier::new(
             [
-                (
-                    "k1".to_owned(),
-                    vec![b"old-secret".to_vec(), b"new-secret".to_vec()],
-                ),
+                ("k1".to_owned(), vec![b"old-secret".to_vec(), b"new-secret".to_vec()]),
                 ("k2".to_owned(), vec![b"k2-secret".to_vec()]),
-                (
-                    "k3".to_owned(),
-                    vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()],
-                ),
+                ("k3".to_owned(), vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]),
             ],
             Arc::new(ReplayCache::new(capacity)),
         )
@@ -261,16 +174,7 @@ mod verify {
         now: u64,
     ) -> Result<Verified, Failure> {
         let digest = sha256(body);
-        v.verify(
-            &SignedRequest {
-                method,
-                target,
-                headers,
-                body_sha256: &digest,
-            },
-            now,
-            SKEW,
-        )
+        v.verify(&SignedRequest { method, target, headers, body_sha256: &digest }, now, SKEW)
     }
 
     fn valid(ts: u64, nonce: Option<&str>) -> HeaderMap {
@@ -286,37 +190,14 @@ mod verify {
     }
 
     fn reason(v: &Verifier, headers: &HeaderMap) -> FailureReason {
-        check(
-            v,
-            &Method::POST,
-            "/api/transfer?to=a",
-            headers,
-            b"{\"amount\":1}",
-            NOW,
-        )
-        .unwrap_err()
-        .reason()
+        check(v, &Method::POST, "/api/transfer?to=a", headers, b"{\"amount\":1}", NOW).unwrap_err().reason()
     }
 
     #[test]
     fn valid_request_passes() {
         let v = verifier(100);
-        let ok = check(
-            &v,
-            &Method::POST,
-            "/api/transfer?to=a",
-            &valid(NOW, None),
-            b"{\"amount\":1}",
-            NOW,
-        )
-        .unwrap();
-        assert_eq!(
-            ok,
-            Verified {
-                key_id: "k1".into(),
-                timestamp: NOW
-            }
-        );
+        let ok = check(&v, &Method::POST, "/api/transfer?to=a", &valid(NOW, None), b"{\"amount\":1}", NOW).unwrap();
+        assert_eq!(ok, Verified { key_id: "k1".into(), timestamp: NOW });
         assert_eq!(v.replay_cache().len(), 1);
     }
 
@@ -325,10 +206,7 @@ mod verify {
         let v = verifier(100);
         let ts = NOW.to_string();
         let body = b"hello";
-        let sig = openssl_hmac(
-            "k2-secret",
-            contract_string("PUT", "/x?y=1", &ts, body, Some("nn")).as_bytes(),
-        );
+        let sig = openssl_hmac("k2-secret", contract_string("PUT", "/x?y=1", &ts, body, Some("nn")).as_bytes());
         let mut h = HeaderMap::new();
         h.insert("x-api-key", HeaderValue::from_static("k2"));
         h.insert("x-timestamp", HeaderValue::from_str(&ts).unwrap());
@@ -341,30 +219,11 @@ mod verify {
     fn rotation_either_secret() {
         let v = verifier(100);
         for secret in [&b"old-secret"[..], b"new-secret"] {
-            let h = signed_headers(
-                "k1",
-                secret,
-                &Method::GET,
-                "/r",
-                &NOW.to_string(),
-                b"",
-                None,
-            );
-            assert_eq!(
-                check(&v, &Method::GET, "/r", &h, b"", NOW).unwrap().key_id,
-                "k1"
-            );
+            let h = signed_headers("k1", secret, &Method::GET, "/r", &NOW.to_string(), b"", None);
+            assert_eq!(check(&v, &Method::GET, "/r", &h, b"", NOW).unwrap().key_id, "k1");
         }
         for secret in [&b"a"[..], b"b", b"c"] {
-            let h = signed_headers(
-                "k3",
-                secret,
-                &Method::GET,
-                "/r",
-                &NOW.to_string(),
-                b"",
-                None,
-            );
+            let h = signed_headers("k3", secret, &Method::GET, "/r", &NOW.to_string(), b"", None);
             check(&v, &Method::GET, "/r", &h, b"", NOW).unwrap();
         }
     }
@@ -375,45 +234,22 @@ mod verify {
         let h = valid(NOW, None);
         let target = "/api/transfer?to=a";
         let body = b"{\"amount\":1}";
-        let bad = |m: &Method, t: &str, b: &[u8], h: &HeaderMap| {
-            check(&v, m, t, h, b, NOW).unwrap_err().reason()
-        };
+        let bad = |m: &Method, t: &str, b: &[u8], h: &HeaderMap| check(&v, m, t, h, b, NOW).unwrap_err().reason();
         assert_eq!(bad(&Method::PUT, target, body, &h), FailureReason::BadMac);
-        assert_eq!(
-            bad(&Method::POST, "/api/transfer?to=b", body, &h),
-            FailureReason::BadMac
-        );
-        assert_eq!(
-            bad(&Method::POST, "/api/transfer", body, &h),
-            FailureReason::BadMac
-        );
-        assert_eq!(
-            bad(&Method::POST, "/api/transfer2?to=a", body, &h),
-            FailureReason::BadMac
-        );
-        assert_eq!(
-            bad(&Method::POST, target, b"{\"amount\":2}", &h),
-            FailureReason::BadMac
-        );
+        assert_eq!(bad(&Method::POST, "/api/transfer?to=b", body, &h), FailureReason::BadMac);
+        assert_eq!(bad(&Method::POST, "/api/transfer", body, &h), FailureReason::BadMac);
+        assert_eq!(bad(&Method::POST, "/api/transfer2?to=a", body, &h), FailureReason::BadMac);
+        assert_eq!(bad(&Method::POST, target, b"{\"amount\":2}", &h), FailureReason::BadMac);
         assert_eq!(bad(&Method::POST, target, b"", &h), FailureReason::BadMac);
         let mut ts = h.clone();
-        ts.insert(
-            "x-timestamp",
-            HeaderValue::from_str(&(NOW + 1).to_string()).unwrap(),
-        );
+        ts.insert("x-timestamp", HeaderValue::from_str(&(NOW + 1).to_string()).unwrap());
         assert_eq!(bad(&Method::POST, target, body, &ts), FailureReason::BadMac);
         // Leading zeros: same number, different bytes signed.
-        ts.insert(
-            "x-timestamp",
-            HeaderValue::from_str(&format!("0{NOW}")).unwrap(),
-        );
+        ts.insert("x-timestamp", HeaderValue::from_str(&format!("0{NOW}")).unwrap());
         assert_eq!(bad(&Method::POST, target, body, &ts), FailureReason::BadMac);
         let mut nonce = h.clone();
         nonce.insert("x-nonce", HeaderValue::from_static("added"));
-        assert_eq!(
-            bad(&Method::POST, target, body, &nonce),
-            FailureReason::BadMac
-        );
+        assert_eq!(bad(&Method::POST, target, body, &nonce), FailureReason::BadMac);
         // Nothing failed past the MAC, so nothing was remembered.
         assert_eq!(v.replay_cache().len(), 0);
         // The untouched request still passes.
@@ -423,54 +259,18 @@ mod verify {
     #[test]
     fn unknown_key_and_wrong_key_are_bad_mac() {
         let v = verifier(100);
-        let h = signed_headers(
-            "nobody",
-            b"new-secret",
-            &Method::GET,
-            "/",
-            &NOW.to_string(),
-            b"",
-            None,
-        );
-        assert_eq!(
-            check(&v, &Method::GET, "/", &h, b"", NOW).unwrap_err(),
-            Failure::BadMac
-        );
+        let h = signed_headers("nobody", b"new-secret", &Method::GET, "/", &NOW.to_string(), b"", None);
+        assert_eq!(check(&v, &Method::GET, "/", &h, b"", NOW).unwrap_err(), Failure::BadMac);
         // Another key's valid secret.
-        let h = signed_headers(
-            "k2",
-            b"new-secret",
-            &Method::GET,
-            "/",
-            &NOW.to_string(),
-            b"",
-            None,
-        );
-        assert_eq!(
-            check(&v, &Method::GET, "/", &h, b"", NOW).unwrap_err(),
-            Failure::BadMac
-        );
+        let h = signed_headers("k2", b"new-secret", &Method::GET, "/", &NOW.to_string(), b"", None);
+        assert_eq!(check(&v, &Method::GET, "/", &h, b"", NOW).unwrap_err(), Failure::BadMac);
         // The dummy key of unknown ids never verifies, even if someone learned it.
-        let h = signed_headers(
-            "nobody",
-            b"limiter: no such key",
-            &Method::GET,
-            "/",
-            &NOW.to_string(),
-            b"",
-            None,
-        );
-        assert_eq!(
-            check(&v, &Method::GET, "/", &h, b"", NOW).unwrap_err(),
-            Failure::BadMac
-        );
+        let h = signed_headers("nobody", b"limiter: no such key", &Method::GET, "/", &NOW.to_string(), b"", None);
+        assert_eq!(check(&v, &Method::GET, "/", &h, b"", NOW).unwrap_err(), Failure::BadMac);
         // A key configured without secrets never verifies.
         let empty = Verifier::new([("e".to_owned(), vec![])], Arc::new(ReplayCache::new(10)));
         let h = signed_headers("e", b"", &Method::GET, "/", &NOW.to_string(), b"", None);
-        assert_eq!(
-            check(&empty, &Method::GET, "/", &h, b"", NOW).unwrap_err(),
-            Failure::BadMac
-        );
+        assert_eq!(check(&empty, &Method::GET, "/", &h, b"", NOW).unwrap_err(), Failure::BadMac);
     }
 
     #[test]
@@ -540,9 +340,7 @@ mod verify {
         }
         // A clock at 0 (before 1970, see unix_now) refuses everything without panicking.
         assert_eq!(
-            check(&v, &Method::POST, target, &valid(NOW, None), body, 0)
-                .unwrap_err()
-                .reason(),
+            check(&v, &Method::POST, target, &valid(NOW, None), body, 0).unwrap_err().reason(),
             FailureReason::Skew
         );
     }
@@ -550,12 +348,7 @@ mod verify {
     #[test]
     fn signature_format() {
         let v = verifier(100);
-        let good = valid(NOW, None)
-            .get("x-signature")
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_owned();
+        let good = valid(NOW, None).get("x-signature").unwrap().to_str().unwrap().to_owned();
         let upper = good.to_ascii_uppercase();
         let cases = [
             String::new(),
@@ -576,10 +369,7 @@ mod verify {
         }
         // 64 bytes of multibyte UTF-8 is opaque header bytes, not a panic.
         let mut h = valid(NOW, None);
-        h.insert(
-            "x-signature",
-            HeaderValue::from_bytes("é".repeat(32).as_bytes()).unwrap(),
-        );
+        h.insert("x-signature", HeaderValue::from_bytes("é".repeat(32).as_bytes()).unwrap());
         assert_eq!(reason(&v, &h), FailureReason::MalformedHeader);
     }
 
@@ -594,33 +384,11 @@ mod verify {
         assert_eq!(err, Failure::Replay);
         assert!(err.is_replay());
         for nonce in ["n1", "n2"] {
-            check(
-                &v,
-                &Method::POST,
-                target,
-                &valid(NOW, Some(nonce)),
-                body,
-                NOW,
-            )
-            .unwrap();
+            check(&v, &Method::POST, target, &valid(NOW, Some(nonce)), body, NOW).unwrap();
         }
-        assert_eq!(
-            check(
-                &v,
-                &Method::POST,
-                target,
-                &valid(NOW, Some("n1")),
-                body,
-                NOW
-            )
-            .unwrap_err(),
-            Failure::Replay
-        );
+        assert_eq!(check(&v, &Method::POST, target, &valid(NOW, Some("n1")), body, NOW).unwrap_err(), Failure::Replay);
         // Still a replay at the last second the timestamp passes.
-        assert_eq!(
-            check(&v, &Method::POST, target, &h, body, NOW + 300).unwrap_err(),
-            Failure::Replay
-        );
+        assert_eq!(check(&v, &Method::POST, target, &h, body, NOW + 300).unwrap_err(), Failure::Replay);
         assert_eq!(v.replay_cache().len(), 3);
     }
 
@@ -632,10 +400,7 @@ mod verify {
             let sig = hex::encode(sha256(&i.to_be_bytes()));
             h.insert("x-signature", HeaderValue::from_str(&sig).unwrap());
             if i % 2 == 0 {
-                h.insert(
-                    "x-api-key",
-                    HeaderValue::from_str(&format!("guess-{i}")).unwrap(),
-                );
+                h.insert("x-api-key", HeaderValue::from_str(&format!("guess-{i}")).unwrap());
             }
             assert_eq!(reason(&v, &h), FailureReason::BadMac);
         }
@@ -656,15 +421,7 @@ mod verify {
         assert_eq!(v.replay_cache().len(), 2);
         // Once the first two can no longer pass the timestamp check they make room.
         let later = NOW + 301;
-        check(
-            &v,
-            &Method::POST,
-            target,
-            &valid(later, Some("c")),
-            body,
-            later,
-        )
-        .unwrap();
+        check(&v, &Method::POST, target, &valid(later, Some("c")), body, later).unwrap();
         assert_eq!(v.replay_cache().len(), 1);
     }
 
@@ -676,35 +433,19 @@ mod verify {
             .map(|_| {
                 let (v, h) = (Arc::clone(&v), h.clone());
                 std::thread::spawn(move || {
-                    check(
-                        &v,
-                        &Method::POST,
-                        "/api/transfer?to=a",
-                        &h,
-                        b"{\"amount\":1}",
-                        NOW,
-                    )
-                    .is_ok()
+                    check(&v, &Method::POST, "/api/transfer?to=a", &h, b"{\"amount\":1}", NOW).is_ok()
                 })
             })
             .collect();
-        let admitted = handles
-            .into_iter()
-            .map(|t| t.join().unwrap())
-            .filter(|ok| *ok)
-            .count();
+        let admitted = handles.into_iter().map(|t| t.join().unwrap()).filter(|ok| *ok).count();
         assert_eq!(admitted, 1);
     }
 
     #[test]
     fn reason_labels_are_distinct() {
-        let labels: std::collections::HashSet<_> =
-            FailureReason::ALL.iter().map(|r| r.as_str()).collect();
+        let labels: std::collections::HashSet<_> = FailureReason::ALL.iter().map(|r| r.as_str()).collect();
         assert_eq!(labels.len(), FailureReason::ALL.len());
-        assert_eq!(
-            Failure::MissingHeader("x-api-key").reason().to_string(),
-            "missing_header"
-        );
+        assert_eq!(Failure::MissingHeader("x-api-key").reason().to_string(), "missing_header");
         // Debug must not leak the HMAC states.
         assert!(!format!("{:?}", verifier(1)).contains("secret"));
     }
@@ -721,13 +462,9 @@ mod replay {
     fn expiry_and_identity() {
         let c = ReplayCache::new(10);
         c.check_and_insert("k", &[1; 32], 1000, SKEW, 1000).unwrap();
-        assert_eq!(
-            c.check_and_insert("k", &[1; 32], 1000, SKEW, 1300),
-            Err(ReplayError::Replay)
-        );
+        assert_eq!(c.check_and_insert("k", &[1; 32], 1000, SKEW, 1300), Err(ReplayError::Replay));
         // Same bytes under another key id is another entry.
-        c.check_and_insert("other", &[1; 32], 1000, SKEW, 1000)
-            .unwrap();
+        c.check_and_insert("other", &[1; 32], 1000, SKEW, 1000).unwrap();
         // At 1301 the timestamp can no longer pass, so the entries are gone.
         c.check_and_insert("k", &[2; 32], 1301, SKEW, 1301).unwrap();
         assert_eq!(c.len(), 1);
@@ -740,22 +477,13 @@ mod replay {
         c.check_and_insert("k", &[1; 32], 1000, SKEW, 1000).unwrap();
         c.check_and_insert("k", &[2; 32], 1100, SKEW, 1100).unwrap();
         c.check_and_insert("k", &[3; 32], 1200, SKEW, 1200).unwrap();
-        assert_eq!(
-            c.check_and_insert("k", &[4; 32], 1200, SKEW, 1250),
-            Err(ReplayError::Full)
-        );
+        assert_eq!(c.check_and_insert("k", &[4; 32], 1200, SKEW, 1250), Err(ReplayError::Full));
         assert_eq!(c.len(), 3);
         // At 1301 only the first is expired: exactly one slot frees.
         c.check_and_insert("k", &[4; 32], 1301, SKEW, 1301).unwrap();
-        assert_eq!(
-            c.check_and_insert("k", &[5; 32], 1301, SKEW, 1301),
-            Err(ReplayError::Full)
-        );
+        assert_eq!(c.check_and_insert("k", &[5; 32], 1301, SKEW, 1301), Err(ReplayError::Full));
         // The live ones are still remembered.
-        assert_eq!(
-            c.check_and_insert("k", &[2; 32], 1100, SKEW, 1301),
-            Err(ReplayError::Replay)
-        );
+        assert_eq!(c.check_and_insert("k", &[2; 32], 1100, SKEW, 1301), Err(ReplayError::Replay));
         assert_eq!(c.full_rejections(), 2);
         assert_eq!(c.len(), 3);
     }
@@ -767,10 +495,7 @@ mod replay {
         // After a reload to a 600 s window the request passes the timestamp check until
         // 1600, so it must still be a replay at 1500.
         let wide = Duration::from_secs(600);
-        assert_eq!(
-            c.check_and_insert("k", &[1; 32], 1000, wide, 1500),
-            Err(ReplayError::Replay)
-        );
+        assert_eq!(c.check_and_insert("k", &[1; 32], 1000, wide, 1500), Err(ReplayError::Replay));
     }
 
     #[test]
@@ -782,14 +507,8 @@ mod replay {
                 std::thread::spawn(move || {
                     (0..50u8)
                         .filter(|i| {
-                            c.check_and_insert(
-                                "k",
-                                &[t.wrapping_mul(50).wrapping_add(*i); 32],
-                                1000,
-                                SKEW,
-                                1000,
-                            )
-                            .is_ok()
+                            c.check_and_insert("k", &[t.wrapping_mul(50).wrapping_add(*i); 32], 1000, SKEW, 1000)
+                                .is_ok()
                         })
                         .count()
                 })
@@ -824,17 +543,8 @@ mod body {
     impl Chunked {
         fn new(chunks: &[&[u8]]) -> (Self, Arc<AtomicUsize>) {
             let polled = Arc::new(AtomicUsize::new(0));
-            let frames = chunks
-                .iter()
-                .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
-                .collect();
-            (
-                Self {
-                    frames,
-                    polled: Arc::clone(&polled),
-                },
-                polled,
-            )
+            let frames = chunks.iter().map(|c| Ok(Frame::data(Bytes::copy_from_slice(c)))).collect();
+            (Self { frames, polled: Arc::clone(&polled) }, polled)
         }
     }
 
@@ -872,27 +582,16 @@ mod body {
         // Stopped at the frame that crossed the bound, not after draining the stream.
         assert_eq!(polled.load(Ordering::Relaxed), 3);
         let (body, _) = Chunked::new(&chunks[..3]);
-        assert!(matches!(
-            read_body_hashed(body, 8).await,
-            Err(BodyError::TooLarge { .. })
-        ));
+        assert!(matches!(read_body_hashed(body, 8).await, Err(BodyError::TooLarge { .. })));
         let (body, _) = Chunked::new(&chunks[..2]);
         assert_eq!(read_body_hashed(body, 8).await.unwrap().0.len(), 8);
     }
 
     #[tokio::test]
     async fn announced_size_refused_before_reading() {
-        let err = read_body_hashed(Full::new(Bytes::from_static(b"123456789")), 8)
-            .await
-            .unwrap_err();
+        let err = read_body_hashed(Full::new(Bytes::from_static(b"123456789")), 8).await.unwrap_err();
         assert!(matches!(err, BodyError::TooLarge { limit: 8 }));
-        assert_eq!(
-            &read_body_hashed(Full::new(Bytes::from_static(b"12345678")), 8)
-                .await
-                .unwrap()
-                .0[..],
-            b"12345678"
-        );
+        assert_eq!(&read_body_hashed(Full::new(Bytes::from_static(b"12345678")), 8).await.unwrap().0[..], b"12345678");
     }
 
     #[tokio::test]
@@ -901,20 +600,14 @@ mod body {
         assert!(bytes.is_empty());
         assert_eq!(hex::encode(digest), EMPTY_SHA256);
         let (body, _) = Chunked::new(&[]);
-        assert_eq!(
-            hex::encode(read_body_hashed(body, 0).await.unwrap().1),
-            EMPTY_SHA256
-        );
+        assert_eq!(hex::encode(read_body_hashed(body, 0).await.unwrap().1), EMPTY_SHA256);
     }
 
     #[tokio::test]
     async fn read_errors_and_trailers() {
         let (mut body, _) = Chunked::new(&[b"abc"]);
         body.frames.push_back(Err(std::io::Error::other("reset")));
-        assert!(matches!(
-            read_body_hashed(body, 100).await,
-            Err(BodyError::Read(_))
-        ));
+        assert!(matches!(read_body_hashed(body, 100).await, Err(BodyError::Read(_))));
 
         let (mut body, _) = Chunked::new(&[b"abc"]);
         let mut trailers = http::HeaderMap::new();
@@ -936,21 +629,13 @@ mod idempotency {
     const TTL: Duration = Duration::from_secs(3600);
 
     fn store(max_entries: usize) -> IdempotencyStore {
-        IdempotencyStore::new(IdempotencyConfig {
-            ttl: TTL,
-            max_entries,
-            max_response_bytes: 64,
-        })
+        IdempotencyStore::new(IdempotencyConfig { ttl: TTL, max_entries, max_response_bytes: 64 })
     }
 
     fn response(body: &'static [u8]) -> StoredResponse {
         let mut headers = HeaderMap::new();
         headers.insert("content-type", HeaderValue::from_static("text/plain"));
-        StoredResponse {
-            status: StatusCode::CREATED,
-            headers,
-            body: Bytes::from_static(body),
-        }
+        StoredResponse { status: StatusCode::CREATED, headers, body: Bytes::from_static(body) }
     }
 
     fn proceed(b: Begin) -> Guard {
@@ -967,19 +652,13 @@ mod idempotency {
         let fp = [1; 32];
         let guard = proceed(s.begin("k1", "idem-1", fp, t0));
         assert!(matches!(s.begin("k1", "idem-1", fp, t0), Begin::InFlight));
-        assert!(matches!(
-            s.begin("k1", "idem-1", [2; 32], t0),
-            Begin::Conflict
-        ));
+        assert!(matches!(s.begin("k1", "idem-1", [2; 32], t0), Begin::Conflict));
         guard.complete(response(b"created"), t0);
         match s.begin("k1", "idem-1", fp, t0 + Duration::from_secs(1)) {
             Begin::Replay(r) => assert_eq!(r, response(b"created")),
             other => panic!("expected Replay, got {other:?}"),
         }
-        assert!(matches!(
-            s.begin("k1", "idem-1", [2; 32], t0),
-            Begin::Conflict
-        ));
+        assert!(matches!(s.begin("k1", "idem-1", [2; 32], t0), Begin::Conflict));
         // Keys are per key id.
         drop(proceed(s.begin("k2", "idem-1", fp, t0)));
         assert_eq!(s.len(), 1);
@@ -990,10 +669,7 @@ mod idempotency {
         let s = store(10);
         let t0 = Instant::now();
         proceed(s.begin("k", "i", [1; 32], t0)).complete(response(b"x"), t0);
-        assert!(matches!(
-            s.begin("k", "i", [1; 32], t0 + TTL - Duration::from_millis(1)),
-            Begin::Replay(_)
-        ));
+        assert!(matches!(s.begin("k", "i", [1; 32], t0 + TTL - Duration::from_millis(1)), Begin::Replay(_)));
         // Expired: a new first use, even with another body.
         drop(proceed(s.begin("k", "i", [9; 32], t0 + TTL)));
     }
@@ -1015,10 +691,7 @@ mod idempotency {
         let s = store(10);
         let t0 = Instant::now();
         proceed(s.begin("k", "i", [1; 32], t0)).complete(response(&[b'x'; 60]), t0);
-        assert!(matches!(
-            s.begin("k", "i", [1; 32], t0),
-            Begin::NotReplayable
-        ));
+        assert!(matches!(s.begin("k", "i", [1; 32], t0), Begin::NotReplayable));
         assert!(matches!(s.begin("k", "i", [2; 32], t0), Begin::Conflict));
     }
 
@@ -1036,10 +709,7 @@ mod idempotency {
         // Full of live entries: the completed one ("b") goes, never in-flight ones.
         let e = proceed(s.begin("k", "e", [1; 32], t0 + TTL));
         assert_eq!((s.len(), s.evictions()), (3, 1));
-        assert!(matches!(
-            s.begin("k", "c", [1; 32], t0 + TTL),
-            Begin::InFlight
-        ));
+        assert!(matches!(s.begin("k", "c", [1; 32], t0 + TTL), Begin::InFlight));
         // All in flight: refuse rather than drop one.
         assert!(matches!(s.begin("k", "f", [1; 32], t0 + TTL), Begin::Full));
         drop((c, d, e));
@@ -1108,29 +778,17 @@ mod secrets {
         let err = load_secret(unset).unwrap_err();
         assert!(matches!(err, SecretError::EnvMissing { .. }));
         assert!(err.to_string().contains(unset));
-        assert!(matches!(
-            load_secret("file:"),
-            Err(SecretError::Empty { .. })
-        ));
-        assert!(matches!(
-            load_secret("env:"),
-            Err(SecretError::Empty { .. })
-        ));
+        assert!(matches!(load_secret("file:"), Err(SecretError::Empty { .. })));
+        assert!(matches!(load_secret("env:"), Err(SecretError::Empty { .. })));
         // A directory is unreadable as a file.
-        assert!(matches!(
-            load_secret("file:/"),
-            Err(SecretError::Read { .. })
-        ));
+        assert!(matches!(load_secret("file:/"), Err(SecretError::Read { .. })));
     }
 
     #[test]
     fn env_reference() {
         // PATH is always set for cargo test; setting a variable would race other tests.
         let expected = std::env::var_os("PATH").unwrap();
-        assert_eq!(
-            load_secret("env:PATH").unwrap(),
-            expected.into_encoded_bytes()
-        );
+        assert_eq!(load_secret("env:PATH").unwrap(), expected.into_encoded_bytes());
     }
 
     #[test]

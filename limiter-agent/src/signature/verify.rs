@@ -230,19 +230,12 @@ impl Verifier {
     where
         I: IntoIterator<Item = (String, Vec<Vec<u8>>)>,
     {
-        let keys: HashMap<String, Vec<HmacSha256>> = keys
-            .into_iter()
-            .map(|(id, secrets)| (id, secrets.iter().map(|s| hmac_key(s)).collect()))
-            .collect();
+        let keys: HashMap<String, Vec<HmacSha256>> =
+            keys.into_iter().map(|(id, secrets)| (id, secrets.iter().map(|s| hmac_key(s)).collect())).collect();
         let slots = keys.values().map(Vec::len).max().unwrap_or(0).max(1);
         // The dummy's outcome is always discarded, so its key need not be secret.
         let dummy = hmac_key(b"limiter: no such key");
-        Self {
-            keys,
-            dummy,
-            slots,
-            replay,
-        }
+        Self { keys, dummy, slots, replay }
     }
 
     /// The replay cache this verifier records accepted signatures in.
@@ -258,17 +251,9 @@ impl Verifier {
     /// request fails the second time with [`Failure::Replay`]. A request that later
     /// fails for another reason (rate limit, upstream error) has still used its
     /// signature; clients re-sign retries.
-    pub fn verify(
-        &self,
-        req: &SignedRequest<'_>,
-        now: u64,
-        max_skew: Duration,
-    ) -> Result<Verified, Failure> {
+    pub fn verify(&self, req: &SignedRequest<'_>, now: u64, max_skew: Duration) -> Result<Verified, Failure> {
         let Authenticated { key_id, timestamp, signature } = self.authenticate(req, now, max_skew)?;
-        match self
-            .replay
-            .check_and_insert(&key_id, &signature, timestamp, max_skew, now)
-        {
+        match self.replay.check_and_insert(&key_id, &signature, timestamp, max_skew, now) {
             Ok(()) => Ok(Verified { key_id, timestamp }),
             Err(error) => Err(Failure::from(error)),
         }
@@ -282,22 +267,17 @@ impl Verifier {
         now: u64,
         max_skew: Duration,
     ) -> Result<Authenticated, Failure> {
-        let key_id = header_str(req.headers, API_KEY_HEADER)?
-            .ok_or(Failure::MissingHeader(API_KEY_HEADER))?;
-        let timestamp_raw = header_str(req.headers, TIMESTAMP_HEADER)?
-            .ok_or(Failure::MissingHeader(TIMESTAMP_HEADER))?;
-        let signature_raw = header_str(req.headers, SIGNATURE_HEADER)?
-            .ok_or(Failure::MissingHeader(SIGNATURE_HEADER))?;
+        let key_id = header_str(req.headers, API_KEY_HEADER)?.ok_or(Failure::MissingHeader(API_KEY_HEADER))?;
+        let timestamp_raw =
+            header_str(req.headers, TIMESTAMP_HEADER)?.ok_or(Failure::MissingHeader(TIMESTAMP_HEADER))?;
+        let signature_raw =
+            header_str(req.headers, SIGNATURE_HEADER)?.ok_or(Failure::MissingHeader(SIGNATURE_HEADER))?;
         let nonce = header_str(req.headers, NONCE_HEADER)?;
 
         let timestamp = parse_timestamp(timestamp_raw)?;
         let max_skew_secs = max_skew.as_secs();
         if timestamp.abs_diff(now) > max_skew_secs {
-            return Err(Failure::Skew {
-                timestamp,
-                now,
-                max_skew_secs,
-            });
+            return Err(Failure::Skew { timestamp, now, max_skew_secs });
         }
         let signature = parse_signature(signature_raw)?;
 
@@ -313,11 +293,7 @@ impl Verifier {
             return Err(Failure::BadMac);
         }
 
-        Ok(Authenticated {
-            key_id: key_id.to_owned(),
-            timestamp,
-            signature,
-        })
+        Ok(Authenticated { key_id: key_id.to_owned(), timestamp, signature })
     }
 
     /// Whether any secret of `key_id` produced `signature`, doing the same work for an
@@ -350,18 +326,13 @@ fn header_str<'h>(headers: &'h HeaderMap, name: &'static str) -> Result<Option<&
     if values.next().is_some() {
         return Err(Failure::DuplicateHeader(name));
     }
-    HeaderValue::to_str(value)
-        .map(Some)
-        .map_err(|_| Failure::MalformedHeader(name))
+    HeaderValue::to_str(value).map(Some).map_err(|_| Failure::MalformedHeader(name))
 }
 
 /// Plain decimal digits only: `u64::from_str` would also take a leading `+`, which the
 /// contract does not describe.
 fn parse_timestamp(raw: &str) -> Result<u64, Failure> {
-    if raw.is_empty()
-        || raw.len() > MAX_TIMESTAMP_DIGITS
-        || !raw.bytes().all(|b| b.is_ascii_digit())
-    {
+    if raw.is_empty() || raw.len() > MAX_TIMESTAMP_DIGITS || !raw.bytes().all(|b| b.is_ascii_digit()) {
         return Err(Failure::BadTimestamp);
     }
     raw.parse().map_err(|_| Failure::BadTimestamp)

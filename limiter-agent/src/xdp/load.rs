@@ -2,11 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use aya::{
-    Ebpf, EbpfLoader,
-    maps::MapInfo,
-    programs::Xdp,
-};
+use aya::{Ebpf, EbpfLoader, maps::MapInfo, programs::Xdp};
 use aya_log::EbpfLogger;
 use limiter_common::{
     counters::Counter,
@@ -75,11 +71,8 @@ impl Kernel {
             .load(PROGRAM)
             .map_err(XdpError::Load)?;
         let logger = if options.log { Some(EbpfLogger::init(&mut ebpf).map_err(XdpError::Log)?) } else { None };
-        let program: &mut Xdp = ebpf
-            .program_mut(PROGRAM_NAME)
-            .ok_or(XdpError::MissingProgram)?
-            .try_into()
-            .map_err(XdpError::Program)?;
+        let program: &mut Xdp =
+            ebpf.program_mut(PROGRAM_NAME).ok_or(XdpError::MissingProgram)?.try_into().map_err(XdpError::Program)?;
         program.load().map_err(XdpError::Program)?;
         let maps = KernelMaps::take(&mut ebpf)?;
         if !maps.layout_matches()? {

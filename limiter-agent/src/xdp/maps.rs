@@ -2,12 +2,7 @@
 //! with the key and value types of `limiter_common::maps`, so a size mismatch fails
 //! here instead of corrupting state.
 
-use std::{
-    collections::BTreeMap,
-    net::IpAddr,
-    path::Path,
-    time::Duration,
-};
+use std::{collections::BTreeMap, net::IpAddr, path::Path, time::Duration};
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key};
 use ipnet::IpNet;
@@ -166,8 +161,12 @@ impl KernelMaps {
                 None => changes.added.push(rule.cidr),
             }
             match rule.cidr {
-                IpNet::V4(net) => self.cidr_v4.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), policy, 0),
-                IpNet::V6(net) => self.cidr_v6.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), policy, 0),
+                IpNet::V4(net) => {
+                    self.cidr_v4.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), policy, 0)
+                }
+                IpNet::V6(net) => {
+                    self.cidr_v6.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), policy, 0)
+                }
             }
             .map_err(map_error(names::CIDR_V4))?;
         }
@@ -192,7 +191,11 @@ impl KernelMaps {
     }
 
     fn block_trie_empty(&self, slot: u32) -> bool {
-        if slot == OCCUPIED_BLOCK_V4 { self.block_v4.keys().next().is_none() } else { self.block_v6.keys().next().is_none() }
+        if slot == OCCUPIED_BLOCK_V4 {
+            self.block_v4.keys().next().is_none()
+        } else {
+            self.block_v6.keys().next().is_none()
+        }
     }
 
     /// Clears the block flag of `slot` if its trie is empty. The CLI and the agent
@@ -233,8 +236,12 @@ impl KernelMaps {
         let slot = if cidr.addr().is_ipv4() { OCCUPIED_BLOCK_V4 } else { OCCUPIED_BLOCK_V6 };
         self.set_occupied(slot, true)?;
         match cidr {
-            IpNet::V4(net) => self.block_v4.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), block, 0),
-            IpNet::V6(net) => self.block_v6.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), block, 0),
+            IpNet::V4(net) => {
+                self.block_v4.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), block, 0)
+            }
+            IpNet::V6(net) => {
+                self.block_v6.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), block, 0)
+            }
         }
         .map_err(map_error(names::BLOCK_V4))?;
         // Again after the insert: a concurrent `settle_block_flag` may have cleared

@@ -2,10 +2,7 @@
 //! client that times each request, and raw TCP exchanges for what clients must not
 //! be able to send.
 
-#![expect(
-    dead_code,
-    reason = "each test binary uses a different part of the helpers"
-)]
+#![expect(dead_code, reason = "each test binary uses a different part of the helpers")]
 
 pub mod redis;
 
@@ -73,9 +70,7 @@ impl Drop for Upstream {
 
 impl Upstream {
     pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind upstream");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
         let addr = listener.local_addr().expect("upstream address");
         let recorder = Arc::new(Recorder {
             arrived: watch::Sender::new(0),
@@ -91,17 +86,11 @@ impl Upstream {
                 let recorder = shared.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |request| respond(recorder.clone(), request));
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
                 });
             }
         });
-        Self {
-            addr,
-            recorder,
-            task,
-        }
+        Self { addr, recorder, task }
     }
 
     /// How many requests reached the upstream.
@@ -125,36 +114,21 @@ impl Upstream {
 
     /// The requests received in full, in arrival order.
     pub fn seen(&self) -> Vec<Seen> {
-        self.recorder
-            .seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.recorder.seen.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 }
 
-async fn respond(
-    recorder: Arc<Recorder>,
-    request: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn respond(recorder: Arc<Recorder>, request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     recorder.arrived.send_modify(|count| *count += 1);
     let (parts, body) = request.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let path = parts.uri.path().to_owned();
-    recorder
-        .seen
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(Seen {
-            method: parts.method,
-            uri: parts.uri,
-            headers: parts.headers,
-            body,
-        });
+    recorder.seen.lock().unwrap_or_else(PoisonError::into_inner).push(Seen {
+        method: parts.method,
+        uri: parts.uri,
+        headers: parts.headers,
+        body,
+    });
     let mut response = Response::new(Full::new(Bytes::from_static(b"ok")));
     match path.as_str() {
         hold if hold.ends_with("/hold") => {
@@ -195,20 +169,16 @@ impl Drop for RunningProxy {
 /// address and `listen` defaults to an ephemeral port on 127.0.0.1.
 pub fn proxy_config(text: &str, upstream: SocketAddr) -> Arc<limiter::config::ProxyConfig> {
     let text = text.replace("{upstream}", &upstream.to_string());
-    let config = Config::parse(&text, Path::new("test.toml"))
-        .unwrap_or_else(|e| panic!("test config: {e}\n{text}"));
+    let config = Config::parse(&text, Path::new("test.toml")).unwrap_or_else(|e| panic!("test config: {e}\n{text}"));
     Arc::new(config.proxy.expect("the test config has a [proxy] table"))
 }
 
 /// The head of a test config: `[proxy]` with the listen and upstream keys set.
-pub const PROXY_HEAD: &str =
-    "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\n";
+pub const PROXY_HEAD: &str = "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\n";
 
 impl RunningProxy {
     pub async fn start(text: &str, upstream: SocketAddr) -> Self {
-        let proxy = Proxy::bind(proxy_config(text, upstream), limiter::limits::SystemClock)
-            .await
-            .expect("bind proxy");
+        let proxy = Proxy::bind(proxy_config(text, upstream), limiter::limits::SystemClock).await.expect("bind proxy");
         let addr = proxy.local_addr();
         let proxy = Arc::new(proxy);
         let (stop, stopped) = oneshot::channel();
@@ -220,12 +190,7 @@ impl RunningProxy {
                 })
                 .await;
         });
-        Self {
-            proxy,
-            addr,
-            stop: Some(stop),
-            task: Some(task),
-        }
+        Self { proxy, addr, stop: Some(stop), task: Some(task) }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -238,10 +203,7 @@ impl RunningProxy {
             let _ = stop.send(());
         }
         if let Some(task) = self.task.take() {
-            tokio::time::timeout(PATIENCE, task)
-                .await
-                .expect("proxy did not drain in time")
-                .expect("proxy task");
+            tokio::time::timeout(PATIENCE, task).await.expect("proxy did not drain in time").expect("proxy task");
         }
     }
 }
@@ -257,14 +219,11 @@ pub struct Reply {
 
 impl Reply {
     pub fn header(&self, name: &str) -> &str {
-        self.headers
-            .get(name)
-            .map_or("<absent>", |v| v.to_str().unwrap_or("<not text>"))
+        self.headers.get(name).map_or("<absent>", |v| v.to_str().unwrap_or("<not text>"))
     }
 
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
     }
 }
 
@@ -287,32 +246,16 @@ impl TestClient {
             .expect("request failed");
         let (parts, body) = response.into_parts();
         let body = body.collect().await.expect("response body").to_bytes();
-        Reply {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-            elapsed: start.elapsed(),
-        }
+        Reply { status: parts.status, headers: parts.headers, body, elapsed: start.elapsed() }
     }
 
     /// A request with these headers and body.
-    pub async fn request(
-        &self,
-        method: Method,
-        url: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-    ) -> Reply {
+    pub async fn request(&self, method: Method, url: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
         let mut builder = Request::builder().method(method).uri(url);
         for (name, value) in headers {
             builder = builder.header(*name, *value);
         }
-        self.send(
-            builder
-                .body(Full::new(Bytes::copy_from_slice(body)))
-                .expect("test request"),
-        )
-        .await
+        self.send(builder.body(Full::new(Bytes::copy_from_slice(body))).expect("test request")).await
     }
 
     pub async fn get(&self, url: &str, headers: &[(&str, &str)]) -> Reply {
@@ -333,10 +276,7 @@ pub async fn read_to_close(stream: &mut TcpStream) -> String {
     let mut received = Vec::new();
     let mut buf = [0; 8192];
     loop {
-        match tokio::time::timeout(PATIENCE, stream.read(&mut buf))
-            .await
-            .expect("proxy did not close the connection")
-        {
+        match tokio::time::timeout(PATIENCE, stream.read(&mut buf)).await.expect("proxy did not close the connection") {
             Ok(0) | Err(_) => break,
             Ok(n) => received.extend_from_slice(&buf[..n]),
         }
@@ -347,11 +287,8 @@ pub async fn read_to_close(stream: &mut TcpStream) -> String {
 /// Sleeps past the next boundary of `window` if one is less than `margin` away, so
 /// that a test sending requests for up to `margin` stays in one epoch-aligned window.
 pub async fn stay_inside_window(window: Duration, margin: Duration) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970");
-    let into =
-        Duration::from_nanos(u64::try_from(now.as_nanos() % window.as_nanos()).expect("fits"));
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970");
+    let into = Duration::from_nanos(u64::try_from(now.as_nanos() % window.as_nanos()).expect("fits"));
     let left = window - into;
     if left < margin {
         tokio::time::sleep(left + Duration::from_millis(50)).await;

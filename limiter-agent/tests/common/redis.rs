@@ -35,10 +35,7 @@ impl TestRedis {
 
     /// A server of this test's own, which it may stop and start again.
     pub fn private() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
         let mut redis = Self { port, url: format!("redis://127.0.0.1:{port}/"), child: None };
         redis.start();
         redis

@@ -33,7 +33,8 @@ impl XdpLab {
         let source_cidrs: Vec<String> = sources.iter().map(|s| format!("{s}/24")).collect();
         let source_refs: Vec<&str> = source_cidrs.iter().map(String::as_str).collect();
         let host_if = format!("{}h", &name[..name.len().min(13)]);
-        let net = VethNamespace::new(&name, &host_if, "eth0", &format!("{host_ip}/24"), &source_refs).expect("veth lab");
+        let net =
+            VethNamespace::new(&name, &host_if, "eth0", &format!("{host_ip}/24"), &source_refs).expect("veth lab");
         let config = Self::config_text(&name, &host_if, agent_extra, xdp_body);
         let agent = AgentProcess::start(&name, &config);
         Self { name, host_ip, sources, agent, net }

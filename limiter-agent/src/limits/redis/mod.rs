@@ -113,7 +113,8 @@ impl RedisStore {
                 .arg(capacity(spec).get())
                 .arg(u8::from(shaper));
         }
-        let reply: Vec<i64> = self.fleet.call(|mut connection| async move { invocation.invoke_async(&mut connection).await }).await?;
+        let reply: Vec<i64> =
+            self.fleet.call(|mut connection| async move { invocation.invoke_async(&mut connection).await }).await?;
         if reply.len() != buckets.len() * REPLY_FIELDS {
             return Err(FleetError::Reply(format!("{} numbers for {} buckets", reply.len(), buckets.len())));
         }
