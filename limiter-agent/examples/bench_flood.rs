@@ -20,7 +20,6 @@
 use std::{
     net::{Ipv4Addr, SocketAddr, UdpSocket},
     num::NonZeroU32,
-    os::fd::AsRawFd as _,
     path::PathBuf,
     process::Command,
     sync::{
@@ -33,6 +32,7 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 use limiter::{
     config::xdp::{AttachMode, Ipv6Prefix, MalformedAction, PacketLimit, XdpConfig},
+    lab::netns::spawn_in_namespace,
     xdp::{Kernel, LoadOptions, attach},
 };
 use serde_json::json;
@@ -98,18 +98,6 @@ impl Drop for Lab {
     }
 }
 
-/// Runs `f` on a thread inside namespace `ns`.
-fn in_namespace<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
-    let path = format!("/var/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).expect("open netns");
-        // SAFETY: setns on a valid namespace fd, for this thread only.
-        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
-        f()
-    })
-}
-
 /// (softirq, system) time of CPU `cpu` in seconds.
 fn cpu_times(cpu: usize) -> anyhow::Result<(f64, f64)> {
     let stat = std::fs::read_to_string("/proc/stat")?;
@@ -155,7 +143,7 @@ fn flood(count: u64, sources: u32, good_pps: u64, idle_softirq_per_second: f64) 
     let received = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let ready = Arc::new(AtomicBool::new(false));
-    let receiver = in_namespace(RX_NS, {
+    let receiver = spawn_in_namespace(RX_NS, {
         let (received, stop, ready) = (received.clone(), stop.clone(), ready.clone());
         move || -> anyhow::Result<()> {
             let socket = UdpSocket::bind((Ipv4Addr::new(10, 201, 0, 1), GOOD_PORT))?;
@@ -176,7 +164,7 @@ fn flood(count: u64, sources: u32, good_pps: u64, idle_softirq_per_second: f64) 
         std::thread::sleep(Duration::from_millis(5));
     }
     let flooding = Arc::new(AtomicBool::new(true));
-    let sender = in_namespace(TX_NS, {
+    let sender = spawn_in_namespace(TX_NS, {
         let flooding = flooding.clone();
         move || -> anyhow::Result<u64> {
             let socket = UdpSocket::bind((Ipv4Addr::new(10, 201, 0, 2), 0))?;
@@ -231,10 +219,10 @@ fn flood(count: u64, sources: u32, good_pps: u64, idle_softirq_per_second: f64) 
     let (softirq1, system1) = cpu_times(0)?;
     let packets = tx_packets()? - sent0;
     flooding.store(false, Ordering::Relaxed);
-    let good_sent = sender.join().map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    let good_sent = sender.join().map_err(|_| anyhow::anyhow!("sender panicked"))???;
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
-    receiver.join().map_err(|_| anyhow::anyhow!("receiver panicked"))??;
+    receiver.join().map_err(|_| anyhow::anyhow!("receiver panicked"))???;
     let _ = std::fs::remove_file(&config);
     ensure!(status.success(), "trafgen failed: {status}");
     Ok(Outcome {
@@ -309,7 +297,7 @@ fn main() -> anyhow::Result<()> {
                     limit: PacketLimit { packets_per_second: nonzero(rate), burst: nonzero(rate) },
                     cidr: Vec::new(),
                 };
-                let attached = in_namespace(RX_NS, {
+                let attached = spawn_in_namespace(RX_NS, {
                     let pin_dir = pin_dir.clone();
                     move || -> anyhow::Result<_> {
                         let mut loaded = Kernel::load(&LoadOptions { pin_dir, max_sources: 65_536, log: false })?;
@@ -319,7 +307,7 @@ fn main() -> anyhow::Result<()> {
                     }
                 })
                 .join()
-                .map_err(|_| anyhow::anyhow!("attach panicked"))??;
+                .map_err(|_| anyhow::anyhow!("attach panicked"))???;
                 kernel = Some(attached.0);
                 link = Some(attached.2);
             }

@@ -57,16 +57,28 @@ impl Drop for VethNamespace {
 pub fn in_namespace<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> std::io::Result<T> {
     std::thread::scope(|scope| {
         scope
-            .spawn(|| {
-                let file = std::fs::File::open(format!("/var/run/netns/{ns}"))?;
-                use std::os::fd::AsRawFd as _;
-                // SAFETY: setns on a valid namespace fd, for this thread only.
-                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(f())
-            })
+            .spawn(|| enter(ns).map(|()| f()))
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("namespace thread panicked")))
     })
+}
+
+/// [`in_namespace`] on a detached thread, for work that runs alongside the caller.
+pub fn spawn_in_namespace<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<std::io::Result<T>> {
+    let ns = ns.to_owned();
+    std::thread::spawn(move || enter(&ns).map(|()| f()))
+}
+
+/// Moves the calling thread into namespace `ns`.
+fn enter(ns: &str) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let file = std::fs::File::open(format!("/var/run/netns/{ns}"))?;
+    // SAFETY: setns on a valid namespace fd, for this thread only.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
