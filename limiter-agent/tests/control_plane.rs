@@ -313,3 +313,33 @@ fn a_reload_attaches_and_detaches_only_the_interfaces_that_changed() {
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), format!("xdp.interfaces detached {}", lab.net.host_if));
     assert!(!xdp_on(&lab.net.host_if) && xdp_on(&second.host_if));
 }
+
+#[test]
+fn a_clean_stop_detaches_when_keep_attached_on_exit_is_false_and_not_otherwise() {
+    let xdp_on = |interface: &str| {
+        let output = Command::new("ip").args(["-d", "link", "show", "dev", interface]).output().expect("ip");
+        String::from_utf8_lossy(&output.stdout).contains("prog/xdp")
+    };
+    for keep in [false, true] {
+        let mut lab = XdpLab::start(1, &format!("keep_attached_on_exit = {keep}"), &limit(1_000, 100));
+        assert!(xdp_on(&lab.net.host_if));
+        let status = lab.agent.stop_with(libc::SIGTERM);
+        assert!(status.success(), "SIGTERM is a clean stop: {status}");
+        assert_eq!(xdp_on(&lab.net.host_if), keep, "keep_attached_on_exit = {keep}");
+        assert_eq!(limiter::xdp::attached(&lab.agent.pin_dir).expect("pins").len(), usize::from(keep));
+        // Counters stay pinned either way, for `limiter stats` and the next start.
+        assert!(lab.agent.pin_dir.join(limiter_common::maps::COUNTERS).exists());
+    }
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let lab = XdpLab::start(1, "log_format = \"json\"\nkeep_attached_on_exit = false", &limit(1_000, 100));
+    let log = lab.agent.log();
+    let attached =
+        log.lines().find(|l| l.contains("XDP attached")).unwrap_or_else(|| panic!("no attach line in {log}"));
+    let record: serde_json::Value = serde_json::from_str(attached).expect("a JSON object");
+    assert_eq!(record["level"], "INFO");
+    assert_eq!(record["fields"]["interface"], lab.net.host_if.as_str());
+    assert_eq!(record["fields"]["mode"], "native");
+}
