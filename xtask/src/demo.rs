@@ -12,3 +12,36 @@ pub fn run() -> anyhow::Result<()> {
             .arg(util::workspace_root().join("config/demo.toml")),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::util;
+
+    /// The demo end to end, with the debug builds `cargo xtask test` has just made:
+    /// what a newcomer's first command shows must keep working. Needs root.
+    #[test]
+    fn demo_runs_and_shows_every_layer_working() {
+        let _lab = util::LAB.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let target = util::target_dir().join("debug");
+        let demo = target.join("examples/demo");
+        assert!(demo.is_file(), "run through `cargo xtask test` (cargo test --workspace builds the examples)");
+        let output = util::cmd(&demo)
+            .arg(target.join("limiter"))
+            .arg(util::workspace_root().join("config/demo.toml"))
+            .output()
+            .expect("run the demo");
+        let shown = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{shown}{}", String::from_utf8_lossy(&output.stderr));
+        assert!(shown.contains("xdp.limit: 1000 pps, burst 200 -> 250 pps, burst 200"), "{shown}");
+        assert_eq!(shown.matches("50/50").count(), 2, "the polite flow lost packets:\n{shown}");
+        assert!(
+            shown.contains("80 forwarded at once, 20 forwarded after the 50 ms throttle delay, 5 rejected"),
+            "{shown}"
+        );
+        assert!(shown.contains("[200, 200, 200, 200, 200, 429, 429]"), "{shown}");
+        assert!(
+            shown.contains("valid 200, same request again (replay) 401, body changed after signing 401"),
+            "{shown}"
+        );
+    }
+}

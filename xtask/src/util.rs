@@ -107,3 +107,8 @@ pub fn exec(program: &Path, args: &[String]) -> Result<()> {
     let err = c.exec();
     Err(err).with_context(|| format!("cannot exec {}", program.display()))
 }
+
+/// Held by the tests that drive the namespace lab and time what they see (the demo,
+/// the bench smoke run), so that they do not skew each other's figures.
+#[cfg(test)]
+pub static LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
