@@ -219,6 +219,9 @@ impl Agent {
         }
         self.config = new;
         self.applied_text = Some(text);
+        // `limiter reload -c OTHER` makes OTHER the agent's file from now on, so
+        // that watching the old one cannot bring its config back.
+        self.config_path = path.to_owned();
         Ok(changes)
     }
 

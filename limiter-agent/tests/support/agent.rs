@@ -91,6 +91,18 @@ impl AgentProcess {
         serde_json::from_slice(&output.stdout).expect("JSON output")
     }
 
+    /// Writes `config` to a new file and runs `limiter reload -c` on it. The agent
+    /// adopts that file, and its watcher (which would reload an edited file by
+    /// itself, racing the command) sees no edit: the printed changes are this
+    /// command's.
+    pub fn reload_with(&mut self, config: &str) -> Output {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.config_path = self.dir.join(format!("reload-{n}.toml"));
+        self.write_config(config);
+        self.cli(&["reload"])
+    }
+
     /// Replaces the config file's text.
     pub fn write_config(&self, config: &str) {
         let mut file = std::fs::File::create(&self.config_path).expect("config");
