@@ -2,9 +2,9 @@
 //! with the key and value types of `limiter_common::maps`, so a size mismatch fails
 //! here instead of corrupting state.
 
-use std::{collections::BTreeMap, net::IpAddr, path::Path, time::Duration};
+use std::{collections::BTreeMap, path::Path, time::Duration};
 
-use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use ipnet::IpNet;
 use limiter_common::{
     counters::Counter,
@@ -14,17 +14,15 @@ use limiter_common::{
     },
 };
 
-use super::XdpError;
+use super::{XdpError, tries::CidrTries};
 use crate::config::xdp::{CidrAction, CidrRule, MalformedAction, XdpConfig};
 
 /// The program's maps, opened from a loaded program or from their pins.
 pub struct KernelMaps {
     sources: HashMap<MapData, SourceKey, SourceState>,
     sources_capacity: u32,
-    cidr_v4: LpmTrie<MapData, [u8; 4], CidrPolicy>,
-    cidr_v6: LpmTrie<MapData, [u8; 16], CidrPolicy>,
-    block_v4: LpmTrie<MapData, [u8; 4], Block>,
-    block_v6: LpmTrie<MapData, [u8; 16], Block>,
+    cidrs: CidrTries<CidrPolicy>,
+    blocks: CidrTries<Block>,
     settings: Array<MapData, Settings>,
     settings_active: Array<MapData, u32>,
     counters: PerCpuArray<MapData, u64>,
@@ -100,10 +98,16 @@ impl KernelMaps {
         Ok(Self {
             sources: sources.try_into().map_err(map_error(names::SOURCES))?,
             sources_capacity,
-            cidr_v4: map(names::CIDR_V4)?.try_into().map_err(map_error(names::CIDR_V4))?,
-            cidr_v6: map(names::CIDR_V6)?.try_into().map_err(map_error(names::CIDR_V6))?,
-            block_v4: map(names::BLOCK_V4)?.try_into().map_err(map_error(names::BLOCK_V4))?,
-            block_v6: map(names::BLOCK_V6)?.try_into().map_err(map_error(names::BLOCK_V6))?,
+            cidrs: CidrTries::new(
+                [map(names::CIDR_V4)?, map(names::CIDR_V6)?],
+                [names::CIDR_V4, names::CIDR_V6],
+                [OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6],
+            )?,
+            blocks: CidrTries::new(
+                [map(names::BLOCK_V4)?, map(names::BLOCK_V6)?],
+                [names::BLOCK_V4, names::BLOCK_V6],
+                [OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6],
+            )?,
             settings: map(names::SETTINGS)?.try_into().map_err(map_error(names::SETTINGS))?,
             settings_active: map(names::SETTINGS_ACTIVE)?.try_into().map_err(map_error(names::SETTINGS_ACTIVE))?,
             counters: map(names::COUNTERS)?.try_into().map_err(map_error(names::COUNTERS))?,
@@ -147,11 +151,10 @@ impl KernelMaps {
         let current = self.cidrs()?;
         let mut changes = CidrChanges::default();
         // Flags up before the first insert, so no new rule is ever skipped.
-        if rules.iter().any(|rule| matches!(rule.cidr, IpNet::V4(_))) {
-            self.set_occupied(OCCUPIED_CIDR_V4, true)?;
-        }
-        if rules.iter().any(|rule| matches!(rule.cidr, IpNet::V6(_))) {
-            self.set_occupied(OCCUPIED_CIDR_V6, true)?;
+        for slot in self.cidrs.slots() {
+            if rules.iter().any(|rule| self.cidrs.slot(rule.cidr) == slot) {
+                self.set_occupied(slot, true)?;
+            }
         }
         for rule in rules {
             let policy = policy_of(rule.action);
@@ -160,29 +163,16 @@ impl KernelMaps {
                 Some(_) => changes.changed.push(rule.cidr),
                 None => changes.added.push(rule.cidr),
             }
-            match rule.cidr {
-                IpNet::V4(net) => {
-                    self.cidr_v4.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), policy, 0)
-                }
-                IpNet::V6(net) => {
-                    self.cidr_v6.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), policy, 0)
-                }
-            }
-            .map_err(map_error(names::CIDR_V4))?;
+            self.cidrs.insert(rule.cidr, policy)?;
         }
         for cidr in current.keys().filter(|cidr| !rules.iter().any(|rule| rule.cidr == **cidr)) {
             changes.removed.push(*cidr);
-            match cidr {
-                IpNet::V4(net) => self.cidr_v4.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
-                IpNet::V6(net) => self.cidr_v6.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
-            }
-            .map_err(map_error(names::CIDR_V4))?;
+            self.cidrs.remove(*cidr)?;
         }
         // Only the agent writes CIDRs, so a trie seen empty here stays empty.
-        let v4_empty = self.cidr_v4.keys().next().is_none();
-        let v6_empty = self.cidr_v6.keys().next().is_none();
-        self.set_occupied(OCCUPIED_CIDR_V4, !v4_empty)?;
-        self.set_occupied(OCCUPIED_CIDR_V6, !v6_empty)?;
+        for slot in self.cidrs.slots() {
+            self.set_occupied(slot, !self.cidrs.is_empty(slot))?;
+        }
         Ok(changes)
     }
 
@@ -190,24 +180,16 @@ impl KernelMaps {
         self.occupancy.set(slot, u32::from(occupied), 0).map_err(map_error(names::OCCUPANCY))
     }
 
-    fn block_trie_empty(&self, slot: u32) -> bool {
-        if slot == OCCUPIED_BLOCK_V4 {
-            self.block_v4.keys().next().is_none()
-        } else {
-            self.block_v6.keys().next().is_none()
-        }
-    }
-
     /// Clears the block flag of `slot` if its trie is empty. The CLI and the agent
     /// write blocks concurrently, and every writer raises the flag before and after
     /// its insert; so the flag is cleared only after the trie was seen empty, and
     /// raised again if an insert landed meanwhile.
     fn settle_block_flag(&mut self, slot: u32) -> Result<(), XdpError> {
-        if !self.block_trie_empty(slot) {
+        if !self.blocks.is_empty(slot) {
             return Ok(());
         }
         self.set_occupied(slot, false)?;
-        if !self.block_trie_empty(slot) {
+        if !self.blocks.is_empty(slot) {
             self.set_occupied(slot, true)?;
         }
         Ok(())
@@ -215,16 +197,7 @@ impl KernelMaps {
 
     /// The CIDR rules the program applies now.
     pub fn cidrs(&self) -> Result<BTreeMap<IpNet, CidrPolicy>, XdpError> {
-        let mut rules = BTreeMap::new();
-        for entry in self.cidr_v4.iter() {
-            let (key, policy) = entry.map_err(map_error(names::CIDR_V4))?;
-            rules.insert(net(IpAddr::from(key.data()), key.prefix_len()), policy);
-        }
-        for entry in self.cidr_v6.iter() {
-            let (key, policy) = entry.map_err(map_error(names::CIDR_V6))?;
-            rules.insert(net(IpAddr::from(key.data()), key.prefix_len()), policy);
-        }
-        Ok(rules)
+        Ok(self.cidrs.entries()?.into_iter().collect())
     }
 
     /// Blocks `cidr` (for `ttl`, or until unblocked).
@@ -233,17 +206,9 @@ impl KernelMaps {
             monotonic_now_ns().saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX)).max(1)
         });
         let block = Block { expires_at_ns };
-        let slot = if cidr.addr().is_ipv4() { OCCUPIED_BLOCK_V4 } else { OCCUPIED_BLOCK_V6 };
+        let slot = self.blocks.slot(cidr);
         self.set_occupied(slot, true)?;
-        match cidr {
-            IpNet::V4(net) => {
-                self.block_v4.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), block, 0)
-            }
-            IpNet::V6(net) => {
-                self.block_v6.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), block, 0)
-            }
-        }
-        .map_err(map_error(names::BLOCK_V4))?;
+        self.blocks.insert(cidr, block)?;
         // Again after the insert: a concurrent `settle_block_flag` may have cleared
         // the flag between ours and the insert.
         self.set_occupied(slot, true)
@@ -252,42 +217,21 @@ impl KernelMaps {
     /// Removes a block; `false` if there was none in force for exactly this CIDR
     /// (a lapsed entry is removed all the same).
     pub fn unblock(&mut self, cidr: IpNet) -> Result<bool, XdpError> {
-        let in_force = match cidr {
-            IpNet::V4(net) => self.block_v4.get(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), 0),
-            IpNet::V6(net) => self.block_v6.get(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), 0),
-        }
-        .is_ok_and(|block| block.active(monotonic_now_ns()));
+        let in_force = self.blocks.get(cidr).is_some_and(|block| block.active(monotonic_now_ns()));
         Ok(self.remove_block(cidr)? && in_force)
     }
 
     fn remove_block(&mut self, cidr: IpNet) -> Result<bool, XdpError> {
-        let removed = match cidr {
-            IpNet::V4(net) => self.block_v4.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
-            IpNet::V6(net) => self.block_v6.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
-        };
-        self.settle_block_flag(if cidr.addr().is_ipv4() { OCCUPIED_BLOCK_V4 } else { OCCUPIED_BLOCK_V6 })?;
-        match removed {
-            Ok(()) => Ok(true),
-            Err(aya::maps::MapError::KeyNotFound) => Ok(false),
-            Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(false),
-            Err(source) => Err(XdpError::Map { name: names::BLOCK_V4, source }),
-        }
+        let removed = self.blocks.remove(cidr);
+        self.settle_block_flag(self.blocks.slot(cidr))?;
+        removed
     }
 
     /// Active blocks; lapsed ones are removed on the way.
     pub fn blocks(&mut self) -> Result<Vec<BlockEntry>, XdpError> {
         let now = monotonic_now_ns();
-        let mut all = Vec::new();
-        for entry in self.block_v4.iter() {
-            let (key, block) = entry.map_err(map_error(names::BLOCK_V4))?;
-            all.push((net(IpAddr::from(key.data()), key.prefix_len()), block));
-        }
-        for entry in self.block_v6.iter() {
-            let (key, block) = entry.map_err(map_error(names::BLOCK_V6))?;
-            all.push((net(IpAddr::from(key.data()), key.prefix_len()), block));
-        }
         let mut active = Vec::new();
-        for (cidr, block) in all {
+        for (cidr, block) in self.blocks.entries()? {
             if block.active(now) {
                 let expires_in = (block.expires_at_ns != 0).then(|| Duration::from_nanos(block.expires_at_ns - now));
                 active.push(BlockEntry { cidr, expires_in });
@@ -336,11 +280,6 @@ pub fn settings_for(config: &XdpConfig) -> Settings {
         ipv6_prefix: config.ipv6_prefix.0,
         reserved: 0,
     }
-}
-
-fn net(addr: IpAddr, prefix_len: u32) -> IpNet {
-    let prefix_len = u8::try_from(prefix_len).unwrap_or(u8::MAX);
-    IpNet::new(addr, prefix_len).unwrap_or_else(|_| IpNet::from(addr))
 }
 
 fn policy_of(action: CidrAction) -> CidrPolicy {

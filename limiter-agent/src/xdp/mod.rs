@@ -9,6 +9,7 @@ mod bpffs;
 mod load;
 mod maps;
 mod stats;
+mod tries;
 
 pub use self::{
     attach::{AttachedMode, Attachment, attach, attached, detach, detach_all},
