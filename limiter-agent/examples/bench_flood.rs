@@ -32,10 +32,12 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 use limiter::{
     config::xdp::{AttachMode, Ipv6Prefix, MalformedAction, PacketLimit, XdpConfig},
-    lab::netns::spawn_in_namespace,
     xdp::{Kernel, LoadOptions, attach},
 };
-use limiter_lab::report::{Flood, FloodRow};
+use limiter_lab::{
+    netns::spawn_in_namespace,
+    report::{Flood, FloodRow},
+};
 
 const RX_NS: &str = "lbench-rx";
 const TX_NS: &str = "lbench-tx";

@@ -15,10 +15,8 @@ use std::{
 };
 
 use anyhow::Context as _;
-use limiter::{
-    lab::{netns::VethNamespace, traffic},
-    signature::{Canonical, sha256, sign_hex},
-};
+use limiter::signature::{Canonical, sha256, sign_hex};
+use limiter_lab::{netns::VethNamespace, traffic};
 
 const NS: &str = "lim-demo";
 const HOST_IF: &str = "lim-demo0";

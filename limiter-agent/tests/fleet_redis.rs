@@ -1,15 +1,8 @@
 //! Limits shared through Redis (`store = "redis"`): several proxies on one server,
 //! the Redis scripts against the in-memory algorithms, and Redis going away.
 
-mod common;
-
 use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
-use common::{
-    PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream,
-    redis::{TestRedis, redis_keys, unique_prefix},
-    stay_inside_window,
-};
 use http::{Method, StatusCode};
 use limiter::{
     config::proxy::{Algorithm, LimitSpec},
@@ -19,6 +12,10 @@ use limiter::{
         store::{Bucket, Charge},
     },
     signature::{Canonical, sha256, sign_hex, unix_now},
+};
+use limiter_lab::support::{
+    proxy::{PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, stay_inside_window},
+    redis::{TestRedis, redis_keys, unique_prefix},
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
 

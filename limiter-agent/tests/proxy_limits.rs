@@ -1,12 +1,10 @@
 //! The proxy's limits through real sockets: plans, throttle bands, sensitive routes,
 //! combined rules, concurrency, trusted proxies, shadow mode and reload.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{PROXY_HEAD, RunningProxy, TestClient, Upstream, proxy_config, stay_inside_window};
 use http::{Method, StatusCode};
+use limiter_lab::support::proxy::{PROXY_HEAD, RunningProxy, TestClient, Upstream, proxy_config, stay_inside_window};
 
 const FREE_AND_PRO: &str = r#"
 [proxy.plans.free]
