@@ -2,9 +2,10 @@
 
 use std::{path::Path, process::ExitCode};
 
+use super::CliError;
 use crate::config::Config;
 
-pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
+pub fn run(path: &Path) -> Result<ExitCode, CliError> {
     match Config::load_with_secrets(path) {
         Ok(config) => {
             let layers = [config.xdp.is_some().then_some("xdp"), config.proxy.is_some().then_some("proxy")];

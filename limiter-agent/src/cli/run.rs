@@ -2,9 +2,10 @@
 
 use std::{path::Path, process::ExitCode};
 
+use super::CliError;
 use crate::config::{Config, agent::LogFormat};
 
-pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
+pub fn run(path: &Path) -> Result<ExitCode, CliError> {
     let config = match Config::load_with_secrets(path) {
         Ok(config) => config,
         Err(error) => {

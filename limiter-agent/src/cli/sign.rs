@@ -6,13 +6,40 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::str::FromStr as _;
 
-use anyhow::{Context as _, bail, ensure};
 use http::Method;
-use http::uri::{PathAndQuery, Uri};
+use http::uri::{InvalidUri, PathAndQuery, Uri};
 
 use crate::signature::canonical::{Canonical, sha256, sign_hex};
 use crate::signature::secrets::read_secret_file;
 use crate::signature::unix_now;
+
+/// Why `limiter sign` produced nothing: an unreadable file, or an input the proxy
+/// would not verify.
+#[derive(Debug, thiserror::Error)]
+pub enum SignError {
+    #[error("reading secret file {}", path.display())]
+    ReadSecret { path: PathBuf, source: std::io::Error },
+    #[error("secret file {} is empty", .0.display())]
+    EmptySecret(PathBuf),
+    #[error("reading body file {}", path.display())]
+    ReadBody { path: PathBuf, source: std::io::Error },
+    #[error("invalid method {method:?}")]
+    Method { method: String, source: http::method::InvalidMethod },
+    #[error("--path must be a request target starting with '/', got {0:?}")]
+    NotATarget(String),
+    #[error("invalid request target {target:?}")]
+    Target { target: String, source: InvalidUri },
+    #[error("invalid --curl URL {url:?}")]
+    CurlUrl { url: String, source: InvalidUri },
+    #[error("--curl needs scheme://host[:port], got {0:?}")]
+    CurlNotAbsolute(String),
+    #[error("--curl takes the proxy's base URL only; put the target in --path (got {0:?})")]
+    CurlWithTarget(String),
+    #[error("body file path {} is not UTF-8", .0.display())]
+    BodyPathNotUtf8(PathBuf),
+    #[error("reading /dev/urandom for a nonce")]
+    Nonce(#[source] std::io::Error),
+}
 
 /// Arguments of `limiter sign`.
 #[derive(Debug, Clone, clap::Args)]
@@ -45,12 +72,14 @@ pub struct SignArgs {
 }
 
 /// Runs `limiter sign`, printing to stdout.
-pub fn run(args: SignArgs) -> anyhow::Result<()> {
+pub fn run(args: SignArgs) -> Result<(), SignError> {
     let secret = read_secret_file(&args.secret_file)
-        .with_context(|| format!("reading secret file {}", args.secret_file.display()))?;
-    ensure!(!secret.is_empty(), "secret file {} is empty", args.secret_file.display());
+        .map_err(|source| SignError::ReadSecret { path: args.secret_file.clone(), source })?;
+    if secret.is_empty() {
+        return Err(SignError::EmptySecret(args.secret_file));
+    }
     let body = match &args.body_file {
-        Some(path) => std::fs::read(path).with_context(|| format!("reading body file {}", path.display()))?,
+        Some(path) => std::fs::read(path).map_err(|source| SignError::ReadBody { path: path.clone(), source })?,
         None => Vec::new(),
     };
     let nonce = args.nonce.then(random_nonce).transpose()?;
@@ -60,11 +89,19 @@ pub fn run(args: SignArgs) -> anyhow::Result<()> {
 }
 
 /// The output of `limiter sign`, with every input fixed (for tests).
-fn render(args: &SignArgs, secret: &[u8], body: &[u8], timestamp: u64, nonce: Option<&str>) -> anyhow::Result<String> {
+fn render(
+    args: &SignArgs,
+    secret: &[u8],
+    body: &[u8],
+    timestamp: u64,
+    nonce: Option<&str>,
+) -> Result<String, SignError> {
     // Validate exactly what the proxy will see, so a typo fails here and not as a 401.
-    Method::from_str(&args.method).with_context(|| format!("invalid method {:?}", args.method))?;
-    ensure!(args.path.starts_with('/'), "--path must be a request target starting with '/', got {:?}", args.path);
-    PathAndQuery::from_str(&args.path).with_context(|| format!("invalid request target {:?}", args.path))?;
+    Method::from_str(&args.method).map_err(|source| SignError::Method { method: args.method.clone(), source })?;
+    if !args.path.starts_with('/') {
+        return Err(SignError::NotATarget(args.path.clone()));
+    }
+    PathAndQuery::from_str(&args.path).map_err(|source| SignError::Target { target: args.path.clone(), source })?;
 
     let timestamp = timestamp.to_string();
     let body_sha256 = sha256(body);
@@ -99,7 +136,7 @@ fn render(args: &SignArgs, secret: &[u8], body: &[u8], timestamp: u64, nonce: Op
         out.push('\n');
     } else {
         for (name, value) in &headers {
-            writeln!(out, "{name}: {value}")?;
+            let _ = writeln!(out, "{name}: {value}");
         }
     }
     Ok(out)
@@ -107,17 +144,19 @@ fn render(args: &SignArgs, secret: &[u8], body: &[u8], timestamp: u64, nonce: Op
 
 /// The base URL without a trailing slash. A path or query in it would change the request
 /// target curl sends and so break the signature, hence refused.
-fn curl_base(base: &str) -> anyhow::Result<&str> {
-    let uri = Uri::from_str(base).with_context(|| format!("invalid --curl URL {base:?}"))?;
-    ensure!(uri.scheme().is_some() && uri.authority().is_some(), "--curl needs scheme://host[:port], got {base:?}");
+fn curl_base(base: &str) -> Result<&str, SignError> {
+    let uri = Uri::from_str(base).map_err(|source| SignError::CurlUrl { url: base.to_owned(), source })?;
+    if uri.scheme().is_none() || uri.authority().is_none() {
+        return Err(SignError::CurlNotAbsolute(base.to_owned()));
+    }
     if uri.path_and_query().is_some_and(|pq| pq.as_str() != "/") {
-        bail!("--curl takes the proxy's base URL only; put the target in --path (got {base:?})");
+        return Err(SignError::CurlWithTarget(base.to_owned()));
     }
     Ok(base.strip_suffix('/').unwrap_or(base))
 }
 
-fn path_str(path: &Path) -> anyhow::Result<&str> {
-    path.to_str().with_context(|| format!("body file path {} is not UTF-8", path.display()))
+fn path_str(path: &Path) -> Result<&str, SignError> {
+    path.to_str().ok_or_else(|| SignError::BodyPathNotUtf8(path.to_owned()))
 }
 
 /// Single-quotes `s` for a POSIX shell.
@@ -126,11 +165,9 @@ fn shell_quote(s: &str) -> String {
 }
 
 /// 128 random bits from the kernel, as 32 hex characters.
-fn random_nonce() -> anyhow::Result<String> {
+fn random_nonce() -> Result<String, SignError> {
     let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .context("reading /dev/urandom for a nonce")?;
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).map_err(SignError::Nonce)?;
     Ok(hex::encode(bytes))
 }
 

@@ -5,6 +5,7 @@ use std::{path::Path, process::ExitCode, time::Duration};
 
 use serde_json::{Value, json};
 
+use super::CliError;
 use crate::{
     agent::{Request, Response, admin},
     config::Config,
@@ -22,7 +23,7 @@ pub struct StatsArgs {
 }
 
 /// What `limiter stats --json` prints.
-pub fn collect(config: &Config) -> anyhow::Result<Value> {
+pub fn collect(config: &Config) -> Result<Value, CliError> {
     let xdp = match KernelMaps::open_pinned(&config.agent.pin_dir) {
         Ok(mut maps) => Some(maps.stats(crate::xdp::attached(&config.agent.pin_dir)?)?),
         Err(crate::xdp::XdpError::MissingMap(..)) => None,
@@ -42,8 +43,8 @@ pub fn collect(config: &Config) -> anyhow::Result<Value> {
     Ok(stats)
 }
 
-pub fn run(path: &Path, args: &StatsArgs) -> anyhow::Result<ExitCode> {
-    let config = super::load(path)?;
+pub fn run(path: &Path, args: &StatsArgs) -> Result<ExitCode, CliError> {
+    let config = Config::load(path)?;
     let Some(secs) = args.watch else {
         let stats = collect(&config)?;
         if args.json {
