@@ -16,13 +16,10 @@ use std::{
     time::Duration,
 };
 
-use limiter::{
-    config::proxy::{Algorithm, LimitSpec},
-    limits::{
-        MemoryStore, Store as _,
-        store::{Bucket, Charge},
-    },
-    xdp::{Kernel, LoadOptions},
+use limiter::xdp::{Kernel, LoadOptions};
+use limiter_core::{
+    Algorithm, LimitSpec,
+    limits::{Bucket, Charge, MemoryStore, Store as _},
 };
 use serde_json::json;
 
