@@ -17,7 +17,7 @@ use limiter_core::{
     Clock as _, SystemClock,
     signature::{Canonical, ReplayCache, SignedRequest, Verifier, sha256, sign_hex},
 };
-use serde_json::json;
+use limiter_lab::report::{Hmac, HmacRow};
 
 const KEY_ID: &str = "bench-key";
 const SECRET: &[u8] = b"bench-secret-0123456789abcdef";
@@ -106,14 +106,14 @@ fn main() -> anyhow::Result<()> {
         }
         let elapsed = started.elapsed().as_secs_f64();
         anyhow::ensure!(verified == count, "only {verified} of {count} verified");
-        rows.push(json!({
-            "body_bytes": size,
-            "requests": count,
-            "ns_per_request": elapsed * 1e9 / count as f64,
-            "requests_per_second": count as f64 / elapsed,
-            "bytes_per_second": (count * size) as f64 / elapsed,
-        }));
+        rows.push(HmacRow {
+            body_bytes: size,
+            requests: count,
+            ns_per_request: elapsed * 1e9 / count as f64,
+            requests_per_second: count as f64 / elapsed,
+            bytes_per_second: (count * size) as f64 / elapsed,
+        });
     }
-    println!("{}", json!({ "rows": rows, "sha_ni": std::is_x86_feature_detected!("sha") }));
+    println!("{}", serde_json::to_string(&Hmac { rows, sha_ni: std::is_x86_feature_detected!("sha") })?);
     Ok(())
 }

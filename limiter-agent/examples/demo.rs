@@ -15,11 +15,11 @@ use std::{
 };
 
 use anyhow::Context as _;
-use limiter::lab::{netns::VethNamespace, traffic};
 use limiter_core::{
     Clock as _, SystemClock,
     signature::{Canonical, sha256, sign_hex},
 };
+use limiter_lab::{netns::VethNamespace, traffic};
 
 const NS: &str = "lim-demo";
 const HOST_IF: &str = "lim-demo0";

@@ -7,7 +7,6 @@ pub mod cli;
 pub mod config;
 pub mod escalation;
 pub mod fleet;
-pub mod lab;
 pub mod limits;
 pub mod metrics;
 pub mod proxy;

@@ -1,14 +1,8 @@
 //! Limits shared through Redis (`store = "redis"`): several proxies on one server,
 //! the Redis scripts against the in-memory algorithms, and Redis going away.
 
-mod common;
-
 use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
-use common::{
-    PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream,
-    redis::{TestRedis, redis_keys, unique_prefix},
-};
 use http::{Method, StatusCode};
 use limiter::{
     fleet::Fleet,
@@ -18,6 +12,10 @@ use limiter_core::{
     Algorithm, Clock as _, LimitSpec, SystemClock,
     limits::{Bucket, Charge, MemoryStore, Outcome, Store as _},
     signature::{Canonical, sha256, sign_hex},
+};
+use limiter_lab::support::{
+    proxy::{PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream},
+    redis::{TestRedis, redis_keys, unique_prefix},
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
 

@@ -1,14 +1,12 @@
 //! The proxy's limits through real sockets: plans, throttle bands, sensitive routes,
 //! combined rules, concurrency, trusted proxies, shadow mode and reload.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{PROXY_HEAD, RunningProxy, TestClient, Upstream, proxy_config};
 use http::{Method, StatusCode};
 use limiter::signature::KeySecrets;
 use limiter_core::Clock as _;
+use limiter_lab::support::proxy::{PROXY_HEAD, RunningProxy, TestClient, Upstream, proxy_config};
 
 const FREE_AND_PRO: &str = r#"
 [proxy.plans.free]

@@ -1,16 +1,6 @@
-//! Helpers for kernel-layer tests: a loaded program under a private pin directory,
-//! hand-built frames, and network namespaces. Each test gets its own names, and
-//! everything is removed in `Drop`.
-#![allow(dead_code, reason = "each test binary uses a different part of the helpers")]
+//! The XDP program loaded under a private pin directory, for `BPF_PROG_TEST_RUN`.
 
-pub mod agent;
-pub mod frames;
-pub mod lab;
-
-use std::{
-    path::PathBuf,
-    sync::atomic::{AtomicU32, Ordering},
-};
+use std::path::PathBuf;
 
 use aya::programs::{TestRun as _, TestRunOptions};
 use limiter::{
@@ -19,11 +9,7 @@ use limiter::{
 };
 use limiter_common::counters::Counter;
 
-/// A name no other test (in this or a parallel test binary) uses.
-pub fn unique(prefix: &str) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!("{prefix}{}x{}", std::process::id() % 100_000, NEXT.fetch_add(1, Ordering::Relaxed))
-}
+use super::unique;
 
 /// The XDP config in `toml` (an `[xdp]` table, without the header).
 pub fn xdp_config(toml: &str) -> XdpConfig {
@@ -32,6 +18,7 @@ pub fn xdp_config(toml: &str) -> XdpConfig {
 }
 
 /// The program loaded with private pins, for `BPF_PROG_TEST_RUN`.
+#[derive(Debug)]
 pub struct TestKernel {
     pub kernel: Kernel,
     pub pin_dir: PathBuf,

@@ -2,10 +2,6 @@
 //! client that times each request, and raw TCP exchanges for what clients must not
 //! be able to send.
 
-#![expect(dead_code, reason = "each test binary uses a different part of the helpers")]
-
-pub mod redis;
-
 use std::{
     convert::Infallible,
     net::SocketAddr,

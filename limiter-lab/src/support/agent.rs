@@ -8,12 +8,22 @@ use std::{
 };
 
 /// A running `limiter run`, stopped and cleaned up on drop.
+#[derive(Debug)]
 pub struct AgentProcess {
     pub child: Option<Child>,
     pub dir: PathBuf,
     pub config_path: PathBuf,
     pub pin_dir: PathBuf,
     pub socket: PathBuf,
+}
+
+/// The `limiter` binary of the test being run. Cargo sets the variable for the
+/// integration tests of limiter-agent, at run time too, which is when this crate (a
+/// dependency, built before the binary) can read it.
+pub fn limiter_bin() -> PathBuf {
+    std::env::var_os("CARGO_BIN_EXE_limiter")
+        .map(PathBuf::from)
+        .expect("CARGO_BIN_EXE_limiter is not set: run through cargo test -p limiter-agent")
 }
 
 /// `[agent]` for a test: private pins and socket, no metrics unless asked.
@@ -44,7 +54,7 @@ impl AgentProcess {
     /// Starts (again) the agent process on the same config and pins.
     pub fn spawn(&mut self) {
         let log = std::fs::File::create(self.dir.join("agent.log")).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_limiter"))
+        let child = Command::new(limiter_bin())
             .args(["run", "-c"])
             .arg(&self.config_path)
             .env("LIMITER_LOG", "info")
@@ -76,12 +86,7 @@ impl AgentProcess {
 
     /// Runs a `limiter` CLI command against this agent's config.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_limiter"))
-            .args(args)
-            .arg("-c")
-            .arg(&self.config_path)
-            .output()
-            .expect("run limiter")
+        Command::new(limiter_bin()).args(args).arg("-c").arg(&self.config_path).output().expect("run limiter")
     }
 
     /// `limiter <args> --json`, parsed.

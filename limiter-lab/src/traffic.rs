@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::netns::in_namespace;
+use crate::netns::in_namespace;
 
 /// Sends `count` datagrams from `from` (inside `ns`) to `to`, `per_tick` of them
 /// every 10 ms; returns how long it took.

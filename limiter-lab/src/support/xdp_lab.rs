@@ -3,15 +3,15 @@
 
 use std::net::Ipv4Addr;
 
-use limiter::lab::netns::VethNamespace;
-
 use super::{
     agent::{AgentProcess, agent_section},
     unique,
 };
+use crate::netns::VethNamespace;
 
 /// The lab: clients inside `net.ns` at `sources`, the host at `host_ip`, the agent
 /// attached to `net.host_if`.
+#[derive(Debug)]
 pub struct XdpLab {
     pub name: String,
     pub host_ip: Ipv4Addr,
