@@ -14,13 +14,11 @@ use std::{
 };
 
 use governor::{Quota, RateLimiter};
-use limiter::{
-    config::proxy::{Algorithm, LimitSpec},
+use limiter_core::{
+    Algorithm, Clock as _, LimitSpec, SystemClock,
     limits::{
-        Clock as _, MemoryStore, Store as _, SystemClock, fixed_window, leaky_bucket, sliding_window_counter,
-        sliding_window_log,
-        store::{Bucket, Charge},
-        token_bucket,
+        Bucket, Charge, MemoryStore, Store as _, fixed_window, leaky_bucket, sliding_window_counter,
+        sliding_window_log, token_bucket,
     },
 };
 use limiter_lab::report::{AlgorithmRow, Algorithms};

@@ -17,13 +17,10 @@ use std::{
 };
 
 use anyhow::Context as _;
-use limiter::{
-    config::proxy::{Algorithm, LimitSpec},
-    limits::{
-        MemoryStore, Store as _,
-        store::{Bucket, Charge},
-    },
-    xdp::{Kernel, LoadOptions},
+use limiter::xdp::{Kernel, LoadOptions};
+use limiter_core::{
+    Algorithm, LimitSpec,
+    limits::{Bucket, Charge, MemoryStore, Store as _},
 };
 use limiter_lab::report::{KernelMemory, Memory, ProxyMemory};
 

@@ -15,7 +15,10 @@ use std::{
 };
 
 use anyhow::Context as _;
-use limiter::signature::{Canonical, sha256, sign_hex};
+use limiter_core::{
+    Clock as _, SystemClock,
+    signature::{Canonical, sha256, sign_hex},
+};
 use limiter_lab::{netns::VethNamespace, traffic};
 
 const NS: &str = "lim-demo";
@@ -215,7 +218,7 @@ fn header<'a>(response: &'a str, name: &str) -> &'a str {
 }
 
 fn signed(target: &str, body: &str, nonce: &str) -> Vec<(&'static str, String)> {
-    let timestamp = limiter::signature::unix_now().to_string();
+    let timestamp = SystemClock.now().as_secs().to_string();
     let canonical = Canonical {
         method: "POST",
         target,

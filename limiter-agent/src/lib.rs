@@ -2,6 +2,7 @@
 //! the integration tests drive it directly.
 
 pub mod agent;
+pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod escalation;

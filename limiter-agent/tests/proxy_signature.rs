@@ -7,8 +7,15 @@ use std::{
 };
 
 use http::{Method, StatusCode};
-use limiter::signature::{Canonical, sha256, sign_hex, unix_now};
+use limiter_core::{
+    Clock as _, SystemClock,
+    signature::{Canonical, sha256, sign_hex},
+};
 use limiter_lab::support::proxy::{PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream};
+
+fn unix_now() -> u64 {
+    SystemClock.now().as_secs()
+}
 
 const SECRET: &[u8] = b"k-pay-secret";
 const NEW_SECRET: &[u8] = b"k-pay-secret-2";

@@ -3,8 +3,10 @@
 //! new interfaces first (undone if one fails), settings and CIDRs in place (no
 //! bucket is refilled, no program reloaded), removed interfaces last.
 
+use limiter_core::LimitSpec;
+
 use crate::{
-    config::{Config, ProxyConfig, proxy::LimitSpec, xdp::XdpConfig},
+    config::{Config, ProxyConfig, xdp::XdpConfig},
     xdp::CidrChanges,
 };
 

@@ -9,9 +9,12 @@ use std::str::FromStr as _;
 use http::Method;
 use http::uri::{InvalidUri, PathAndQuery, Uri};
 
-use crate::signature::canonical::{Canonical, sha256, sign_hex};
+use limiter_core::{
+    Clock as _, SystemClock,
+    signature::{Canonical, sha256, sign_hex},
+};
+
 use crate::signature::secrets::read_secret_file;
-use crate::signature::unix_now;
 
 /// Why `limiter sign` produced nothing: an unreadable file, or an input the proxy
 /// would not verify.
@@ -83,7 +86,7 @@ pub fn run(args: SignArgs) -> Result<(), SignError> {
         None => Vec::new(),
     };
     let nonce = args.nonce.then(random_nonce).transpose()?;
-    let timestamp = args.timestamp.unwrap_or_else(unix_now);
+    let timestamp = args.timestamp.unwrap_or_else(|| SystemClock.now().as_secs());
     print!("{}", render(&args, &secret, &body, timestamp, nonce.as_deref())?);
     Ok(())
 }
@@ -175,13 +178,12 @@ fn random_nonce() -> Result<String, SignError> {
 mod tests {
     #![expect(clippy::unwrap_used, reason = "tests fail loudly")]
 
-    use std::sync::Arc;
     use std::time::Duration;
 
     use http::{HeaderMap, HeaderName, HeaderValue};
+    use limiter_core::signature::{SignedRequest, Verifier};
 
     use super::*;
-    use crate::signature::{ReplayCache, SignedRequest, Verifier};
 
     const TS: u64 = 1_700_000_000;
 
@@ -222,7 +224,7 @@ mod tests {
 
     #[test]
     fn output_is_accepted_by_the_verifier() {
-        let verifier = Verifier::new([("k-free-1".to_owned(), vec![b"s".to_vec()])], Arc::new(ReplayCache::new(10)));
+        let verifier = Verifier::new([("k-free-1".to_owned(), vec![b"s".to_vec()])]);
         for nonce in [None, Some(random_nonce().unwrap())] {
             let a = args("PATCH", "/v1/x?y=%2F", None, None);
             let headers = parse_headers(&render(&a, b"s", b"payload", TS, nonce.as_deref()).unwrap());
@@ -234,7 +236,7 @@ mod tests {
                 headers: &headers,
                 body_sha256: &digest,
             };
-            verifier.verify(&req, TS + 5, Duration::from_secs(300)).unwrap();
+            verifier.authenticate(&req, TS + 5, Duration::from_secs(300)).unwrap();
         }
     }
 

@@ -1,7 +1,7 @@
 //! The replay cache and the idempotency store in the fleet's Redis (`proxy.store =
 //! "redis"`), so that a signature used on one agent is a replay on every other, and
 //! a repeat of an idempotent request lands on the first one's response wherever it
-//! arrives. Same answers as [`super::ReplayCache`] and [`super::IdempotencyStore`];
+//! arrives. Same answers as `limiter_core`'s `ReplayCache` and `IdempotencyStore`;
 //! Redis bounds them by memory, so neither is ever full, and entries expire by
 //! themselves.
 //!
@@ -22,7 +22,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use redis::Script;
 
-use super::{Begin, IdempotencyConfig, StoredResponse, replay::ReplayError};
+use limiter_core::signature::{Begin, IdempotencyConfig, StoredResponse, replay::ReplayError};
+
 use crate::fleet::{Fleet, FleetError};
 
 /// Longest an in-flight claim holds its key without completing.
@@ -41,7 +42,7 @@ impl SharedReplay {
     }
 
     /// Records `signature` of `key_id` as used, as
-    /// [`ReplayCache::check_and_insert`](super::ReplayCache::check_and_insert); the
+    /// [`ReplayCache::check_and_insert`](limiter_core::signature::ReplayCache::check_and_insert); the
     /// outer error is an unreachable store.
     pub async fn check_and_insert(
         &self,
@@ -92,7 +93,7 @@ impl SharedIdempotency {
         Self { fleet, config, script: std::sync::Arc::new(Script::new(include_str!("idempotency.lua"))) }
     }
 
-    /// As [`IdempotencyStore::begin`](super::IdempotencyStore::begin), never
+    /// As [`IdempotencyStore::begin`](limiter_core::signature::IdempotencyStore::begin), never
     /// [`Begin::Full`]; the error is an unreachable store.
     pub async fn begin(
         &self,

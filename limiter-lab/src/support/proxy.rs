@@ -7,7 +7,7 @@ use std::{
     net::SocketAddr,
     path::Path,
     sync::{Arc, Mutex, PoisonError},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
@@ -18,7 +18,8 @@ use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::{TokioExecutor, TokioIo},
 };
-use limiter::{config::Config, proxy::Proxy};
+use limiter::{config::Config, proxy::Proxy, signature::KeySecrets};
+use limiter_core::{Clock as _, FakeClock, SystemClock};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
@@ -147,7 +148,9 @@ async fn respond(recorder: Arc<Recorder>, request: Request<Incoming>) -> Result<
 /// A proxy serving in the background until [`RunningProxy::shutdown`].
 #[derive(Debug)]
 pub struct RunningProxy {
-    pub proxy: Arc<Proxy>,
+    pub proxy: Arc<Proxy<FakeClock>>,
+    /// What the proxy's limits, signatures and idempotency are measured with.
+    pub clock: FakeClock,
     pub addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
@@ -173,8 +176,15 @@ pub fn proxy_config(text: &str, upstream: SocketAddr) -> Arc<limiter::config::Pr
 pub const PROXY_HEAD: &str = "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\n";
 
 impl RunningProxy {
+    /// A proxy on the config `text` (see [`PROXY_HEAD`]), measuring time with a fake
+    /// clock that reads the wall clock's time at the start and moves only when a test
+    /// advances it: windows never turn under a test's feet, and signatures made with
+    /// the wall clock still pass the timestamp check.
     pub async fn start(text: &str, upstream: SocketAddr) -> Self {
-        let proxy = Proxy::bind(proxy_config(text, upstream), limiter::limits::SystemClock).await.expect("bind proxy");
+        let config = proxy_config(text, upstream);
+        let secrets = KeySecrets::load(&config).expect("test secrets");
+        let clock = FakeClock::new(SystemClock.now());
+        let proxy = Proxy::bind(config, secrets, clock.clone()).await.expect("bind proxy");
         let addr = proxy.local_addr();
         let proxy = Arc::new(proxy);
         let (stop, stopped) = oneshot::channel();
@@ -186,7 +196,7 @@ impl RunningProxy {
                 })
                 .await;
         });
-        Self { proxy, addr, stop: Some(stop), task: Some(task) }
+        Self { proxy, clock, addr, stop: Some(stop), task: Some(task) }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -278,15 +288,4 @@ pub async fn read_to_close(stream: &mut TcpStream) -> String {
         }
     }
     String::from_utf8_lossy(&received).into_owned()
-}
-
-/// Sleeps past the next boundary of `window` if one is less than `margin` away, so
-/// that a test sending requests for up to `margin` stays in one epoch-aligned window.
-pub async fn stay_inside_window(window: Duration, margin: Duration) {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970");
-    let into = Duration::from_nanos(u64::try_from(now.as_nanos() % window.as_nanos()).expect("fits"));
-    let left = window - into;
-    if left < margin {
-        tokio::time::sleep(left + Duration::from_millis(50)).await;
-    }
 }

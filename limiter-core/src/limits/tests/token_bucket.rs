@@ -1,5 +1,5 @@
 use super::{Meter, NS, T0, millis, nz, secs, spec};
-use crate::config::proxy::{Algorithm::TokenBucket, LimitSpec};
+use crate::{Algorithm::TokenBucket, LimitSpec};
 
 /// 10 per second (one token every 100 ms), burst 20.
 fn bucket() -> Meter {

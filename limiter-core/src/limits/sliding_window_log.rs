@@ -13,11 +13,10 @@
 use std::{collections::VecDeque, time::Duration};
 
 use super::{
-    clock::to_nanos,
     outcome::{Outcome, Quota},
     window,
 };
-use crate::config::proxy::LimitSpec;
+use crate::{LimitSpec, clock::to_nanos};
 
 /// Times (ns since the epoch) of the admitted requests, oldest first; entries that
 /// have left the window are dropped at the next charge.

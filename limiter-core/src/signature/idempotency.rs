@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
@@ -74,7 +74,8 @@ pub struct StoredResponse {
 
 impl StoredResponse {
     /// Bytes counted against `max_response_bytes`.
-    pub(super) fn stored_size(&self) -> usize {
+    #[must_use]
+    pub fn stored_size(&self) -> usize {
         self.headers
             .iter()
             .map(|(name, value)| name.as_str().len() + value.len())
@@ -84,7 +85,7 @@ impl StoredResponse {
 }
 
 /// What to do with a request carrying an idempotency key; `G` is the claim on the
-/// key (a [`Guard`] here, a [`super::SharedGuard`] in the fleet's store).
+/// key (a [`Guard`] here, the agent's `SharedGuard` in the fleet's store).
 #[derive(Debug)]
 pub enum Begin<G = Guard> {
     /// First use: forward it, then complete the claim with the response.
@@ -126,7 +127,7 @@ enum Slot {
     /// `response` is `None` when it was too large to store.
     Done {
         response: Option<StoredResponse>,
-        expires: Instant,
+        expires: Duration,
     },
 }
 
@@ -141,11 +142,11 @@ struct State {
     entries: HashMap<EntryKey, Entry>,
     /// Completed entries by expiry, soonest first. In-flight entries do not expire: their
     /// guard removes or completes them.
-    expiry: BTreeSet<(Instant, EntryKey)>,
+    expiry: BTreeSet<(Duration, EntryKey)>,
 }
 
 impl State {
-    fn purge_expired(&mut self, now: Instant) {
+    fn purge_expired(&mut self, now: Duration) {
         while let Some((expires, _)) = self.expiry.first() {
             if *expires > now {
                 break;
@@ -186,9 +187,9 @@ impl IdempotencyStore {
     }
 
     /// Looks up (`key_id`, `idem_key`) for a request identified by `fingerprint`
-    /// (see [`fingerprint`]) at monotonic time `now`.
+    /// (see [`fingerprint`]) at `now` (the limiter's clock, see [`crate::clock`]).
     #[must_use]
-    pub fn begin(&self, key_id: &str, idem_key: &str, fingerprint: [u8; 32], now: Instant) -> Begin {
+    pub fn begin(&self, key_id: &str, idem_key: &str, fingerprint: [u8; 32], now: Duration) -> Begin {
         let key: EntryKey = (key_id.into(), idem_key.into());
         let mut state = self.shared.lock();
         let expired = match state.entries.get(&key) {
@@ -252,13 +253,13 @@ impl fmt::Debug for Guard {
 impl Guard {
     /// Stores `response` for the TTL from `now` (or only the fact of completion, if it
     /// is larger than `max_response_bytes`).
-    pub fn complete(mut self, response: StoredResponse, now: Instant) {
+    pub fn complete(mut self, response: StoredResponse, now: Duration) {
         let Some(key) = self.key.take() else {
             return;
         };
         let config = self.shared.config;
         // A TTL too long to represent keeps the response for as long as the store lives.
-        let expires = now.checked_add(config.ttl).unwrap_or_else(|| far_future(now));
+        let expires = now.saturating_add(config.ttl);
         let response = (response.stored_size() <= config.max_response_bytes).then_some(response);
         let mut state = self.shared.lock();
         // Only this guard removes or completes its in-flight entry, and in-flight
@@ -276,10 +277,4 @@ impl Drop for Guard {
             self.shared.lock().entries.remove(&key);
         }
     }
-}
-
-/// The latest representable instant after `now`, give or take: `Instant` has no MAX.
-fn far_future(now: Instant) -> Instant {
-    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-    now.checked_add(CENTURY).unwrap_or(now)
 }

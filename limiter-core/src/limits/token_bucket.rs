@@ -9,13 +9,13 @@
 //!
 //! Kept as a GCRA TAT (see [`super::gcra`]): one number per key.
 
-use std::{num::NonZeroU32, time::Duration};
+use std::time::Duration;
 
 use super::{
     gcra::{Gcra, Tat},
     outcome::Outcome,
 };
-use crate::config::proxy::LimitSpec;
+use crate::LimitSpec;
 
 /// A token bucket's state; the default is a full bucket.
 pub type State = Tat;
@@ -32,10 +32,5 @@ pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) {
 }
 
 fn gcra(spec: &LimitSpec) -> Gcra {
-    Gcra::new(spec, capacity(spec))
-}
-
-/// Tokens the bucket holds when full.
-pub(super) fn capacity(spec: &LimitSpec) -> NonZeroU32 {
-    spec.burst.unwrap_or(spec.limit)
+    Gcra::new(spec, spec.capacity())
 }

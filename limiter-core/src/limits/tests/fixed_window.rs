@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::{Meter, NS, T0, millis, secs, spec};
-use crate::config::proxy::Algorithm::FixedWindow;
+use crate::Algorithm::FixedWindow;
 
 /// 3 per minute.
 fn window() -> Meter {

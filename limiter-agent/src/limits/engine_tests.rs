@@ -1,12 +1,31 @@
+use http::{HeaderMap, HeaderValue, Method};
 use std::{net::IpAddr, path::Path, sync::Barrier};
 
-use http::{HeaderMap, HeaderValue, Method};
+use std::time::Duration;
 
-use super::{T0, millis, secs};
+use limiter_core::FakeClock;
+
 use crate::{
+    backend::Stores,
     config::{Config, ProxyConfig},
-    limits::{Decision, Engine, FakeClock, PolicyStatus, RequestInfo, Verdict},
+    limits::{Decision, Engine, PolicyStatus, RequestInfo, Verdict},
 };
+
+/// On a minute boundary, as windows are aligned to the epoch.
+const T0: Duration = Duration::from_secs(1_700_000_040);
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn millis(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+fn in_memory(config: &ProxyConfig, clock: FakeClock) -> Engine<FakeClock> {
+    let stores = Stores::new(config).expect("memory stores cannot fail");
+    Engine::new(config, clock, std::sync::Arc::new(stores))
+}
 
 /// Plans as in the issue: Free 100/min throttled from 80, Pro 1000/min from 900.
 const BASE: &str = r#"
@@ -50,7 +69,7 @@ fn config_with(setting: &str, extra: &str) -> ProxyConfig {
 
 fn engine(extra: &str) -> (Engine<FakeClock>, FakeClock) {
     let clock = FakeClock::new(T0);
-    (Engine::new(&config(extra), clock.clone()), clock)
+    (in_memory(&config(extra), clock.clone()), clock)
 }
 
 /// A request; `ip` is the client, `key` the X-API-Key.
@@ -339,7 +358,7 @@ fn requests_without_a_known_key_share_one_bucket_and_allocate_nothing_more() {
 
 #[test]
 fn a_missing_key_can_be_refused_without_counting() {
-    let engine = Engine::new(&config_with("missing_key = \"reject\"", BY_KEY), FakeClock::new(T0));
+    let engine = in_memory(&config_with("missing_key = \"reject\"", BY_KEY), FakeClock::new(T0));
     let missing = |rule: &str| Verdict::MissingKey { rule: rule.to_owned() };
     assert_eq!(get("/").to(&engine).verdict, missing("by-key"));
     assert_eq!(get("/").key("bogus").to(&engine).verdict, missing("by-key"));
@@ -402,7 +421,7 @@ fn a_reload_keeps_counts_when_only_the_limit_changes() {
     }
     clock.advance(secs(1));
     let mut lower = config("");
-    lower.plans.get_mut("free").expect("free plan").limit = super::nz(60);
+    lower.plans.get_mut("free").expect("free plan").limit = std::num::NonZeroU32::new(60).expect("nonzero");
     engine.reconfigure(&lower);
     let d = request.to(&engine);
     assert_eq!(status(&d, "free").limit, 60);
@@ -476,7 +495,7 @@ fn two_hundred_concurrent_requests_on_one_key_with_limit_50_forward_exactly_50()
 
 #[test]
 fn random_clients_stay_within_the_bound() {
-    let engine = Engine::new(&config_with("max_tracked_keys = 10_000", PER_IP), FakeClock::new(T0));
+    let engine = in_memory(&config_with("max_tracked_keys = 10_000", PER_IP), FakeClock::new(T0));
     for i in 0..200_000_u32 {
         let request = get("/").from(&std::net::Ipv4Addr::from(i.wrapping_mul(2_654_435_761)).to_string());
         assert!(is_forward(&request.to(&engine)));

@@ -4,7 +4,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use super::{T0, secs, spec};
 use crate::{
-    config::proxy::{Algorithm, LimitSpec},
+    Algorithm, LimitSpec,
     limits::store::{Bucket, Charge, MemoryStore, Store},
 };
 

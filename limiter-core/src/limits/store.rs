@@ -27,10 +27,9 @@ use smallvec::SmallVec;
 
 use super::{
     bucket::{self, State},
-    clock::to_nanos,
     outcome::Outcome,
 };
-use crate::config::proxy::LimitSpec;
+use crate::{LimitSpec, clock::to_nanos};
 
 /// One bucket a request is counted in.
 #[derive(Clone, Copy, Debug)]

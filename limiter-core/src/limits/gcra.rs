@@ -16,11 +16,10 @@
 use std::{num::NonZeroU32, time::Duration};
 
 use super::{
-    clock::to_nanos,
     outcome::{Outcome, Quota},
     window,
 };
-use crate::config::proxy::LimitSpec;
+use crate::{LimitSpec, clock::to_nanos};
 
 /// A bucket's TAT. The default is a full bucket.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::config::proxy::Throttle;
+use crate::Throttle;
 
 /// A bucket's quota at one instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

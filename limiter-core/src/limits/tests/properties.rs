@@ -5,7 +5,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use super::{Meter, NS, T0, millis, nz, secs, spec};
-use crate::config::proxy::{Algorithm, LimitSpec};
+use crate::{Algorithm, LimitSpec};
 
 /// Every algorithm, with its capacity (what `remaining` is when the bucket is full).
 fn all() -> Vec<(LimitSpec, u64)> {

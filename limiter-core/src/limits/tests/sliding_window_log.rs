@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::{Meter, NS, T0, millis, secs, spec};
-use crate::{config::proxy::Algorithm::SlidingWindowLog, limits::bucket::State};
+use crate::{Algorithm::SlidingWindowLog, limits::bucket::State};
 
 /// 3 per 10 seconds.
 fn log() -> Meter {

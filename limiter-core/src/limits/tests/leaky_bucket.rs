@@ -3,7 +3,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use super::{Meter, NS, T0, millis, nz, secs, spec};
-use crate::config::proxy::{
+use crate::{
     Algorithm::{LeakyBucket, TokenBucket},
     LimitSpec,
 };

@@ -1,6 +1,6 @@
 //! The string to sign and the signature over it (interface.md section 7).
 //!
-//! Client ([`crate::cli::sign`]) and server ([`super::Verifier`]) both build the string
+//! Client (`limiter sign`) and server ([`super::Verifier`]) both build the string
 //! here, so the two sides cannot drift apart.
 
 use hmac::{Hmac, Mac};

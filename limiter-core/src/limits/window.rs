@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use super::clock::to_nanos;
-use crate::config::proxy::LimitSpec;
+use crate::LimitSpec;
+use crate::clock::to_nanos;
 
 /// A spec's window in nanoseconds; at least 1 so that it can divide.
 pub(super) fn length(spec: &LimitSpec) -> u64 {

@@ -17,7 +17,7 @@ use super::{
     outcome::{Outcome, Quota},
     window::Window,
 };
-use crate::config::proxy::LimitSpec;
+use crate::LimitSpec;
 
 /// The count of the latest window a request was admitted in.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -18,13 +18,13 @@
 //! places in the queue), `reset_after` the time until the queue is empty, and
 //! `retry_after` the time until a place frees up.
 
-use std::{num::NonZeroU32, time::Duration};
+use std::time::Duration;
 
 use super::{
     gcra::{Gcra, Tat},
     outcome::Outcome,
 };
-use crate::config::proxy::LimitSpec;
+use crate::LimitSpec;
 
 /// A leaky bucket's state; the default is an empty bucket.
 pub type State = Tat;
@@ -47,11 +47,5 @@ pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) {
 }
 
 fn gcra(spec: &LimitSpec) -> Gcra {
-    Gcra::new(spec, capacity(spec))
-}
-
-/// The bucket's size: a shaper holds the request leaving now and `queue` more
-/// behind it.
-pub(super) fn capacity(spec: &LimitSpec) -> NonZeroU32 {
-    spec.queue.map_or(spec.limit, |queue| queue.saturating_add(1))
+    Gcra::new(spec, spec.capacity())
 }

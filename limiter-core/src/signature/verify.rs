@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use hmac::Mac;
@@ -10,7 +9,7 @@ use http::{HeaderMap, HeaderValue, Method};
 use subtle::{Choice, ConstantTimeEq};
 
 use super::canonical::{Canonical, HmacSha256, hmac_key};
-use super::replay::{ReplayCache, ReplayError};
+use super::replay::ReplayError;
 
 /// The header carrying the key id.
 pub const API_KEY_HEADER: &str = "x-api-key";
@@ -34,7 +33,7 @@ pub struct SignedRequest<'a> {
     pub target: &'a str,
     /// The request headers.
     pub headers: &'a HeaderMap,
-    /// SHA-256 of the body bytes that will be forwarded (see [`super::read_body_hashed`]).
+    /// SHA-256 of the body bytes that will be forwarded (the agent reads and hashes it in one pass).
     pub body_sha256: &'a [u8; 32],
 }
 
@@ -196,9 +195,10 @@ impl Failure {
 
 /// Verifies signed requests against the configured keys.
 ///
-/// Built once per configuration; the [`ReplayCache`] is shared through an `Arc` so that
-/// a configuration reload does not forget accepted signatures (which would reopen the
-/// replay window).
+/// Built once per configuration. It does not remember signatures: the caller records
+/// each [`Authenticated`] signature in a replay cache that outlives reloads
+/// ([`super::ReplayCache`] or the fleet's), so that a reload cannot reopen the replay
+/// window.
 pub struct Verifier {
     keys: HashMap<String, Vec<HmacSha256>>,
     /// Stands in for the secrets of an unknown key, and pads keys with fewer secrets.
@@ -207,17 +207,12 @@ pub struct Verifier {
     /// key has. Every verification does exactly this much work, so timing reveals
     /// neither whether a key exists nor how many secrets it has.
     slots: usize,
-    replay: Arc<ReplayCache>,
 }
 
 impl fmt::Debug for Verifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Key ids and counts only: the HMAC states are derived from the secrets.
-        f.debug_struct("Verifier")
-            .field("keys", &self.keys.len())
-            .field("slots", &self.slots)
-            .field("replay_entries", &self.replay.len())
-            .finish_non_exhaustive()
+        f.debug_struct("Verifier").field("keys", &self.keys.len()).field("slots", &self.slots).finish_non_exhaustive()
     }
 }
 
@@ -226,7 +221,7 @@ impl Verifier {
     ///
     /// `keys` maps key id to its secrets (several during a rotation). A key with no
     /// secrets never verifies; configuration validation is expected to reject it.
-    pub fn new<I>(keys: I, replay: Arc<ReplayCache>) -> Self
+    pub fn new<I>(keys: I) -> Self
     where
         I: IntoIterator<Item = (String, Vec<Vec<u8>>)>,
     {
@@ -235,32 +230,12 @@ impl Verifier {
         let slots = keys.values().map(Vec::len).max().unwrap_or(0).max(1);
         // The dummy's outcome is always discarded, so its key need not be secret.
         let dummy = hmac_key(b"limiter: no such key");
-        Self { keys, dummy, slots, replay }
+        Self { keys, dummy, slots }
     }
 
-    /// The replay cache this verifier records accepted signatures in.
-    #[must_use]
-    pub fn replay_cache(&self) -> &Arc<ReplayCache> {
-        &self.replay
-    }
-
-    /// Checks one request. `now` is the wall clock in unix seconds (the only use of the
-    /// wall clock in the proxy); `max_skew` is the allowed distance either way.
-    ///
-    /// On success the signature is recorded as used, so calling this twice for the same
-    /// request fails the second time with [`Failure::Replay`]. A request that later
-    /// fails for another reason (rate limit, upstream error) has still used its
-    /// signature; clients re-sign retries.
-    pub fn verify(&self, req: &SignedRequest<'_>, now: u64, max_skew: Duration) -> Result<Verified, Failure> {
-        let Authenticated { key_id, timestamp, signature } = self.authenticate(req, now, max_skew)?;
-        match self.replay.check_and_insert(&key_id, &signature, timestamp, max_skew, now) {
-            Ok(()) => Ok(Verified { key_id, timestamp }),
-            Err(error) => Err(Failure::from(error)),
-        }
-    }
-
-    /// Every check of [`Verifier::verify`] but the replay check, which the caller
-    /// makes elsewhere (in the fleet's shared store).
+    /// Checks one request's headers, timestamp window and MAC. `now` is the wall
+    /// clock in unix seconds; `max_skew` is the allowed distance either way. The
+    /// replay check is the caller's: record [`Authenticated::signature`] as used.
     pub fn authenticate(
         &self,
         req: &SignedRequest<'_>,

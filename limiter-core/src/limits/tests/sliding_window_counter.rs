@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::{Meter, NS, T0, secs, spec};
-use crate::config::proxy::Algorithm::SlidingWindowCounter;
+use crate::Algorithm::SlidingWindowCounter;
 
 /// 10 per minute; every window here starts at `T0 + k minutes`.
 fn counter() -> Meter {

@@ -1,7 +1,6 @@
 //! Fake-clock tests: each algorithm's exact sequences, properties every algorithm
-//! keeps, the store's bound, and the engine's decisions.
+//! keeps, and the store's bound.
 
-mod engine;
 mod fixed_window;
 mod leaky_bucket;
 mod properties;
@@ -16,7 +15,7 @@ use super::{
     Outcome,
     bucket::{self, State},
 };
-use crate::config::proxy::{Algorithm, LimitSpec};
+use crate::{Algorithm, LimitSpec};
 
 /// On a minute boundary, as windows are aligned to the epoch.
 const T0: Duration = Duration::from_secs(1_700_000_040);

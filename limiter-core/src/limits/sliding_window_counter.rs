@@ -30,7 +30,7 @@ use super::{
     outcome::{Outcome, Quota},
     window::Window,
 };
-use crate::config::proxy::LimitSpec;
+use crate::LimitSpec;
 
 /// The counts of the latest window a request was admitted in and the one before.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
