@@ -27,7 +27,16 @@ const BINARY: &str = "limiter";
 /// naming the version keeps a toolchain update from changing what the verifier sees.
 const BPF_CPU: &str = "v3";
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    // Printed by hand: returning the error would add a backtrace whenever
+    // RUST_BACKTRACE is set (as `cargo xtask test` does), burying the compiler's output.
+    if let Err(error) = build() {
+        eprintln!("{error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn build() -> anyhow::Result<()> {
     let root_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../limiter-ebpf");
     // The build-dependency on the eBPF crate only covers its library side; this
     // covers its binary.
