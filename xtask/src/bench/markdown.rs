@@ -22,11 +22,6 @@ pub fn summary_table(report: &Report) -> String {
     s
 }
 
-/// A figure with `digits` decimals, or a dash when it was not measured.
-pub fn num(v: Option<f64>, digits: usize) -> String {
-    v.map_or("—".into(), |x| format!("{x:.digits$}"))
-}
-
 /// A group's section, or a line saying why it has none.
 fn section<T>(m: &mut String, title: &str, outcome: &Outcome<T>, write: fn(&mut String, &T)) {
     match outcome {

@@ -13,6 +13,7 @@ mod algorithms;
 mod configs;
 mod environment;
 mod flood;
+mod format;
 mod hmac;
 mod http;
 mod markdown;
