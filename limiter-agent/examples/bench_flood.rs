@@ -296,11 +296,15 @@ fn main() -> anyhow::Result<()> {
                     malformed: MalformedAction::Pass,
                     limit: PacketLimit { packets_per_second: nonzero(rate), burst: nonzero(rate) },
                     cidr: Vec::new(),
+                    new_sources: None,
+                    aggregate: Default::default(),
+                    verified: Default::default(),
+                    syn: None,
                 };
                 let attached = spawn_in_namespace(RX_NS, {
                     let pin_dir = pin_dir.clone();
                     move || -> anyhow::Result<_> {
-                        let mut loaded = Kernel::load(&LoadOptions { pin_dir, max_sources: 65_536, log: false })?;
+                        let mut loaded = Kernel::load(&LoadOptions::with_sources(pin_dir, 65_536))?;
                         loaded.maps_mut().apply(&config)?;
                         let (attachment, link) = attach(&mut loaded, "rx0", AttachMode::Native)?;
                         Ok((loaded, attachment, link))

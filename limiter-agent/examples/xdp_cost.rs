@@ -46,9 +46,13 @@ fn main() -> anyhow::Result<()> {
         malformed: MalformedAction::Pass,
         limit: PacketLimit { packets_per_second: nonzero(1_000_000_000), burst: nonzero(u32::MAX) },
         cidr: Vec::new(),
+        new_sources: None,
+        aggregate: Default::default(),
+        verified: Default::default(),
+        syn: None,
     };
     let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-bench-{}", std::process::id()));
-    let mut kernel = Kernel::load(&LoadOptions { pin_dir: pin_dir.clone(), max_sources: capacity, log: false })?;
+    let mut kernel = Kernel::load(&LoadOptions::with_sources(pin_dir.clone(), capacity))?;
     kernel.maps_mut().apply(&config)?;
     let known = frame(Ipv4Addr::new(192, 0, 2, 7));
 
@@ -84,6 +88,7 @@ fn main() -> anyhow::Result<()> {
                 packets_per_second: nonzero(1_000_000),
                 burst: nonzero(1_000_000),
             }),
+            aggregate: None,
         })
         .collect();
     kernel.maps_mut().apply(&config)?;

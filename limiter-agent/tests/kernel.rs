@@ -324,12 +324,12 @@ fn pinned_maps_of_another_layout_are_refused_not_reused() {
     let mut settings = first.kernel.maps().settings().expect("settings");
     settings.layout_version += 1;
     first.kernel.maps_mut().write_settings(settings).expect("write");
-    let options = limiter::xdp::LoadOptions { pin_dir: first.pin_dir.clone(), max_sources: 1_000_000, log: false };
+    let options = limiter::xdp::LoadOptions::with_sources(first.pin_dir.clone(), 1_000_000);
     let error = limiter::xdp::Kernel::load(&options).expect_err("a foreign layout must be refused");
     assert!(error.to_string().contains("limiter detach"), "{error}");
 
     let other = slow_kernel();
-    let options = limiter::xdp::LoadOptions { pin_dir: other.pin_dir.clone(), max_sources: 1_000, log: false };
+    let options = limiter::xdp::LoadOptions::with_sources(other.pin_dir.clone(), 1_000);
     let error = limiter::xdp::Kernel::load(&options).expect_err("a resized sources map must be refused");
     assert!(error.to_string().contains("max_sources 1000000 pinned, 1000 configured"), "{error}");
 }

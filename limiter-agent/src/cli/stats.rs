@@ -77,7 +77,10 @@ fn render(stats: &Value, previous: Option<&Value>, secs: f64) -> String {
             .as_array()
             .into_iter()
             .flatten()
-            .map(|a| format!("{} ({})", a["interface"].as_str().unwrap_or("?"), a["mode"].as_str().unwrap_or("?")))
+            .map(|a| {
+                let fallback = if a["fallback"].as_bool() == Some(true) { ", native refused" } else { "" };
+                format!("{} ({}{fallback})", a["interface"].as_str().unwrap_or("?"), a["mode"].as_str().unwrap_or("?"))
+            })
             .collect();
         out += &format!(
             "xdp: {} · {} · sources {}/{}\n",
@@ -97,6 +100,26 @@ fn render(stats: &Value, previous: Option<&Value>, secs: f64) -> String {
                 None => out += &format!("  {name:<20} {value:>14}\n"),
             }
         }
+        for name in ["new_sources", "syn"] {
+            let budget = &xdp[name];
+            if budget.is_object() {
+                out += &format!(
+                    "  budget {name}: {} pps, burst {}, {} tokens left, {} of {} refused\n",
+                    budget["packets_per_second"],
+                    budget["burst"],
+                    budget["tokens"],
+                    budget["dropped"],
+                    budget["packets"]
+                );
+            }
+        }
+        out += &format!(
+            "  prefixes {}/{} · verified {}/{}\n",
+            xdp["aggregates"]["tracked"],
+            xdp["aggregates"]["capacity"],
+            xdp["verified"]["tracked"],
+            xdp["verified"]["capacity"]
+        );
         for block in xdp["blocks"].as_array().into_iter().flatten() {
             let cidr = block["cidr"].as_str().unwrap_or("?");
             match block["expires_in_secs"].as_u64() {

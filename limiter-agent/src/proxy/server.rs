@@ -14,7 +14,7 @@ use tokio::{
     task::JoinSet,
 };
 
-use super::{ProxyBody, pipeline::Pipeline, problem::request_timeout_bytes, stats::Event};
+use super::{AcceptHook, ProxyBody, pipeline::Pipeline, problem::request_timeout_bytes, stats::Event};
 use crate::limits::Clock;
 
 /// After a failed accept (out of file descriptors, say) the listener would fail again
@@ -26,6 +26,7 @@ type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, In
 pub(super) async fn serve<C: Clock>(
     listener: &TcpListener,
     pipeline: &Arc<Pipeline<C>>,
+    on_accept: Option<&dyn AcceptHook>,
     shutdown: impl Future<Output = ()>,
 ) {
     let (stop, stopped) = watch::channel(());
@@ -36,6 +37,9 @@ pub(super) async fn serve<C: Clock>(
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    if let Some(hook) = on_accept {
+                        hook.accepted(peer.ip());
+                    }
                     connections.spawn(connection(stream, peer, pipeline.clone(), stopped.clone()));
                 }
                 Err(error) => {

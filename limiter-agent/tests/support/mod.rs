@@ -40,7 +40,7 @@ pub struct TestKernel {
 impl TestKernel {
     pub fn new(config: &XdpConfig) -> Self {
         let pin_dir = PathBuf::from("/sys/fs/bpf").join(unique("limiter-test-"));
-        let options = LoadOptions { pin_dir: pin_dir.clone(), max_sources: config.max_sources.get(), log: false };
+        let options = LoadOptions::for_config(pin_dir.clone(), config);
         let mut kernel = Kernel::load(&options).expect("load XDP program (run as root)");
         kernel.maps_mut().apply(config).expect("apply config");
         Self { kernel, pin_dir }
