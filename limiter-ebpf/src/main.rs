@@ -38,9 +38,7 @@ use limiter_common::{
 
 use crate::{
     bucket::{charge, insert, take, take_budget},
-    maps::{
-        AGGREGATES, BLOCK_V4, BLOCK_V6, BUDGETS, CIDR_V4, CIDR_V6, SOURCES, count, may_hold, settings, verified,
-    },
+    maps::{AGGREGATES, BLOCK_V4, BLOCK_V6, BUDGETS, CIDR_V4, CIDR_V6, SOURCES, count, may_hold, settings, verified},
     parse::{Frame, Packet, parse},
 };
 

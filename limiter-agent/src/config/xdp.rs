@@ -355,7 +355,10 @@ impl XdpConfig {
     /// Checks across rules that serde cannot see one record at a time.
     pub(super) fn validate(&self) -> Result<(), (String, String)> {
         if self.verified.ttl.0.is_zero() {
-            return Err(("xdp.verified.ttl".to_owned(), "must be longer than 0, or no source stays verified".to_owned()));
+            return Err((
+                "xdp.verified.ttl".to_owned(),
+                "must be longer than 0, or no source stays verified".to_owned(),
+            ));
         }
         for (i, rule) in self.cidr.iter().enumerate() {
             if self.cidr[..i].iter().any(|r| r.cidr == rule.cidr) {

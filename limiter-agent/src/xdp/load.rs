@@ -7,8 +7,8 @@ use aya_log::EbpfLogger;
 use limiter_common::{
     counters::Counter,
     maps::{
-        self as names, BUDGET_SLOTS, Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, OCCUPANCY_SLOTS, SETTINGS_SLOTS, Settings,
-        SourceKey, SourceState, Verified,
+        self as names, BUDGET_SLOTS, Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, OCCUPANCY_SLOTS, SETTINGS_SLOTS,
+        Settings, SourceKey, SourceState, Verified,
     },
 };
 
@@ -196,7 +196,8 @@ fn check_pinned_layout(options: &LoadOptions) -> Result<(), XdpError> {
         let found = (info.key_size() as usize, info.value_size() as usize, info.max_entries());
         let matches = found.0 == key_size && found.1 == value_size && max_entries.is_none_or(|m| m == found.2);
         if !matches {
-            let resized = sized.iter().find(|(map, _, _)| *map == name).filter(|_| (found.0, found.1) == (key_size, value_size));
+            let resized =
+                sized.iter().find(|(map, _, _)| *map == name).filter(|_| (found.0, found.1) == (key_size, value_size));
             let hint = if let Some((_, key, configured)) = resized {
                 format!("{key} {} pinned, {configured} configured", found.2)
             } else {

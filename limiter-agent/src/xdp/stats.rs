@@ -99,17 +99,25 @@ impl KernelMaps {
             packets: self.counter_snapshot()?,
             sources: SourceCount { tracked: self.sources().count() as u64, capacity: self.sources_capacity() },
             blocks,
-            new_sources: self.budget_row(&settings, FEATURE_NEW_SOURCES, BUDGET_NEW_SOURCES, settings.new_source_rate)?,
+            new_sources: self.budget_row(
+                &settings,
+                FEATURE_NEW_SOURCES,
+                BUDGET_NEW_SOURCES,
+                settings.new_source_rate,
+            )?,
             syn: self.budget_row(&settings, FEATURE_SYN, BUDGET_SYN, settings.syn_rate)?,
-            aggregates: SourceCount {
-                tracked: self.aggregates().count() as u64,
-                capacity: self.aggregates_capacity(),
-            },
+            aggregates: SourceCount { tracked: self.aggregates().count() as u64, capacity: self.aggregates_capacity() },
             verified: SourceCount { tracked: self.verified_count()? as u64, capacity: self.verified.capacity() },
         })
     }
 
-    fn budget_row(&self, settings: &Settings, feature: u8, slot: u32, rate: Rate) -> Result<Option<BudgetRow>, XdpError> {
+    fn budget_row(
+        &self,
+        settings: &Settings,
+        feature: u8,
+        slot: u32,
+        rate: Rate,
+    ) -> Result<Option<BudgetRow>, XdpError> {
         if !settings.has(feature) {
             return Ok(None);
         }

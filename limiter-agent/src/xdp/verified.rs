@@ -69,12 +69,8 @@ impl VerifiedMap {
 
     /// Removes every verified source in `cidr`; how many there were.
     pub(super) fn unverify(&mut self, cidr: IpNet) -> Result<usize, XdpError> {
-        let inside: Vec<SourceKey> = self
-            .map
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|key| cidr.contains(&address(key)))
-            .collect();
+        let inside: Vec<SourceKey> =
+            self.map.keys().filter_map(Result::ok).filter(|key| cidr.contains(&address(key))).collect();
         let mut removed = 0;
         for key in &inside {
             match self.map.remove(key) {
@@ -167,7 +163,8 @@ impl Verifier {
     pub fn open(pin_dir: &Path, config: &XdpConfig) -> Result<Self, XdpError> {
         let path = pin_dir.join(names::VERIFIED);
         let map = MapData::from_pin(&path).and_then(Map::from_map_data).map_err(map_error(names::VERIFIED))?;
-        let verifier = Self { map: Mutex::new(VerifiedMap::new(map)?), ipv6_prefix: AtomicU8::new(0), ttl_ns: AtomicU64::new(0) };
+        let verifier =
+            Self { map: Mutex::new(VerifiedMap::new(map)?), ipv6_prefix: AtomicU8::new(0), ttl_ns: AtomicU64::new(0) };
         verifier.reconfigure(config);
         Ok(verifier)
     }
