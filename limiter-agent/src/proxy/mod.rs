@@ -99,7 +99,7 @@ impl<C: Clock> Proxy<C> {
     /// Serves until `shutdown` completes, then stops accepting, lets every in-flight
     /// request finish (idle keep-alive connections close at once) and returns.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
-        server::serve(&self.listener, &self.pipeline, self.on_accept.get().map(Arc::as_ref), shutdown).await;
+        server::serve(&self.listener, &self.pipeline, &self.on_accept, shutdown).await;
     }
 
     /// Applies a new config to new requests; limiter state of unchanged rules and

@@ -2,7 +2,14 @@
 //! drain on shutdown. hyper refuses malformed and ambiguous requests (400) before the
 //! pipeline sees them.
 
-use std::{convert::Infallible, future::poll_fn, net::SocketAddr, pin::Pin, sync::Arc, time::Duration};
+use std::{
+    convert::Infallible,
+    future::poll_fn,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
 use http::{Request, Response};
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};
@@ -26,7 +33,7 @@ type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, In
 pub(super) async fn serve<C: Clock>(
     listener: &TcpListener,
     pipeline: &Arc<Pipeline<C>>,
-    on_accept: Option<&dyn AcceptHook>,
+    on_accept: &OnceLock<Arc<dyn AcceptHook>>,
     shutdown: impl Future<Output = ()>,
 ) {
     let (stop, stopped) = watch::channel(());
@@ -37,7 +44,7 @@ pub(super) async fn serve<C: Clock>(
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    if let Some(hook) = on_accept {
+                    if let Some(hook) = on_accept.get() {
                         hook.accepted(peer.ip());
                     }
                     connections.spawn(connection(stream, peer, pipeline.clone(), stopped.clone()));
