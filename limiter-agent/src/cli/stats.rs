@@ -153,17 +153,30 @@ mod tests {
         let stats = |dropped: u64| {
             json!({
                 "xdp": {
-                    "attached": [{"interface": "eth0", "mode": "native"}],
+                    "attached": [{"interface": "eth0", "mode": "native"}, {"interface": "eth1", "mode": "generic", "fallback": true}],
                     "enforce": true,
                     "packets": {"dropped_rate_limit": dropped, "passed": 10},
                     "sources": {"tracked": 2, "capacity": 100},
+                    "new_sources": {"packets_per_second": 100, "burst": 200, "tokens": 5, "packets": 900, "dropped": 700},
+                    "syn": null,
+                    "aggregates": {"tracked": 3, "capacity": 65536},
+                    "verified": {"tracked": 1, "capacity": 65536},
                     "blocks": [{"cidr": "192.0.2.7/32", "expires_in_secs": 30}, {"cidr": "2001:db8::/48", "expires_in_secs": null}]
                 },
                 "proxy": null
             })
         };
         let table = render(&stats(3_000), Some(&stats(1_000)), 2.0);
-        assert!(table.starts_with("xdp: eth0 (native) · enforcing · sources 2/100\n"), "{table}");
+        assert!(
+            table.starts_with("xdp: eth0 (native), eth1 (generic, native refused) · enforcing · sources 2/100\n"),
+            "{table}"
+        );
+        assert!(
+            table.contains("  budget new_sources: 100 pps, burst 200, 5 tokens left, 700 of 900 refused\n"),
+            "{table}"
+        );
+        assert!(!table.contains("budget syn"), "{table}");
+        assert!(table.contains("  prefixes 3/65536 · verified 1/65536\n"), "{table}");
         assert!(table.contains("dropped_rate_limit             3000       1000.0/s"), "{table}");
         assert!(table.contains("passed                           10          0.0/s"), "{table}");
         assert!(table.contains("blocked 192.0.2.7/32 (30 s left)"), "{table}");
