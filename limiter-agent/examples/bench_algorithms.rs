@@ -14,16 +14,14 @@ use std::{
 };
 
 use governor::{Quota, RateLimiter};
-use limiter::{
-    config::proxy::{Algorithm, LimitSpec},
+use limiter_core::{
+    Algorithm, Clock as _, LimitSpec, SystemClock,
     limits::{
-        Clock as _, MemoryStore, Store as _, SystemClock, fixed_window, leaky_bucket, sliding_window_counter,
-        sliding_window_log,
-        store::{Bucket, Charge},
-        token_bucket,
+        Bucket, Charge, MemoryStore, Store as _, fixed_window, leaky_bucket, sliding_window_counter,
+        sliding_window_log, token_bucket,
     },
 };
-use serde_json::json;
+use limiter_lab::report::{AlgorithmRow, Algorithms};
 
 const LIMIT: u32 = 1000;
 
@@ -149,8 +147,14 @@ fn main() -> anyhow::Result<()> {
             }
             admitted
         });
-        rows.push(json!({"limiter": "governor (keyed, DashMap)", "algorithm": "governor", "threads": threads,
-            "decisions_per_second": rate, "admitted_fraction": admitted}));
+        rows.push(AlgorithmRow {
+            limiter: "governor (keyed, DashMap)".to_owned(),
+            algorithm: "governor".to_owned(),
+            threads,
+            decisions_per_second: rate,
+            admitted_fraction: admitted,
+            bare_decisions_per_second: None,
+        });
         for algorithm in algorithms {
             let spec = spec(algorithm);
             let store = MemoryStore::new(NonZeroUsize::new(1_000_000).unwrap_or(NonZeroUsize::MIN));
@@ -167,23 +171,23 @@ fn main() -> anyhow::Result<()> {
                 }
                 admitted
             });
-            let mut row = json!({"limiter": "limiter MemoryStore", "algorithm": name(algorithm), "threads": threads,
-                "decisions_per_second": rate, "admitted_fraction": admitted});
-            if threads == 1 {
-                row["bare_decisions_per_second"] = json!(bare(algorithm, &streams[0], keys));
-            }
-            rows.push(row);
+            rows.push(AlgorithmRow {
+                limiter: "limiter MemoryStore".to_owned(),
+                algorithm: name(algorithm).to_owned(),
+                threads,
+                decisions_per_second: rate,
+                admitted_fraction: admitted,
+                bare_decisions_per_second: (threads == 1).then(|| bare(algorithm, &streams[0], keys)),
+            });
         }
     }
-    println!(
-        "{}",
-        json!({
-            "keys": keys,
-            "decisions_per_thread": per_thread,
-            "limit_per_second": LIMIT,
-            "cores": std::thread::available_parallelism().map_or(1, usize::from),
-            "rows": rows,
-        })
-    );
+    let report = Algorithms {
+        keys,
+        decisions_per_thread: per_thread,
+        limit_per_second: LIMIT,
+        cores: std::thread::available_parallelism().map_or(1, usize::from),
+        rows,
+    };
+    println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

@@ -36,10 +36,12 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 use limiter::{
     config::xdp::{AttachMode, Ipv6Prefix, MalformedAction, PacketLimit, XdpConfig},
-    lab::netns::spawn_in_namespace,
     xdp::{Kernel, LoadOptions, attach},
 };
-use serde_json::json;
+use limiter_lab::{
+    netns::spawn_in_namespace,
+    report::{Flood, FloodRow},
+};
 
 const RX_NS: &str = "lbench-rx";
 const TX_NS: &str = "lbench-tx";
@@ -361,34 +363,32 @@ fn main() -> anyhow::Result<()> {
             limiter::xdp::detach_all(&pin_dir)?;
         }
         let outcome = outcome?;
-        rows.push(json!({
-            "filter": filter,
-            "flood_packets": outcome.packets,
-            "flood_seconds": outcome.flood_seconds,
-            "flood_packets_per_second": outcome.packets as f64 / outcome.flood_seconds,
-            "receiver_softirq_seconds": outcome.softirq_seconds,
-            "cpu0_system_seconds": outcome.system_seconds,
-            "softirq_ms_per_million_packets": outcome.softirq_seconds * 1e3 / (outcome.packets.max(1) as f64 / 1e6),
-            "dropped": dropped,
-            "admitted_share": outcome.packets.saturating_sub(dropped) as f64 / outcome.packets.max(1) as f64,
-            "xdp_program_ns_per_packet": program_ns,
-            "good_sent": outcome.good_sent,
-            "good_received": outcome.good_received,
-            "good_delivery": outcome.good_received as f64 / outcome.good_sent.max(1) as f64,
-        }));
+        rows.push(FloodRow {
+            filter: filter.to_owned(),
+            flood_packets: outcome.packets,
+            flood_seconds: outcome.flood_seconds,
+            flood_packets_per_second: outcome.packets as f64 / outcome.flood_seconds,
+            receiver_softirq_seconds: outcome.softirq_seconds,
+            cpu0_system_seconds: outcome.system_seconds,
+            softirq_ms_per_million_packets: outcome.softirq_seconds * 1e3 / (outcome.packets.max(1) as f64 / 1e6),
+            dropped,
+            admitted_share: outcome.packets.saturating_sub(dropped) as f64 / outcome.packets.max(1) as f64,
+            xdp_program_ns_per_packet: program_ns,
+            good_sent: outcome.good_sent,
+            good_received: outcome.good_received,
+            good_delivery: outcome.good_received as f64 / outcome.good_sent.max(1) as f64,
+        });
     }
-    println!(
-        "{}",
-        json!({
-            "flood_packets": count,
-            "spoofed_sources": sources,
-            "rate_per_source": rate,
-            "burst_per_source": rate,
-            "good_pps": good_pps,
-            "new_source_budget": NEW_SOURCE_BUDGET,
-            "idle_softirq_seconds_per_second": idle,
-            "rows": rows,
-        })
-    );
+    let report = Flood {
+        flood_packets: count,
+        spoofed_sources: sources,
+        rate_per_source: rate,
+        burst_per_source: rate,
+        good_pps,
+        new_source_budget: NEW_SOURCE_BUDGET,
+        idle_softirq_seconds_per_second: idle,
+        rows,
+    };
+    println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

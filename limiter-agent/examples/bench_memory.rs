@@ -16,15 +16,13 @@ use std::{
     time::Duration,
 };
 
-use limiter::{
-    config::proxy::{Algorithm, LimitSpec},
-    limits::{
-        MemoryStore, Store as _,
-        store::{Bucket, Charge},
-    },
-    xdp::{Kernel, LoadOptions},
+use anyhow::Context as _;
+use limiter::xdp::{Kernel, LoadOptions};
+use limiter_core::{
+    Algorithm, LimitSpec,
+    limits::{Bucket, Charge, MemoryStore, Store as _},
 };
-use serde_json::json;
+use limiter_lab::report::{KernelMemory, Memory, ProxyMemory};
 
 struct Counting;
 
@@ -77,7 +75,7 @@ fn proxy_bytes_per_key(algorithm: Algorithm, keys: usize) -> f64 {
     used as f64 / keys as f64
 }
 
-fn kernel_bytes_per_source(capacity: u32) -> anyhow::Result<serde_json::Value> {
+fn kernel_bytes_per_source(capacity: u32) -> anyhow::Result<KernelMemory> {
     let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-bench-mem-{}", std::process::id()));
     let kernel = Kernel::load(&LoadOptions::with_sources(pin_dir.clone(), capacity))?;
     let output = std::process::Command::new("bpftool")
@@ -88,15 +86,16 @@ fn kernel_bytes_per_source(capacity: u32) -> anyhow::Result<serde_json::Value> {
     limiter::xdp::detach_all(&pin_dir)?;
     let _ = std::fs::remove_dir_all(&pin_dir);
     let info: serde_json::Value = serde_json::from_slice(&output.stdout)?;
-    let memlock = info["bytes_memlock"].as_f64().unwrap_or(0.0);
-    Ok(json!({
-        "capacity": capacity,
-        "map_type": info["type"],
-        "key_bytes": info["bytes_key"],
-        "value_bytes": info["bytes_value"],
-        "bytes_memlock": memlock,
-        "bytes_per_source": memlock / f64::from(capacity),
-    }))
+    let field = |name: &str| info[name].as_u64().with_context(|| format!("bpftool gave no {name}: {info}"));
+    let memlock = field("bytes_memlock")? as f64;
+    Ok(KernelMemory {
+        capacity,
+        map_type: info["type"].as_str().unwrap_or_default().to_owned(),
+        key_bytes: field("bytes_key")?,
+        value_bytes: field("bytes_value")?,
+        bytes_memlock: memlock,
+        bytes_per_source: memlock / f64::from(capacity),
+    })
 }
 
 fn main() -> anyhow::Result<()> {
@@ -106,11 +105,9 @@ fn main() -> anyhow::Result<()> {
     let proxy: Vec<_> =
         [Algorithm::TokenBucket, Algorithm::FixedWindow, Algorithm::SlidingWindowLog, Algorithm::SlidingWindowCounter]
             .into_iter()
-            .map(
-                |a| json!({"algorithm": format!("{a:?}"), "keys": keys, "bytes_per_key": proxy_bytes_per_key(a, keys)}),
-            )
+            .map(|a| ProxyMemory { algorithm: format!("{a:?}"), keys, bytes_per_key: proxy_bytes_per_key(a, keys) })
             .collect();
     let kernel = kernel_bytes_per_source(sources)?;
-    println!("{}", json!({"proxy": proxy, "kernel": kernel}));
+    println!("{}", serde_json::to_string(&Memory { proxy, kernel })?);
     Ok(())
 }

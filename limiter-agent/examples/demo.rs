@@ -17,10 +17,11 @@ use std::{
 };
 
 use anyhow::Context as _;
-use limiter::{
-    lab::{netns::VethNamespace, traffic},
+use limiter_core::{
+    Clock as _, SystemClock,
     signature::{Canonical, sha256, sign_hex},
 };
+use limiter_lab::{netns::VethNamespace, traffic};
 
 const NS: &str = "lim-demo";
 const HOST_IF: &str = "lim-demo0";
@@ -294,7 +295,7 @@ fn header<'a>(response: &'a str, name: &str) -> &'a str {
 }
 
 fn signed(target: &str, body: &str, nonce: &str) -> Vec<(&'static str, String)> {
-    let timestamp = limiter::signature::unix_now().to_string();
+    let timestamp = SystemClock.now().as_secs().to_string();
     let canonical = Canonical {
         method: "POST",
         target,

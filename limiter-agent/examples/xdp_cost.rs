@@ -13,19 +13,7 @@ use limiter::{
     config::xdp::{AttachMode, CidrAction, CidrRule, Ipv6Prefix, MalformedAction, PacketLimit, XdpConfig},
     xdp::{Kernel, LoadOptions},
 };
-
-fn frame(source: Ipv4Addr) -> Vec<u8> {
-    let mut frame = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00];
-    let mut ip = [0u8; 28];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&28u16.to_be_bytes());
-    ip[8] = 64;
-    ip[9] = 17;
-    ip[12..16].copy_from_slice(&source.octets());
-    ip[16..20].copy_from_slice(&[192, 0, 2, 1]);
-    frame.extend_from_slice(&ip);
-    frame
-}
+use limiter_lab::{report::XdpCost, support::frames::udp4 as frame};
 
 /// Mean nanoseconds per run over `repeat` in-kernel repetitions.
 fn cost(program: &Xdp, data: &[u8], repeat: u32) -> f64 {
@@ -112,24 +100,22 @@ fn main() -> anyhow::Result<()> {
     drop(kernel);
     limiter::xdp::detach_all(&pin_dir)?;
 
-    println!(
-        "{}",
-        serde_json::json!({
-            "repeat": repeat,
-            "map_capacity": capacity,
-            "xdp_pass_floor_ns": floor,
-            "known_source_ns": known_source,
-            "new_source_full_map_ns": new_source_full_map,
-            "known_source_10k_cidrs_ns": with_cidrs,
-            "unknown_refused_by_budget_ns": unknown_refused_by_budget,
-            "unknown_refused_vs_known": unknown_refused_by_budget / known_source,
-            "known_source_with_budget_ns": known_source_with_budget,
-            "known_source_with_aggregate_ns": known_source_with_aggregate,
-            "known_source_vs_floor": known_source / floor,
-            "new_source_single_run_ns": new_source_single_run,
-            "single_run_overhead_ns": single_run_overhead,
-            "new_sources_measured": fresh,
-        })
-    );
+    let report = XdpCost {
+        repeat,
+        map_capacity: capacity,
+        xdp_pass_floor_ns: floor,
+        known_source_ns: known_source,
+        new_source_full_map_ns: new_source_full_map,
+        known_source_10k_cidrs_ns: with_cidrs,
+        known_source_vs_floor: known_source / floor,
+        new_source_single_run_ns: new_source_single_run,
+        single_run_overhead_ns: single_run_overhead,
+        new_sources_measured: fresh,
+        unknown_refused_by_budget_ns: unknown_refused_by_budget,
+        unknown_refused_vs_known: unknown_refused_by_budget / known_source,
+        known_source_with_budget_ns: known_source_with_budget,
+        known_source_with_aggregate_ns: known_source_with_aggregate,
+    };
+    println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

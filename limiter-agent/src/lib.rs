@@ -2,11 +2,11 @@
 //! the integration tests drive it directly.
 
 pub mod agent;
+pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod escalation;
 pub mod fleet;
-pub mod lab;
 pub mod limits;
 pub mod metrics;
 pub mod proxy;

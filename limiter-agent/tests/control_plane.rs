@@ -1,18 +1,19 @@
 //! The control plane against a real agent: reloads during a flood, rejected
 //! configs, a killed agent, runtime blocks, metrics and detaching.
 
-mod support;
-
 use std::{
     path::Path,
     process::Command,
     time::{Duration, Instant},
 };
 
-use limiter::lab::traffic;
 use limiter::xdp::{KernelMaps, monotonic_now_ns};
 use limiter_common::counters::Counter;
-use support::lab::XdpLab;
+use limiter_lab::{
+    netns::VethNamespace,
+    support::{unique, xdp_lab::XdpLab},
+    traffic,
+};
 
 fn limit(pps: u32, burst: u32) -> String {
     format!("[xdp.limit]\npackets_per_second = {pps}\nburst = {burst}\n")
@@ -287,8 +288,8 @@ fn detach_removes_program_links_and_pins() {
 #[test]
 fn a_reload_attaches_and_detaches_only_the_interfaces_that_changed() {
     let mut lab = XdpLab::start(1, "keep_attached_on_exit = false", &limit(1_000, 100));
-    let name = support::unique("lim-if-");
-    let second = limiter::lab::netns::VethNamespace::new(
+    let name = unique("lim-if-");
+    let second = VethNamespace::new(
         &name,
         &format!("{}h", &name[..name.len().min(13)]),
         "eth0",

@@ -1,23 +1,20 @@
 //! Escalation end to end: agents with the kernel layer on veths, a client in a
 //! namespace that keeps getting 429, and a Redis the agents share.
 
-mod common;
-mod support;
-
 use std::{
     io::{Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     time::{Duration, Instant},
 };
 
-use common::{
-    Upstream,
-    redis::{TestRedis, redis_keys, unique_prefix},
-};
-use limiter::lab::netns::{VethNamespace, in_namespace};
-use support::{
-    agent::{AgentProcess, agent_section},
-    unique,
+use limiter_lab::{
+    netns::{VethNamespace, in_namespace},
+    support::{
+        agent::{AgentProcess, agent_section},
+        proxy::Upstream,
+        redis::{TestRedis, redis_keys, unique_prefix},
+        unique,
+    },
 };
 
 const BLOCK_TTL: Duration = Duration::from_secs(2);

@@ -1,8 +1,6 @@
 //! The XDP program through `BPF_PROG_TEST_RUN`: hand-built frames in, verdict and
 //! counters out. Needs root (loads a real program into this kernel).
 
-mod support;
-
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
     time::{Duration, Instant},
@@ -11,13 +9,12 @@ use std::{
 use aya::programs::{TestRun as _, TestRunOptions};
 use limiter::xdp::monotonic_now_ns;
 use limiter_common::{addr::v4_mapped, maps::SourceKey};
-use support::{
-    TestKernel,
+use limiter_lab::support::{
     frames::{
         ETH_P_8021AD, ETH_P_8021Q, ETH_P_ARP, ETH_P_IPV4, ETH_P_IPV6, IPPROTO_ICMPV6, IPPROTO_UDP, ethernet, extension,
         ipv4, ipv6, tagged, udp4, udp6,
     },
-    xdp_config,
+    kernel::{TestKernel, xdp_config},
 };
 
 const XDP_DROP: u32 = 1;

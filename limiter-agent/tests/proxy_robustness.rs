@@ -2,12 +2,10 @@
 //! a dead upstream, hop-by-hop headers and shutdown: raw TCP where a real client
 //! would refuse to send such bytes.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{PROXY_HEAD, RunningProxy, TestClient, Upstream, raw_exchange, read_to_close};
 use http::{Method, StatusCode};
+use limiter_lab::support::proxy::{PROXY_HEAD, RunningProxy, TestClient, Upstream, raw_exchange, read_to_close};
 use tokio::{io::AsyncWriteExt, net::TcpStream};
 
 fn with_body_limit(limit: u32) -> String {

@@ -1,16 +1,21 @@
 //! Signed routes through the proxy: verification, replays, rotation, the per-IP
 //! charge for failures, and idempotency keys.
 
-mod common;
-
 use std::{
     path::PathBuf,
     sync::atomic::{AtomicUsize, Ordering},
 };
 
-use common::{PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream};
 use http::{Method, StatusCode};
-use limiter::signature::{Canonical, sha256, sign_hex, unix_now};
+use limiter_core::{
+    Clock as _, SystemClock,
+    signature::{Canonical, sha256, sign_hex},
+};
+use limiter_lab::support::proxy::{PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream};
+
+fn unix_now() -> u64 {
+    SystemClock.now().as_secs()
+}
 
 const SECRET: &[u8] = b"k-pay-secret";
 const NEW_SECRET: &[u8] = b"k-pay-secret-2";

@@ -2,9 +2,6 @@
 //! bounded `hping3 --rand-source` flood from one namespace, a calm UDP source in the
 //! same namespace and an HTTP client in the other. Needs root and hping3.
 
-mod common;
-mod support;
-
 use std::{
     io::{Read as _, Write as _},
     net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
@@ -15,18 +12,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::Upstream;
-use limiter::{
-    lab::{
-        netns::{VethNamespace, spawn_in_namespace},
-        traffic,
-    },
-    xdp::{KernelMaps, source_key},
-};
+use limiter::xdp::{KernelMaps, source_key};
 use limiter_common::counters::Counter;
-use support::{
-    agent::{AgentProcess, agent_section},
-    unique,
+use limiter_lab::{
+    netns::{VethNamespace, spawn_in_namespace},
+    support::{
+        agent::{AgentProcess, agent_section},
+        proxy::Upstream,
+        unique,
+    },
+    traffic,
 };
 
 /// Packets each flood sends: bounded in count, and in time by `FLOOD_TIMEOUT`.

@@ -2,8 +2,6 @@
 //! new-source budget, prefix aggregates, verified sources and the SYN budget.
 //! Needs root.
 
-mod support;
-
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     time::{Duration, Instant},
@@ -16,10 +14,9 @@ use limiter_common::{
     counters::Counter,
     maps::{BUDGET_NEW_SOURCES, BUDGET_SYN, SourceKey},
 };
-use support::{
-    TestKernel,
+use limiter_lab::support::{
     frames::{ETH_P_IPV4, ethernet, ipv4, udp4, udp6},
-    xdp_config,
+    kernel::{TestKernel, xdp_config},
 };
 
 const XDP_DROP: u32 = 1;

@@ -2,8 +2,6 @@
 //! veth that only a multi-buffer (`xdp.frags`) program may attach to natively.
 //! Needs root.
 
-mod support;
-
 use std::{
     net::{Ipv4Addr, UdpSocket},
     time::Duration,
@@ -11,11 +9,16 @@ use std::{
 
 use limiter::{
     config::xdp::AttachMode,
-    lab::netns::{VethNamespace, in_namespace, ip},
     xdp::{self, AttachedMode, XdpError},
 };
 use limiter_common::counters::Counter;
-use support::{TestKernel, unique, xdp_config};
+use limiter_lab::{
+    netns::{VethNamespace, in_namespace, ip},
+    support::{
+        kernel::{TestKernel, xdp_config},
+        unique,
+    },
+};
 
 /// A namespace whose loopback stands for a device without native XDP: `lo`'s
 /// driver has none (unlike veth), and a namespace gives each test its own.

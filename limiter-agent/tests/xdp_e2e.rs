@@ -1,11 +1,8 @@
 //! The agent attached to a real veth, with real UDP traffic from a namespace.
 
-mod support;
-
 use std::time::Duration;
 
-use limiter::lab::traffic;
-use support::lab::XdpLab;
+use limiter_lab::{support::xdp_lab::XdpLab, traffic};
 
 const RATE: u64 = 1_000;
 const BURST: u64 = 100;

@@ -25,14 +25,43 @@ pub use self::{
     reload::ReloadError,
     xdp::XdpRuntime,
 };
+use limiter_core::{Clock as _, SystemClock};
+
 use crate::{
-    config::{Config, proxy::StoreKind},
+    config::{self, Config, ConfigError, proxy::StoreKind},
     escalation::{self, Escalation, Escalator},
     fleet::Fleet,
-    limits::SystemClock,
     metrics::{AgentGauges, MetricsSources},
     proxy::Proxy,
+    signature::KeySecrets,
 };
+
+/// A config and the secrets it references, read in the agent's environment: what
+/// `limiter run` and `limiter check` start from and a reload applies.
+#[derive(Clone, Debug, Default)]
+pub struct LoadedConfig {
+    pub config: Config,
+    pub secrets: KeySecrets,
+}
+
+impl LoadedConfig {
+    /// Reads the config at `path`, then every secret it references.
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        Self::parse(&config::read(path)?, path)
+    }
+
+    /// Parses config text, then reads every secret it references: a missing or
+    /// unreadable secret is a config error at its key's line.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let config = Config::parse(text, path)?;
+        let secrets = match &config.proxy {
+            Some(proxy) => KeySecrets::load(proxy)
+                .map_err(|error| ConfigError::at_key(text, path, error.key, error.source.to_string()))?,
+            None => KeySecrets::default(),
+        };
+        Ok(Self { config, secrets })
+    }
+}
 
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -70,8 +99,8 @@ struct ProxyRuntime {
 }
 
 impl ProxyRuntime {
-    async fn start(config: &crate::config::ProxyConfig) -> Result<Self, AgentError> {
-        let proxy = Arc::new(Proxy::bind(Arc::new(config.clone()), SystemClock).await?);
+    async fn start(config: &crate::config::ProxyConfig, secrets: &KeySecrets) -> Result<Self, AgentError> {
+        let proxy = Arc::new(Proxy::bind(Arc::new(config.clone()), secrets.clone(), SystemClock).await?);
         tracing::info!(listen = %proxy.local_addr(), upstream = %config.upstream, "proxy serving");
         let stop = Arc::new(Notify::new());
         let task = tokio::spawn({
@@ -98,6 +127,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Agent {
     config_path: PathBuf,
     config: Config,
+    /// The secrets `config` references, as read when it was applied.
+    secrets: KeySecrets,
     /// The file's text when last applied, to notice edits.
     applied_text: Option<String>,
     xdp: Option<XdpRuntime>,
@@ -124,13 +155,14 @@ const ESCALATION_QUEUE: usize = 1024;
 
 impl Agent {
     /// Puts `config` in force: loads and attaches the kernel layer, binds the proxy.
-    pub async fn start(config_path: PathBuf, config: Config) -> Result<Self, AgentError> {
+    pub async fn start(config_path: PathBuf, loaded: LoadedConfig) -> Result<Self, AgentError> {
+        let LoadedConfig { config, secrets } = loaded;
         let xdp = match &config.xdp {
             Some(xdp) => Some(XdpRuntime::start(&config, xdp)?),
             None => None,
         };
         let proxy = match &config.proxy {
-            Some(proxy) => Some(ProxyRuntime::start(proxy).await?),
+            Some(proxy) => Some(ProxyRuntime::start(proxy, &secrets).await?),
             None => None,
         };
         let escalation = match (&proxy, &config.proxy, &xdp) {
@@ -140,8 +172,17 @@ impl Agent {
             _ => None,
         };
         let applied_text = std::fs::read_to_string(&config_path).ok();
-        let mut agent =
-            Self { config_path, config, applied_text, xdp, proxy, gauges: Arc::default(), escalation, verifier: None };
+        let mut agent = Self {
+            config_path,
+            config,
+            secrets,
+            applied_text,
+            xdp,
+            proxy,
+            gauges: Arc::default(),
+            escalation,
+            verifier: None,
+        };
         agent.connect_verifier()?;
         agent.publish_attachments();
         Ok(agent)
@@ -199,7 +240,7 @@ impl Agent {
                 tracing::error!(%error, "config rejected; the running config stays in force");
             }
         }
-        self.gauges.last_reload_unix.store(crate::signature::unix_now(), Ordering::Relaxed);
+        self.gauges.last_reload_unix.store(SystemClock.now().as_secs(), Ordering::Relaxed);
         self.publish_attachments();
         result
     }
@@ -209,13 +250,16 @@ impl Agent {
             ReloadError::Invalid(crate::config::ConfigError::Read { path: path.to_owned(), source })
         })?;
         // Secrets are read here, in the agent's environment, not the CLI's.
-        let new = Config::parse_and_load_secrets(&text, path)?;
+        let LoadedConfig { config: new, secrets } = LoadedConfig::parse(&text, path)?;
         reload::check_restartless(&self.config, &new)?;
         let mut changes = Vec::new();
         // The proxy first: its reconfigure is all or nothing, and it is undone below
         // if the kernel layer then fails.
         if let (Some(runtime), Some(proxy)) = (&self.proxy, &new.proxy) {
-            runtime.proxy.reconfigure(Arc::new(proxy.clone())).map_err(|e| ReloadError::Proxy(e.to_string()))?;
+            runtime
+                .proxy
+                .reconfigure(Arc::new(proxy.clone()), secrets.clone())
+                .map_err(|e| ReloadError::Proxy(e.to_string()))?;
             if let Some(old) = &self.config.proxy {
                 changes.extend(reload::describe_proxy(old, proxy));
             }
@@ -224,7 +268,7 @@ impl Agent {
             Ok(()) => {}
             Err(error) => {
                 if let (Some(runtime), Some(old)) = (&self.proxy, &self.config.proxy) {
-                    let _ = runtime.proxy.reconfigure(Arc::new(old.clone()));
+                    let _ = runtime.proxy.reconfigure(Arc::new(old.clone()), self.secrets.clone());
                 }
                 return Err(error);
             }
@@ -239,6 +283,7 @@ impl Agent {
             changes.push("no changes".to_owned());
         }
         self.config = new;
+        self.secrets = secrets;
         if let Err(error) = self.connect_verifier() {
             tracing::warn!(%error, "the proxy cannot mark its clients verified");
         }
@@ -351,10 +396,10 @@ impl Agent {
 const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Runs the agent until SIGTERM/SIGINT (or `limiter detach`).
-pub async fn run(config_path: PathBuf, config: Config) -> Result<(), AgentError> {
-    let socket_path = config.agent.admin_socket.clone();
-    let metrics_addr = config.agent.metrics;
-    let mut agent = Agent::start(config_path, config).await?;
+pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), AgentError> {
+    let socket_path = loaded.config.agent.admin_socket.clone();
+    let metrics_addr = loaded.config.agent.metrics;
+    let mut agent = Agent::start(config_path, loaded).await?;
     if let Some(logger) = agent.xdp.as_mut().and_then(|x| x.kernel.take_logger()) {
         spawn_log_reader(logger);
     }

@@ -3,10 +3,11 @@
 //! new interfaces first (undone if one fails), settings and CIDRs in place (no
 //! bucket is refilled, no program reloaded), removed interfaces last.
 
+use limiter_core::LimitSpec;
+
 use crate::{
     config::{
         Config, ProxyConfig,
-        proxy::LimitSpec,
         xdp::{PacketLimit, XdpConfig},
     },
     xdp::CidrChanges,

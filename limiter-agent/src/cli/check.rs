@@ -2,11 +2,11 @@
 
 use std::{path::Path, process::ExitCode};
 
-use crate::config::Config;
+use crate::agent::LoadedConfig;
 
 pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
-    match Config::load_with_secrets(path) {
-        Ok(config) => {
+    match LoadedConfig::read(path) {
+        Ok(LoadedConfig { config, .. }) => {
             let layers = [config.xdp.is_some().then_some("xdp"), config.proxy.is_some().then_some("proxy")];
             let layers: Vec<&str> = layers.into_iter().flatten().collect();
             println!(

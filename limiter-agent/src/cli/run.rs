@@ -2,19 +2,19 @@
 
 use std::{path::Path, process::ExitCode};
 
-use crate::config::{Config, agent::LogFormat};
+use crate::{agent::LoadedConfig, config::agent::LogFormat};
 
 pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
-    let config = match Config::load_with_secrets(path) {
-        Ok(config) => config,
+    let loaded = match LoadedConfig::read(path) {
+        Ok(loaded) => loaded,
         Err(error) => {
             eprintln!("{error}");
             return Ok(ExitCode::FAILURE);
         }
     };
-    init_logging(config.agent.log_format);
+    init_logging(loaded.config.agent.log_format);
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(crate::agent::run(path.to_owned(), config))?;
+    runtime.block_on(crate::agent::run(path.to_owned(), loaded))?;
     Ok(ExitCode::SUCCESS)
 }
 

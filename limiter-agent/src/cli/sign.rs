@@ -10,9 +10,12 @@ use anyhow::{Context as _, bail, ensure};
 use http::Method;
 use http::uri::{PathAndQuery, Uri};
 
-use crate::signature::canonical::{Canonical, sha256, sign_hex};
+use limiter_core::{
+    Clock as _, SystemClock,
+    signature::{Canonical, sha256, sign_hex},
+};
+
 use crate::signature::secrets::read_secret_file;
-use crate::signature::unix_now;
 
 /// Arguments of `limiter sign`.
 #[derive(Debug, Clone, clap::Args)]
@@ -54,7 +57,7 @@ pub fn run(args: SignArgs) -> anyhow::Result<()> {
         None => Vec::new(),
     };
     let nonce = args.nonce.then(random_nonce).transpose()?;
-    let timestamp = args.timestamp.unwrap_or_else(unix_now);
+    let timestamp = args.timestamp.unwrap_or_else(|| SystemClock.now().as_secs());
     print!("{}", render(&args, &secret, &body, timestamp, nonce.as_deref())?);
     Ok(())
 }
@@ -138,13 +141,12 @@ fn random_nonce() -> anyhow::Result<String> {
 mod tests {
     #![expect(clippy::unwrap_used, reason = "tests fail loudly")]
 
-    use std::sync::Arc;
     use std::time::Duration;
 
     use http::{HeaderMap, HeaderName, HeaderValue};
+    use limiter_core::signature::{SignedRequest, Verifier};
 
     use super::*;
-    use crate::signature::{ReplayCache, SignedRequest, Verifier};
 
     const TS: u64 = 1_700_000_000;
 
@@ -185,7 +187,7 @@ mod tests {
 
     #[test]
     fn output_is_accepted_by_the_verifier() {
-        let verifier = Verifier::new([("k-free-1".to_owned(), vec![b"s".to_vec()])], Arc::new(ReplayCache::new(10)));
+        let verifier = Verifier::new([("k-free-1".to_owned(), vec![b"s".to_vec()])]);
         for nonce in [None, Some(random_nonce().unwrap())] {
             let a = args("PATCH", "/v1/x?y=%2F", None, None);
             let headers = parse_headers(&render(&a, b"s", b"payload", TS, nonce.as_deref()).unwrap());
@@ -197,7 +199,7 @@ mod tests {
                 headers: &headers,
                 body_sha256: &digest,
             };
-            verifier.verify(&req, TS + 5, Duration::from_secs(300)).unwrap();
+            verifier.authenticate(&req, TS + 5, Duration::from_secs(300)).unwrap();
         }
     }
 

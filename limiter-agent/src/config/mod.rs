@@ -52,36 +52,11 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// Reads and validates the config at `path`; secrets are not read (commands
-    /// that only need the pin directory or the socket must not need them).
+    /// Reads and validates the config at `path`. Secrets are not read: parsing does
+    /// no I/O beyond the file, and commands that only need the pin directory or the
+    /// socket must not need them (see `agent::load_with_secrets`).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         Self::parse(&read(path)?, path)
-    }
-
-    /// [`Config::load`], and every secret it references must be readable: what
-    /// `limiter run` and `limiter check` use.
-    pub fn load_with_secrets(path: &Path) -> Result<Self, ConfigError> {
-        Self::parse_and_load_secrets(&read(path)?, path)
-    }
-
-    /// [`Config::parse`], then reads every `file:`/`env:` secret reference: a
-    /// missing or unreadable secret is a config error at its key's line.
-    pub fn parse_and_load_secrets(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let config = Self::parse(text, path)?;
-        for (i, key) in config.proxy.iter().flat_map(|p| p.keys.iter()).enumerate() {
-            for reference in &key.secrets {
-                if let Err(error) = crate::signature::load_secret(reference) {
-                    let key = format!("proxy.keys[{i}].secrets");
-                    return Err(ConfigError::Invalid {
-                        path: path.to_owned(),
-                        line: line_of(text, &key),
-                        key,
-                        message: error.to_string(),
-                    });
-                }
-            }
-        }
-        Ok(config)
     }
 
     /// Validates config text; `path` only names the file in errors.
@@ -95,12 +70,7 @@ impl Config {
             }
             ConfigError::Invalid { path: path.to_owned(), line, key, message: error.message().trim().to_owned() }
         })?;
-        config.validate().map_err(|(key, message)| ConfigError::Invalid {
-            path: path.to_owned(),
-            line: line_of(text, &key),
-            key,
-            message,
-        })?;
+        config.validate().map_err(|(key, message)| ConfigError::at_key(text, path, key, message))?;
         Ok(config)
     }
 
@@ -122,7 +92,17 @@ impl Config {
     }
 }
 
-fn read(path: &Path) -> Result<String, ConfigError> {
+impl ConfigError {
+    /// A mistake at the dotted `key` of the config `text` read from `path`, found at
+    /// its line.
+    #[must_use]
+    pub fn at_key(text: &str, path: &Path, key: String, message: String) -> Self {
+        Self::Invalid { path: path.to_owned(), line: line_of(text, &key), key, message }
+    }
+}
+
+/// The text of the config at `path`.
+pub fn read(path: &Path) -> Result<String, ConfigError> {
     fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })
 }
 

@@ -8,6 +8,7 @@ use std::{
 };
 
 use ipnet::IpNet;
+use limiter_core::{Algorithm, LimitSpec, SpecError, spec::LimitOptions};
 use serde::{Deserialize, Deserializer, de};
 
 use super::{units::HumanDuration, xdp::parse_cidr};
@@ -53,7 +54,7 @@ pub struct ProxyConfig {
     /// What a rule does with a request that lacks its key (no API key, no header).
     #[serde(default)]
     pub missing_key: MissingKey,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "plans")]
     pub plans: BTreeMap<String, LimitSpec>,
     #[serde(default)]
     pub keys: Vec<ApiKey>,
@@ -92,47 +93,12 @@ pub enum MissingKey {
     Reject,
 }
 
-/// The algorithm of a rule or plan.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Hash)]
-#[serde(rename_all = "snake_case")]
-pub enum Algorithm {
-    TokenBucket,
-    LeakyBucket,
-    FixedWindow,
-    SlidingWindowLog,
-    #[default]
-    SlidingWindowCounter,
-}
-
-/// A limit: `limit` requests per `window` by `algorithm`, optionally with a throttle
-/// band, a burst (token bucket) or a queue (leaky bucket as a shaper).
-///
-/// This is a plan's whole record, and the limit part of a rule.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Hash)]
-#[serde(deny_unknown_fields, try_from = "RawLimit")]
-pub struct LimitSpec {
-    pub algorithm: Algorithm,
-    pub limit: NonZeroU32,
-    pub window: Duration,
-    /// Token bucket: back-to-back capacity (default `limit`).
-    pub burst: Option<NonZeroU32>,
-    /// Requests past this many in the window are delayed by `throttle_delay`.
-    pub throttle: Option<Throttle>,
-    /// Leaky bucket: hold up to this many requests and release them at the rate.
-    pub queue: Option<NonZeroU32>,
-}
-
-/// The delay band below the hard limit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Throttle {
-    pub from: u32,
-    pub delay: Duration,
-}
-
+/// A limit as written in the config: a plan's whole record, and the limit part of
+/// a rule; checked into a [`LimitSpec`].
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawLimit {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "algorithm")]
     algorithm: Algorithm,
     limit: NonZeroU32,
     window: HumanDuration,
@@ -142,46 +108,39 @@ struct RawLimit {
     queue: Option<NonZeroU32>,
 }
 
-impl TryFrom<RawLimit> for LimitSpec {
-    type Error = String;
-
-    fn try_from(raw: RawLimit) -> Result<Self, String> {
-        limit_spec(raw)
+impl RawLimit {
+    fn into_spec(self) -> Result<LimitSpec, SpecError> {
+        let options = LimitOptions {
+            burst: self.burst,
+            throttle_from: self.throttle_from,
+            throttle_delay: self.throttle_delay.map(|d| d.0),
+            queue: self.queue,
+        };
+        LimitSpec::new(self.algorithm, self.limit, self.window.0, options)
     }
 }
 
-fn limit_spec(raw: RawLimit) -> Result<LimitSpec, String> {
-    if raw.window.0.is_zero() {
-        return Err("window must be longer than 0".to_owned());
+/// One `[proxy.plans.NAME]` record; serde needs a type of the config's own to hang
+/// the check on, so that a refusal keeps the plan's line.
+#[derive(Deserialize)]
+#[serde(try_from = "RawLimit")]
+struct Plan(LimitSpec);
+
+impl TryFrom<RawLimit> for Plan {
+    type Error = SpecError;
+
+    fn try_from(raw: RawLimit) -> Result<Self, SpecError> {
+        raw.into_spec().map(Self)
     }
-    let throttle = match (raw.throttle_from, raw.throttle_delay) {
-        (None, None) => None,
-        (Some(from), Some(delay)) if from < raw.limit.get() && !delay.0.is_zero() => {
-            Some(Throttle { from, delay: delay.0 })
-        }
-        (Some(from), Some(_)) if from >= raw.limit.get() => {
-            return Err(format!("throttle_from = {from} must be below limit = {}", raw.limit));
-        }
-        (Some(_), Some(_)) => return Err("throttle_delay must be longer than 0".to_owned()),
-        _ => return Err("throttle_from and throttle_delay go together".to_owned()),
-    };
-    if raw.burst.is_some() && raw.algorithm != Algorithm::TokenBucket {
-        return Err("burst only applies to algorithm = \"token_bucket\"".to_owned());
-    }
-    if raw.queue.is_some() && raw.algorithm != Algorithm::LeakyBucket {
-        return Err("queue only applies to algorithm = \"leaky_bucket\"".to_owned());
-    }
-    if raw.queue.is_some() && throttle.is_some() {
-        return Err("a queue already delays requests: drop throttle_from/throttle_delay".to_owned());
-    }
-    Ok(LimitSpec {
-        algorithm: raw.algorithm,
-        limit: raw.limit,
-        window: raw.window.0,
-        burst: raw.burst,
-        throttle,
-        queue: raw.queue,
-    })
+}
+
+fn plans<'de, D: Deserializer<'de>>(deserializer: D) -> Result<BTreeMap<String, LimitSpec>, D::Error> {
+    let plans = BTreeMap::<String, Plan>::deserialize(deserializer)?;
+    Ok(plans.into_iter().map(|(name, Plan(spec))| (name, spec)).collect())
+}
+
+fn algorithm<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Algorithm, D::Error> {
+    String::deserialize(deserializer)?.parse().map_err(de::Error::custom)
 }
 
 /// One `[[proxy.keys]]`: an API key, its plan and its signing secrets.
@@ -261,7 +220,7 @@ struct RawRule {
     key: KeySpec,
     #[serde(default)]
     require_signature: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "algorithm")]
     algorithm: Algorithm,
     limit: NonZeroU32,
     window: HumanDuration,
@@ -292,7 +251,7 @@ impl TryFrom<RawRule> for Rule {
                     .map_err(|_| in_rule(format!("`{m}` is not an HTTP method")))
             })
             .collect::<Result<_, _>>()?;
-        let limit = limit_spec(RawLimit {
+        let limit = RawLimit {
             algorithm: raw.algorithm,
             limit: raw.limit,
             window: raw.window,
@@ -300,8 +259,9 @@ impl TryFrom<RawRule> for Rule {
             throttle_from: raw.throttle_from,
             throttle_delay: raw.throttle_delay,
             queue: raw.queue,
-        })
-        .map_err(in_rule)?;
+        }
+        .into_spec()
+        .map_err(|error| in_rule(error.to_string()))?;
         if raw.require_signature && raw.key.by != KeyKind::ApiKey {
             return Err(in_rule("require_signature needs key = \"api_key\" (or \"api_key+route\")".to_owned()));
         }
@@ -388,7 +348,7 @@ impl ProxyConfig {
             let rules = self.rules.iter().enumerate().map(|(i, rule)| (format!("proxy.rules[{i}].limit"), &rule.limit));
             let plans = self.plans.iter().map(|(name, spec)| (format!("proxy.plans.{name}.limit"), spec));
             for (key, spec) in rules.chain(plans) {
-                crate::limits::redis::check_exact(spec).map_err(|message| (key, message))?;
+                spec.check_exact_in_doubles().map_err(|error| (key, error.to_string()))?;
             }
         }
         Ok(())

@@ -1,6 +1,8 @@
 use std::{num::NonZeroU32, path::Path, time::Duration};
 
-use super::{Config, ConfigError, proxy::Algorithm, xdp::CidrAction};
+use limiter_core::Algorithm;
+
+use super::{Config, ConfigError, xdp::CidrAction};
 
 const EXAMPLE: &str = include_str!("../../../config/limiter.toml");
 
@@ -129,7 +131,7 @@ fn throttle_band_must_sit_below_the_limit() {
 
 #[test]
 fn missing_secret_is_a_config_error_at_its_line() {
-    let error = Config::parse_and_load_secrets(EXAMPLE, Path::new("test.toml")).expect_err("no such secret file");
+    let error = crate::agent::LoadedConfig::parse(EXAMPLE, Path::new("test.toml")).expect_err("no such secret file");
     let ConfigError::Invalid { line, key, message, .. } = error else { panic!("{error:?}") };
     assert_eq!(key, "proxy.keys[0].secrets");
     assert!(message.contains("/etc/limiter/keys/k-free-1"), "{message}");

@@ -26,17 +26,14 @@ use ipnet::IpNet;
 use redis::Script;
 use tokio::sync::mpsc;
 
+use limiter_core::{
+    Algorithm, Clock as _, LimitSpec, SystemClock,
+    limits::{Bucket, Charge, MemoryStore, Store as _},
+};
+
 use crate::{
-    config::{
-        Config,
-        proxy::{Algorithm, LimitSpec},
-        xdp::CidrAction,
-    },
+    config::{Config, xdp::CidrAction},
     fleet::{Fleet, FleetError, MAX_BACKOFF, MIN_BACKOFF},
-    limits::{
-        Clock, MemoryStore, Store, SystemClock,
-        store::{Bucket, Charge},
-    },
 };
 
 /// Sources whose rejections are counted at once; beyond it the store evicts the

@@ -34,13 +34,15 @@ use std::{
 
 use sha2::{Digest, Sha256};
 
-use super::{
-    clock::{Clock, to_nanos},
-    outcome::{Outcome, Quota},
-    redis::RedisStore,
-    store::{Bucket, Charge, MemoryStore, Store},
+use limiter_core::{
+    Clock, LimitSpec,
+    limits::{Bucket, Charge, Outcome, Quota},
 };
-use crate::config::proxy::{KeyKind, KeySpec, LimitSpec, MissingKey, ProxyConfig, Rule, StoreFailure};
+
+use crate::{
+    backend::Stores,
+    config::proxy::{KeyKind, KeySpec, MissingKey, ProxyConfig, Rule, StoreFailure},
+};
 
 /// The key of a rule's shared bucket for requests without its key.
 pub const MISSING_KEY: &str = "<missing>";
@@ -114,16 +116,8 @@ pub struct PolicyStatus {
 pub struct Engine<C: Clock> {
     clock: C,
     policies: RwLock<Arc<Policies>>,
-    store: Backend,
-}
-
-/// Where the buckets live: a closed set, so that the memory store is called
-/// directly, with no future to box.
-#[derive(Debug)]
-enum Backend {
-    Memory(MemoryStore),
-    /// Boxed: the connection is large beside the memory store's handful of words.
-    Redis(Box<RedisStore>),
+    /// The buckets are `stores.limits`.
+    stores: Arc<Stores>,
 }
 
 /// A limit with a name and the identity its state is stored under.
@@ -143,7 +137,7 @@ impl Policy {
             "{kind} {name:?} by {}{route} {:?} {}ns",
             key_kind_name(&key.by),
             spec.algorithm,
-            to_nanos(spec.window)
+            spec.window.as_nanos()
         );
         Self { name: name.to_owned(), identity: identity.into(), spec: spec.clone() }
     }
@@ -242,21 +236,11 @@ impl Policies {
 type Counted<'p> = Result<Vec<(&'p Policy, String)>, Verdict>;
 
 impl<C: Clock> Engine<C> {
-    /// An engine keeping its buckets in memory.
+    /// An engine keeping its buckets in `stores.limits`; while a Redis store is
+    /// unreachable, decisions follow `store_failure`.
     #[must_use]
-    pub fn new(config: &ProxyConfig, clock: C) -> Self {
-        Self::with_backend(config, clock, Backend::Memory(MemoryStore::new(config.max_tracked_keys)))
-    }
-
-    /// An engine keeping its buckets in Redis; while Redis is unreachable, decisions
-    /// follow `store_failure`.
-    #[must_use]
-    pub fn with_redis(config: &ProxyConfig, clock: C, store: RedisStore) -> Self {
-        Self::with_backend(config, clock, Backend::Redis(Box::new(store)))
-    }
-
-    fn with_backend(config: &ProxyConfig, clock: C, store: Backend) -> Self {
-        Self { clock, policies: RwLock::new(Arc::new(Policies::new(config))), store }
+    pub fn new(config: &ProxyConfig, clock: C, stores: Arc<Stores>) -> Self {
+        Self { clock, policies: RwLock::new(Arc::new(Policies::new(config))), stores }
     }
 
     /// Swaps rules and plans. State of the rules and plans whose identity (name, key
@@ -266,13 +250,9 @@ impl<C: Clock> Engine<C> {
         let policies = Arc::new(Policies::new(config));
         let live = policies.identities();
         *self.policies.write().unwrap_or_else(PoisonError::into_inner) = policies;
-        // Redis drops the buckets of a gone policy by itself: they expire once full.
-        if let Backend::Memory(store) = &self.store {
-            store.set_capacity(config.max_tracked_keys);
-            // A request still deciding on the old policies may recreate a dropped
-            // bucket after this; it is then an orphan that fills up and is evicted first.
-            store.retain_policies(&|identity| live.contains(identity));
-        }
+        // A request still deciding on the old policies may recreate a dropped bucket
+        // after this; it is then an orphan that fills up and is evicted first.
+        self.stores.limits.reconfigure(config.max_tracked_keys, &|identity| live.contains(identity));
     }
 
     /// Checks every matching rule and the key's plan; if none rejects, charges all of
@@ -337,23 +317,16 @@ impl<C: Clock> Engine<C> {
         self.snapshot().keys.get(api_key).cloned()
     }
 
-    /// Buckets holding state.
+    /// Buckets holding state (see [`crate::backend::Limits::tracked_keys`]).
     #[must_use]
     pub fn tracked_keys(&self) -> usize {
-        match &self.store {
-            Backend::Memory(store) => store.tracked_keys(),
-            // Counting them would take a scan of the shared server.
-            Backend::Redis(_) => 0,
-        }
+        self.stores.limits.tracked_keys()
     }
 
     /// Buckets evicted to stay within `max_tracked_keys`, since the start.
     #[must_use]
     pub fn evictions(&self) -> u64 {
-        match &self.store {
-            Backend::Memory(store) => store.evictions(),
-            Backend::Redis(_) => 0,
-        }
+        self.stores.limits.evictions()
     }
 
     fn snapshot(&self) -> Arc<Policies> {
@@ -365,16 +338,13 @@ impl<C: Clock> Engine<C> {
     async fn apply(&self, counted: &[(&Policy, String)], charge: Charge) -> Option<Vec<Outcome>> {
         let buckets: Vec<Bucket<'_>> =
             counted.iter().map(|(policy, key)| Bucket { policy: &policy.identity, key, spec: &policy.spec }).collect();
-        match &self.store {
-            Backend::Memory(store) => Some(store.apply(&buckets, self.clock.now(), charge)),
-            Backend::Redis(store) => match store.apply(&buckets, self.clock.now(), charge).await {
-                Ok(outcomes) => Some(outcomes),
-                Err(error) => {
-                    store.fleet().count_failure();
-                    tracing::debug!(%error, "limits store unreachable");
-                    None
-                }
-            },
+        match self.stores.limits.apply(&buckets, self.clock.now(), charge).await {
+            Ok(outcomes) => Some(outcomes),
+            Err(error) => {
+                self.stores.count_failure();
+                tracing::debug!(%error, "limits store unreachable");
+                None
+            }
         }
     }
 }

@@ -1,11 +1,13 @@
-//! Per-key request limits for the proxy: one module per algorithm, all generic over
-//! a [`Clock`], and the engine that turns rules and plans into one decision.
+//! Per-key request limits for the proxy: the engine that turns rules and plans into
+//! one decision, over the algorithms and the memory store of `limiter_core`, or over
+//! the fleet's Redis.
 //!
 //! Deviations from the interface below, kept minimal:
 //! - `plan_of` returns `Option<String>`: the config sits behind a lock that a reload
 //!   swaps, so a borrow of it cannot outlive the call.
 //! - Additions: `Engine` is `Debug`; `MISSING_KEY`, `MAX_KEY_VALUE`; the algorithm
-//!   modules with `Outcome`/`Quota`; the `Store` trait and `MemoryStore`.
+//!   modules with `Outcome`/`Quota`, the `Store` trait and `MemoryStore` (in
+//!   `limiter_core::limits`).
 //!
 //! Meanings the interface leaves open (details in `engine.rs` and each algorithm):
 //! - On `Reject`, `policies` carry each quota as it stands (nothing was charged); on
@@ -76,27 +78,13 @@
 //! }
 //! ```
 
-mod bucket;
-pub mod clock;
 pub mod engine;
-pub mod fixed_window;
-pub mod gcra;
-pub mod leaky_bucket;
-pub mod outcome;
 pub mod redis;
-pub mod sliding_window_counter;
-pub mod sliding_window_log;
-pub mod store;
-pub mod token_bucket;
-mod window;
 
 #[cfg(test)]
-mod tests;
+mod engine_tests;
 
 pub use self::{
-    clock::{Clock, FakeClock, SystemClock},
     engine::{Decision, Engine, PolicyStatus, RequestInfo, Verdict},
-    outcome::{Outcome, Quota},
     redis::{RedisStore, TimeSource},
-    store::{MemoryStore, Store},
 };

@@ -2,11 +2,7 @@
 //! `X-RateLimit-*` from the most restrictive policy, and `RateLimit-Policy` /
 //! `RateLimit` per draft-ietf-httpapi-ratelimit-headers-11 listing every policy.
 
-use std::{
-    cmp::Reverse,
-    fmt::Write as _,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::{cmp::Reverse, fmt::Write as _, time::Duration};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -24,13 +20,14 @@ pub(super) fn ceil_secs(duration: Duration) -> u64 {
 }
 
 /// Adds the headers for the policies that counted a request; none if none did.
-pub(super) fn add_rate_limit_headers(headers: &mut HeaderMap, policies: &[PolicyStatus], now: SystemTime) {
+/// `now` is the limiter's clock, time since the UNIX epoch.
+pub(super) fn add_rate_limit_headers(headers: &mut HeaderMap, policies: &[PolicyStatus], now: Duration) {
     // Lowest remaining is what the client runs into first; on a tie, the one that
     // takes longer to recover.
     let Some(tightest) = policies.iter().min_by_key(|p| (p.remaining, Reverse(p.reset_after))) else {
         return;
     };
-    let now_secs = now.duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs());
+    let now_secs = now.as_secs();
     headers.insert(X_LIMIT.clone(), HeaderValue::from(tightest.limit));
     headers.insert(X_REMAINING.clone(), HeaderValue::from(tightest.remaining));
     headers.insert(X_RESET.clone(), HeaderValue::from(now_secs.saturating_add(ceil_secs(tightest.reset_after))));
@@ -91,7 +88,7 @@ mod tests {
     #[test]
     fn lists_every_policy_and_takes_x_headers_from_the_tightest() {
         let mut headers = HeaderMap::new();
-        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let now = Duration::from_secs(1_700_000_000);
         let policies = [policy("free", 100, 17, 41_200), policy("per-ip", 10, 3, 5_000)];
         add_rate_limit_headers(&mut headers, &policies, now);
         assert_eq!(header(&headers, "ratelimit-policy"), r#""free";q=100;w=60, "per-ip";q=10;w=60"#);
@@ -104,7 +101,7 @@ mod tests {
     #[test]
     fn no_policies_no_headers() {
         let mut headers = HeaderMap::new();
-        add_rate_limit_headers(&mut headers, &[], SystemTime::now());
+        add_rate_limit_headers(&mut headers, &[], Duration::from_secs(1_700_000_000));
         assert!(headers.is_empty());
     }
 

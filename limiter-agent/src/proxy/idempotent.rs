@@ -12,25 +12,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
 use super::{BoxError, ProxyBody, full_body};
-use crate::signature::{Guard, SharedGuard, StoredResponse, idempotency::IDEMPOTENCY_REPLAYED_HEADER};
-
-/// A request's hold on its idempotency key, in this agent's store or the fleet's.
-#[derive(Debug)]
-pub(super) enum Claim {
-    Local(Guard),
-    /// Boxed: a shared claim carries its connection and key names.
-    Shared(Box<SharedGuard>),
-}
-
-impl Claim {
-    /// Stores the response for later repeats.
-    pub(super) async fn complete(self, response: StoredResponse) {
-        match self {
-            Self::Local(guard) => guard.complete(response, std::time::Instant::now()),
-            Self::Shared(guard) => guard.complete(response).await,
-        }
-    }
-}
+use limiter_core::signature::{StoredResponse, idempotency::IDEMPOTENCY_REPLAYED_HEADER};
 
 /// A stored response, marked as a replay.
 pub(super) fn replay(stored: StoredResponse) -> Response<ProxyBody> {

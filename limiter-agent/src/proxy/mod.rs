@@ -28,10 +28,11 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use tokio::net::TcpListener;
 
+use limiter_core::{Clock, SystemClock};
+
 use self::pipeline::Pipeline;
 pub use self::stats::{DECISION_BUCKETS, DecisionHistogram, ProxyStats};
-use crate::limits::{Clock, SystemClock};
-use crate::{config::ProxyConfig, signature::SecretError};
+use crate::{config::ProxyConfig, signature::KeySecrets};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -52,12 +53,6 @@ pub enum ProxyError {
         #[source]
         source: std::io::Error,
     },
-    #[error("proxy.keys `{key}`: {source}")]
-    Secret {
-        key: String,
-        #[source]
-        source: SecretError,
-    },
     #[error("proxy.redis_url: {0}")]
     Store(#[from] crate::fleet::FleetError),
     #[error("proxy.listen changed from {running} to {requested}: the agent must restart the proxy to move it")]
@@ -73,17 +68,18 @@ pub trait AcceptHook: Send + Sync + std::fmt::Debug {
 /// A bound proxy. `run` serves until shutdown; `reconfigure` and `stats` may be
 /// called meanwhile from elsewhere (share the proxy in an `Arc`).
 #[derive(Debug)]
-pub struct Proxy<C: Clock = SystemClock> {
+pub struct Proxy<C: Clock + Clone = SystemClock> {
     listener: TcpListener,
     local_addr: SocketAddr,
     pipeline: Arc<Pipeline<C>>,
     on_accept: OnceLock<Arc<dyn AcceptHook>>,
 }
 
-impl<C: Clock> Proxy<C> {
-    /// Loads the key secrets and binds `config.listen`; limits are measured with `clock`.
-    pub async fn bind(config: Arc<ProxyConfig>, clock: C) -> Result<Self, ProxyError> {
-        let pipeline = Pipeline::new(config.clone(), clock)?;
+impl<C: Clock + Clone> Proxy<C> {
+    /// Binds `config.listen`, verifying signatures with `secrets`; limits, signature
+    /// timestamps and idempotency are measured with `clock`.
+    pub async fn bind(config: Arc<ProxyConfig>, secrets: KeySecrets, clock: C) -> Result<Self, ProxyError> {
+        let pipeline = Pipeline::new(config.clone(), secrets, clock)?;
         let bind_error = |source| ProxyError::Bind { addr: config.listen, source };
         let listener = TcpListener::bind(config.listen).await.map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
@@ -103,9 +99,9 @@ impl<C: Clock> Proxy<C> {
     }
 
     /// Applies a new config to new requests; limiter state of unchanged rules and
-    /// plans is kept. Refused whole if a secret cannot be loaded or `listen` moved.
-    pub fn reconfigure(&self, config: Arc<ProxyConfig>) -> Result<(), ProxyError> {
-        self.pipeline.reconfigure(config)
+    /// plans is kept. Refused whole if `listen` moved.
+    pub fn reconfigure(&self, config: Arc<ProxyConfig>, secrets: KeySecrets) -> Result<(), ProxyError> {
+        self.pipeline.reconfigure(config, secrets)
     }
 
     /// Counts this proxy's 429 and 401 answers towards escalation to the kernel layer.

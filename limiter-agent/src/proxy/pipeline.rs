@@ -4,7 +4,7 @@
 use std::{
     net::IpAddr,
     sync::{Arc, OnceLock, PoisonError, RwLock},
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use http::{Method, Request, Response, StatusCode, request, uri::PathAndQuery};
@@ -17,22 +17,25 @@ use super::{
     problem::Refusal,
     stats::{Counters, Event, ProxyStats},
 };
-use crate::{
-    config::proxy::{StoreFailure, StoreKind},
-    config::{
-        ProxyConfig,
-        proxy::{KeyKind, SignatureConfig},
-    },
-    escalation::Escalator,
-    fleet::{Fleet, FleetError},
-    limits::{Clock, Decision, Engine, RedisStore, RequestInfo, TimeSource, Verdict},
+use limiter_core::{
+    Clock,
     signature::{
-        Begin, BodyError, Failure, IdempotencyConfig, IdempotencyStore, ReplayCache, SharedIdempotency, SharedReplay,
-        SignedRequest, Verified, Verifier,
+        Begin, Failure, SignedRequest, Verified, Verifier,
         idempotency::{self, IDEMPOTENCY_KEY_HEADER},
-        load_secret, read_body_hashed, unix_now,
         verify::API_KEY_HEADER,
     },
+};
+
+use crate::{
+    backend::{Claim, Stores},
+    config::{
+        ProxyConfig,
+        proxy::{KeyKind, StoreFailure},
+    },
+    escalation::Escalator,
+    fleet::FleetError,
+    limits::{Decision, Engine, RequestInfo, Verdict},
+    signature::{BodyError, KeySecrets, read_body_hashed},
 };
 
 /// What one config makes of requests: swapped whole on reload.
@@ -43,19 +46,8 @@ struct Snapshot {
 }
 
 impl Snapshot {
-    fn build(config: Arc<ProxyConfig>, replay: Arc<ReplayCache>) -> Result<Self, ProxyError> {
-        let keys = config
-            .keys
-            .iter()
-            .filter(|key| !key.secrets.is_empty())
-            .map(|key| {
-                let secrets = key.secrets.iter().map(|reference| load_secret(reference)).collect::<Result<Vec<_>, _>>();
-                secrets
-                    .map(|secrets| (key.id.clone(), secrets))
-                    .map_err(|source| ProxyError::Secret { key: key.id.clone(), source })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { verifier: Verifier::new(keys, replay), config })
+    fn new(config: Arc<ProxyConfig>, secrets: KeySecrets) -> Self {
+        Self { verifier: Verifier::new(secrets.into_keys()), config }
     }
 }
 
@@ -66,74 +58,39 @@ enum Admission {
     Forward {
         body: ProxyBody,
         /// The idempotency key this request holds until its response is stored.
-        claim: Option<idempotent::Claim>,
+        claim: Option<Claim>,
     },
-}
-
-/// The replay cache and idempotency store in the fleet's Redis, with its connection.
-#[derive(Debug)]
-struct Shared {
-    fleet: Fleet,
-    replay: SharedReplay,
-    idempotency: SharedIdempotency,
 }
 
 /// Everything requests share, across connections and reloads.
 #[derive(Debug)]
-pub(super) struct Pipeline<C: Clock> {
+pub(super) struct Pipeline<C: Clock + Clone> {
     snapshot: RwLock<Arc<Snapshot>>,
+    /// The limits, over `stores.limits`.
     engine: Engine<C>,
+    /// Outlive reloads (see [`Stores`]).
+    stores: Arc<Stores>,
+    /// What signatures, idempotency and headers are measured with; the engine
+    /// measures with a clone.
+    clock: C,
     upstream: Upstream,
-    /// Outlives reloads: forgetting accepted signatures would reopen the replay window.
-    replay: Arc<ReplayCache>,
-    /// Outlives reloads, sized by the first config.
-    idempotency: IdempotencyStore,
-    /// With `store = "redis"`: used instead of `replay` and `idempotency`.
-    shared: Option<Shared>,
     /// Set by the agent when it runs the kernel layer too.
     escalator: OnceLock<Arc<Escalator>>,
     max_stored_body: usize,
     counters: Counters,
 }
 
-impl<C: Clock> Pipeline<C> {
-    pub(super) fn new(config: Arc<ProxyConfig>, clock: C) -> Result<Self, ProxyError> {
-        let SignatureConfig {
-            idempotency_ttl,
-            idempotency_max_entries,
-            idempotency_max_body_bytes,
-            replay_cache_size,
-            ..
-        } = &config.signature;
-        let replay = Arc::new(ReplayCache::new(replay_cache_size.get()));
-        let idempotency_config = IdempotencyConfig {
-            ttl: idempotency_ttl.0,
-            max_entries: idempotency_max_entries.get(),
-            max_response_bytes: *idempotency_max_body_bytes,
-        };
-        let idempotency = IdempotencyStore::new(idempotency_config);
-        let (engine, shared) = match config.store {
-            StoreKind::Memory => (Engine::new(&config, clock), None),
-            StoreKind::Redis => {
-                let fleet = Fleet::connect(&config.redis_url, &config.redis_prefix, config.redis_timeout.0)?;
-                let shared = Shared {
-                    replay: SharedReplay::new(fleet.clone()),
-                    idempotency: SharedIdempotency::new(fleet.clone(), idempotency_config),
-                    fleet: fleet.clone(),
-                };
-                let store = RedisStore::new(fleet, TimeSource::Server);
-                (Engine::with_redis(&config, clock, store), Some(shared))
-            }
-        };
+impl<C: Clock + Clone> Pipeline<C> {
+    pub(super) fn new(config: Arc<ProxyConfig>, secrets: KeySecrets, clock: C) -> Result<Self, ProxyError> {
+        let stores = Arc::new(Stores::new(&config)?);
         Ok(Self {
-            engine,
-            shared,
+            engine: Engine::new(&config, clock.clone(), Arc::clone(&stores)),
+            stores,
+            clock,
             escalator: OnceLock::new(),
-            max_stored_body: *idempotency_max_body_bytes,
-            snapshot: RwLock::new(Arc::new(Snapshot::build(config, replay.clone())?)),
+            max_stored_body: config.signature.idempotency_max_body_bytes,
+            snapshot: RwLock::new(Arc::new(Snapshot::new(config, secrets))),
             upstream: Upstream::new(),
-            replay,
-            idempotency,
             counters: Counters::default(),
         })
     }
@@ -143,12 +100,12 @@ impl<C: Clock> Pipeline<C> {
         self.snapshot.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    pub(super) fn reconfigure(&self, config: Arc<ProxyConfig>) -> Result<(), ProxyError> {
+    pub(super) fn reconfigure(&self, config: Arc<ProxyConfig>, secrets: KeySecrets) -> Result<(), ProxyError> {
         let mut current = self.snapshot.write().unwrap_or_else(PoisonError::into_inner);
         if config.listen != current.config.listen {
             return Err(ProxyError::ListenChanged { running: current.config.listen, requested: config.listen });
         }
-        let next = Snapshot::build(config, self.replay.clone())?;
+        let next = Snapshot::new(config, secrets);
         // Under the lock, so that concurrent reloads reach the engine and the snapshot
         // in the same order.
         self.engine.reconfigure(&next.config);
@@ -157,11 +114,7 @@ impl<C: Clock> Pipeline<C> {
     }
 
     pub(super) fn stats(&self) -> ProxyStats {
-        self.counters.snapshot(
-            self.engine.tracked_keys(),
-            self.engine.evictions(),
-            self.shared.as_ref().map_or(0, |shared| shared.fleet.failures()),
-        )
+        self.counters.snapshot(self.engine.tracked_keys(), self.engine.evictions(), self.stores.failures())
     }
 
     /// Sends this proxy's rejections to `escalator`; only the first call counts.
@@ -236,7 +189,7 @@ impl<C: Clock> Pipeline<C> {
             Admission::Answered(response) => return Ok(response),
             Admission::Forward { body, claim } => (body, claim),
         };
-        let deciding = std::time::Instant::now();
+        let deciding = Instant::now();
         let Decision { verdict, policies, violated, .. } = self.engine.decide(&info).await;
         self.counters.observe_decision(deciding.elapsed());
         let peer = peer.to_canonical();
@@ -246,7 +199,7 @@ impl<C: Clock> Pipeline<C> {
             Err(refusal) => Err(refusal),
         };
         let mut response = outcome.unwrap_or_else(|refusal| self.refuse(config, refusal, peer));
-        headers::add_rate_limit_headers(response.headers_mut(), &policies, SystemTime::now());
+        headers::add_rate_limit_headers(response.headers_mut(), &policies, self.clock.now());
         Ok(response)
     }
 
@@ -284,7 +237,7 @@ impl<C: Clock> Pipeline<C> {
         parts: request::Parts,
         body: ProxyBody,
         origin: Origin,
-        claim: Option<idempotent::Claim>,
+        claim: Option<Claim>,
     ) -> Result<Response<ProxyBody>, Refusal> {
         self.counters.add(Event::Forwarded);
         // Bounds the wait for the response head; a streaming body may take longer.
@@ -299,7 +252,7 @@ impl<C: Clock> Pipeline<C> {
         // Dropping the claim on failure frees the key, so the client can retry.
         let (response, stored) =
             idempotent::capture(response, self.max_stored_body).await.map_err(Refusal::Upstream)?;
-        claim.complete(stored).await;
+        claim.complete(stored, self.clock.now()).await;
         Ok(response)
     }
 
@@ -336,18 +289,7 @@ impl<C: Clock> Pipeline<C> {
             None => None,
             Some(key) => {
                 let fingerprint = idempotency::fingerprint(&parts.method, target, &body_sha256);
-                let begin = match &self.shared {
-                    None => Ok(self
-                        .idempotency
-                        .begin(&verified.key_id, key, fingerprint, Instant::now())
-                        .map_claim(idempotent::Claim::Local)),
-                    Some(shared) => shared
-                        .idempotency
-                        .begin(&verified.key_id, key, fingerprint)
-                        .await
-                        .map(|begin| begin.map_claim(|guard| idempotent::Claim::Shared(Box::new(guard)))),
-                };
-                match begin {
+                match self.stores.idempotency.begin(&verified.key_id, key, fingerprint, self.clock.now()).await {
                     Ok(Begin::Proceed(claim)) => Some(claim),
                     Ok(Begin::Replay(stored)) => {
                         self.counters.add(Event::IdempotentReplay);
@@ -369,8 +311,7 @@ impl<C: Clock> Pipeline<C> {
         Ok(Admission::Forward { body: full_body(bytes), claim })
     }
 
-    /// Verifies a signed request, recording its signature in the fleet's replay
-    /// cache when there is one.
+    /// Verifies a signed request and records its signature as used.
     /// The outer error is the shared store's absence under `store_failure = "deny"`.
     async fn verify(
         &self,
@@ -378,19 +319,12 @@ impl<C: Clock> Pipeline<C> {
         signed: &SignedRequest<'_>,
     ) -> Result<Result<Verified, Failure>, Refusal> {
         let max_skew = snapshot.config.signature.max_skew.0;
-        let now = unix_now();
-        let Some(shared) = &self.shared else {
-            return Ok(snapshot.verifier.verify(signed, now, max_skew));
-        };
+        let now = self.clock.now().as_secs();
         let authenticated = match snapshot.verifier.authenticate(signed, now, max_skew) {
             Ok(authenticated) => authenticated,
             Err(failure) => return Ok(Err(failure)),
         };
-        let recorded = shared
-            .replay
-            .check_and_insert(&authenticated.key_id, &authenticated.signature, authenticated.timestamp, max_skew, now)
-            .await;
-        match recorded {
+        match self.stores.replay.check_and_insert(&authenticated, max_skew, now).await {
             Ok(Ok(())) => {}
             Ok(Err(replay)) => return Ok(Err(Failure::from(replay))),
             // Unrecorded, the signature could be replayed during the outage: that is
@@ -403,9 +337,7 @@ impl<C: Clock> Pipeline<C> {
     /// Counts a decision taken without the shared store and says whether
     /// `store_failure` lets the request go on.
     fn store_unreachable(&self, config: &ProxyConfig, error: &FleetError) -> Result<(), Refusal> {
-        if let Some(shared) = &self.shared {
-            shared.fleet.count_failure();
-        }
+        self.stores.count_failure();
         tracing::debug!(%error, "shared store unreachable");
         match config.store_failure {
             StoreFailure::Allow => Ok(()),

@@ -21,8 +21,9 @@ use tokio::{
     task::JoinSet,
 };
 
+use limiter_core::Clock;
+
 use super::{AcceptHook, ProxyBody, pipeline::Pipeline, problem::request_timeout_bytes, stats::Event};
-use crate::limits::Clock;
 
 /// After a failed accept (out of file descriptors, say) the listener would fail again
 /// at once; a short pause keeps the loop from spinning while connections close.
@@ -30,7 +31,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 
-pub(super) async fn serve<C: Clock>(
+pub(super) async fn serve<C: Clock + Clone>(
     listener: &TcpListener,
     pipeline: &Arc<Pipeline<C>>,
     on_accept: &OnceLock<Arc<dyn AcceptHook>>,
@@ -62,7 +63,7 @@ pub(super) async fn serve<C: Clock>(
     while connections.join_next().await.is_some() {}
 }
 
-async fn connection<C: Clock>(
+async fn connection<C: Clock + Clone>(
     stream: TcpStream,
     peer: SocketAddr,
     pipeline: Arc<Pipeline<C>>,

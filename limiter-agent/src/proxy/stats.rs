@@ -7,7 +7,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::signature::FailureReason;
+use limiter_core::signature::FailureReason;
 
 /// One event the proxy counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

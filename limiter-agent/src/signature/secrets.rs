@@ -4,6 +4,8 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::Path;
 
+use crate::config::ProxyConfig;
+
 /// Why a secret reference could not be loaded. Messages name the reference, never
 /// the secret.
 #[derive(Debug, thiserror::Error)]
@@ -72,4 +74,45 @@ pub fn read_secret_file(path: &Path) -> std::io::Result<Vec<u8>> {
         }
     }
     Ok(bytes)
+}
+
+/// Every key's secrets, read from their references once the config is parsed: the
+/// one place the agent reads them, in its own environment (not the CLI's).
+#[derive(Clone, Default)]
+pub struct KeySecrets(Vec<(String, Vec<Vec<u8>>)>);
+
+impl std::fmt::Debug for KeySecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.iter().map(|(id, secrets)| (id, secrets.len()))).finish()
+    }
+}
+
+/// A secret of `[[proxy.keys]]` that could not be loaded, with the key naming it.
+#[derive(Debug, thiserror::Error)]
+#[error("{key}: {source}")]
+pub struct KeySecretError {
+    /// The dotted config key, `proxy.keys[N].secrets`.
+    pub key: String,
+    #[source]
+    pub source: SecretError,
+}
+
+impl KeySecrets {
+    /// Loads the secrets of every key of `proxy` that has some.
+    pub fn load(proxy: &ProxyConfig) -> Result<Self, KeySecretError> {
+        let keys = proxy.keys.iter().enumerate().filter(|(_, key)| !key.secrets.is_empty());
+        let loaded = keys.map(|(i, key)| {
+            let secrets = key.secrets.iter().map(|reference| load_secret(reference)).collect::<Result<_, _>>();
+            secrets
+                .map(|secrets| (key.id.clone(), secrets))
+                .map_err(|source| KeySecretError { key: format!("proxy.keys[{i}].secrets"), source })
+        });
+        loaded.collect::<Result<_, _>>().map(Self)
+    }
+
+    /// Key id and secrets, for [`limiter_core::signature::Verifier::new`].
+    #[must_use]
+    pub fn into_keys(self) -> Vec<(String, Vec<Vec<u8>>)> {
+        self.0
+    }
 }

@@ -1,7 +1,7 @@
 //! The replay cache and the idempotency store in the fleet's Redis (`proxy.store =
 //! "redis"`), so that a signature used on one agent is a replay on every other, and
 //! a repeat of an idempotent request lands on the first one's response wherever it
-//! arrives. Same answers as [`super::ReplayCache`] and [`super::IdempotencyStore`];
+//! arrives. Same answers as `limiter_core`'s `ReplayCache` and `IdempotencyStore`;
 //! Redis bounds them by memory, so neither is ever full, and entries expire by
 //! themselves.
 //!
@@ -22,7 +22,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use redis::Script;
 
-use super::{Begin, IdempotencyConfig, StoredResponse, replay::ReplayError};
+use limiter_core::signature::{Begin, IdempotencyConfig, StoredResponse, replay::ReplayError};
+
 use crate::fleet::{Fleet, FleetError};
 
 /// Longest an in-flight claim holds its key without completing.

@@ -13,26 +13,20 @@
 //! - A bucket's key expires when the bucket is back to full, as a missing bucket is
 //!   full: Redis holds only live state, and `max_tracked_keys` does not apply.
 //! - Lua counts in doubles, so the config refuses a redis-stored limit whose
-//!   `limit × window` or `capacity × window` would pass 2^53 units (see
-//!   `config::proxy`); below that the arithmetic is exact.
+//!   `limit × window` or `capacity × window` would pass 2^53 units
+//!   (`LimitSpec::check_exact_in_doubles`); below that the arithmetic is exact.
 //!
 //! Keys are `{prefix}limit:{policy identity}:{bucket key}`.
 
-use std::{num::NonZeroU32, time::Duration};
+use std::time::Duration;
 
+use limiter_core::{
+    Algorithm,
+    limits::{Bucket, Charge, Outcome, Quota},
+};
 use redis::Script;
 
-use super::{
-    clock::to_nanos,
-    leaky_bucket,
-    outcome::{Outcome, Quota},
-    store::{Bucket, Charge},
-    token_bucket,
-};
-use crate::{
-    config::proxy::{Algorithm, LimitSpec},
-    fleet::{Fleet, FleetError},
-};
+use crate::fleet::{Fleet, FleetError};
 
 /// The script: shared helpers, one part per algorithm, then the step itself.
 const SCRIPT: &str = concat!(
@@ -76,12 +70,6 @@ impl RedisStore {
         Self { fleet, script: Script::new(SCRIPT), time }
     }
 
-    /// The connection, for counting decisions taken without it.
-    #[must_use]
-    pub fn fleet(&self) -> &Fleet {
-        &self.fleet
-    }
-
     /// [`Store::apply`](super::Store::apply) in one round trip; `now` is used only
     /// with [`TimeSource::Caller`].
     pub async fn apply(
@@ -100,17 +88,17 @@ impl RedisStore {
         });
         invocation.arg(match self.time {
             TimeSource::Server => String::new(),
-            TimeSource::Caller => (to_nanos(now) / 1000).to_string(),
+            TimeSource::Caller => now.as_micros().to_string(),
         });
         for bucket in buckets {
             invocation.key(self.fleet.key(&format!("limit:{}:{}", bucket.policy, bucket.key)));
             let spec = bucket.spec;
             let shaper = spec.algorithm == Algorithm::LeakyBucket && spec.queue.is_some();
             invocation
-                .arg(algorithm_name(spec))
+                .arg(spec.algorithm.name())
                 .arg(spec.limit.get())
-                .arg(window_micros(spec))
-                .arg(capacity(spec).get())
+                .arg(spec.window_micros())
+                .arg(spec.capacity().get())
                 .arg(u8::from(shaper));
         }
         let reply: Vec<i64> =
@@ -120,50 +108,6 @@ impl RedisStore {
         }
         Ok(reply.chunks_exact(REPLY_FIELDS).map(outcome).collect())
     }
-}
-
-/// Largest integer Lua's doubles hold exactly.
-const EXACT: u128 = 1 << 53;
-
-/// Refuses a spec whose arithmetic in the script would pass [`EXACT`]: GCRA counts
-/// `capacity × window` in units of `1 / limit` ns, the windowed algorithms
-/// `limit × window` in µs.
-pub fn check_exact(spec: &LimitSpec) -> Result<(), String> {
-    let capacity = capacity(spec);
-    let gcra = u128::from(window_micros(spec)) * 1000 * u128::from(capacity.get());
-    let windowed = u128::from(window_micros(spec)) * u128::from(spec.limit.get());
-    if gcra >= EXACT || windowed >= EXACT {
-        return Err(format!(
-            "limit {} (capacity {capacity}) over {:?} is too large for the redis store; shorten the window",
-            spec.limit, spec.window
-        ));
-    }
-    Ok(())
-}
-
-/// Requests a full bucket admits back to back.
-fn capacity(spec: &LimitSpec) -> NonZeroU32 {
-    match spec.algorithm {
-        Algorithm::TokenBucket => token_bucket::capacity(spec),
-        Algorithm::LeakyBucket => leaky_bucket::capacity(spec),
-        Algorithm::FixedWindow | Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => spec.limit,
-    }
-}
-
-/// The algorithm's name in the script, as in the config.
-fn algorithm_name(spec: &LimitSpec) -> &'static str {
-    match spec.algorithm {
-        Algorithm::TokenBucket => "token_bucket",
-        Algorithm::LeakyBucket => "leaky_bucket",
-        Algorithm::FixedWindow => "fixed_window",
-        Algorithm::SlidingWindowLog => "sliding_window_log",
-        Algorithm::SlidingWindowCounter => "sliding_window_counter",
-    }
-}
-
-/// The window in whole microseconds (configured windows are whole milliseconds).
-pub(crate) fn window_micros(spec: &LimitSpec) -> u64 {
-    u64::try_from(spec.window.as_micros()).unwrap_or(u64::MAX).max(1)
 }
 
 /// One bucket's part of the reply.

@@ -1,0 +1,186 @@
+//! Where the proxy's state lives: this agent's memory or the fleet's Redis, chosen
+//! once from `proxy.store` for the limits, the replay cache and the idempotency store
+//! alike, and only the chosen side is built.
+//!
+//! Each store answers the same on both sides. The memory side never fails; the Redis
+//! side fails with a [`FleetError`] when the server cannot be reached, and the caller
+//! then follows `store_failure` and counts the decision ([`Stores::count_failure`]).
+
+use std::time::Duration;
+
+use limiter_core::{
+    limits::{Bucket, Charge, MemoryStore, Outcome, Store as _},
+    signature::{
+        Authenticated, Begin, Guard, IdempotencyConfig, IdempotencyStore, ReplayCache, ReplayError, StoredResponse,
+    },
+};
+
+use crate::{
+    config::{ProxyConfig, proxy::StoreKind},
+    fleet::{Fleet, FleetError},
+    limits::{RedisStore, TimeSource},
+    signature::{SharedGuard, SharedIdempotency, SharedReplay},
+};
+
+/// One store, in memory or in Redis.
+#[derive(Debug)]
+pub enum Backend<M, R> {
+    Memory(M),
+    Redis(R),
+}
+
+/// The limits' buckets.
+pub type Limits = Backend<MemoryStore, RedisStore>;
+/// Accepted signatures.
+pub type Replay = Backend<ReplayCache, SharedReplay>;
+/// Idempotent responses.
+pub type Idempotency = Backend<IdempotencyStore, SharedIdempotency>;
+/// A request's hold on its idempotency key; boxed in Redis, where it carries its
+/// connection and key names.
+pub type Claim = Backend<Guard, Box<SharedGuard>>;
+
+/// The stores of one proxy. They outlive reloads: forgetting accepted signatures
+/// would reopen the replay window, and sizes are taken from the first config
+/// (`max_tracked_keys` excepted, which a reload applies).
+#[derive(Debug)]
+pub struct Stores {
+    pub limits: Limits,
+    pub replay: Replay,
+    pub idempotency: Idempotency,
+    /// The connection the Redis stores share; `None` in memory.
+    fleet: Option<Fleet>,
+}
+
+impl Stores {
+    /// The stores `config.store` names. A Redis store connects on first use, so that
+    /// an agent starts (and follows `store_failure`) while Redis is down.
+    pub fn new(config: &ProxyConfig) -> Result<Self, FleetError> {
+        let signature = &config.signature;
+        let idempotency = IdempotencyConfig {
+            ttl: signature.idempotency_ttl.0,
+            max_entries: signature.idempotency_max_entries.get(),
+            max_response_bytes: signature.idempotency_max_body_bytes,
+        };
+        Ok(match config.store {
+            StoreKind::Memory => Self {
+                limits: Backend::Memory(MemoryStore::new(config.max_tracked_keys)),
+                replay: Backend::Memory(ReplayCache::new(signature.replay_cache_size.get())),
+                idempotency: Backend::Memory(IdempotencyStore::new(idempotency)),
+                fleet: None,
+            },
+            StoreKind::Redis => {
+                let fleet = Fleet::connect(&config.redis_url, &config.redis_prefix, config.redis_timeout.0)?;
+                Self {
+                    limits: Backend::Redis(RedisStore::new(fleet.clone(), TimeSource::Server)),
+                    replay: Backend::Redis(SharedReplay::new(fleet.clone())),
+                    idempotency: Backend::Redis(SharedIdempotency::new(fleet.clone(), idempotency)),
+                    fleet: Some(fleet),
+                }
+            }
+        })
+    }
+
+    /// Counts one decision taken without the store (by `store_failure`).
+    pub fn count_failure(&self) {
+        if let Some(fleet) = &self.fleet {
+            fleet.count_failure();
+        }
+    }
+
+    /// Decisions taken without the store since the start.
+    #[must_use]
+    pub fn failures(&self) -> u64 {
+        self.fleet.as_ref().map_or(0, Fleet::failures)
+    }
+}
+
+impl Limits {
+    /// [`limiter_core::limits::Store::apply`], wherever the buckets are; `now` is
+    /// used in memory (Redis measures with its own clock, see [`TimeSource`]).
+    pub async fn apply(
+        &self,
+        buckets: &[Bucket<'_>],
+        now: Duration,
+        charge: Charge,
+    ) -> Result<Vec<Outcome>, FleetError> {
+        match self {
+            Self::Memory(store) => Ok(store.apply(buckets, now, charge)),
+            Self::Redis(store) => store.apply(buckets, now, charge).await,
+        }
+    }
+
+    /// Applies a reload: the new bound on tracked buckets, and the state of the
+    /// policies `keep` refuses dropped. Redis drops the buckets of a gone policy by
+    /// itself: they expire once full.
+    pub fn reconfigure(&self, max_tracked_keys: std::num::NonZeroUsize, keep: &dyn Fn(&str) -> bool) {
+        if let Self::Memory(store) = self {
+            store.set_capacity(max_tracked_keys);
+            store.retain_policies(keep);
+        }
+    }
+
+    /// Buckets holding state; 0 in Redis, where counting them would take a scan of
+    /// the shared server.
+    #[must_use]
+    pub fn tracked_keys(&self) -> usize {
+        match self {
+            Self::Memory(store) => store.tracked_keys(),
+            Self::Redis(_) => 0,
+        }
+    }
+
+    /// Buckets evicted to stay within `max_tracked_keys`, since the start.
+    #[must_use]
+    pub fn evictions(&self) -> u64 {
+        match self {
+            Self::Memory(store) => store.evictions(),
+            Self::Redis(_) => 0,
+        }
+    }
+}
+
+impl Replay {
+    /// Records an authenticated signature as used, or says why it cannot be; `now`
+    /// is the clock in unix seconds.
+    pub async fn check_and_insert(
+        &self,
+        authenticated: &Authenticated,
+        max_skew: Duration,
+        now: u64,
+    ) -> Result<Result<(), ReplayError>, FleetError> {
+        let Authenticated { key_id, timestamp, signature } = authenticated;
+        match self {
+            Self::Memory(cache) => Ok(cache.check_and_insert(key_id, signature, *timestamp, max_skew, now)),
+            Self::Redis(shared) => shared.check_and_insert(key_id, signature, *timestamp, max_skew, now).await,
+        }
+    }
+}
+
+impl Idempotency {
+    /// Looks up (`key_id`, `idem_key`) for a request identified by `fingerprint`.
+    pub async fn begin(
+        &self,
+        key_id: &str,
+        idem_key: &str,
+        fingerprint: [u8; 32],
+        now: Duration,
+    ) -> Result<Begin<Claim>, FleetError> {
+        match self {
+            Self::Memory(store) => Ok(store.begin(key_id, idem_key, fingerprint, now).map_claim(Backend::Memory)),
+            Self::Redis(shared) => Ok(shared
+                .begin(key_id, idem_key, fingerprint)
+                .await?
+                .map_claim(|guard| Backend::Redis(Box::new(guard)))),
+        }
+    }
+}
+
+impl Claim {
+    /// Stores the response for later repeats.
+    pub async fn complete(self, response: StoredResponse, now: Duration) {
+        match self {
+            Self::Memory(guard) => guard.complete(response, now),
+            Self::Redis(guard) => (*guard).complete(response).await,
+        }
+    }
+}

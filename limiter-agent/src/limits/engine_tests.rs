@@ -1,0 +1,526 @@
+use http::{HeaderMap, HeaderValue, Method};
+use std::{net::IpAddr, path::Path, sync::Barrier};
+
+use std::time::Duration;
+
+use limiter_core::FakeClock;
+
+use crate::{
+    backend::Stores,
+    config::{Config, ProxyConfig},
+    limits::{Decision, Engine, PolicyStatus, RequestInfo, Verdict},
+};
+
+/// On a minute boundary, as windows are aligned to the epoch.
+const T0: Duration = Duration::from_secs(1_700_000_040);
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn millis(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+fn in_memory(config: &ProxyConfig, clock: FakeClock) -> Engine<FakeClock> {
+    let stores = Stores::new(config).expect("memory stores cannot fail");
+    Engine::new(config, clock, std::sync::Arc::new(stores))
+}
+
+/// Plans as in the issue: Free 100/min throttled from 80, Pro 1000/min from 900.
+const BASE: &str = r#"
+[proxy]
+listen = "127.0.0.1:0"
+upstream = "http://127.0.0.1:3000"
+
+[proxy.plans.free]
+limit = 100
+window = "1m"
+throttle_from = 80
+throttle_delay = "200ms"
+
+[proxy.plans.pro]
+limit = 1000
+window = "1m"
+throttle_from = 900
+throttle_delay = "50ms"
+
+[[proxy.keys]]
+id = "k-free-1"
+plan = "free"
+
+[[proxy.keys]]
+id = "k-pro-1"
+plan = "pro"
+"#;
+
+fn config(extra: &str) -> ProxyConfig {
+    parse(&format!("{BASE}{extra}"))
+}
+
+fn parse(text: &str) -> ProxyConfig {
+    Config::parse(text, Path::new("test.toml")).expect("valid config").proxy.expect("[proxy]")
+}
+
+/// `BASE` and `extra` with `setting` added to `[proxy]`.
+fn config_with(setting: &str, extra: &str) -> ProxyConfig {
+    parse(&format!("{BASE}{extra}").replace("[proxy]\n", &format!("[proxy]\n{setting}\n")))
+}
+
+fn engine(extra: &str) -> (Engine<FakeClock>, FakeClock) {
+    let clock = FakeClock::new(T0);
+    (in_memory(&config(extra), clock.clone()), clock)
+}
+
+/// A request; `ip` is the client, `key` the X-API-Key.
+struct Req {
+    method: Method,
+    path: &'static str,
+    client: IpAddr,
+    api_key: Option<&'static str>,
+    headers: HeaderMap,
+}
+
+fn get(path: &'static str) -> Req {
+    Req {
+        method: Method::GET,
+        path,
+        client: "192.0.2.7".parse().expect("ip"),
+        api_key: None,
+        headers: HeaderMap::new(),
+    }
+}
+
+impl Req {
+    fn post(self) -> Self {
+        Self { method: Method::POST, ..self }
+    }
+
+    fn from(self, ip: &str) -> Self {
+        Self { client: ip.parse().expect("ip"), ..self }
+    }
+
+    fn key(self, key: &'static str) -> Self {
+        Self { api_key: Some(key), ..self }
+    }
+
+    fn header(mut self, name: &'static str, value: &str) -> Self {
+        self.headers.append(name, HeaderValue::from_str(value).expect("header value"));
+        self
+    }
+
+    fn info(&self) -> RequestInfo<'_> {
+        RequestInfo {
+            method: &self.method,
+            path: self.path,
+            client: self.client,
+            api_key: self.api_key,
+            headers: &self.headers,
+        }
+    }
+
+    fn to(&self, engine: &Engine<FakeClock>) -> Decision {
+        ready(engine.decide(&self.info()))
+    }
+}
+
+/// The value of a future that completes without waiting, as every memory-store
+/// decision does: polled once, with no runtime.
+fn ready<T>(future: impl Future<Output = T>) -> T {
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(future).poll(&mut context) {
+        std::task::Poll::Ready(value) => value,
+        std::task::Poll::Pending => panic!("a memory-store decision waited"),
+    }
+}
+
+fn status<'d>(decision: &'d Decision, name: &str) -> &'d PolicyStatus {
+    decision.policies.iter().find(|p| p.name == name).expect("policy status")
+}
+
+fn is_forward(d: &Decision) -> bool {
+    d.verdict == Verdict::Forward
+}
+
+fn is_reject(d: &Decision) -> bool {
+    matches!(d.verdict, Verdict::Reject { .. })
+}
+
+#[test]
+fn a_free_key_sending_105_in_a_minute_gets_80_fast_20_delayed_5_rejected() {
+    let (engine, clock) = engine("");
+    let request = get("/api/items").key("k-free-1");
+    let mut verdicts = Vec::new();
+    for i in 0..105_u64 {
+        let d = request.to(&engine);
+        let free = status(&d, "free");
+        assert_eq!((free.limit, free.window), (100, secs(60)));
+        if !is_reject(&d) {
+            assert_eq!(free.remaining, 99 - i, "Remaining counts down one per request");
+        }
+        verdicts.push(d.verdict);
+        clock.advance(millis(500));
+    }
+    assert!(verdicts[..80].iter().all(|v| *v == Verdict::Forward));
+    assert!(verdicts[80..100].iter().all(|v| *v == Verdict::Delay(millis(200))));
+    // The 101st comes 50 s into the window; the window ends 10 s later and the
+    // previous window then weighs 100 × (60 − e)/60, down to 99 at e = 0.6 s.
+    assert!(verdicts[100..].iter().all(|v| matches!(v, Verdict::Reject { .. })));
+    assert_eq!(verdicts[100], Verdict::Reject { retry_after: secs(10) + millis(600) });
+
+    let pro = get("/api/items").key("k-pro-1").to(&engine);
+    assert_eq!((&pro.verdict, status(&pro, "pro").remaining), (&Verdict::Forward, 999), "Pro is not affected");
+}
+
+#[test]
+fn a_rejected_request_names_the_violated_policy_and_keeps_the_counts() {
+    let (engine, _) = engine("");
+    let request = get("/").key("k-free-1");
+    for _ in 0..100 {
+        assert!(!is_reject(&request.to(&engine)));
+    }
+    let d = request.to(&engine);
+    assert_eq!(d.violated, ["free"]);
+    let free = status(&d, "free");
+    assert_eq!((free.remaining, free.reset_after), (0, secs(120)));
+}
+
+#[test]
+fn the_sixth_login_post_from_one_ip_is_rejected_but_a_get_is_not() {
+    let (engine, clock) = engine(
+        r#"
+[[proxy.rules]]
+name = "login"
+path = "/login"
+methods = ["POST"]
+key = "ip"
+algorithm = "sliding_window_log"
+limit = 5
+window = "1m"
+"#,
+    );
+    let login = get("/login").post();
+    for left in (0..5).rev() {
+        let d = login.to(&engine);
+        assert!(is_forward(&d));
+        assert_eq!(status(&d, "login").remaining, left);
+        clock.advance(secs(1));
+    }
+    let sixth = login.to(&engine);
+    assert_eq!(sixth.verdict, Verdict::Reject { retry_after: secs(55) });
+    assert_eq!(sixth.violated, ["login"]);
+    let read = get("/login").to(&engine);
+    assert!(is_forward(&read) && read.policies.is_empty(), "GET /login matches no rule");
+    assert!(is_forward(&login.from("192.0.2.8").to(&engine)), "another client has its own bucket");
+    assert!(is_forward(&get("/loginx").post().to(&engine)), "a prefix is a whole path segment");
+}
+
+const PER_IP: &str = r#"
+[[proxy.rules]]
+name = "per-ip"
+key = "ip"
+algorithm = "fixed_window"
+limit = 100
+window = "1m"
+"#;
+
+#[test]
+fn either_of_two_rules_tripping_rejects_and_nothing_is_charged() {
+    let (engine, _) = engine(
+        r#"
+[[proxy.keys]]
+id = "k-free-2"
+plan = "free"
+
+[[proxy.rules]]
+name = "per-ip"
+key = "ip"
+algorithm = "fixed_window"
+limit = 4
+window = "1m"
+
+[[proxy.rules]]
+name = "per-key"
+key = "api_key"
+algorithm = "fixed_window"
+limit = 2
+window = "1m"
+"#,
+    );
+    let request = get("/").key("k-pro-1");
+    assert_eq!(request.to(&engine).policies.len(), 3, "two rules and the plan");
+    let second = request.to(&engine);
+    assert!(is_forward(&second));
+    assert_eq!((status(&second, "per-ip").remaining, status(&second, "pro").remaining), (2, 998));
+    for _ in 0..3 {
+        let refused = request.to(&engine);
+        assert_eq!(refused.verdict, Verdict::Reject { retry_after: secs(60) });
+        assert_eq!(refused.violated, ["per-key"]);
+        assert_eq!(status(&refused, "per-ip").remaining, 2, "not charged");
+        assert_eq!(status(&refused, "pro").remaining, 998, "not charged");
+    }
+    // Two more from the address spend the per-IP quota; then it trips for a fresh key.
+    assert!(is_forward(&get("/").key("k-free-1").to(&engine)));
+    assert!(is_forward(&get("/").key("k-free-1").to(&engine)));
+    let d = get("/").key("k-free-2").to(&engine);
+    assert_eq!(d.violated, ["per-ip"]);
+    assert_eq!(status(&d, "per-key").remaining, 2, "the key's rule was not charged");
+    assert_eq!(status(&d, "free").remaining, 100, "nor its plan");
+}
+
+#[test]
+fn the_strictest_verdict_wins() {
+    let (engine, clock) = engine(
+        r#"
+[[proxy.rules]]
+name = "short"
+key = "ip"
+algorithm = "fixed_window"
+limit = 2
+window = "10s"
+throttle_from = 0
+throttle_delay = "100ms"
+
+[[proxy.rules]]
+name = "long"
+key = "ip"
+algorithm = "fixed_window"
+limit = 2
+window = "1m"
+throttle_from = 1
+throttle_delay = "300ms"
+"#,
+    );
+    clock.advance(secs(5));
+    assert_eq!(get("/").to(&engine).verdict, Verdict::Delay(millis(100)));
+    assert_eq!(get("/").to(&engine).verdict, Verdict::Delay(millis(300)), "the longest delay");
+    let both = get("/").to(&engine);
+    assert_eq!(both.verdict, Verdict::Reject { retry_after: secs(55) }, "the longest retry");
+    assert_eq!(both.violated, ["short", "long"]);
+}
+
+#[test]
+fn a_leaky_bucket_queue_delays_requests_to_the_rate() {
+    let (engine, _) = engine(
+        r#"
+[[proxy.rules]]
+name = "shaped"
+key = "ip"
+algorithm = "leaky_bucket"
+limit = 10
+window = "1s"
+queue = 2
+"#,
+    );
+    let verdicts: Vec<_> = (0..4).map(|_| get("/").to(&engine).verdict).collect();
+    assert_eq!(
+        verdicts,
+        [
+            Verdict::Forward,
+            Verdict::Delay(millis(100)),
+            Verdict::Delay(millis(200)),
+            Verdict::Reject { retry_after: millis(100) }
+        ]
+    );
+}
+
+const BY_KEY: &str = r#"
+[[proxy.rules]]
+name = "by-key"
+key = "api_key"
+algorithm = "fixed_window"
+limit = 3
+window = "1m"
+
+[[proxy.rules]]
+name = "by-tenant"
+path = "/tenant"
+key = "header:x-tenant"
+algorithm = "fixed_window"
+limit = 3
+window = "1m"
+"#;
+
+#[test]
+fn requests_without_a_known_key_share_one_bucket_and_allocate_nothing_more() {
+    let (engine, _) = engine(BY_KEY);
+    let unknown = ["bogus-1", "bogus-2"];
+    assert!(is_forward(&get("/").to(&engine)));
+    assert!(is_forward(&get("/").key(unknown[0]).to(&engine)));
+    let third = get("/").key(unknown[1]).to(&engine);
+    assert!(is_forward(&third));
+    assert!(third.policies.iter().all(|p| p.name == "by-key"), "no plan for an unknown key");
+    assert_eq!(get("/").to(&engine).violated, ["by-key"]);
+    assert_eq!(engine.tracked_keys(), 1);
+    assert!(is_forward(&get("/").key("k-free-1").to(&engine)), "a known key has its own bucket");
+    assert_eq!(engine.tracked_keys(), 3, "its rule bucket and its plan's");
+}
+
+#[test]
+fn a_missing_key_can_be_refused_without_counting() {
+    let engine = in_memory(&config_with("missing_key = \"reject\"", BY_KEY), FakeClock::new(T0));
+    let missing = |rule: &str| Verdict::MissingKey { rule: rule.to_owned() };
+    assert_eq!(get("/").to(&engine).verdict, missing("by-key"));
+    assert_eq!(get("/").key("bogus").to(&engine).verdict, missing("by-key"));
+    assert_eq!(get("/tenant").key("k-free-1").to(&engine).verdict, missing("by-tenant"));
+    assert_eq!(get("/tenant").key("k-free-1").header("x-tenant", "").to(&engine).verdict, missing("by-tenant"));
+    assert_eq!(engine.tracked_keys(), 0);
+    assert!(is_forward(&get("/tenant").key("k-free-1").header("x-tenant", "acme").to(&engine)));
+}
+
+#[test]
+fn header_values_are_keys_and_long_ones_are_hashed() {
+    let (engine, _) = engine(BY_KEY);
+    let long = "x".repeat(10_000);
+    for tenant in ["acme", "globex", long.as_str()] {
+        let request = get("/tenant").key("k-pro-1").header("x-tenant", tenant);
+        let d = request.to(&engine);
+        assert_eq!(status(&d, "by-tenant").remaining, 2, "{tenant:.10}: its own bucket");
+    }
+}
+
+#[test]
+fn ipv6_clients_share_a_bucket_per_64_and_mapped_ipv4_is_ipv4() {
+    let (engine, _) = engine(PER_IP);
+    let remaining = |ip: &str| status(&get("/").from(ip).to(&engine), "per-ip").remaining;
+    assert_eq!(remaining("2001:db8:1:2::1"), 99);
+    assert_eq!(remaining("2001:db8:1:2:ffff::9"), 98, "same /64");
+    assert_eq!(remaining("2001:db8:1:3::1"), 99, "another /64");
+    assert_eq!(remaining("198.51.100.1"), 99);
+    assert_eq!(remaining("::ffff:198.51.100.1"), 98, "IPv4-mapped");
+}
+
+#[test]
+fn route_keys_count_each_path_separately() {
+    let (engine, _) = engine(
+        r#"
+[[proxy.rules]]
+name = "upload"
+path = "/upload"
+key = "ip+route"
+algorithm = "token_bucket"
+limit = 1
+window = "1m"
+"#,
+    );
+    assert!(is_forward(&get("/upload/a").to(&engine)));
+    assert!(is_reject(&get("/upload/a").to(&engine)), "same client, same route");
+    assert!(is_forward(&get("/upload/b").to(&engine)), "another route under the prefix");
+    assert!(is_forward(&get("/upload/a").from("192.0.2.9").to(&engine)), "another client");
+    let long: &'static str = Box::leak(format!("/upload/{}", "x".repeat(500)).into_boxed_str());
+    assert!(is_forward(&get(long).to(&engine)));
+    assert!(is_reject(&get(long).to(&engine)), "a long path is keyed by its hash, still per route");
+}
+
+#[test]
+fn a_reload_keeps_counts_when_only_the_limit_changes() {
+    let (engine, clock) = engine("");
+    let request = get("/").key("k-free-1");
+    for _ in 0..50 {
+        request.to(&engine);
+    }
+    clock.advance(secs(1));
+    let mut lower = config("");
+    lower.plans.get_mut("free").expect("free plan").limit = std::num::NonZeroU32::new(60).expect("nonzero");
+    engine.reconfigure(&lower);
+    let d = request.to(&engine);
+    assert_eq!(status(&d, "free").limit, 60);
+    assert_eq!(status(&d, "free").remaining, 9, "60 − 51: the 50 before the reload still count");
+
+    // A new window is a new policy: its counts start over.
+    engine.reconfigure(&parse(
+        &BASE.replace("window = \"1m\"\nthrottle_from = 80", "window = \"2m\"\nthrottle_from = 80"),
+    ));
+    assert_eq!(engine.tracked_keys(), 0, "the old policy's state is dropped");
+    assert_eq!(status(&request.to(&engine), "free").remaining, 99);
+}
+
+#[test]
+fn penalties_charge_only_ip_rules_and_never_past_full() {
+    let (engine, clock) = engine(
+        r#"
+[[proxy.rules]]
+name = "transfer-ip"
+path = "/transfer"
+key = "ip"
+algorithm = "fixed_window"
+limit = 5
+window = "1m"
+
+[[proxy.rules]]
+name = "transfer-key"
+path = "/transfer"
+key = "api_key"
+algorithm = "fixed_window"
+limit = 5
+window = "1m"
+"#,
+    );
+    let transfer = get("/transfer").post().key("k-pro-1");
+    for _ in 0..3 {
+        ready(engine.penalize(&transfer.info()));
+    }
+    let d = transfer.to(&engine);
+    assert_eq!((status(&d, "transfer-ip").remaining, status(&d, "transfer-key").remaining), (1, 4));
+    for _ in 0..10 {
+        ready(engine.penalize(&transfer.info()));
+    }
+    assert!(is_reject(&transfer.to(&engine)));
+    clock.advance(secs(60));
+    assert!(is_forward(&transfer.to(&engine)), "a full bucket took no debt");
+}
+
+#[test]
+fn two_hundred_concurrent_requests_on_one_key_with_limit_50_forward_exactly_50() {
+    for algorithm in ["token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter"] {
+        let (engine, _) = engine(&format!(
+            "[[proxy.rules]]\nname = \"per-key\"\nkey = \"api_key\"\nalgorithm = \"{algorithm}\"\nlimit = 50\nwindow = \"1h\"\n"
+        ));
+        let request = get("/").key("k-pro-1");
+        let start = Barrier::new(200);
+        let forwarded = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..200)
+                .map(|_| {
+                    scope.spawn(|| {
+                        start.wait();
+                        is_forward(&request.to(&engine))
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().expect("thread")).filter(|&forwarded| forwarded).count()
+        });
+        assert_eq!(forwarded, 50, "{algorithm}");
+    }
+}
+
+#[test]
+fn random_clients_stay_within_the_bound() {
+    let engine = in_memory(&config_with("max_tracked_keys = 10_000", PER_IP), FakeClock::new(T0));
+    for i in 0..200_000_u32 {
+        let request = get("/").from(&std::net::Ipv4Addr::from(i.wrapping_mul(2_654_435_761)).to_string());
+        assert!(is_forward(&request.to(&engine)));
+    }
+    assert!(engine.tracked_keys() <= 10_000);
+    assert_eq!(engine.evictions(), 200_000 - engine.tracked_keys() as u64);
+}
+
+#[test]
+fn plan_of_and_signature_requirement() {
+    let (engine, _) = engine(
+        r#"
+[[proxy.rules]]
+name = "transfer"
+path = "/api/transfer"
+require_signature = true
+key = "api_key"
+algorithm = "token_bucket"
+limit = 10
+window = "1s"
+burst = 20
+"#,
+    );
+    assert_eq!(engine.plan_of("k-free-1").as_deref(), Some("free"));
+    assert_eq!(engine.plan_of("nope"), None);
+    assert!(get("/api/transfer").key("k-pro-1").to(&engine).require_signature);
+    assert!(!get("/api/other").key("k-pro-1").to(&engine).require_signature);
+}

@@ -1,0 +1,58 @@
+//! One bucket's state, whatever its algorithm, and the dispatch to the algorithm.
+
+use std::time::Duration;
+
+use super::{fixed_window, leaky_bucket, outcome::Outcome, sliding_window_counter, sliding_window_log, token_bucket};
+use crate::{Algorithm, LimitSpec};
+
+/// Writes the state enum and the dispatch once, from one list of (algorithm, module):
+/// every algorithm module has the same `State`, `check` and `charge`.
+macro_rules! algorithms {
+    ($($algorithm:ident => $module:ident),+ $(,)?) => {
+        /// The state of one (policy, key) bucket.
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub enum State {
+            $($algorithm($module::State),)+
+        }
+
+        impl State {
+            /// A bucket at full capacity.
+            #[must_use]
+            pub fn new(algorithm: Algorithm) -> Self {
+                match algorithm {
+                    $(Algorithm::$algorithm => Self::$algorithm($module::State::default()),)+
+                }
+            }
+        }
+
+        /// The outcome of one request now against `state` (`None`: a bucket never charged).
+        #[must_use]
+        pub fn check(spec: &LimitSpec, state: Option<&State>, now: Duration) -> Outcome {
+            match state {
+                $(Some(State::$algorithm(s)) if spec.algorithm == Algorithm::$algorithm => $module::check(spec, s, now),)+
+                // A policy's identity includes its algorithm, so another algorithm's state
+                // can only be a stale leftover: the bucket is new.
+                _ => check(spec, Some(&State::new(spec.algorithm)), now),
+            }
+        }
+
+        /// Charges one request; call only for a request [`check`] admitted at `now`.
+        pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) {
+            match state {
+                $(State::$algorithm(s) if spec.algorithm == Algorithm::$algorithm => $module::charge(spec, s, now),)+
+                _ => {
+                    *state = State::new(spec.algorithm);
+                    charge(spec, state, now);
+                }
+            }
+        }
+    };
+}
+
+algorithms! {
+    TokenBucket => token_bucket,
+    LeakyBucket => leaky_bucket,
+    FixedWindow => fixed_window,
+    SlidingWindowLog => sliding_window_log,
+    SlidingWindowCounter => sliding_window_counter,
+}

@@ -1,0 +1,50 @@
+//! Fixed window: at most `limit` requests per window, windows aligned to multiples
+//! of `window` since the UNIX epoch (a one-minute window turns on the minute).
+//!
+//! - A request is admitted if fewer than `limit` were admitted in its window; a
+//!   rejected request is not counted.
+//! - The count drops to 0 at the exact instant the next window begins.
+//! - `remaining` is `limit − count`; `reset_after` and `retry_after` are the time
+//!   until the window ends (`reset_after` is 0 for a window with nothing counted);
+//!   `used` is the count including the request.
+//!
+//! Up to `2 × limit` requests can pass in a `window` straddling a boundary; the
+//! sliding algorithms exist for that.
+
+use std::time::Duration;
+
+use super::{
+    outcome::{Outcome, Quota},
+    window::Window,
+};
+use crate::LimitSpec;
+
+/// The count of the latest window a request was admitted in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    window: u64,
+    count: u32,
+}
+
+/// The outcome of one request now, without charging it.
+#[must_use]
+pub fn check(spec: &LimitSpec, state: &State, now: Duration) -> Outcome {
+    let (window, count) = current(spec, state, now);
+    let limit = u64::from(spec.limit.get());
+    let remaining = limit.saturating_sub(u64::from(count));
+    let to_end = window.until_end(0);
+    let before = Quota { remaining, reset_after: if count == 0 { Duration::ZERO } else { to_end } };
+    if remaining == 0 { Outcome::rejected(limit, before, to_end) } else { Outcome::admitted(limit, before, to_end) }
+}
+
+/// Counts one request; call only for a request [`check`] admitted at `now`.
+pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) {
+    let (window, count) = current(spec, state, now);
+    *state = State { window: window.index, count: count.saturating_add(1) };
+}
+
+/// The window of `now` and its count so far.
+fn current(spec: &LimitSpec, state: &State, now: Duration) -> (Window, u32) {
+    let window = Window::at(spec, state.window, now);
+    (window, if window.index == state.window { state.count } else { 0 })
+}

@@ -1,0 +1,29 @@
+//! Per-key request limits: one module per algorithm, each a pure function of a
+//! [`LimitSpec`](crate::LimitSpec), a bucket's state and the time, and the
+//! [`Store`] that keeps the buckets.
+//!
+//! Meanings every algorithm keeps (details in each module):
+//! - `remaining` is always the number of requests that would pass back to back now
+//!   (for a leaky-bucket shaper: places left in its queue); `reset_after` is the time
+//!   until the bucket is back in full, which for the sliding window counter can reach
+//!   two windows.
+//! - A clock that steps back is read as standing still.
+
+pub mod bucket;
+pub mod fixed_window;
+pub mod gcra;
+pub mod leaky_bucket;
+pub mod outcome;
+pub mod sliding_window_counter;
+pub mod sliding_window_log;
+pub mod store;
+pub mod token_bucket;
+mod window;
+
+#[cfg(test)]
+mod tests;
+
+pub use self::{
+    outcome::{Outcome, Quota},
+    store::{Bucket, Charge, MemoryStore, Store},
+};

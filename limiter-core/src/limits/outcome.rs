@@ -1,0 +1,65 @@
+//! What an algorithm says about one request against one bucket.
+//!
+//! Every algorithm keeps one invariant, which is what makes the headers exact:
+//! `remaining` is the number of requests the bucket would admit back to back at this
+//! instant. So a request is admitted exactly when `before.remaining >= 1`, and each
+//! admitted request lowers `remaining` by exactly one; between requests it can only
+//! rise, as capacity returns.
+
+use std::time::Duration;
+
+use crate::Throttle;
+
+/// A bucket's quota at one instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    /// Requests the bucket would admit back to back now.
+    pub remaining: u64,
+    /// Time until the bucket is back to its full capacity (zero if it is).
+    pub reset_after: Duration,
+}
+
+/// The verdict of one bucket on one request, computed without changing the bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub admitted: bool,
+    /// The quota as it stands, without this request.
+    pub before: Quota,
+    /// The quota once this request is charged; `before` if it is rejected.
+    pub after: Quota,
+    /// Time until this request would be admitted; zero if it is.
+    pub retry_after: Duration,
+    /// Units of the bucket's capacity in use once this request is charged: what a
+    /// throttle band is compared with.
+    pub used: u64,
+    /// Leaky bucket as a shaper: how long the request waits for its departure slot.
+    pub wait: Duration,
+}
+
+impl Outcome {
+    /// An admitted request: `before.remaining` must be at least 1.
+    pub(super) fn admitted(capacity: u64, before: Quota, reset_after: Duration) -> Self {
+        let remaining = before.remaining.saturating_sub(1);
+        Self {
+            admitted: true,
+            before,
+            after: Quota { remaining, reset_after },
+            retry_after: Duration::ZERO,
+            used: capacity.saturating_sub(remaining),
+            wait: Duration::ZERO,
+        }
+    }
+
+    /// A rejected request: `before.remaining` is 0.
+    pub(super) fn rejected(capacity: u64, before: Quota, retry_after: Duration) -> Self {
+        Self { admitted: false, before, after: before, retry_after, used: capacity, wait: Duration::ZERO }
+    }
+
+    /// How long an admitted request is held before it is forwarded: its shaper wait,
+    /// or the throttle delay once usage is past the band's start, whichever is longer.
+    #[must_use]
+    pub fn delay(&self, throttle: Option<Throttle>) -> Duration {
+        let band = throttle.filter(|t| self.used > u64::from(t.from)).map_or(Duration::ZERO, |t| t.delay);
+        self.wait.max(band)
+    }
+}

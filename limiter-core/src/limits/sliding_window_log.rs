@@ -1,0 +1,77 @@
+//! Sliding window log: at most `limit` requests in any `window`, exactly.
+//!
+//! - The log holds the times of the admitted requests of the last `window`: one
+//!   admitted at `t` counts during `[t, t + window)`, and no longer at `t + window`.
+//! - A request is admitted if fewer than `limit` are in the log; a rejected request is
+//!   not logged. The log never holds more than `limit` times (8 bytes each), so its
+//!   memory is bounded per key.
+//! - `remaining` is `limit − logged`; `reset_after` the time until the newest entry
+//!   leaves the window (then the log is empty); `retry_after` the time until the entry
+//!   whose departure brings the count below `limit` leaves; `used` is the count
+//!   including the request.
+
+use std::{collections::VecDeque, time::Duration};
+
+use super::{
+    outcome::{Outcome, Quota},
+    window,
+};
+use crate::{LimitSpec, clock::to_nanos};
+
+/// Times (ns since the epoch) of the admitted requests, oldest first; entries that
+/// have left the window are dropped at the next charge.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    times: VecDeque<u64>,
+}
+
+impl State {
+    /// Times held, expired ones included until the next charge: at most the limit.
+    #[must_use]
+    pub fn logged(&self) -> usize {
+        self.times.len()
+    }
+}
+
+/// The outcome of one request now, without charging it.
+#[must_use]
+pub fn check(spec: &LimitSpec, state: &State, now: Duration) -> Outcome {
+    let length = window::length(spec);
+    let now = to_nanos(now);
+    let first = first_live(state, length, now);
+    let count = (state.times.len() - first) as u64;
+    let limit = u64::from(spec.limit.get());
+    let until_gone = |t: u64| Duration::from_nanos(t.saturating_add(length).saturating_sub(now));
+    let remaining = limit.saturating_sub(count);
+    let before = Quota {
+        remaining,
+        reset_after: state.times.back().filter(|_| count > 0).map_or(Duration::ZERO, |&t| until_gone(t)),
+    };
+    if remaining == 0 {
+        // Of the `count ≥ limit` entries, the first `count − limit + 1` must leave.
+        let blocking = state.times.get(first + (count - limit) as usize).copied().unwrap_or(now);
+        Outcome::rejected(limit, before, until_gone(blocking))
+    } else {
+        Outcome::admitted(limit, before, until_gone(logged_time(state, now)))
+    }
+}
+
+/// Logs one request; call only for a request [`check`] admitted at `now`.
+pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) {
+    let now = to_nanos(now);
+    let first = first_live(state, window::length(spec), now);
+    state.times.drain(..first);
+    let time = logged_time(state, now);
+    state.times.push_back(time);
+}
+
+/// Index of the oldest entry still in the window.
+fn first_live(state: &State, length: u64, now: u64) -> usize {
+    state.times.partition_point(|&t| t.saturating_add(length) <= now)
+}
+
+/// The time a request at `now` is logged at: a clock stepping back stands still, so
+/// the log stays sorted.
+fn logged_time(state: &State, now: u64) -> u64 {
+    state.times.back().map_or(now, |&last| last.max(now))
+}

@@ -1,0 +1,170 @@
+//! What a limit is: an algorithm, a quota per window, and the options some
+//! algorithms take. The config parses into these; they know nothing of the config.
+
+use std::{fmt, num::NonZeroU32, str::FromStr, time::Duration};
+
+/// The algorithm of a rule or plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    TokenBucket,
+    LeakyBucket,
+    FixedWindow,
+    SlidingWindowLog,
+    #[default]
+    SlidingWindowCounter,
+}
+
+impl Algorithm {
+    /// Every algorithm, in the order the docs list them.
+    pub const ALL: [Self; 5] =
+        [Self::TokenBucket, Self::LeakyBucket, Self::FixedWindow, Self::SlidingWindowLog, Self::SlidingWindowCounter];
+
+    /// The name the config and the Redis script use.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::TokenBucket => "token_bucket",
+            Self::LeakyBucket => "leaky_bucket",
+            Self::FixedWindow => "fixed_window",
+            Self::SlidingWindowLog => "sliding_window_log",
+            Self::SlidingWindowCounter => "sliding_window_counter",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = SpecError;
+
+    fn from_str(name: &str) -> Result<Self, SpecError> {
+        Self::ALL.into_iter().find(|a| a.name() == name).ok_or_else(|| SpecError::UnknownAlgorithm(name.to_owned()))
+    }
+}
+
+/// A limit: `limit` requests per `window` by `algorithm`, optionally with a throttle
+/// band, a burst (token bucket) or a queue (leaky bucket as a shaper).
+///
+/// Built checked by [`LimitSpec::new`]; the fields stay public so that tests can
+/// write a spec out.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LimitSpec {
+    pub algorithm: Algorithm,
+    pub limit: NonZeroU32,
+    pub window: Duration,
+    /// Token bucket: back-to-back capacity (default `limit`).
+    pub burst: Option<NonZeroU32>,
+    /// Requests past this many in the window are delayed by `throttle_delay`.
+    pub throttle: Option<Throttle>,
+    /// Leaky bucket: hold up to this many requests and release them at the rate.
+    pub queue: Option<NonZeroU32>,
+}
+
+/// The delay band below the hard limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Throttle {
+    pub from: u32,
+    pub delay: Duration,
+}
+
+/// The options of a limit as written, before they are checked against each other.
+#[derive(Clone, Copy, Debug)]
+pub struct LimitOptions {
+    pub burst: Option<NonZeroU32>,
+    pub throttle_from: Option<u32>,
+    pub throttle_delay: Option<Duration>,
+    pub queue: Option<NonZeroU32>,
+}
+
+/// Why a limit cannot be built; the messages speak the config's key names.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error(
+        "unknown algorithm `{0}`, expected one of `token_bucket`, `leaky_bucket`, `fixed_window`, `sliding_window_log`, `sliding_window_counter`"
+    )]
+    UnknownAlgorithm(String),
+    #[error("window must be longer than 0")]
+    EmptyWindow,
+    #[error("throttle_from = {from} must be below limit = {limit}")]
+    ThrottleAboveLimit { from: u32, limit: NonZeroU32 },
+    #[error("throttle_delay must be longer than 0")]
+    EmptyThrottleDelay,
+    #[error("throttle_from and throttle_delay go together")]
+    HalfThrottle,
+    #[error("burst only applies to algorithm = \"token_bucket\"")]
+    BurstWithoutTokenBucket,
+    #[error("queue only applies to algorithm = \"leaky_bucket\"")]
+    QueueWithoutLeakyBucket,
+    #[error("a queue already delays requests: drop throttle_from/throttle_delay")]
+    QueueAndThrottle,
+    #[error("limit {limit} (capacity {capacity}) over {window:?} is too large for the redis store; shorten the window")]
+    InexactInRedis { limit: NonZeroU32, capacity: NonZeroU32, window: Duration },
+}
+
+/// Largest integer Lua's doubles hold exactly.
+const EXACT_IN_DOUBLES: u128 = 1 << 53;
+
+impl LimitSpec {
+    /// A limit whose options fit its algorithm and each other.
+    pub fn new(
+        algorithm: Algorithm,
+        limit: NonZeroU32,
+        window: Duration,
+        options: LimitOptions,
+    ) -> Result<Self, SpecError> {
+        if window.is_zero() {
+            return Err(SpecError::EmptyWindow);
+        }
+        let throttle = match (options.throttle_from, options.throttle_delay) {
+            (None, None) => None,
+            (Some(from), Some(_)) if from >= limit.get() => return Err(SpecError::ThrottleAboveLimit { from, limit }),
+            (Some(_), Some(delay)) if delay.is_zero() => return Err(SpecError::EmptyThrottleDelay),
+            (Some(from), Some(delay)) => Some(Throttle { from, delay }),
+            _ => return Err(SpecError::HalfThrottle),
+        };
+        if options.burst.is_some() && algorithm != Algorithm::TokenBucket {
+            return Err(SpecError::BurstWithoutTokenBucket);
+        }
+        if options.queue.is_some() && algorithm != Algorithm::LeakyBucket {
+            return Err(SpecError::QueueWithoutLeakyBucket);
+        }
+        if options.queue.is_some() && throttle.is_some() {
+            return Err(SpecError::QueueAndThrottle);
+        }
+        Ok(Self { algorithm, limit, window, burst: options.burst, throttle, queue: options.queue })
+    }
+
+    /// Requests a full bucket admits back to back.
+    #[must_use]
+    pub fn capacity(&self) -> NonZeroU32 {
+        match self.algorithm {
+            Algorithm::TokenBucket => self.burst.unwrap_or(self.limit),
+            // The request being served plus the queue behind it.
+            Algorithm::LeakyBucket => self.queue.map_or(self.limit, |queue| queue.saturating_add(1)),
+            Algorithm::FixedWindow | Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => self.limit,
+        }
+    }
+
+    /// The window in whole microseconds (configured windows are whole milliseconds).
+    #[must_use]
+    pub fn window_micros(&self) -> u64 {
+        u64::try_from(self.window.as_micros()).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// Refuses a limit whose arithmetic in the Redis store's script (Lua counts in
+    /// doubles) would pass 2^53: GCRA counts `capacity × window` in units of
+    /// `1 / limit` ns, the windowed algorithms `limit × window` in µs.
+    pub fn check_exact_in_doubles(&self) -> Result<(), SpecError> {
+        let capacity = self.capacity();
+        let gcra = u128::from(self.window_micros()) * 1000 * u128::from(capacity.get());
+        let windowed = u128::from(self.window_micros()) * u128::from(self.limit.get());
+        if gcra >= EXACT_IN_DOUBLES || windowed >= EXACT_IN_DOUBLES {
+            return Err(SpecError::InexactInRedis { limit: self.limit, capacity, window: self.window });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,238 @@
+//! The benchmark report: each bench example prints one of these groups as a JSON
+//! line, `cargo xtask bench` reads them back, adds the HTTP group it measures itself,
+//! and writes the whole [`Report`] to `target/bench/report.json`. One set of types on
+//! both sides, so a renamed or missing field is a compile error, not an empty cell.
+
+use serde::{Deserialize, Serialize};
+
+/// A whole run of `cargo xtask bench`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Report {
+    /// `full`, `quick` or `smoke`.
+    pub run: String,
+    pub environment: Environment,
+    pub seconds: f64,
+    pub xdp_cost: Outcome<XdpCost>,
+    pub flood: Outcome<Flood>,
+    pub http: Outcome<Http>,
+    pub algorithms: Outcome<Algorithms>,
+    pub hmac: Outcome<Hmac>,
+    pub memory: Outcome<Memory>,
+    pub targets: Vec<Target>,
+    /// Every command the run started, in order, to reproduce it by hand.
+    pub commands: Vec<String>,
+    pub errors: Vec<String>,
+}
+
+/// A group's figures, or why it has none: one failed group does not stop the others.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Outcome<T> {
+    Measured(T),
+    Failed { error: String },
+}
+
+impl<T> Outcome<T> {
+    pub fn measured(&self) -> Option<&T> {
+        match self {
+            Self::Measured(value) => Some(value),
+            Self::Failed { .. } => None,
+        }
+    }
+}
+
+/// The machine and tool versions, because absolute figures mean little without them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Environment {
+    pub kernel: String,
+    pub cpu: String,
+    pub cores: usize,
+    pub memory: Option<String>,
+    pub loadavg_at_start: String,
+    pub rustc: String,
+    pub nginx: String,
+    pub wrk: String,
+    pub oha: String,
+    pub nft: String,
+    pub trafgen: String,
+}
+
+/// One target of issue 7: what it says, the figure measured, and whether it holds
+/// (`None`: not measured in this run).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Target {
+    pub target: String,
+    pub goal: String,
+    pub measured: String,
+    pub met: Option<bool>,
+}
+
+/// `xdp_cost`: nanoseconds per packet from `BPF_PROG_TEST_RUN`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct XdpCost {
+    pub repeat: u32,
+    pub map_capacity: u32,
+    pub xdp_pass_floor_ns: f64,
+    pub known_source_ns: f64,
+    pub new_source_full_map_ns: f64,
+    pub known_source_10k_cidrs_ns: f64,
+    pub known_source_vs_floor: f64,
+    pub new_source_single_run_ns: f64,
+    pub single_run_overhead_ns: f64,
+    pub new_sources_measured: u32,
+    /// An unknown source refused by an empty `[xdp.new_sources]` budget: a spoofed
+    /// flood's path (it never touches the sources map).
+    pub unknown_refused_by_budget_ns: f64,
+    pub unknown_refused_vs_known: f64,
+    pub known_source_with_budget_ns: f64,
+    /// A known source also charged to its /24's aggregate.
+    pub known_source_with_aggregate_ns: f64,
+}
+
+/// `bench_flood`: one bounded flood per filter on a veth pair.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Flood {
+    pub flood_packets: u64,
+    pub spoofed_sources: u32,
+    pub rate_per_source: u32,
+    pub burst_per_source: u32,
+    pub good_pps: u64,
+    /// `[xdp.new_sources]` of the `limiter+budget` row, per second and burst.
+    pub new_source_budget: u32,
+    pub idle_softirq_seconds_per_second: f64,
+    pub rows: Vec<FloodRow>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FloodRow {
+    /// `none`, `nftables`, `limiter` or `limiter+budget` (with `[xdp.new_sources]`).
+    pub filter: String,
+    pub flood_packets: u64,
+    pub flood_seconds: f64,
+    pub flood_packets_per_second: f64,
+    pub receiver_softirq_seconds: f64,
+    pub cpu0_system_seconds: f64,
+    pub softirq_ms_per_million_packets: f64,
+    pub dropped: u64,
+    /// From bpf_stats; only with limiter's program attached.
+    pub xdp_program_ns_per_packet: Option<f64>,
+    pub good_sent: u64,
+    pub good_received: u64,
+    pub good_delivery: f64,
+    /// The part of the flood that got through the filter.
+    pub admitted_share: f64,
+}
+
+/// The HTTP group, which xtask measures itself with nginx, wrk and oha.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Http {
+    pub load_tools: LoadTools,
+    pub connections: u32,
+    pub seconds: u32,
+    /// Requests per second of every fixed-rate run.
+    pub fixed_rate: u64,
+    pub rows: Vec<HttpRow>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LoadTools {
+    pub closed_loop: String,
+    pub fixed_rate: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HttpRow {
+    pub scenario: String,
+    pub url: String,
+    pub closed_loop: ClosedLoop,
+    /// Missing without oha, and for the signed route (oha cannot sign each request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fixed_rate: Option<FixedRate>,
+}
+
+/// What the wrk `done()` hook prints.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClosedLoop {
+    pub rps: f64,
+    pub requests: u64,
+    pub errors: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+}
+
+/// Taken from oha's JSON, whose fields may be missing.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FixedRate {
+    pub rate: u64,
+    pub rps: Option<f64>,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub p999_ms: Option<f64>,
+    pub status_200: Option<u64>,
+    pub success_rate: Option<f64>,
+}
+
+/// `bench_algorithms`: decisions per second of each algorithm and of governor.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Algorithms {
+    pub keys: usize,
+    pub decisions_per_thread: usize,
+    pub limit_per_second: u32,
+    pub cores: usize,
+    pub rows: Vec<AlgorithmRow>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AlgorithmRow {
+    pub limiter: String,
+    /// The algorithm's config name, or `governor` for the anchor.
+    pub algorithm: String,
+    pub threads: usize,
+    pub decisions_per_second: f64,
+    pub admitted_fraction: f64,
+    /// Check and charge alone, single-threaded; not for governor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bare_decisions_per_second: Option<f64>,
+}
+
+/// `bench_hmac`: signed-request verification by body size.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Hmac {
+    pub rows: Vec<HmacRow>,
+    pub sha_ni: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HmacRow {
+    pub body_bytes: usize,
+    pub requests: usize,
+    pub ns_per_request: f64,
+    pub requests_per_second: f64,
+    pub bytes_per_second: f64,
+}
+
+/// `bench_memory`: bytes per tracked key in the proxy and per source in the kernel.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Memory {
+    pub proxy: Vec<ProxyMemory>,
+    pub kernel: KernelMemory,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProxyMemory {
+    pub algorithm: String,
+    pub keys: usize,
+    pub bytes_per_key: f64,
+}
+
+/// The sources map as bpftool shows it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct KernelMemory {
+    pub capacity: u32,
+    pub map_type: String,
+    pub key_bytes: u64,
+    pub value_bytes: u64,
+    pub bytes_memlock: f64,
+    pub bytes_per_source: f64,
+}

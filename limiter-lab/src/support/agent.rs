@@ -1,0 +1,140 @@
+//! The `limiter` binary run as the agent, with a private config, pins and socket.
+
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+/// A running `limiter run`, stopped and cleaned up on drop.
+#[derive(Debug)]
+pub struct AgentProcess {
+    pub child: Option<Child>,
+    pub dir: PathBuf,
+    pub config_path: PathBuf,
+    pub pin_dir: PathBuf,
+    pub socket: PathBuf,
+}
+
+/// The `limiter` binary of the test being run. Cargo sets the variable for the
+/// integration tests of limiter-agent, at run time too, which is when this crate (a
+/// dependency, built before the binary) can read it.
+pub fn limiter_bin() -> PathBuf {
+    std::env::var_os("CARGO_BIN_EXE_limiter")
+        .map(PathBuf::from)
+        .expect("CARGO_BIN_EXE_limiter is not set: run through cargo test -p limiter-agent")
+}
+
+/// `[agent]` for a test: private pins and socket, no metrics unless asked.
+pub fn agent_section(name: &str, extra: &str) -> String {
+    let metrics = if extra.contains("metrics =") { "" } else { "metrics = \"\"\n" };
+    format!("[agent]\npin_dir = \"/sys/fs/bpf/{name}\"\nadmin_socket = \"/tmp/{name}/admin.sock\"\n{metrics}{extra}\n")
+}
+
+impl AgentProcess {
+    /// Writes `config` (which must use [`agent_section`] with `name`) and starts the
+    /// agent; returns once it answers on its admin socket.
+    pub fn start(name: &str, config: &str) -> Self {
+        let dir = PathBuf::from(format!("/tmp/{name}"));
+        std::fs::create_dir_all(&dir).expect("test dir");
+        let config_path = dir.join("limiter.toml");
+        std::fs::write(&config_path, config).expect("write config");
+        let mut agent = Self {
+            child: None,
+            pin_dir: PathBuf::from(format!("/sys/fs/bpf/{name}")),
+            socket: dir.join("admin.sock"),
+            config_path,
+            dir,
+        };
+        agent.spawn();
+        agent
+    }
+
+    /// Starts (again) the agent process on the same config and pins.
+    pub fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.join("agent.log")).expect("log file");
+        let child = Command::new(limiter_bin())
+            .args(["run", "-c"])
+            .arg(&self.config_path)
+            .env("LIMITER_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start limiter run");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("agent exited with {status}: {}", self.log());
+            }
+            assert!(Instant::now() < deadline, "agent did not come up: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+
+    /// Runs a `limiter` CLI command against this agent's config.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(limiter_bin()).args(args).arg("-c").arg(&self.config_path).output().expect("run limiter")
+    }
+
+    /// `limiter <args> --json`, parsed.
+    pub fn cli_json(&self, args: &[&str]) -> serde_json::Value {
+        let output = self.cli(args);
+        assert!(output.status.success(), "limiter {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        serde_json::from_slice(&output.stdout).expect("JSON output")
+    }
+
+    /// Writes `config` to a new file and runs `limiter reload -c` on it. The agent
+    /// adopts that file, and its watcher (which would reload an edited file by
+    /// itself, racing the command) sees no edit: the printed changes are this
+    /// command's.
+    pub fn reload_with(&mut self, config: &str) -> Output {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.config_path = self.dir.join(format!("reload-{n}.toml"));
+        self.write_config(config);
+        self.cli(&["reload"])
+    }
+
+    /// Replaces the config file's text.
+    pub fn write_config(&self, config: &str) {
+        let mut file = std::fs::File::create(&self.config_path).expect("config");
+        file.write_all(config.as_bytes()).expect("write config");
+    }
+
+    /// Sends `signal` and waits for the process to exit.
+    pub fn stop_with(&mut self, signal: i32) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("agent running");
+        let pid = i32::try_from(child.id()).expect("pid");
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(pid, signal) };
+        child.wait().expect("wait for agent")
+    }
+
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = limiter::xdp::detach_all(&self.pin_dir);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,291 @@
+//! Shared pieces of the proxy tests: a recording upstream, a running proxy, an HTTP
+//! client that times each request, and raw TCP exchanges for what clients must not
+//! be able to send.
+
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    path::Path,
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::{body::Incoming, server::conn::http1, service::service_fn};
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::{TokioExecutor, TokioIo},
+};
+use limiter::{config::Config, proxy::Proxy, signature::KeySecrets};
+use limiter_core::{Clock as _, FakeClock, SystemClock};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    sync::{Semaphore, oneshot, watch},
+    task::JoinHandle,
+};
+
+/// Long enough for anything that should happen "at once" on a loaded test machine.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// A request as the upstream received it.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub method: Method,
+    pub uri: Uri,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+#[derive(Debug)]
+struct Recorder {
+    /// Requests whose head arrived: counted before the body is read, so a request
+    /// refused halfway through its body would still show up.
+    arrived: watch::Sender<usize>,
+    seen: Mutex<Vec<Seen>>,
+    /// Permits for `/hold` requests to answer.
+    gate: Semaphore,
+}
+
+/// A test upstream on 127.0.0.1. Answers 200 with body `ok`; `…/hold` waits for
+/// [`Upstream::release`]; `/hop` answers with hop-by-hop headers to be removed;
+/// `/big` answers with a 100 KiB body.
+#[derive(Debug)]
+pub struct Upstream {
+    pub addr: SocketAddr,
+    recorder: Arc<Recorder>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Upstream {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
+        let addr = listener.local_addr().expect("upstream address");
+        let recorder = Arc::new(Recorder {
+            arrived: watch::Sender::new(0),
+            seen: Mutex::new(Vec::new()),
+            gate: Semaphore::new(0),
+        });
+        let shared = recorder.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let recorder = shared.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |request| respond(recorder.clone(), request));
+                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                });
+            }
+        });
+        Self { addr, recorder, task }
+    }
+
+    /// How many requests reached the upstream.
+    pub fn count(&self) -> usize {
+        *self.recorder.arrived.borrow()
+    }
+
+    /// Waits until at least `n` requests have arrived.
+    pub async fn arrived(&self, n: usize) {
+        let mut arrived = self.recorder.arrived.subscribe();
+        tokio::time::timeout(PATIENCE, arrived.wait_for(|count| *count >= n))
+            .await
+            .expect("requests did not reach the upstream in time")
+            .expect("upstream gone");
+    }
+
+    /// Lets `n` held requests answer.
+    pub fn release(&self, n: usize) {
+        self.recorder.gate.add_permits(n);
+    }
+
+    /// The requests received in full, in arrival order.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.recorder.seen.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+async fn respond(recorder: Arc<Recorder>, request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    recorder.arrived.send_modify(|count| *count += 1);
+    let (parts, body) = request.into_parts();
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let path = parts.uri.path().to_owned();
+    recorder.seen.lock().unwrap_or_else(PoisonError::into_inner).push(Seen {
+        method: parts.method,
+        uri: parts.uri,
+        headers: parts.headers,
+        body,
+    });
+    let mut response = Response::new(Full::new(Bytes::from_static(b"ok")));
+    match path.as_str() {
+        hold if hold.ends_with("/hold") => {
+            recorder.gate.acquire().await.expect("gate closed").forget();
+        }
+        "/hop" => {
+            let headers = response.headers_mut();
+            headers.insert("connection", HeaderValue::from_static("x-upstream-secret"));
+            headers.insert("x-upstream-secret", HeaderValue::from_static("1"));
+            headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+            headers.insert("proxy-authenticate", HeaderValue::from_static("Basic"));
+            headers.insert("x-upstream-kept", HeaderValue::from_static("1"));
+        }
+        "/big" => *response.body_mut() = Full::new(Bytes::from(vec![b'x'; 100 * 1024])),
+        _ => {}
+    }
+    Ok(response)
+}
+
+/// A proxy serving in the background until [`RunningProxy::shutdown`].
+#[derive(Debug)]
+pub struct RunningProxy {
+    pub proxy: Arc<Proxy<FakeClock>>,
+    /// What the proxy's limits, signatures and idempotency are measured with.
+    pub clock: FakeClock,
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Drop for RunningProxy {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// Parses a `[proxy]` config; `{upstream}` in the text is replaced by the upstream's
+/// address and `listen` defaults to an ephemeral port on 127.0.0.1.
+pub fn proxy_config(text: &str, upstream: SocketAddr) -> Arc<limiter::config::ProxyConfig> {
+    let text = text.replace("{upstream}", &upstream.to_string());
+    let config = Config::parse(&text, Path::new("test.toml")).unwrap_or_else(|e| panic!("test config: {e}\n{text}"));
+    Arc::new(config.proxy.expect("the test config has a [proxy] table"))
+}
+
+/// The head of a test config: `[proxy]` with the listen and upstream keys set.
+pub const PROXY_HEAD: &str = "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\n";
+
+impl RunningProxy {
+    /// A proxy on the config `text` (see [`PROXY_HEAD`]), measuring time with a fake
+    /// clock that reads the wall clock's time at the start and moves only when a test
+    /// advances it: windows never turn under a test's feet, and signatures made with
+    /// the wall clock still pass the timestamp check.
+    pub async fn start(text: &str, upstream: SocketAddr) -> Self {
+        let config = proxy_config(text, upstream);
+        let secrets = KeySecrets::load(&config).expect("test secrets");
+        let clock = FakeClock::new(SystemClock.now());
+        let proxy = Proxy::bind(config, secrets, clock.clone()).await.expect("bind proxy");
+        let addr = proxy.local_addr();
+        let proxy = Arc::new(proxy);
+        let (stop, stopped) = oneshot::channel();
+        let running = proxy.clone();
+        let task = tokio::spawn(async move {
+            running
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Self { proxy, clock, addr, stop: Some(stop), task: Some(task) }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Asks the proxy to stop and waits until `run` has returned.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(PATIENCE, task).await.expect("proxy did not drain in time").expect("proxy task");
+        }
+    }
+}
+
+/// A response with what the tests look at.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub elapsed: Duration,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).map_or("<absent>", |v| v.to_str().unwrap_or("<not text>"))
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
+    }
+}
+
+/// An HTTP client with a connection pool, as real clients have.
+#[derive(Clone, Debug)]
+pub struct TestClient(Client<HttpConnector, Full<Bytes>>);
+
+impl Default for TestClient {
+    fn default() -> Self {
+        Self(Client::builder(TokioExecutor::new()).build_http())
+    }
+}
+
+impl TestClient {
+    pub async fn send(&self, request: Request<Full<Bytes>>) -> Reply {
+        let start = Instant::now();
+        let response = tokio::time::timeout(PATIENCE, self.0.request(request))
+            .await
+            .expect("no response in time")
+            .expect("request failed");
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.expect("response body").to_bytes();
+        Reply { status: parts.status, headers: parts.headers, body, elapsed: start.elapsed() }
+    }
+
+    /// A request with these headers and body.
+    pub async fn request(&self, method: Method, url: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+        let mut builder = Request::builder().method(method).uri(url);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        self.send(builder.body(Full::new(Bytes::copy_from_slice(body))).expect("test request")).await
+    }
+
+    pub async fn get(&self, url: &str, headers: &[(&str, &str)]) -> Reply {
+        self.request(Method::GET, url, headers, b"").await
+    }
+}
+
+/// Writes `bytes` on a fresh connection and reads until the proxy closes it.
+pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect to proxy");
+    stream.write_all(bytes).await.expect("write request");
+    read_to_close(&mut stream).await
+}
+
+/// Everything the peer sends until it closes (a reset after the response counts as
+/// a close: the response has been read by then).
+pub async fn read_to_close(stream: &mut TcpStream) -> String {
+    let mut received = Vec::new();
+    let mut buf = [0; 8192];
+    loop {
+        match tokio::time::timeout(PATIENCE, stream.read(&mut buf)).await.expect("proxy did not close the connection") {
+            Ok(0) | Err(_) => break,
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&received).into_owned()
+}

@@ -1,0 +1,105 @@
+//! The config files and scripts of the HTTP group: nginx as upstream and as the
+//! `limit_req` anchor, limiter with each rule set, and the wrk hooks.
+
+use std::path::Path;
+
+pub const KEY_ID: &str = "bench-key";
+pub const SECRET: &str = "bench-secret-0123456789abcdef";
+
+/// The plan of the bench key, which every rule set below uses. Limits far above the
+/// load, so that every request is decided and forwarded: the bench measures what
+/// deciding costs, not how cheap a 429 is.
+const PLAN: &str = r#"
+[proxy.plans.bench]
+limit = 1000000000
+window = "1s"
+"#;
+
+pub const LIMITER_RULES: &str = r#"
+[[proxy.rules]]
+name = "per-ip"
+key = "ip"
+algorithm = "sliding_window_counter"
+limit = 1000000000
+window = "1s"
+
+[[proxy.rules]]
+name = "per-key"
+key = "api_key"
+algorithm = "token_bucket"
+limit = 1000000000
+window = "1s"
+"#;
+
+pub const LIMITER_SIGNED: &str = r#"
+[[proxy.rules]]
+name = "signed"
+path = "/signed"
+require_signature = true
+key = "api_key"
+algorithm = "token_bucket"
+limit = 1000000000
+window = "1s"
+"#;
+
+pub const WRK_DONE: &str = r#"
+function done(summary, latency, requests)
+  local s = summary.duration / 1e6
+  local bad = summary.errors.status + summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout
+  io.write(string.format('{"rps": %.1f, "requests": %d, "errors": %d, "p50_ms": %.3f, "p99_ms": %.3f, "p999_ms": %.3f}\n',
+    summary.requests / s, summary.requests, bad, latency:percentile(50) / 1e3, latency:percentile(99) / 1e3, latency:percentile(99.9) / 1e3))
+end
+"#;
+
+pub fn upstream_conf(port: u16) -> String {
+    format!(
+        "worker_processes 1;\ndaemon off;\npid PREFIX/upstream.pid;\nerror_log stderr warn;\nevents {{ worker_connections 4096; }}\n\
+         http {{\n  access_log off;\n  keepalive_requests 1000000;\n  client_body_temp_path PREFIX/tmp;\n  proxy_temp_path PREFIX/tmp;\n  \
+         fastcgi_temp_path PREFIX/tmp;\n  uwsgi_temp_path PREFIX/tmp;\n  scgi_temp_path PREFIX/tmp;\n  \
+         server {{\n    listen 127.0.0.1:{port};\n    location / {{ return 200 \"ok\\n\"; }}\n  }}\n}}\n"
+    )
+}
+
+/// nginx as a reverse proxy with `limit_req` zones equivalent to limiter's rules:
+/// per IP, per API key, and a "plan" zone for the keys of the bench plan.
+pub fn nginx_limit_req_conf(port: u16, upstream: u16) -> String {
+    format!(
+        "worker_processes 2;\ndaemon off;\npid PREFIX/nginx-limit-req.pid;\nerror_log stderr warn;\nevents {{ worker_connections 4096; }}\n\
+         http {{\n  access_log off;\n  keepalive_requests 1000000;\n  client_body_temp_path PREFIX/tmp;\n  proxy_temp_path PREFIX/tmp;\n  \
+         fastcgi_temp_path PREFIX/tmp;\n  uwsgi_temp_path PREFIX/tmp;\n  scgi_temp_path PREFIX/tmp;\n  \
+         limit_req_zone $binary_remote_addr zone=per_ip:10m rate=1000000r/s;\n  \
+         limit_req_zone $http_x_api_key zone=per_key:10m rate=1000000r/s;\n  \
+         map $http_x_api_key $plan_bench {{ \"{KEY_ID}\" $http_x_api_key; default \"\"; }}\n  \
+         limit_req_zone $plan_bench zone=plan_bench:10m rate=1000000r/s;\n  \
+         upstream up {{ server 127.0.0.1:{upstream}; keepalive 64; }}\n  \
+         server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      limit_req zone=per_ip burst=1000000 nodelay;\n      \
+         limit_req zone=per_key burst=1000000 nodelay;\n      limit_req zone=plan_bench burst=1000000 nodelay;\n      \
+         limit_req_status 429;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      \
+         proxy_set_header X-Forwarded-For $remote_addr;\n      proxy_pass http://up;\n    }}\n  }}\n}}\n"
+    )
+}
+
+/// limiter in front of `upstream` with `rules` (none: a bare proxy, without the
+/// bench plan and key either).
+pub fn limiter_conf(dir: &Path, name: &str, port: u16, upstream: u16, rules: &str, secret: &Path) -> String {
+    let slug = slug(name);
+    let extra = if rules.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "{PLAN}{rules}\n[[proxy.keys]]\nid = \"{KEY_ID}\"\nplan = \"bench\"\nsecrets = [\"file:{}\"]\n",
+            secret.display()
+        )
+    };
+    format!(
+        "[agent]\npin_dir = \"/sys/fs/bpf/limiter-bench-{slug}-{pid}\"\nadmin_socket = \"{dir}/{slug}.sock\"\nmetrics = \"\"\n\n\
+         [proxy]\nlisten = \"127.0.0.1:{port}\"\nupstream = \"http://127.0.0.1:{upstream}\"\nmax_tracked_keys = 1000000\n{extra}",
+        pid = std::process::id(),
+        dir = dir.display(),
+    )
+}
+
+/// A scenario name as it can appear in file and pin names.
+pub fn slug(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect()
+}

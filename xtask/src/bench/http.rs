@@ -1,0 +1,201 @@
+//! The HTTP group, driven from here: an upstream nginx, limiter with each rule set
+//! and nginx `limit_req` in front of it, loaded closed-loop by wrk and at one fixed
+//! rate by oha.
+
+use std::{fmt::Write as _, fs};
+
+use anyhow::{Context, Result, bail};
+use limiter_lab::report::{ClosedLoop, FixedRate, Http, HttpRow, LoadTools};
+use serde_json::Value;
+
+use super::{
+    Bench,
+    configs::{
+        KEY_ID, LIMITER_RULES, LIMITER_SIGNED, SECRET, WRK_DONE, limiter_conf, nginx_limit_req_conf, upstream_conf,
+    },
+    markdown::num,
+    process::{Server, free_port},
+    svg::bar_chart,
+};
+use crate::util::{cmd, find_program};
+
+pub const TITLE: &str = "3. HTTP";
+
+pub fn run(bench: &mut Bench) -> Result<Http> {
+    let dir = bench.out.join("http");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir)?;
+    let nginx = find_program("nginx").context("nginx not found (cargo xtask setup)")?;
+    let wrk = find_program("wrk").context("wrk not found (cargo xtask setup)")?;
+    let oha = find_program("oha");
+    let limiter = bench.bin_dir.join("limiter");
+
+    let upstream_port = free_port()?;
+    let mut servers = Vec::new();
+    servers.push(Server::nginx(bench, &nginx, &dir, "upstream", &upstream_conf(upstream_port), upstream_port)?);
+    let secret = dir.join("bench-key.secret");
+    fs::write(&secret, SECRET)?;
+    let mut scenarios: Vec<(&str, u16, &str)> = vec![("upstream direct", upstream_port, "/")];
+    let mut start_limiter = |bench: &mut Bench, name: &'static str, proxy: &str, path: &'static str| -> Result<()> {
+        let port = free_port()?;
+        let conf = limiter_conf(&dir, name, port, upstream_port, proxy, &secret);
+        servers.push(Server::limiter(bench, &limiter, &dir, name, &conf, port)?);
+        scenarios.push((name, port, path));
+        Ok(())
+    };
+    start_limiter(bench, "limiter, no rules", "", "/")?;
+    start_limiter(bench, "limiter, per-IP + per-key + plan", LIMITER_RULES, "/")?;
+    start_limiter(bench, "limiter, signed route", LIMITER_SIGNED, "/signed")?;
+    let nginx_port = free_port()?;
+    servers.push(Server::nginx(
+        bench,
+        &nginx,
+        &dir,
+        "nginx-limit-req",
+        &nginx_limit_req_conf(nginx_port, upstream_port),
+        nginx_port,
+    )?);
+    scenarios.push(("nginx limit_req", nginx_port, "/"));
+
+    let latency_lua = dir.join("latency.lua");
+    fs::write(&latency_lua, WRK_DONE)?;
+    let signed_lua = dir.join("signed.lua");
+    let mut c = cmd(bench.bin_dir.join("examples/bench_hmac"));
+    c.arg("--wrk-script")
+        .arg(bench.sizes.signed_requests.to_string())
+        .args([KEY_ID, SECRET, "/signed"])
+        .arg(&signed_lua);
+    bench.record(&c);
+    let status = c.status()?;
+    if !status.success() {
+        bail!("bench_hmac --wrk-script failed: {status}");
+    }
+    let mut script = fs::read_to_string(&signed_lua)?;
+    script += WRK_DONE;
+    fs::write(&signed_lua, script)?;
+
+    let seconds = bench.sizes.http_seconds.to_string();
+    let connections = bench.sizes.http_connections.to_string();
+    let mut rows = Vec::new();
+    for &(name, port, path) in &scenarios {
+        let url = format!("http://127.0.0.1:{port}{path}");
+        let script = if path == "/signed" { &signed_lua } else { &latency_lua };
+        let mut c = cmd(&wrk);
+        c.args(["-t1", "-c", &connections, "-d", &format!("{seconds}s"), "-s"]).arg(script).args([
+            "-H",
+            &format!("X-API-Key: {KEY_ID}"),
+            &url,
+        ]);
+        bench.record(&c);
+        let out = c.output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("{\"rps\""))
+            .with_context(|| format!("wrk gave no summary for {name}: {text}"))?;
+        let closed_loop: ClosedLoop = serde_json::from_str(line)?;
+        rows.push(HttpRow { scenario: name.to_owned(), url, closed_loop, fixed_rate: None });
+    }
+    // One fixed rate for every scenario: half the slowest closed-loop maximum, so
+    // every server is below saturation and latencies compare like with like.
+    let slowest = rows.iter().map(|r| r.closed_loop.rps).fold(f64::INFINITY, f64::min);
+    let rate = ((slowest * 0.5 / 100.0).floor() * 100.0).max(100.0) as u64;
+    if let Some(oha) = &oha {
+        for (row, &(name, _port, path)) in rows.iter_mut().zip(&scenarios) {
+            if path == "/signed" {
+                // oha cannot sign each request; the signed route is closed-loop only.
+                continue;
+            }
+            let mut c = cmd(oha);
+            c.args([
+                "-z",
+                &format!("{seconds}s"),
+                "-q",
+                &rate.to_string(),
+                "-c",
+                &connections,
+                "--latency-correction",
+                "--no-tui",
+                "--output-format",
+                "json",
+            ])
+            .args(["-H", &format!("X-API-Key: {KEY_ID}"), &row.url]);
+            bench.record(&c);
+            let out = c.output()?;
+            // oha's own format: read by key, and only the figures the report keeps.
+            let parsed: Value =
+                serde_json::from_slice(&out.stdout).with_context(|| format!("oha output for {name}"))?;
+            let p = &parsed["latencyPercentiles"];
+            let ms = |v: &Value| v.as_f64().map(|s| s * 1e3);
+            row.fixed_rate = Some(FixedRate {
+                rate,
+                rps: parsed["summary"]["requestsPerSec"].as_f64(),
+                p50_ms: ms(&p["p50"]),
+                p99_ms: ms(&p["p99"]),
+                p999_ms: ms(&p["p99.9"]),
+                status_200: parsed["statusCodeDistribution"]["200"].as_u64(),
+                success_rate: parsed["summary"]["successRate"].as_f64(),
+            });
+        }
+    }
+    drop(servers);
+    Ok(Http {
+        load_tools: LoadTools {
+            closed_loop: "wrk -t1 (a done() hook prints p50/p99/p99.9; the signed route uses a request() hook cycling pre-signed requests)".to_owned(),
+            fixed_rate: if oha.is_some() {
+                "oha -q RATE --latency-correction (corrects coordinated omission)"
+            } else {
+                "oha missing: not measured"
+            }
+            .to_owned(),
+        },
+        connections: bench.sizes.http_connections,
+        seconds: bench.sizes.http_seconds,
+        fixed_rate: rate,
+        rows,
+    })
+}
+
+pub fn markdown(m: &mut String, h: &Http) {
+    let _ = writeln!(
+        m,
+        "## {TITLE} (loopback, one upstream nginx, {} connections, {} s per run)\n\nClosed loop: {}. Fixed rate {} req/s: {}.\n",
+        h.connections, h.seconds, h.load_tools.closed_loop, h.fixed_rate, h.load_tools.fixed_rate
+    );
+    let _ = writeln!(
+        m,
+        "| scenario | closed-loop req/s | p50 / p99 / p99.9 ms (closed) | fixed-rate p50 / p99 / p99.9 ms | errors |\n|---|---|---|---|---|"
+    );
+    for r in &h.rows {
+        let c = &r.closed_loop;
+        let fr = r.fixed_rate.as_ref();
+        let fixed = |v: fn(&FixedRate) -> Option<f64>| num(fr.and_then(v), 2);
+        let _ = writeln!(
+            m,
+            "| {} | {} | {} / {} / {} | {} / {} / {} | {} |",
+            r.scenario,
+            num(Some(c.rps), 0),
+            num(Some(c.p50_ms), 2),
+            num(Some(c.p99_ms), 2),
+            num(Some(c.p999_ms), 2),
+            fixed(|f| f.p50_ms),
+            fixed(|f| f.p99_ms),
+            fixed(|f| f.p999_ms),
+            c.errors,
+        );
+    }
+    let _ = writeln!(
+        m,
+        "\nLimits are set far above the load on both proxies, so every request is decided and forwarded.\n\n![http](http.svg)\n"
+    );
+}
+
+pub fn charts(h: &Http) -> Vec<(&'static str, String)> {
+    let throughput: Vec<(String, f64)> = h.rows.iter().map(|r| (r.scenario.clone(), r.closed_loop.rps)).collect();
+    let p99: Vec<(String, f64)> =
+        h.rows.iter().filter_map(|r| Some((r.scenario.clone(), r.fixed_rate.as_ref()?.p99_ms?))).collect();
+    vec![
+        ("http", bar_chart("HTTP closed-loop throughput (higher is better)", "req/s", &throughput)),
+        ("http_p99", bar_chart("HTTP p99 at a fixed rate (lower is better)", "ms", &p99)),
+    ]
+}

@@ -1,0 +1,265 @@
+//! `cargo xtask bench [--quick]`: limiter side by side with what users would pick
+//! instead, measured in one run on one machine (issue 7).
+//!
+//! The measurements are example programs of limiter-agent that print one JSON object
+//! each (`xdp_cost`, `bench_flood`, `bench_algorithms`, `bench_hmac`, `bench_memory`),
+//! typed by `limiter_lab::report`;
+//! the HTTP group is driven from here with nginx, wrk and oha. Everything lands in
+//! `target/bench/`: `report.json`, `report.md`, and one SVG bar chart per group. Every
+//! figure is reported with its anchor from the same run (the XDP_PASS floor, nftables,
+//! nginx, governor), because absolute times on shared machines drift between runs.
+
+mod algorithms;
+mod configs;
+mod environment;
+mod flood;
+mod hmac;
+mod http;
+mod markdown;
+mod memory;
+mod process;
+mod svg;
+mod targets;
+mod xdp;
+
+use std::{
+    fs,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+use anyhow::{Context, Result, bail};
+use limiter_lab::report::{Outcome, Report};
+use serde::de::DeserializeOwned;
+
+use crate::util::{cmd, find_program, run as run_cmd, show, target_dir};
+
+#[derive(Debug, clap::Args)]
+pub struct Opts {
+    /// A run of about two minutes: fewer repetitions, shorter loads.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+/// How much of everything a run does.
+#[derive(Clone, Copy, Debug)]
+pub struct Sizes {
+    pub name: &'static str,
+    pub xdp_repeat: u32,
+    pub xdp_capacity: u32,
+    pub flood_packets: u64,
+    pub flood_sources: u32,
+    pub algorithm_decisions: u64,
+    pub algorithm_keys: u64,
+    pub hmac_bytes: u64,
+    pub memory_keys: u64,
+    pub memory_sources: u32,
+    pub http_seconds: u32,
+    pub http_connections: u32,
+    /// Signed requests pre-made for the signed route (each is used once).
+    pub signed_requests: u32,
+}
+
+impl Sizes {
+    pub const FULL: Sizes = Sizes {
+        name: "full",
+        xdp_repeat: 1_000_000,
+        xdp_capacity: 65_536,
+        flood_packets: 2_000_000,
+        flood_sources: 256,
+        algorithm_decisions: 2_000_000,
+        algorithm_keys: 10_000,
+        hmac_bytes: 256 << 20,
+        memory_keys: 100_000,
+        memory_sources: 1_000_000,
+        http_seconds: 10,
+        http_connections: 32,
+        signed_requests: 400_000,
+    };
+    pub const QUICK: Sizes = Sizes {
+        name: "quick",
+        xdp_repeat: 200_000,
+        xdp_capacity: 16_384,
+        flood_packets: 400_000,
+        flood_sources: 256,
+        algorithm_decisions: 400_000,
+        algorithm_keys: 10_000,
+        hmac_bytes: 32 << 20,
+        memory_keys: 20_000,
+        memory_sources: 100_000,
+        http_seconds: 3,
+        http_connections: 32,
+        signed_requests: 150_000,
+    };
+    /// For the smoke test: every code path, tiny counts.
+    #[cfg_attr(not(test), expect(dead_code, reason = "used by the smoke test"))]
+    pub const SMOKE: Sizes = Sizes {
+        name: "smoke",
+        xdp_repeat: 1_000,
+        xdp_capacity: 256,
+        flood_packets: 2_000,
+        flood_sources: 16,
+        algorithm_decisions: 2_000,
+        algorithm_keys: 100,
+        hmac_bytes: 1 << 20,
+        memory_keys: 100,
+        memory_sources: 1_024,
+        http_seconds: 1,
+        http_connections: 4,
+        signed_requests: 2_000,
+    };
+}
+
+pub fn run(opts: &Opts) -> Result<()> {
+    let mut build = cmd("cargo");
+    build.args(["build", "--release", "-p", "limiter-agent", "--bins", "--examples"]);
+    run_cmd(&mut build)?;
+    if find_program("oha").is_none() {
+        // The fixed-rate load tool (it corrects for coordinated omission); without it
+        // the fixed-rate columns stay empty rather than the bench failing.
+        let mut install = cmd("cargo");
+        install.args(["install", "oha", "--locked"]);
+        if let Err(e) = run_cmd(&mut install) {
+            eprintln!("warning: {e:#}; fixed-rate latencies will be missing");
+        }
+    }
+    let sizes = if opts.quick { Sizes::QUICK } else { Sizes::FULL };
+    let report = Bench::new(sizes, target_dir().join("release"), target_dir().join("bench")).run()?;
+    println!("{}", markdown::summary_table(&report));
+    println!("report: {}", target_dir().join("bench/report.md").display());
+    Ok(())
+}
+
+/// One run of the harness: where the binaries are, where the report goes, and the
+/// commands it ran.
+pub struct Bench {
+    sizes: Sizes,
+    bin_dir: PathBuf,
+    out: PathBuf,
+    commands: Vec<String>,
+    errors: Vec<String>,
+}
+
+impl Bench {
+    pub fn new(sizes: Sizes, bin_dir: PathBuf, out: PathBuf) -> Self {
+        Self { sizes, bin_dir, out, commands: Vec::new(), errors: Vec::new() }
+    }
+
+    /// Runs every group, writes the report files and returns the report.
+    pub fn run(mut self) -> Result<Report> {
+        fs::create_dir_all(&self.out).with_context(|| format!("cannot create {}", self.out.display()))?;
+        let started = Instant::now();
+        let xdp_cost = xdp::run(&mut self);
+        let flood = flood::run(&mut self);
+        let http = http::run(&mut self);
+        let http = self.outcome("http", http);
+        let algorithms = algorithms::run(&mut self);
+        let hmac = hmac::run(&mut self);
+        let memory = memory::run(&mut self);
+        let mut report = Report {
+            run: self.sizes.name.to_owned(),
+            environment: environment::environment(),
+            seconds: started.elapsed().as_secs_f64(),
+            xdp_cost,
+            flood,
+            http,
+            algorithms,
+            hmac,
+            memory,
+            targets: Vec::new(),
+            commands: self.commands,
+            errors: self.errors,
+        };
+        report.targets = targets::targets(&report);
+        fs::write(self.out.join("report.json"), serde_json::to_string_pretty(&report)?)?;
+        let charts = [
+            report.xdp_cost.measured().map(xdp::charts),
+            report.flood.measured().map(flood::charts),
+            report.http.measured().map(http::charts),
+            report.algorithms.measured().map(algorithms::charts),
+            report.hmac.measured().map(hmac::charts),
+        ];
+        for (name, svg) in charts.into_iter().flatten().flatten() {
+            fs::write(self.out.join(format!("{name}.svg")), svg)?;
+        }
+        fs::write(self.out.join("report.md"), markdown::markdown(&report))?;
+        Ok(report)
+    }
+
+    fn record(&mut self, c: &Command) {
+        let line = show(c);
+        println!("{line}");
+        self.commands.push(line.trim_start_matches("$ ").to_owned());
+    }
+
+    /// A group that failed is reported as failed, with its error; the others still run.
+    fn outcome<T>(&mut self, name: &str, result: Result<T>) -> Outcome<T> {
+        match result {
+            Ok(value) => Outcome::Measured(value),
+            Err(e) => {
+                let message = format!("{name}: {e:#}");
+                eprintln!("bench group failed: {message}");
+                self.errors.push(message.clone());
+                Outcome::Failed { error: message }
+            }
+        }
+    }
+
+    /// Runs the bench example `name`, which prints its group as its last JSON line.
+    fn example<T: DeserializeOwned>(&mut self, name: &str, args: &[String]) -> Outcome<T> {
+        let path = self.bin_dir.join("examples").join(name);
+        let mut c = cmd(&path);
+        c.args(args).env("RUST_BACKTRACE", "0").stderr(Stdio::inherit());
+        self.record(&c);
+        let result = (|| -> Result<T> {
+            let out = c.output().with_context(|| format!("cannot run {}", path.display()))?;
+            if !out.status.success() {
+                bail!("{name} exited with {}", out.status);
+            }
+            let text = String::from_utf8_lossy(&out.stdout);
+            let line = text.lines().rev().find(|l| l.starts_with('{')).context("no JSON on stdout")?;
+            Ok(serde_json::from_str(line)?)
+        })();
+        self.outcome(name, result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole harness with tiny counts, against the debug examples that
+    /// `cargo test --workspace` (and so `cargo xtask test`) has just built. Needs root
+    /// for the kernel groups, like the kernel tests.
+    #[test]
+    fn bench_harness_smoke() {
+        let _lab = crate::util::LAB.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let bin_dir = target_dir().join("debug");
+        let needed = ["xdp_cost", "bench_flood", "bench_algorithms", "bench_hmac", "bench_memory"];
+        if let Some(missing) = needed.iter().find(|n| !bin_dir.join("examples").join(n).is_file()) {
+            panic!(
+                "{missing} is not built: run through `cargo xtask test` (cargo test --workspace builds the examples)"
+            );
+        }
+        assert!(bin_dir.join("limiter").is_file(), "target/debug/limiter is not built");
+        let started = Instant::now();
+        let out = target_dir().join("bench-smoke");
+        let report = Bench::new(Sizes::SMOKE, bin_dir, out.clone()).run().expect("bench run");
+        assert!(report.errors.is_empty(), "{:#?}", report.errors);
+        for file in ["report.md", "report.json", "xdp_cost.svg", "flood.svg", "http.svg", "algorithms.svg", "hmac.svg"]
+        {
+            assert!(out.join(file).is_file(), "{file} missing");
+        }
+        let xdp = report.xdp_cost.measured().expect("xdp group");
+        assert!(xdp.known_source_ns > 0.0, "{xdp:?}");
+        assert_eq!(report.flood.measured().map(|f| f.rows.len()), Some(3));
+        assert_eq!(report.http.measured().map(|h| h.rows.len()), Some(5));
+        assert_eq!(report.targets.len(), 7);
+        // The report reads back as what was written.
+        let written = fs::read_to_string(out.join("report.json")).expect("report.json");
+        let read: Report = serde_json::from_str(&written).expect("report.json parses as a Report");
+        assert_eq!(read.targets.len(), report.targets.len());
+        eprintln!("bench smoke run took {:?}", started.elapsed());
+    }
+}

@@ -1,0 +1,44 @@
+//! The XDP group: the `xdp_cost` example's cost per packet from `BPF_PROG_TEST_RUN`,
+//! each case against the do-nothing XDP_PASS floor.
+
+use std::fmt::Write as _;
+
+use limiter_lab::report::{Outcome, XdpCost};
+
+use super::{Bench, markdown::num, svg::bar_chart};
+
+pub const TITLE: &str = "1. XDP cost per packet";
+
+pub fn run(bench: &mut Bench) -> Outcome<XdpCost> {
+    let s = bench.sizes;
+    bench.example("xdp_cost", &[s.xdp_repeat.to_string(), s.xdp_capacity.to_string()])
+}
+
+/// The cases in report order, with their labels.
+fn cases(x: &XdpCost) -> [(&'static str, &'static str, f64); 4] {
+    [
+        ("XDP_PASS only (floor)", "XDP_PASS floor", x.xdp_pass_floor_ns),
+        ("limiter, known source", "known source", x.known_source_ns),
+        ("limiter, new source, full map", "new source, full map", x.new_source_full_map_ns),
+        ("limiter, known source, 10 000 CIDRs", "known source, 10k CIDRs", x.known_source_10k_cidrs_ns),
+    ]
+}
+
+pub fn markdown(m: &mut String, x: &XdpCost) {
+    let _ = writeln!(m, "## {TITLE} (BPF_PROG_TEST_RUN, repeat {})\n", x.repeat);
+    let _ = writeln!(m, "| case | ns | × floor |\n|---|---|---|");
+    for (label, _, ns) in cases(x) {
+        let _ = writeln!(m, "| {label} | {} | {:.2} |", num(Some(ns), 1), ns / x.xdp_pass_floor_ns);
+    }
+    let _ = writeln!(
+        m,
+        "\nNew sources cannot repeat inside one test run (the first run inserts them), so that case runs once per source; \
+         the fixed cost of a one-run call, measured with the floor program the same way ({} ns), is taken out.\n\n![xdp](xdp_cost.svg)\n",
+        num(Some(x.single_run_overhead_ns), 0)
+    );
+}
+
+pub fn charts(x: &XdpCost) -> Vec<(&'static str, String)> {
+    let bars: Vec<(String, f64)> = cases(x).iter().map(|(_, label, ns)| ((*label).to_owned(), *ns)).collect();
+    vec![("xdp_cost", bar_chart("XDP cost per packet (lower is better)", "ns", &bars))]
+}
