@@ -14,6 +14,8 @@ pub struct Report {
     pub seconds: f64,
     pub xdp_cost: Outcome<XdpCost>,
     pub flood: Outcome<Flood>,
+    /// The same flood from a random address per frame, as `hping3 --rand-source` sends.
+    pub random_flood: Outcome<Flood>,
     pub http: Outcome<Http>,
     pub algorithms: Outcome<Algorithms>,
     pub hmac: Outcome<Hmac>,
