@@ -192,8 +192,11 @@ fn spoofed_phases(limiter: &Path, config_path: &Path, config_text: &str) -> anyh
     let before = spoofed_phase()?;
     let budget = "\n[xdp.new_sources]\npackets_per_second = 100\nburst = 100\n";
     let reloaded = config_text.replace("[proxy]\n", &format!("{budget}\n[proxy]\n"));
-    std::fs::write(config_path, reloaded)?;
-    let output = Command::new(limiter).args(["reload", "-c"]).arg(config_path).output()?;
+    // A new file, which the agent adopts: an edit of the watched one could be picked
+    // up by its watcher first, leaving this reload "no changes" to print.
+    let budget_path = config_path.with_file_name("limiter-budget.toml");
+    std::fs::write(&budget_path, reloaded)?;
+    let output = Command::new(limiter).args(["reload", "-c"]).arg(&budget_path).output()?;
     println!("\n$ limiter reload   # [xdp.new_sources] 100 packets/s, burst 100");
     print!("{}", String::from_utf8_lossy(&output.stdout));
     let after = spoofed_phase()?;
