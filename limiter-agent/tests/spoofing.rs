@@ -7,7 +7,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::programs::{TestRun as _, TestRunOptions};
 use limiter::xdp::source_key;
 use limiter_common::{
     addr::v4_mapped,
@@ -238,19 +237,7 @@ fn a_global_budget_is_exact_under_two_cpus_hammering_it() {
         "[xdp.limit]\npackets_per_second = 1000000000\nburst = 4000000000\n\
          [xdp.syn]\npackets_per_second = 1\nburst = {BURST}\n"
     )));
-    let frame = tcp4(v4(1), TCP_SYN);
-    let start_together = std::sync::Barrier::new(2);
-    let started = Instant::now();
-    std::thread::scope(|scope| {
-        for _ in 0..2 {
-            scope.spawn(|| {
-                start_together.wait();
-                let options = TestRunOptions { data_in: Some(&frame), repeat: REPEAT, ..TestRunOptions::default() };
-                kernel.kernel.program().expect("program").test_run(options).expect("test run");
-            });
-        }
-    });
-    let refill = started.elapsed().as_secs().saturating_add(1);
+    let refill = kernel.run_on_two_cpus(&tcp4(v4(1), TCP_SYN), REPEAT).as_secs().saturating_add(1);
     let budget = kernel.kernel.maps().budget(BUDGET_SYN).expect("budget");
     assert_eq!(budget.packets, 2 * u64::from(REPEAT));
     let admitted = budget.packets - budget.dropped;
