@@ -43,6 +43,7 @@ struct Site {
 }
 
 impl Site {
+    /// The agent with the new-source budget and `xdp_extra` in `[xdp]`.
     fn start(upstream: SocketAddr, xdp_extra: &str) -> Self {
         let name = unique("spf");
         let net = 150 + u8::try_from(std::process::id() % 50).unwrap_or(0);
@@ -77,6 +78,9 @@ interfaces = ["{flood_if}", "{clients_if}"]
 [xdp.limit]
 packets_per_second = 1000
 burst = 1000
+[xdp.new_sources]
+packets_per_second = {BUDGET_RATE}
+burst = {BUDGET_BURST}
 {xdp_extra}
 
 [proxy]
@@ -181,13 +185,7 @@ fn verdicts(maps: &KernelMaps) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_random_source_flood_is_held_to_the_budget_while_known_and_verified_clients_are_served() {
     let upstream = Upstream::start().await;
-    let site = Site::start(
-        upstream.addr,
-        &format!(
-            "[xdp.new_sources]\npackets_per_second = {BUDGET_RATE}\nburst = {BUDGET_BURST}\n\
-             [xdp.aggregate]\npackets_per_second = 2000\nburst = 2000\n"
-        ),
-    );
+    let site = Site::start(upstream.addr, "[xdp.aggregate]\npackets_per_second = 2000\nburst = 2000\n");
     let receiver = traffic::Receiver::bind(site.flood_host).expect("receiver");
     // Known before the flood: the calm source by its first datagrams, the client by
     // a completed handshake (which also verifies it).
@@ -252,13 +250,7 @@ async fn a_random_source_flood_is_held_to_the_budget_while_known_and_verified_cl
 #[tokio::test(flavor = "multi_thread")]
 async fn a_syn_flood_from_random_sources_leaves_a_verified_client_connecting() {
     let upstream = Upstream::start().await;
-    let site = Site::start(
-        upstream.addr,
-        &format!(
-            "[xdp.new_sources]\npackets_per_second = {BUDGET_RATE}\nburst = {BUDGET_BURST}\n\
-             [xdp.syn]\npackets_per_second = 100\nburst = 100\n"
-        ),
-    );
+    let site = Site::start(upstream.addr, "[xdp.syn]\npackets_per_second = 100\nburst = 100\n");
     let proxy = site.proxy;
     let first = spawn_in_namespace(&site.clients.ns, move || get(proxy));
     assert_eq!(first.join().expect("client").ok(), Some(true), "the first request");

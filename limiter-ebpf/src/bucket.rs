@@ -20,7 +20,7 @@ const BPF_NOEXIST: u64 = 1;
 
 /// Charges one packet to the bucket at `state`; `false` if it is empty.
 #[inline(always)]
-pub fn take(ctx: &aya_ebpf::programs::XdpContext, state: *mut SourceState, now: u64, rate: Rate) -> bool {
+fn take(ctx: &aya_ebpf::programs::XdpContext, state: *mut SourceState, now: u64, rate: Rate) -> bool {
     // SAFETY: `state` points into a live map value whose fields are 8-byte aligned
     // u64s that every CPU only touches atomically.
     let (tat, packets, dropped) =
@@ -67,14 +67,26 @@ pub fn take_budget(
 }
 
 /// What [`charge`] did.
-pub struct Charged {
-    pub admitted: bool,
-    /// The key had no bucket and this packet made one.
-    pub inserted: bool,
+pub enum Charged {
+    /// The key had a bucket; whether it admitted the packet.
+    Existing(bool),
+    /// The key had none and this packet made it; whether it was admitted.
+    Inserted(bool),
+    /// The key had none and `may_insert` refused to make one: the map is untouched.
+    Refused,
 }
 
-/// Charges one packet to the bucket of `key` in `map`, creating it full for a key
-/// that has none.
+impl Charged {
+    #[inline(always)]
+    pub fn admitted(&self) -> bool {
+        matches!(self, Self::Existing(true) | Self::Inserted(true))
+    }
+}
+
+/// Charges one packet to the bucket of `key` in `map`. A key without one gets a
+/// full bucket with this packet already charged, if `may_insert` allows: one insert
+/// instead of insert, second lookup and three atomics. A CPU that loses the race to
+/// insert charges the winner's bucket, by CAS.
 #[inline(always)]
 pub fn charge(
     ctx: &aya_ebpf::programs::XdpContext,
@@ -82,24 +94,14 @@ pub fn charge(
     key: &SourceKey,
     now: u64,
     rate: Rate,
+    may_insert: impl FnOnce() -> bool,
 ) -> Charged {
-    match map.get_ptr_mut(key) {
-        Some(state) => Charged { admitted: take(ctx, state, now, rate), inserted: false },
-        None => insert(ctx, map, key, now, rate),
+    if let Some(state) = map.get_ptr_mut(key) {
+        return Charged::Existing(take(ctx, state, now, rate));
     }
-}
-
-/// Creates the bucket of `key` with this packet already charged: one insert instead
-/// of insert, second lookup and three atomics. A CPU that loses the race to insert
-/// charges the winner's bucket, by CAS.
-#[inline(always)]
-pub fn insert(
-    ctx: &aya_ebpf::programs::XdpContext,
-    map: &LruHashMap<SourceKey, SourceState>,
-    key: &SourceKey,
-    now: u64,
-    rate: Rate,
-) -> Charged {
+    if !may_insert() {
+        return Charged::Refused;
+    }
     let admitted = bucket::admit(SourceState::default().tat_ns, now, rate);
     let first = SourceState {
         tat_ns: admitted.unwrap_or(SourceState::default().tat_ns),
@@ -107,10 +109,9 @@ pub fn insert(
         dropped: u64::from(admitted.is_none()),
     };
     if map.insert(key, first, BPF_NOEXIST).is_ok() {
-        return Charged { admitted: admitted.is_some(), inserted: true };
+        return Charged::Inserted(admitted.is_some());
     }
     // Evicted between insert and lookup by a flood of new keys: refuse rather than
     // admit unaccounted.
-    let admitted = map.get_ptr_mut(key).is_some_and(|state| take(ctx, state, now, rate));
-    Charged { admitted, inserted: false }
+    Charged::Existing(map.get_ptr_mut(key).is_some_and(|state| take(ctx, state, now, rate)))
 }

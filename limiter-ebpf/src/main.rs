@@ -37,7 +37,7 @@ use limiter_common::{
 };
 
 use crate::{
-    bucket::{charge, insert, take, take_budget},
+    bucket::{Charged, charge, take_budget},
     maps::{AGGREGATES, BLOCK_V4, BLOCK_V6, BUDGETS, CIDR_V4, CIDR_V6, SOURCES, count, may_hold, settings, verified},
     parse::{Frame, Packet, parse},
 };
@@ -99,33 +99,30 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     {
         return refuse(enforce, Counter::DroppedSyn);
     }
-    let admitted = match SOURCES.get_ptr_mut(&key) {
-        Some(state) => take(&ctx, state, now, rate),
-        None => {
-            // Refused before the map is touched: a flood of spoofed sources neither
-            // pays for an insert nor evicts the buckets of the sources already known.
-            if settings.has(FEATURE_NEW_SOURCES)
-                && !proof.verified(&key, now)
-                && !take_budget(&ctx, &BUDGETS, BUDGET_NEW_SOURCES, now, settings.new_source_rate)
-            {
-                return refuse(enforce, Counter::DroppedNewSource);
-            }
-            let charged = insert(&ctx, &SOURCES, &key, now, rate);
-            if charged.inserted {
-                count(Counter::NewSources);
-                debug!(&ctx, "new source {:i}", key.addr);
-            }
-            charged.admitted
+    // A source without a bucket is refused before the map is touched when the budget
+    // is empty: a flood of spoofed sources neither pays for an insert nor evicts the
+    // buckets of the sources already known.
+    let charged = charge(&ctx, &SOURCES, &key, now, rate, || {
+        !settings.has(FEATURE_NEW_SOURCES)
+            || proof.verified(&key, now)
+            || take_budget(&ctx, &BUDGETS, BUDGET_NEW_SOURCES, now, settings.new_source_rate)
+    });
+    match charged {
+        Charged::Refused => return refuse(enforce, Counter::DroppedNewSource),
+        Charged::Inserted(_) => {
+            count(Counter::NewSources);
+            debug!(&ctx, "new source {:i}", key.addr);
         }
-    };
-    if !admitted {
+        Charged::Existing(_) => {}
+    }
+    if !charged.admitted() {
         return refuse(enforce, Counter::DroppedRateLimit);
     }
     // After the source's own bucket, so that a source refused by its own limit does
     // not also drain the bucket its neighbours share.
     if let Some(aggregate) = aggregate_rate(settings, rule_aggregate)
         && !proof.verified(&key, now)
-        && !charge(&ctx, &AGGREGATES, &prefix_key(&packet, settings), now, aggregate).admitted
+        && !charge(&ctx, &AGGREGATES, &prefix_key(&packet, settings), now, aggregate, || true).admitted()
     {
         return refuse(enforce, Counter::DroppedAggregate);
     }

@@ -139,12 +139,13 @@ impl TryFrom<u8> for Ipv6Prefix {
     type Error = String;
 
     fn try_from(bits: u8) -> Result<Self, String> {
-        if (1..=128).contains(&bits) {
-            Ok(Self(bits))
-        } else {
-            Err(format!("{bits} is not a prefix length from 1 to 128"))
-        }
+        prefix_len(bits, 128).map(Self)
     }
+}
+
+/// `bits` if it is a prefix length from 1 to `max`.
+fn prefix_len(bits: u8, max: u8) -> Result<u8, String> {
+    if (1..=max).contains(&bits) { Ok(bits) } else { Err(format!("{bits} is not a prefix length from 1 to {max}")) }
 }
 
 /// An IPv4 prefix length, 1 to 32.
@@ -156,11 +157,7 @@ impl TryFrom<u8> for Ipv4Prefix {
     type Error = String;
 
     fn try_from(bits: u8) -> Result<Self, String> {
-        if (1..=32).contains(&bits) {
-            Ok(Self(bits))
-        } else {
-            Err(format!("{bits} is not a prefix length from 1 to 32"))
-        }
+        prefix_len(bits, 32).map(Self)
     }
 }
 
