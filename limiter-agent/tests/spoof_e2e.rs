@@ -39,6 +39,8 @@ struct Site {
     calm: Ipv4Addr,
     client: Ipv4Addr,
     proxy: SocketAddr,
+    /// The agent's config text.
+    config: String,
     agent: AgentProcess,
 }
 
@@ -92,7 +94,7 @@ upstream = "http://{upstream}"
             clients_if = clients.host_if,
         );
         let agent = AgentProcess::start(&name, &config);
-        Self { flood, clients, flood_host, calm, client, proxy, agent }
+        Self { flood, clients, flood_host, calm, client, proxy, config, agent }
     }
 
     fn maps(&self) -> KernelMaps {
@@ -267,4 +269,38 @@ async fn a_syn_flood_from_random_sources_leaves_a_verified_client_connecting() {
     eprintln!("SYN flood: {refused} of ~{FLOOD} refused in {elapsed:?}; client: {ok} of {tried} connected");
     assert!(refused >= FLOOD * 9 / 10 - BUDGET_BURST, "{refused} SYNs refused");
     assert!(tried >= 3 && ok == tried, "the client connected {ok} of {tried} times");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_checks_verifies_and_reloads_the_spoofing_defences() {
+    let upstream = Upstream::start().await;
+    let mut site = Site::start(upstream.addr, "");
+    let text = |output: &std::process::Output| {
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+    };
+    let check = text(&site.agent.cli(&["check"]));
+    assert!(check.contains(&format!("xdp.new_sources: {BUDGET_RATE} pps, burst {BUDGET_BURST}")), "{check}");
+    assert!(check.contains("xdp.syn: off"), "{check}");
+    assert!(check.contains("clients that complete a TCP handshake with the proxy"), "{check}");
+
+    let verified = site.agent.cli(&["verify", "192.0.2.0/30", "--ttl", "1m"]);
+    assert!(verified.status.success(), "{}", text(&verified));
+    assert_eq!(String::from_utf8_lossy(&verified.stdout), "verified 192.0.2.0/30 (4 sources) for 1m\n");
+    assert!(site.maps().is_verified(&source_key("192.0.2.3".parse().expect("ip"), 64)));
+    assert_eq!(site.agent.cli_json(&["stats", "--json"])["xdp"]["verified"]["tracked"].as_u64(), Some(4));
+    let unverified = site.agent.cli(&["unverify", "192.0.2.0/24"]);
+    assert_eq!(String::from_utf8_lossy(&unverified.stdout), "unverified 192.0.2.0/24 (4 sources)\n");
+    let again = site.agent.cli(&["unverify", "192.0.2.0/24"]);
+    assert!(!again.status.success() && text(&again).contains("no verified source in 192.0.2.0/24"), "{}", text(&again));
+    let too_wide = site.agent.cli(&["verify", "10.0.0.0/8"]);
+    assert!(!too_wide.status.success() && text(&too_wide).contains("action = \"allow\""), "{}", text(&too_wide));
+
+    let with_xdp = |table: &str| site.config.replace("\n[proxy]\n", &format!("\n{table}\n[proxy]\n"));
+    let with_syn = with_xdp("[xdp.syn]\npackets_per_second = 100\nburst = 100\n");
+    let resized = with_xdp("[xdp.aggregate]\nmax_prefixes = 1024\n");
+    let reloaded = site.agent.reload_with(&with_syn);
+    assert!(text(&reloaded).contains("xdp.syn: off -> 100 pps, burst 100"), "{}", text(&reloaded));
+    let refused = site.agent.reload_with(&resized);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(text(&refused).contains("xdp.aggregate.max_prefixes"), "{}", text(&refused));
 }
