@@ -14,7 +14,7 @@ use limiter_common::{
     maps::{BUDGET_NEW_SOURCES, BUDGET_SYN, SourceKey},
 };
 use limiter_lab::support::{
-    frames::{ETH_P_IPV4, ethernet, ipv4, udp4, udp6},
+    frames::{ETH_P_IPV4, ETH_P_IPV6, ethernet, extension, ipv4, ipv6, udp4, udp6},
     kernel::{TestKernel, xdp_config},
 };
 
@@ -39,11 +39,18 @@ fn key(ip: impl Into<IpAddr>) -> SourceKey {
 fn tcp4(source: Ipv4Addr, flags: u8) -> Vec<u8> {
     let mut packet = ipv4(source, 0);
     packet[9] = 6;
-    packet.resize(20 + 20, 0);
+    packet.truncate(20);
+    packet.extend_from_slice(&tcp_header(flags));
     packet[2..4].copy_from_slice(&40u16.to_be_bytes());
-    packet[20 + 12] = 5 << 4;
-    packet[20 + 13] = flags;
     ethernet(ETH_P_IPV4, &packet)
+}
+
+/// A TCP segment header with `flags`, no options.
+fn tcp_header(flags: u8) -> [u8; 20] {
+    let mut header = [0u8; 20];
+    header[12] = 5 << 4;
+    header[13] = flags;
+    header
 }
 
 fn verdicts(kernel: &TestKernel, frame: &[u8], times: usize) -> Vec<u32> {
@@ -162,6 +169,23 @@ fn syns_from_unverified_sources_take_from_the_syn_budget() {
     assert_eq!(kernel.counters(), [("passed", 9), ("new_sources", 3), ("dropped_syn", 2)]);
     let budget = kernel.kernel.maps().budget(BUDGET_SYN).expect("budget");
     assert_eq!((budget.packets, budget.dropped), (4, 2));
+}
+
+#[test]
+fn ipv6_syns_are_found_behind_extension_headers() {
+    let kernel = TestKernel::new(&xdp_config(
+        "[xdp.limit]\npackets_per_second = 1\nburst = 100\n[xdp.syn]\npackets_per_second = 1\nburst = 1\n",
+    ));
+    let source: Ipv6Addr = "2001:db8::5".parse().expect("addr");
+    let syn = ethernet(ETH_P_IPV6, &ipv6(source, 6, 64, &tcp_header(TCP_SYN)));
+    let mut behind_options = extension(6).to_vec();
+    behind_options.extend_from_slice(&tcp_header(TCP_SYN));
+    let hidden = ethernet(ETH_P_IPV6, &ipv6(source, 60, 64, &behind_options));
+    let ack = ethernet(ETH_P_IPV6, &ipv6(source, 6, 64, &tcp_header(TCP_ACK)));
+    assert_eq!(kernel.run(&syn), XDP_PASS);
+    assert_eq!(kernel.run(&hidden), XDP_DROP, "a destination-options header does not hide a SYN");
+    assert_eq!(kernel.run(&ack), XDP_PASS);
+    assert_eq!(kernel.counters(), [("passed", 2), ("new_sources", 1), ("dropped_syn", 1)]);
 }
 
 /// The attack: a heavy hitter empties its bucket, then a flood of spoofed sources
