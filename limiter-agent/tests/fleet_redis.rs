@@ -242,14 +242,17 @@ window = "1s"
     )
 }
 
+/// A signed `POST /api/transfer` stamped `timestamp`: the test's requests share one, so
+/// that a replay carries the very same signature whenever the wall clock turns a second.
 async fn send_signed(
     client: &TestClient,
     proxy: &RunningProxy,
+    timestamp: u64,
     body: &[u8],
     nonce: &str,
     idempotency_key: Option<&str>,
 ) -> Reply {
-    let timestamp = SystemClock.now().as_secs().to_string();
+    let timestamp = timestamp.to_string();
     let canonical = Canonical {
         method: "POST",
         target: "/api/transfer",
@@ -276,21 +279,22 @@ async fn a_replay_on_another_proxy_is_caught_and_idempotent_responses_are_shared
     let config = signed_config(&keys);
     let (a, b) = (RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await);
     let client = TestClient::default();
+    let now = SystemClock.now().as_secs();
 
     // The same signed request, first on one proxy, then on the other.
     let body = b"{\"amount\":1}";
-    assert_eq!(send_signed(&client, &a, body, "n-1", None).await.status, StatusCode::OK);
-    assert_eq!(send_signed(&client, &b, body, "n-1", None).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(send_signed(&client, &a, now, body, "n-1", None).await.status, StatusCode::OK);
+    assert_eq!(send_signed(&client, &b, now, body, "n-1", None).await.status, StatusCode::UNAUTHORIZED);
     assert_eq!(b.proxy.stats().replays, 1);
 
     // An idempotent request completed on one proxy is replayed by the other, and the
     // same key with another body is a conflict there too.
-    let first = send_signed(&client, &a, body, "n-2", Some("idem-1")).await;
+    let first = send_signed(&client, &a, now, body, "n-2", Some("idem-1")).await;
     assert_eq!(first.status, StatusCode::OK);
-    let repeat = send_signed(&client, &b, body, "n-3", Some("idem-1")).await;
+    let repeat = send_signed(&client, &b, now, body, "n-3", Some("idem-1")).await;
     assert_eq!((repeat.status, repeat.header("idempotency-replayed")), (StatusCode::OK, "true"));
     assert_eq!(repeat.body, first.body);
-    let other = send_signed(&client, &b, b"{\"amount\":2}", "n-4", Some("idem-1")).await;
+    let other = send_signed(&client, &b, now, b"{\"amount\":2}", "n-4", Some("idem-1")).await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(upstream.count(), 2, "the replays never reached the upstream");
 }

@@ -42,7 +42,7 @@ impl SharedReplay {
     }
 
     /// Records `signature` of `key_id` as used, as
-    /// [`ReplayCache::check_and_insert`](super::ReplayCache::check_and_insert); the
+    /// [`ReplayCache::check_and_insert`](limiter_core::signature::ReplayCache::check_and_insert); the
     /// outer error is an unreachable store.
     pub async fn check_and_insert(
         &self,
@@ -93,7 +93,7 @@ impl SharedIdempotency {
         Self { fleet, config, script: std::sync::Arc::new(Script::new(include_str!("idempotency.lua"))) }
     }
 
-    /// As [`IdempotencyStore::begin`](super::IdempotencyStore::begin), never
+    /// As [`IdempotencyStore::begin`](limiter_core::signature::IdempotencyStore::begin), never
     /// [`Begin::Full`]; the error is an unreachable store.
     pub async fn begin(
         &self,

@@ -31,9 +31,10 @@
 //!
 //! 1. The agent reads the body up to `max_body_bytes` (else 413), giving the bytes to
 //!    forward and their SHA-256.
-//! 2. [`Verifier::verify`] checks headers, timestamp window, MAC (constant time, any of
-//!    the key's secrets) and records the signature in the shared [`ReplayCache`]. Every
-//!    [`Failure`] gets the same 401; [`Failure::reason`] is the metrics label.
+//! 2. [`Verifier::authenticate`] checks headers, timestamp window and MAC (constant
+//!    time, any of the key's secrets); the agent then records the signature in a
+//!    replay cache ([`ReplayCache`] in memory, or the fleet's). Every [`Failure`] gets
+//!    the same 401; [`Failure::reason`] is the metrics label.
 //! 3. For [`idempotency::applies_to`] methods with an `Idempotency-Key`,
 //!    [`IdempotencyStore::begin`] decides between forwarding (then
 //!    [`idempotency::Guard::complete`]), replaying a stored response, 422, 409 or 503.
