@@ -113,34 +113,27 @@ fn address(key: &SourceKey) -> IpAddr {
 fn keys_in(cidr: IpNet, ipv6_prefix: u8, max: u64) -> Result<Vec<SourceKey>, XdpError> {
     let cidr = match cidr {
         // An IPv4-mapped CIDR is the IPv4 one: that is how the program keys it.
-        IpNet::V6(net) if net.prefix_len() >= 96 && net.addr().to_ipv4_mapped().is_some() => {
-            let v4 = net.addr().to_ipv4_mapped().unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
-            IpNet::V4(Ipv4Net::new(v4, net.prefix_len() - 96).unwrap_or_default())
-        }
+        IpNet::V6(net) if net.prefix_len() >= 96 => match net.addr().to_ipv4_mapped() {
+            Some(v4) => IpNet::V4(Ipv4Net::new(v4, net.prefix_len() - 96).unwrap_or_default()),
+            None => cidr,
+        },
         other => other,
     };
-    let (first, host_bits, step_bits, v4) = match cidr {
-        IpNet::V4(net) => (u128::from(u32::from(net.network())), 32 - u32::from(net.prefix_len()), 0, true),
+    // Keys as the program has them (IPv4 as `::ffff:a.b.c.d`): `first`, then one
+    // every `1 << step_bits`.
+    let (first, host_bits, step_bits) = match cidr {
+        IpNet::V4(net) => (u128::from(net.network().to_ipv6_mapped()), 32 - u32::from(net.prefix_len()), 0),
         IpNet::V6(net) => {
             let keyed = ipv6_prefix.clamp(1, 128);
             let first = u128::from_be_bytes(mask_v6(net.network().octets(), keyed));
-            (first, u32::from(keyed.saturating_sub(net.prefix_len())), 128 - u32::from(keyed), false)
+            (first, u32::from(keyed.saturating_sub(net.prefix_len())), 128 - u32::from(keyed))
         }
     };
     let count = 1u64.checked_shl(host_bits).unwrap_or(u64::MAX);
     if count > max {
         return Err(XdpError::TooManySources { cidr, sources: count, max });
     }
-    Ok((0..u128::from(count))
-        .map(|i| {
-            let addr = first | (i << step_bits);
-            if v4 {
-                source_key(IpAddr::from(std::net::Ipv4Addr::from(u32::try_from(addr).unwrap_or(0))), 128)
-            } else {
-                SourceKey { addr: addr.to_be_bytes() }
-            }
-        })
-        .collect())
+    Ok((0..u128::from(count)).map(|i| SourceKey { addr: (first | (i << step_bits)).to_be_bytes() }).collect())
 }
 
 /// The proxy's handle on [`names::VERIFIED`]: each accepted connection's peer is
