@@ -18,11 +18,15 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode, body::Incoming, service::service_fn};
 use hyper_util::rt::TokioIo;
-use limiter_common::counters::Counter;
+use limiter_common::{
+    bucket,
+    counters::Counter,
+    maps::{BUDGET_NEW_SOURCES, BUDGET_SYN, FEATURE_NEW_SOURCES, FEATURE_SYN},
+};
 
 use crate::{
     proxy::{DECISION_BUCKETS, Proxy},
-    xdp::{Attachment, KernelMaps},
+    xdp::{Attachment, KernelMaps, monotonic_now_ns},
 };
 
 /// Agent-level figures, updated by the agent loop.
@@ -50,13 +54,19 @@ pub fn render(sources: &MetricsSources) -> String {
         render_xdp(&mut out, &mut maps);
     }
     let agent = &sources.agent;
-    family(&mut out, "limiter_xdp_attached", "gauge", "XDP attachments by interface and mode.");
+    family(
+        &mut out,
+        "limiter_xdp_attached",
+        "gauge",
+        "XDP attachments by interface and mode; fallback=\"true\": generic because the driver refused native.",
+    );
     for attachment in agent.attached.lock().map(|a| a.clone()).unwrap_or_default() {
         let _ = writeln!(
             out,
-            "limiter_xdp_attached{{interface=\"{}\",mode=\"{}\"}} 1",
+            "limiter_xdp_attached{{interface=\"{}\",mode=\"{}\",fallback=\"{}\"}} 1",
             escape(&attachment.interface),
-            attachment.mode
+            attachment.mode,
+            attachment.fallback
         );
     }
     family(&mut out, "limiter_config_reloads_total", "counter", "Config reloads by result.");
@@ -106,6 +116,26 @@ fn render_xdp(out: &mut String, maps: &mut KernelMaps) {
     if let Ok(blocks) = maps.blocks() {
         family(out, "limiter_xdp_blocks_active", "gauge", "Runtime blocks in force.");
         let _ = writeln!(out, "limiter_xdp_blocks_active {}", blocks.len());
+    }
+    family(out, "limiter_xdp_prefixes_tracked", "gauge", "Prefixes with an aggregate bucket in the kernel map.");
+    let _ = writeln!(out, "limiter_xdp_prefixes_tracked {}", maps.aggregates().count());
+    if let Ok(verified) = maps.verified_count() {
+        family(out, "limiter_xdp_verified_sources", "gauge", "Sources verified now (handshake or limiter verify).");
+        let _ = writeln!(out, "limiter_xdp_verified_sources {verified}");
+    }
+    if let Ok(settings) = maps.settings() {
+        family(out, "limiter_xdp_budget_tokens", "gauge", "Tokens left in a global budget (new_sources, syn).");
+        for (name, feature, slot, rate) in [
+            ("new_sources", FEATURE_NEW_SOURCES, BUDGET_NEW_SOURCES, settings.new_source_rate),
+            ("syn", FEATURE_SYN, BUDGET_SYN, settings.syn_rate),
+        ] {
+            if settings.has(feature)
+                && let Ok(state) = maps.budget(slot)
+            {
+                let tokens = bucket::tokens(state.tat_ns, monotonic_now_ns(), rate);
+                let _ = writeln!(out, "limiter_xdp_budget_tokens{{budget=\"{name}\"}} {tokens}");
+            }
+        }
     }
 }
 

@@ -136,6 +136,8 @@ pub struct Agent {
     gauges: Arc<AgentGauges>,
     /// With both the proxy and the kernel layer: the proxy's rejections escalate.
     escalation: Option<EscalationRuntime>,
+    /// With both: the proxy marks every peer it accepts verified.
+    verifier: Option<Arc<crate::xdp::Verifier>>,
 }
 
 /// What escalation runs on: the proxy's counter, the blocks it asks for, and the
@@ -170,9 +172,37 @@ impl Agent {
             _ => None,
         };
         let applied_text = std::fs::read_to_string(&config_path).ok();
-        let agent = Self { config_path, config, secrets, applied_text, xdp, proxy, gauges: Arc::default(), escalation };
+        let mut agent = Self {
+            config_path,
+            config,
+            secrets,
+            applied_text,
+            xdp,
+            proxy,
+            gauges: Arc::default(),
+            escalation,
+            verifier: None,
+        };
+        agent.connect_verifier()?;
         agent.publish_attachments();
         Ok(agent)
+    }
+
+    /// With both layers running, hands the proxy a handle on the verified sources
+    /// (once: a proxy keeps its hook), or gives it the reloaded config's TTL.
+    fn connect_verifier(&mut self) -> Result<(), crate::xdp::XdpError> {
+        let (Some(proxy), Some(_), Some(xdp)) = (&self.proxy, &self.xdp, &self.config.xdp) else {
+            return Ok(());
+        };
+        match &self.verifier {
+            Some(verifier) => verifier.reconfigure(xdp),
+            None => {
+                let verifier = Arc::new(crate::xdp::Verifier::open(&self.config.agent.pin_dir, xdp)?);
+                proxy.proxy.on_accept(verifier.clone());
+                self.verifier = Some(verifier);
+            }
+        }
+        Ok(())
     }
 
     fn publish_attachments(&self) {
@@ -254,6 +284,9 @@ impl Agent {
         }
         self.config = new;
         self.secrets = secrets;
+        if let Err(error) = self.connect_verifier() {
+            tracing::warn!(%error, "the proxy cannot mark its clients verified");
+        }
         self.applied_text = Some(text);
         // `limiter reload -c OTHER` makes OTHER the agent's file from now on, so
         // that watching the old one cannot bring its config back.

@@ -6,7 +6,10 @@
 use limiter_core::LimitSpec;
 
 use crate::{
-    config::{Config, ProxyConfig, xdp::XdpConfig},
+    config::{
+        Config, ProxyConfig,
+        xdp::{PacketLimit, XdpConfig},
+    },
     xdp::CidrChanges,
 };
 
@@ -39,6 +42,16 @@ pub fn check_restartless(old: &Config, new: &Config) -> Result<(), ReloadError> 
     {
         return Err(ReloadError::NeedsRestart("xdp.max_sources (the sources map is sized when created)"));
     }
+    if let (Some(old), Some(new)) = (&old.xdp, &new.xdp)
+        && old.aggregate.max_prefixes != new.aggregate.max_prefixes
+    {
+        return Err(ReloadError::NeedsRestart("xdp.aggregate.max_prefixes (the map is sized when created)"));
+    }
+    if let (Some(old), Some(new)) = (&old.xdp, &new.xdp)
+        && old.verified.max != new.verified.max
+    {
+        return Err(ReloadError::NeedsRestart("xdp.verified.max (the map is sized when created)"));
+    }
     if let (Some(old), Some(new)) = (&old.proxy, &new.proxy)
         && old.listen != new.listen
     {
@@ -57,7 +70,7 @@ pub fn describe_xdp(old: Option<&XdpConfig>, new: Option<&XdpConfig>, cidrs: &Ci
         (None, Some(_)) => lines.push("xdp: kernel layer enabled".to_owned()),
         (Some(_), None) => lines.push("xdp: kernel layer disabled".to_owned()),
         (Some(old), Some(new)) => {
-            let limit = |c: &XdpConfig| format!("{} pps, burst {}", c.limit.packets_per_second, c.limit.burst);
+            let limit = |c: &XdpConfig| describe_limit(Some(c.limit));
             let mut changed = |key: &str, before: String, after: String| {
                 if before != after {
                     lines.push(format!("{key}: {before} -> {after}"));
@@ -68,6 +81,14 @@ pub fn describe_xdp(old: Option<&XdpConfig>, new: Option<&XdpConfig>, cidrs: &Ci
             changed("xdp.malformed", format!("{:?}", old.malformed), format!("{:?}", new.malformed));
             changed("xdp.ipv6_prefix", old.ipv6_prefix.0.to_string(), new.ipv6_prefix.0.to_string());
             changed("xdp.mode", format!("{:?}", old.mode), format!("{:?}", new.mode));
+            changed("xdp.new_sources", describe_limit(old.new_sources), describe_limit(new.new_sources));
+            changed("xdp.syn", describe_limit(old.syn), describe_limit(new.syn));
+            let aggregate = |c: &XdpConfig| {
+                let a = &c.aggregate;
+                format!("{} per /{} and /{}", describe_limit(a.limit), a.ipv4_prefix.0, a.ipv6_prefix.0)
+            };
+            changed("xdp.aggregate", aggregate(old), aggregate(new));
+            changed("xdp.verified.ttl", old.verified.ttl.to_string(), new.verified.ttl.to_string());
         }
         (None, None) => {}
     }
@@ -79,6 +100,10 @@ pub fn describe_xdp(old: Option<&XdpConfig>, new: Option<&XdpConfig>, cidrs: &Ci
     lines.extend(cidrs.changed.iter().map(|c| format!("xdp.cidr changed {c}{}", rule(c))));
     lines.extend(cidrs.removed.iter().map(|c| format!("xdp.cidr removed {c}")));
     lines
+}
+
+fn describe_limit(limit: Option<PacketLimit>) -> String {
+    limit.map_or_else(|| "off".to_owned(), |l| l.to_string())
 }
 
 /// Human lines for what changed in `[proxy]`: plans, rules, keys, mode.

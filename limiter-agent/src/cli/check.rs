@@ -15,6 +15,9 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
                 path.display(),
                 if layers.is_empty() { "nothing enabled".to_owned() } else { layers.join(", ") }
             );
+            for line in config.xdp.iter().flat_map(|xdp| xdp.spoofing_summary(config.proxy.is_some())) {
+                println!("  {line}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(error) => {

@@ -10,6 +10,7 @@ pub mod run;
 pub mod sign;
 pub mod stats;
 pub mod top;
+pub mod verify;
 
 use std::path::PathBuf;
 
@@ -48,6 +49,10 @@ pub enum Command {
     Block(block::BlockArgs),
     /// Remove a runtime block.
     Unblock(block::UnblockArgs),
+    /// Mark sources verified: they skip the new-source budget, aggregates and SYN budget.
+    Verify(verify::VerifyArgs),
+    /// Remove verified sources.
+    Unverify(verify::UnverifyArgs),
     /// Remove the XDP program, its links and its pins.
     Detach,
     /// Produce the signature headers for a request.
@@ -87,6 +92,8 @@ pub fn dispatch(cli: Cli) -> Result<std::process::ExitCode, CliError> {
         Command::Top(args) => top::run(&cli.config, &args),
         Command::Block(args) => block::block(&cli.config, &args),
         Command::Unblock(args) => block::unblock(&cli.config, &args),
+        Command::Verify(args) => verify::verify(&cli.config, &args),
+        Command::Unverify(args) => verify::unverify(&cli.config, &args),
         Command::Detach => detach::run(&cli.config),
         Command::Sign(args) => Ok(sign::run(args).map(|()| std::process::ExitCode::SUCCESS)?),
     }

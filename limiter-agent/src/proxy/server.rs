@@ -2,7 +2,14 @@
 //! drain on shutdown. hyper refuses malformed and ambiguous requests (400) before the
 //! pipeline sees them.
 
-use std::{convert::Infallible, future::poll_fn, net::SocketAddr, pin::Pin, sync::Arc, time::Duration};
+use std::{
+    convert::Infallible,
+    future::poll_fn,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
 use http::{Request, Response};
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};
@@ -14,8 +21,9 @@ use tokio::{
     task::JoinSet,
 };
 
-use super::{ProxyBody, pipeline::Pipeline, problem::request_timeout_bytes, stats::Event};
 use limiter_core::Clock;
+
+use super::{AcceptHook, ProxyBody, pipeline::Pipeline, problem::request_timeout_bytes, stats::Event};
 
 /// After a failed accept (out of file descriptors, say) the listener would fail again
 /// at once; a short pause keeps the loop from spinning while connections close.
@@ -26,6 +34,7 @@ type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, In
 pub(super) async fn serve<C: Clock + Clone>(
     listener: &TcpListener,
     pipeline: &Arc<Pipeline<C>>,
+    on_accept: &OnceLock<Arc<dyn AcceptHook>>,
     shutdown: impl Future<Output = ()>,
 ) {
     let (stop, stopped) = watch::channel(());
@@ -36,6 +45,9 @@ pub(super) async fn serve<C: Clock + Clone>(
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    if let Some(hook) = on_accept.get() {
+                        hook.accepted(peer.ip());
+                    }
                     connections.spawn(connection(stream, peer, pipeline.clone(), stopped.clone()));
                 }
                 Err(error) => {

@@ -58,6 +58,7 @@ pub fn markdown(report: &Report) -> String {
     let _ = writeln!(m, "## Targets\n\n{}", summary_table(report));
     section(&mut m, xdp::TITLE, &report.xdp_cost, xdp::markdown);
     section(&mut m, flood::TITLE, &report.flood, flood::markdown);
+    section(&mut m, flood::RANDOM_TITLE, &report.random_flood, flood::markdown);
     section(&mut m, http::TITLE, &report.http, http::markdown);
     section(&mut m, algorithms::TITLE, &report.algorithms, algorithms::markdown);
     section(&mut m, hmac::TITLE, &report.hmac, hmac::markdown);
