@@ -29,6 +29,7 @@ window = "1m"
 [[proxy.keys]]
 id = "k-free"
 plan = "free"
+auth = "bearer"
 "#;
 
 #[tokio::test]
@@ -256,6 +257,7 @@ async fn send_signed(
         timestamp: &timestamp,
         body_sha256: &sha256(body),
         nonce: Some(nonce),
+        host: None,
     };
     let signature = sign_hex(SECRET, &canonical.string_to_sign());
     let mut headers = vec![

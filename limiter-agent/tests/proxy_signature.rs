@@ -95,6 +95,7 @@ impl<'a> Signed<'a> {
             timestamp: &self.timestamp.to_string(),
             body_sha256: &sha256(self.body),
             nonce: self.nonce,
+            host: None,
         };
         sign_hex(secret, &canonical.string_to_sign())
     }
@@ -445,7 +446,8 @@ async fn twenty_at_once(
 ) -> Vec<StatusCode> {
     let (done, mut replies) = tokio::sync::mpsc::unbounded_channel();
     for n in 0..20 {
-        let request = request(&n.to_string());
+        let nonce = n.to_string();
+        let request = request(&nonce);
         let timestamp = request.timestamp.to_string();
         let signature = request.signature(SECRET);
         let headers: Vec<(String, String)> = [

@@ -1,20 +1,25 @@
 //! The replay cache and the idempotency store in the fleet's Redis (`proxy.store =
 //! "redis"`), so that a signature used on one agent is a replay on every other, and
 //! a repeat of an idempotent request lands on the first one's response wherever it
-//! arrives. Same answers as `limiter_core`'s `ReplayCache` and `IdempotencyStore`;
-//! Redis bounds them by memory, so neither is ever full, and entries expire by
-//! themselves.
+//! arrives. Same answers as `limiter_core`'s `ReplayCache` and `IdempotencyStore`,
+//! and entries expire by themselves.
 //!
-//! - Replay: `{prefix}replay:{signature}:{key id}`, set if absent (`SET NX`) until
-//!   the signed request can no longer pass the timestamp check.
+//! - Replay: `{prefix}replay:{len(key id)}:{key id}`, a sorted set driven by
+//!   `replay.lua`: each key id holds at most its share of `replay_cache_size`, so one
+//!   tenant cannot fill the fleet's cache for the others.
 //! - Idempotency: `{prefix}idem:{len(key id)}:{key id}:{Idempotency-Key}`, a hash
 //!   driven by `idempotency.lua`. An in-flight claim is a lease of at most
-//!   [`IN_FLIGHT_LEASE`]: an agent that dies mid-request cannot block the key for
-//!   the whole TTL.
+//!   [`IN_FLIGHT_LEASE`]: an agent that dies before sending cannot block the key for
+//!   the whole TTL. A claim dropped once its request was sent records the outcome as
+//!   unknown for the TTL instead of freeing the key. (An agent that dies after
+//!   sending leaves only the lease: the key frees when it lapses.)
 
 use std::{
     fmt,
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -22,7 +27,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use redis::Script;
 
-use limiter_core::signature::{Begin, IdempotencyConfig, StoredResponse, replay::ReplayError};
+use limiter_core::signature::{Begin, IdempotencyConfig, StoredResponse, replay::ReplayError, share};
 
 use crate::fleet::{Fleet, FleetError};
 
@@ -30,15 +35,37 @@ use crate::fleet::{Fleet, FleetError};
 pub const IN_FLIGHT_LEASE: Duration = Duration::from_secs(300);
 
 /// Accepted signatures, in Redis.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SharedReplay {
     fleet: Fleet,
+    script: Arc<Script>,
+    /// `replay_cache_size`.
+    capacity: usize,
+    /// Most signatures one key id holds.
+    share: Arc<AtomicUsize>,
+}
+
+impl fmt::Debug for SharedReplay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedReplay").field("capacity", &self.capacity).finish_non_exhaustive()
+    }
 }
 
 impl SharedReplay {
+    /// `capacity` is shared among the key ids (see [`Self::set_keys`]).
     #[must_use]
-    pub fn new(fleet: Fleet) -> Self {
-        Self { fleet }
+    pub fn new(fleet: Fleet, capacity: usize) -> Self {
+        let script = Arc::new(Script::new(include_str!("replay.lua")));
+        Self { fleet, script, capacity, share: Arc::new(AtomicUsize::new(capacity)) }
+    }
+
+    /// As [`ReplayCache::set_keys`](limiter_core::signature::ReplayCache::set_keys).
+    pub fn set_keys(&self, keys: usize) {
+        self.share.store(share(self.capacity, keys), Ordering::Relaxed);
+    }
+
+    fn key(&self, key_id: &str) -> String {
+        self.fleet.key(&format!("replay:{}:{key_id}", key_id.len()))
     }
 
     /// Records `signature` of `key_id` as used, as
@@ -53,22 +80,37 @@ impl SharedReplay {
         now: u64,
     ) -> Result<Result<(), ReplayError>, FleetError> {
         // Kept until the request fails the timestamp check, and a second beyond.
-        let live_secs = timestamp.saturating_add(max_skew.as_secs()).saturating_sub(now).saturating_add(1);
-        let key = self.fleet.key(&format!("replay:{}:{key_id}", hex::encode(signature)));
-        let set: Option<String> = self
+        let expires = timestamp.saturating_add(max_skew.as_secs()).saturating_add(1).saturating_mul(1000);
+        let key = self.key(key_id);
+        let share = self.share.load(Ordering::Relaxed);
+        let reply: String = self
             .fleet
-            .call(|mut connection| async move {
-                redis::cmd("SET")
-                    .arg(&key)
-                    .arg(1)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(live_secs.saturating_mul(1000))
-                    .query_async(&mut connection)
-                    .await
+            .call(|mut connection| {
+                let mut invocation = self.script.key(&key);
+                invocation.arg("insert").arg(hex::encode(signature)).arg(now.saturating_mul(1000)).arg(expires).arg(share);
+                async move { invocation.invoke_async(&mut connection).await }
             })
             .await?;
-        Ok(if set.is_some() { Ok(()) } else { Err(ReplayError::Replay) })
+        match reply.as_str() {
+            "ok" => Ok(Ok(())),
+            "replay" => Ok(Err(ReplayError::Replay)),
+            "full" => Ok(Err(ReplayError::Full)),
+            other => Err(FleetError::Reply(other.to_owned())),
+        }
+    }
+
+    /// As [`ReplayCache::forget`](limiter_core::signature::ReplayCache::forget).
+    pub async fn forget(&self, key_id: &str, signature: &[u8; 32]) -> Result<(), FleetError> {
+        let key = self.key(key_id);
+        let _: i64 = self
+            .fleet
+            .call(|mut connection| {
+                let mut invocation = self.script.key(&key);
+                invocation.arg("forget").arg(hex::encode(signature));
+                async move { invocation.invoke_async(&mut connection).await }
+            })
+            .await?;
+        Ok(())
     }
 }
 
@@ -77,7 +119,7 @@ impl SharedReplay {
 pub struct SharedIdempotency {
     fleet: Fleet,
     config: IdempotencyConfig,
-    script: std::sync::Arc<Script>,
+    script: Arc<Script>,
 }
 
 impl fmt::Debug for SharedIdempotency {
@@ -90,7 +132,7 @@ impl SharedIdempotency {
     /// `config.max_entries` does not apply: Redis bounds the store by its memory.
     #[must_use]
     pub fn new(fleet: Fleet, config: IdempotencyConfig) -> Self {
-        Self { fleet, config, script: std::sync::Arc::new(Script::new(include_str!("idempotency.lua"))) }
+        Self { fleet, config, script: Arc::new(Script::new(include_str!("idempotency.lua"))) }
     }
 
     /// As [`IdempotencyStore::begin`](super::IdempotencyStore::begin), never
@@ -115,12 +157,15 @@ impl SharedIdempotency {
             .await?;
         let field = |i: usize| reply.get(i).map_or(&[][..], Vec::as_slice);
         Ok(match field(0) {
-            b"proceed" => {
-                Begin::Proceed(SharedGuard { store: self.clone(), claim: Some(Claim { key, fingerprint, owner }) })
-            }
+            b"proceed" => Begin::Proceed(SharedGuard {
+                store: self.clone(),
+                claim: Some(Claim { key, fingerprint, owner }),
+                sent: false,
+            }),
             b"conflict" => Begin::Conflict,
             b"in_flight" => Begin::InFlight,
             b"not_replayable" => Begin::NotReplayable,
+            b"unknown" => Begin::OutcomeUnknown,
             b"replay" => Begin::Replay(decode(field(1), field(2), field(3))?),
             other => return Err(FleetError::Reply(String::from_utf8_lossy(other).into_owned())),
         })
@@ -136,11 +181,13 @@ struct Claim {
 }
 
 /// The in-flight claim on a key in Redis. Complete it with the response; dropping it
-/// instead frees the key so that a retry can proceed.
+/// instead frees the key so that a retry can proceed, unless the request was
+/// [`SharedGuard::sent`]: then the outcome is recorded as unknown for the TTL.
 pub struct SharedGuard {
     store: SharedIdempotency,
     /// `None` once completed.
     claim: Option<Claim>,
+    sent: bool,
 }
 
 impl fmt::Debug for SharedGuard {
@@ -150,6 +197,11 @@ impl fmt::Debug for SharedGuard {
 }
 
 impl SharedGuard {
+    /// Whether the request has been sent upstream (see [`Guard::sent`](limiter_core::signature::Guard::sent)).
+    pub fn sent(&mut self, sent: bool) {
+        self.sent = sent;
+    }
+
     /// Stores `response` for the TTL (or only the fact of completion, if it is larger
     /// than `max_response_bytes`). If Redis cannot be reached the claim lapses with
     /// its lease, and a retry runs again.
@@ -191,12 +243,17 @@ impl Drop for SharedGuard {
         // Redis the lease frees the key.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let store = self.store.clone();
+        let sent = self.sent;
         runtime.spawn(async move {
             let _: Result<i64, FleetError> = store
                 .fleet
                 .call(|mut connection| {
                     let mut invocation = store.script.key(&claim.key);
-                    invocation.arg("release").arg(&claim.fingerprint).arg(&claim.owner);
+                    if sent {
+                        invocation.arg("abandon").arg(&claim.fingerprint).arg(&claim.owner).arg(millis(store.config.ttl));
+                    } else {
+                        invocation.arg("release").arg(&claim.fingerprint).arg(&claim.owner);
+                    }
                     async move { invocation.invoke_async(&mut connection).await }
                 })
                 .await;
