@@ -73,6 +73,8 @@ struct Signed<'a> {
     timestamp: u64,
     nonce: Option<&'a str>,
     idempotency_key: Option<&'a str>,
+    /// The host signed, for a `sign_host` key.
+    host: Option<&'a str>,
 }
 
 impl<'a> Signed<'a> {
@@ -85,6 +87,7 @@ impl<'a> Signed<'a> {
             timestamp: unix_now(),
             nonce: None,
             idempotency_key: None,
+            host: None,
         }
     }
 
@@ -95,7 +98,7 @@ impl<'a> Signed<'a> {
             timestamp: &self.timestamp.to_string(),
             body_sha256: &sha256(self.body),
             nonce: self.nonce,
-            host: None,
+            host: self.host,
         };
         sign_hex(secret, &canonical.string_to_sign())
     }
@@ -476,4 +479,41 @@ async fn twenty_at_once(
     upstream.release(1);
     statuses.push(tokio::time::timeout(PATIENCE, replies.recv()).await.expect("the held one").expect("a sender"));
     statuses
+}
+
+/// Without `sign_host`, a request signed for one site verifies on any other behind the
+/// same keys; with it, the signature covers the lowercase `Host`.
+#[tokio::test]
+async fn a_sign_host_key_signs_the_host() {
+    let upstream = Upstream::start().await;
+    let extra = "[[proxy.keys]]\nid = \"k-site\"\nplan = \"basic\"\nsign_host = true\n";
+    let text = config(&[SECRET], extra).replace(extra, &format!("{extra}secrets = [{}]\n", secret_references(&[SECRET])));
+    let proxy = RunningProxy::start(&text, upstream.addr).await;
+    let client = TestClient::default();
+    let site = |nonce, host| Signed { key_id: "k-site", nonce: Some(nonce), host, ..Signed::post("/api/transfer", b"x") };
+    let send_to = |request: &Signed<'_>, host: &'static str| {
+        let timestamp = request.timestamp.to_string();
+        let signature = request.signature(SECRET);
+        let nonce = request.nonce.unwrap_or_default().to_owned();
+        let client = client.clone();
+        let url = proxy.url(request.target);
+        async move {
+            let headers = [
+                ("host", host),
+                ("x-api-key", "k-site"),
+                ("x-timestamp", timestamp.as_str()),
+                ("x-nonce", nonce.as_str()),
+                ("x-signature", signature.as_str()),
+            ];
+            client.request(Method::POST, &url, &headers, b"x").await.status
+        }
+    };
+    assert_eq!(send_to(&site("1", Some("Pay.Example.com")), "pay.example.com").await, StatusCode::OK);
+    // The same request signed for one site, sent to another; and signed without a host.
+    assert_eq!(send_to(&site("2", Some("pay.example.com")), "admin.example.com").await, StatusCode::UNAUTHORIZED);
+    assert_eq!(send_to(&site("3", None), "pay.example.com").await, StatusCode::UNAUTHORIZED);
+    // Keys without it keep the scheme as it was.
+    let plain = Signed { nonce: Some("4"), ..Signed::post("/api/transfer", b"x") };
+    assert_eq!(plain.send(&client, &proxy).await.status, StatusCode::OK);
+    assert_eq!(upstream.count(), 2);
 }
