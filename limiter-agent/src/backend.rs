@@ -91,8 +91,9 @@ impl Stores {
             Backend::Memory(cache) => cache.set_keys(keys),
             Backend::Redis(shared) => shared.set_keys(keys),
         }
-        if let Backend::Memory(store) = &self.idempotency {
-            store.set_keys(keys);
+        match &self.idempotency {
+            Backend::Memory(store) => store.set_keys(keys),
+            Backend::Redis(shared) => shared.set_keys(keys),
         }
     }
 

@@ -411,3 +411,39 @@ async fn on_redis_an_idempotent_request_runs_once_whatever_happens() {
 fn held(nonce: &str) -> Signed<'_> {
     Signed { key: ("k-pay", SECRET), target: "/api/transfer/hold", body: b"pay", nonce, idempotency_key: Some("idem-20") }
 }
+
+/// The fleet's idempotency store was bounded by nothing but Redis' memory; each key
+/// now holds its share of `idempotency_max_entries` (and `_bytes`), and evicts only
+/// its own entries.
+#[tokio::test]
+async fn on_redis_a_key_evicts_only_its_own_idempotent_responses() {
+    let redis = TestRedis::shared();
+    let keys = redis_keys(&redis, &unique_prefix("idem-share"), "deny");
+    let config = two_keys_config(&keys, "[proxy.signature]\nidempotency_max_entries = 4\n");
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let client = TestClient::default();
+    let base = proxy.url("");
+    let request = |key, nonce, idempotency_key| Signed {
+        key,
+        target: "/api/transfer",
+        body: b"pay",
+        nonce,
+        idempotency_key: Some(idempotency_key),
+    };
+    let other = ("k-other", OTHER);
+    let pay = ("k-pay", SECRET);
+    assert_eq!(request(other, "o-1", "kept").send(&client, &base).await.status, StatusCode::OK);
+    for (nonce, key) in [("1", "a"), ("2", "b"), ("3", "c"), ("4", "d")] {
+        assert_eq!(request(pay, nonce, key).send(&client, &base).await.status, StatusCode::OK);
+    }
+    assert_eq!(upstream.count(), 5);
+    let kept = request(other, "o-2", "kept").send(&client, &base).await;
+    assert_eq!((kept.status, kept.header("idempotency-replayed")), (StatusCode::OK, "true"));
+    let latest = request(pay, "5", "d").send(&client, &base).await;
+    assert_eq!(latest.header("idempotency-replayed"), "true");
+    // k-pay's share is 2: its oldest response went to make room for its newest.
+    let evicted = request(pay, "6", "a").send(&client, &base).await;
+    assert_eq!((evicted.status, evicted.headers.get("idempotency-replayed")), (StatusCode::OK, None));
+    assert_eq!(upstream.count(), 6);
+}

@@ -8,7 +8,9 @@
 //!   `replay.lua`: each key id holds at most its share of `replay_cache_size`, so one
 //!   tenant cannot fill the fleet's cache for the others.
 //! - Idempotency: `{prefix}idem:{len(key id)}:{key id}:{Idempotency-Key}`, a hash
-//!   driven by `idempotency.lua`. An in-flight claim is a lease of at most
+//!   driven by `idempotency.lua`, with the key id's `idem-index:` and `idem-sizes:`
+//!   keeping it within its share of `idempotency_max_entries` and
+//!   `idempotency_max_bytes`. An in-flight claim is a lease of at most
 //!   [`IN_FLIGHT_LEASE`]: an agent that dies before sending cannot block the key for
 //!   the whole TTL. A claim dropped once its request was sent records the outcome as
 //!   unknown for the TTL instead of freeing the key. (An agent that dies after
@@ -27,7 +29,9 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use redis::Script;
 
-use limiter_core::signature::{Begin, IdempotencyConfig, StoredResponse, replay::ReplayError, share};
+use limiter_core::signature::{
+    Begin, IdempotencyConfig, StoredResponse, idempotency::ENTRY_OVERHEAD, replay::ReplayError, share,
+};
 
 use crate::fleet::{Fleet, FleetError};
 
@@ -120,6 +124,8 @@ pub struct SharedIdempotency {
     fleet: Fleet,
     config: IdempotencyConfig,
     script: Arc<Script>,
+    /// Key ids the bounds are shared among.
+    keys: Arc<AtomicUsize>,
 }
 
 impl fmt::Debug for SharedIdempotency {
@@ -129,14 +135,25 @@ impl fmt::Debug for SharedIdempotency {
 }
 
 impl SharedIdempotency {
-    /// `config.max_entries` does not apply: Redis bounds the store by its memory.
+    /// The bounds of `config` are shared among the key ids (see [`Self::set_keys`]).
     #[must_use]
     pub fn new(fleet: Fleet, config: IdempotencyConfig) -> Self {
-        Self { fleet, config, script: Arc::new(Script::new(include_str!("idempotency.lua"))) }
+        let script = Arc::new(Script::new(include_str!("idempotency.lua")));
+        Self { fleet, config, script, keys: Arc::new(AtomicUsize::new(1)) }
     }
 
-    /// As [`IdempotencyStore::begin`](super::IdempotencyStore::begin), never
-    /// [`Begin::Full`]; the error is an unreachable store.
+    /// As [`IdempotencyStore::set_keys`](limiter_core::signature::IdempotencyStore::set_keys).
+    pub fn set_keys(&self, keys: usize) {
+        self.keys.store(keys, Ordering::Relaxed);
+    }
+
+    /// The most bytes one key id holds.
+    fn byte_share(&self) -> usize {
+        share(self.config.max_bytes, self.keys.load(Ordering::Relaxed))
+    }
+
+    /// As [`IdempotencyStore::begin`](super::IdempotencyStore::begin); the error is an
+    /// unreachable store.
     pub async fn begin(
         &self,
         key_id: &str,
@@ -144,14 +161,22 @@ impl SharedIdempotency {
         fingerprint: [u8; 32],
     ) -> Result<Begin<SharedGuard>, FleetError> {
         let key = self.fleet.key(&format!("idem:{}:{key_id}:{idem_key}", key_id.len()));
+        let tenant = Tenant {
+            index: self.fleet.key(&format!("idem-index:{}:{key_id}", key_id.len())),
+            sizes: self.fleet.key(&format!("idem-sizes:{}:{key_id}", key_id.len())),
+        };
         let fingerprint = hex::encode(fingerprint);
         let owner = owner_token();
         let lease = self.config.ttl.min(IN_FLIGHT_LEASE);
+        let bytes = ENTRY_OVERHEAD + key_id.len() + idem_key.len();
+        let entry_share = share(self.config.max_entries, self.keys.load(Ordering::Relaxed));
         let reply: Vec<Vec<u8>> = self
             .fleet
             .call(|mut connection| {
                 let mut invocation = self.script.key(&key);
+                invocation.key(&tenant.index).key(&tenant.sizes);
                 invocation.arg("begin").arg(&fingerprint).arg(&owner).arg(millis(lease));
+                invocation.arg(bytes).arg(entry_share).arg(self.byte_share());
                 async move { invocation.invoke_async(&mut connection).await }
             })
             .await?;
@@ -159,9 +184,10 @@ impl SharedIdempotency {
         Ok(match field(0) {
             b"proceed" => Begin::Proceed(SharedGuard {
                 store: self.clone(),
-                claim: Some(Claim { key, fingerprint, owner }),
+                claim: Some(Claim { key, tenant, fingerprint, owner }),
                 sent: false,
             }),
+            b"full" => Begin::Full,
             b"conflict" => Begin::Conflict,
             b"in_flight" => Begin::InFlight,
             b"not_replayable" => Begin::NotReplayable,
@@ -172,12 +198,30 @@ impl SharedIdempotency {
     }
 }
 
+/// The Redis keys of one key id's accounting.
+#[derive(Debug)]
+struct Tenant {
+    index: String,
+    sizes: String,
+}
+
 /// One held entry.
 #[derive(Debug)]
 struct Claim {
     key: String,
+    tenant: Tenant,
     fingerprint: String,
     owner: String,
+}
+
+impl Claim {
+    /// A call of the script on this entry: `op` and the claim's identity.
+    fn invocation<'s>(&self, script: &'s Script, op: &str) -> redis::ScriptInvocation<'s> {
+        let mut invocation = script.key(&self.key);
+        invocation.key(&self.tenant.index).key(&self.tenant.sizes);
+        invocation.arg(op).arg(&self.fingerprint).arg(&self.owner);
+        invocation
+    }
 }
 
 /// The in-flight claim on a key in Redis. Complete it with the response; dropping it
@@ -218,15 +262,9 @@ impl SharedGuard {
         let result: Result<i64, FleetError> = store
             .fleet
             .call(|mut connection| {
-                let mut invocation = store.script.key(&claim.key);
-                invocation
-                    .arg("complete")
-                    .arg(&claim.fingerprint)
-                    .arg(&claim.owner)
-                    .arg(millis(store.config.ttl))
-                    .arg(status)
-                    .arg(headers)
-                    .arg(body.as_ref());
+                let mut invocation = claim.invocation(&store.script, "complete");
+                invocation.arg(millis(store.config.ttl)).arg(status).arg(headers).arg(body.as_ref());
+                invocation.arg(store.byte_share());
                 async move { invocation.invoke_async(&mut connection).await }
             })
             .await;
@@ -248,12 +286,13 @@ impl Drop for SharedGuard {
             let _: Result<i64, FleetError> = store
                 .fleet
                 .call(|mut connection| {
-                    let mut invocation = store.script.key(&claim.key);
-                    if sent {
-                        invocation.arg("abandon").arg(&claim.fingerprint).arg(&claim.owner).arg(millis(store.config.ttl));
+                    let mut invocation = if sent {
+                        let mut invocation = claim.invocation(&store.script, "abandon");
+                        invocation.arg(millis(store.config.ttl));
+                        invocation
                     } else {
-                        invocation.arg("release").arg(&claim.fingerprint).arg(&claim.owner);
-                    }
+                        claim.invocation(&store.script, "release")
+                    };
                     async move { invocation.invoke_async(&mut connection).await }
                 })
                 .await;
