@@ -98,6 +98,12 @@ mod canonical {
             sign_hex(b"k-free-1-secret", &c.string_to_sign()),
             "0a6176fce748b771768a0eccb4ee261c594e0dec5f7fc55b3df72276b7548094"
         );
+        // The README's sign_host example.
+        let with_host = Canonical { host: Some("Pay.Example.com"), ..c };
+        assert_eq!(
+            sign_hex(b"k-free-1-secret", &with_host.string_to_sign()),
+            "5dab4ae9ddad61b460bc600c72db8d2b30845da051105997bf289d217951a6e0"
+        );
         c.nonce = Some("0123456789abcdef0123456789abcdef");
         assert_eq!(
             sign_hex(b"k-free-1-secret", &c.string_to_sign()),
