@@ -322,7 +322,8 @@ const OTHER: &[u8] = b"k-other-fleet-secret";
 fn two_keys_config(keys: &str, extra: &str) -> String {
     let path = std::env::temp_dir().join(format!("limiter-fleet-other-{}", std::process::id()));
     std::fs::write(&path, OTHER).expect("secret file");
-    let other = format!("[[proxy.keys]]\nid = \"k-other\"\nplan = \"basic\"\nsecrets = [\"file:{}\"]\n", path.display());
+    let other =
+        format!("[[proxy.keys]]\nid = \"k-other\"\nplan = \"basic\"\nsecrets = [\"file:{}\"]\n", path.display());
     format!("{}{other}", signed_config(&format!("{keys}{extra}")))
 }
 
@@ -338,7 +339,8 @@ async fn on_redis_each_key_has_its_share_of_the_replay_cache_and_a_429_burns_not
     let upstream = Upstream::start().await;
     let (a, b) = (RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await);
     let client = TestClient::default();
-    let pay = |nonce| Signed { key: ("k-pay", SECRET), target: "/api/transfer", body: b"x", nonce, idempotency_key: None };
+    let pay =
+        |nonce| Signed { key: ("k-pay", SECRET), target: "/api/transfer", body: b"x", nonce, idempotency_key: None };
     let mut flood = Vec::new();
     for (proxy, nonce) in [(&a, "1"), (&b, "2"), (&a, "3"), (&b, "4")] {
         flood.push(pay(nonce).send(&client, &proxy.url("")).await.status);
@@ -409,7 +411,13 @@ async fn on_redis_an_idempotent_request_runs_once_whatever_happens() {
 
 /// The held, idempotent request of `on_redis_an_idempotent_request_runs_once_whatever_happens`.
 fn held(nonce: &str) -> Signed<'_> {
-    Signed { key: ("k-pay", SECRET), target: "/api/transfer/hold", body: b"pay", nonce, idempotency_key: Some("idem-20") }
+    Signed {
+        key: ("k-pay", SECRET),
+        target: "/api/transfer/hold",
+        body: b"pay",
+        nonce,
+        idempotency_key: Some("idem-20"),
+    }
 }
 
 /// The fleet's idempotency store was bounded by nothing but Redis' memory; each key

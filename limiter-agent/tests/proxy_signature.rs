@@ -107,7 +107,8 @@ impl<'a> Signed<'a> {
     /// now, which a test may have changed after signing.
     async fn send_with(&self, client: &TestClient, proxy: &RunningProxy, signature: &str) -> Reply {
         let timestamp = self.timestamp.to_string();
-        let mut headers = vec![("x-api-key", self.key_id), ("x-timestamp", timestamp.as_str()), ("x-signature", signature)];
+        let mut headers =
+            vec![("x-api-key", self.key_id), ("x-timestamp", timestamp.as_str()), ("x-signature", signature)];
         headers.extend(self.nonce.map(|nonce| ("x-nonce", nonce)));
         headers.extend(self.idempotency_key.map(|key| ("idempotency-key", key)));
         client.request(self.method.clone(), &proxy.url(self.target), &headers, self.body).await
@@ -344,13 +345,16 @@ async fn a_signature_refused_by_the_limits_is_not_burnt() {
 async fn one_key_cannot_fill_the_replay_cache_for_another() {
     const OTHER: &[u8] = b"k-other-secret";
     let upstream = Upstream::start().await;
-    let extra = format!("[[proxy.keys]]\nid = \"k-other\"\nplan = \"basic\"\nsecrets = [{}]\n", secret_references(&[OTHER]));
+    let extra =
+        format!("[[proxy.keys]]\nid = \"k-other\"\nplan = \"basic\"\nsecrets = [{}]\n", secret_references(&[OTHER]));
     let head = "[proxy.signature]\nreplay_cache_size = 4\n";
     let proxy = RunningProxy::start(&config_with(head, 1000, &[SECRET], &extra), upstream.addr).await;
     let client = TestClient::default();
     let mut flood = Vec::new();
     for nonce in ["1", "2", "3", "4"] {
-        flood.push(Signed { nonce: Some(nonce), ..Signed::post("/api/transfer", b"x") }.send(&client, &proxy).await.status);
+        flood.push(
+            Signed { nonce: Some(nonce), ..Signed::post("/api/transfer", b"x") }.send(&client, &proxy).await.status,
+        );
     }
     assert_eq!(flood, [StatusCode::OK, StatusCode::OK, StatusCode::UNAUTHORIZED, StatusCode::UNAUTHORIZED]);
     let other = Signed { key_id: "k-other", nonce: Some("1"), ..Signed::post("/api/transfer", b"x") };
@@ -424,7 +428,10 @@ async fn an_idempotency_key_over_255_bytes_is_refused() {
     assert_eq!(idempotent("1", "/api/transfer", &longest).send(&client, &proxy).await.status, StatusCode::OK);
     let too_long = "k".repeat(256);
     let reply = idempotent("2", "/api/transfer", &too_long).send(&client, &proxy).await;
-    assert_eq!((reply.status, reply.json()["type"].as_str()), (StatusCode::BAD_REQUEST, Some("https://limiter.dev/problems#bad-idempotency-key")));
+    assert_eq!(
+        (reply.status, reply.json()["type"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("https://limiter.dev/problems#bad-idempotency-key"))
+    );
     assert_eq!(upstream.count(), 1);
 }
 
@@ -487,10 +494,12 @@ async fn twenty_at_once(
 async fn a_sign_host_key_signs_the_host() {
     let upstream = Upstream::start().await;
     let extra = "[[proxy.keys]]\nid = \"k-site\"\nplan = \"basic\"\nsign_host = true\n";
-    let text = config(&[SECRET], extra).replace(extra, &format!("{extra}secrets = [{}]\n", secret_references(&[SECRET])));
+    let text =
+        config(&[SECRET], extra).replace(extra, &format!("{extra}secrets = [{}]\n", secret_references(&[SECRET])));
     let proxy = RunningProxy::start(&text, upstream.addr).await;
     let client = TestClient::default();
-    let site = |nonce, host| Signed { key_id: "k-site", nonce: Some(nonce), host, ..Signed::post("/api/transfer", b"x") };
+    let site =
+        |nonce, host| Signed { key_id: "k-site", nonce: Some(nonce), host, ..Signed::post("/api/transfer", b"x") };
     let send_to = |request: &Signed<'_>, host: &'static str| {
         let timestamp = request.timestamp.to_string();
         let signature = request.signature(SECRET);

@@ -183,7 +183,7 @@ fn a_signature_key_without_secrets_is_refused_at_its_line() {
 
 #[test]
 fn idempotency_max_bytes_defaults_and_must_not_be_zero() {
-    let config = parse(&PROXY.to_owned()).expect("defaults");
+    let config = parse(PROXY).expect("defaults");
     assert_eq!(config.proxy.expect("proxy").signature.idempotency_max_bytes.get(), 64 << 20);
     let (_, key, _) = refusal(&format!("{PROXY}[proxy.signature]\nidempotency_max_bytes = 0\n"));
     assert_eq!(key, "proxy.signature.idempotency_max_bytes");

@@ -123,14 +123,12 @@ impl Refusal {
             Self::BodyUnreadable => {
                 problem(StatusCode::BAD_REQUEST, "bad-body", "The request body could not be read.", None)
             }
-            Self::IdempotencyKeyMalformed => {
-                problem(
+            Self::IdempotencyKeyMalformed => problem(
                 StatusCode::BAD_REQUEST,
                 "bad-idempotency-key",
                 "Idempotency-Key must be visible ASCII, at most 255 bytes.",
                 None,
-            )
-            }
+            ),
             Self::IdempotencyKeyReused => problem(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "idempotency-key-reused",

@@ -91,7 +91,12 @@ impl SharedReplay {
             .fleet
             .call(|mut connection| {
                 let mut invocation = self.script.key(&key);
-                invocation.arg("insert").arg(hex::encode(signature)).arg(now.saturating_mul(1000)).arg(expires).arg(share);
+                invocation
+                    .arg("insert")
+                    .arg(hex::encode(signature))
+                    .arg(now.saturating_mul(1000))
+                    .arg(expires)
+                    .arg(share);
                 async move { invocation.invoke_async(&mut connection).await }
             })
             .await?;
@@ -286,7 +291,7 @@ impl Drop for SharedGuard {
             let _: Result<i64, FleetError> = store
                 .fleet
                 .call(|mut connection| {
-                    let mut invocation = if sent {
+                    let invocation = if sent {
                         let mut invocation = claim.invocation(&store.script, "abandon");
                         invocation.arg(millis(store.config.ttl));
                         invocation

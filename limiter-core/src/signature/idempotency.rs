@@ -290,13 +290,8 @@ impl IdempotencyStore {
     /// An empty store with these limits, shared by one key id until [`Self::set_keys`].
     #[must_use]
     pub fn new(config: IdempotencyConfig) -> Self {
-        let state = State {
-            entries: HashMap::new(),
-            expiry: BTreeSet::new(),
-            tenants: HashMap::new(),
-            bytes: 0,
-            keys: 1,
-        };
+        let state =
+            State { entries: HashMap::new(), expiry: BTreeSet::new(), tenants: HashMap::new(), bytes: 0, keys: 1 };
         Self { shared: Arc::new(Shared { state: Mutex::new(state), config, evictions: AtomicU64::new(0) }) }
     }
 

@@ -51,8 +51,8 @@ fn signed_headers(
     nonce: Option<&str>,
 ) -> HeaderMap {
     let digest = sha256(body);
-    let message =
-        Canonical { method: method.as_str(), target, timestamp: ts, body_sha256: &digest, nonce, host: None }.string_to_sign();
+    let message = Canonical { method: method.as_str(), target, timestamp: ts, body_sha256: &digest, nonce, host: None }
+        .string_to_sign();
     let mut headers = HeaderMap::new();
     headers.insert("x-api-key", HeaderValue::from_str(key_id).unwrap());
     headers.insert("x-timestamp", HeaderValue::from_str(ts).unwrap());
@@ -133,7 +133,8 @@ mod canonical {
         for &(method, target, ts, body, nonce, key) in cases {
             let digest = sha256(body);
             assert_eq!(hex::encode(digest), openssl_sha256(body));
-            let ours = Canonical { method, target, timestamp: ts, body_sha256: &digest, nonce, host: None }.string_to_sign();
+            let ours =
+                Canonical { method, target, timestamp: ts, body_sha256: &digest, nonce, host: None }.string_to_sign();
             let theirs = contract_string(method, target, ts, body, nonce);
             assert_eq!(ours, theirs);
             assert!(!ours.ends_with('\n') || nonce == Some(""));
@@ -585,7 +586,12 @@ mod idempotency {
     const TTL: Duration = Duration::from_secs(3600);
 
     fn store(max_entries: usize) -> IdempotencyStore {
-        IdempotencyStore::new(IdempotencyConfig { ttl: TTL, max_entries, max_response_bytes: 64, max_bytes: usize::MAX })
+        IdempotencyStore::new(IdempotencyConfig {
+            ttl: TTL,
+            max_entries,
+            max_response_bytes: 64,
+            max_bytes: usize::MAX,
+        })
     }
 
     fn response(body: &'static [u8]) -> StoredResponse {
