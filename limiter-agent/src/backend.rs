@@ -208,10 +208,10 @@ impl Idempotency {
 impl Claim {
     /// Marks the request as sent upstream at `now`: the key is never freed before the
     /// TTL from here on.
-    pub fn sent(&mut self, now: Duration) {
+    pub async fn sent(&mut self, now: Duration) {
         match self {
             Self::Memory(guard) => guard.sent(Some(now)),
-            Self::Redis(guard) => guard.sent(true),
+            Self::Redis(guard) => guard.hold().await,
         }
     }
 

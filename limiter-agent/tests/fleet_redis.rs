@@ -364,7 +364,8 @@ async fn on_redis_each_key_has_its_share_of_the_replay_cache_and_a_429_burns_not
 #[tokio::test]
 async fn on_redis_an_idempotent_request_runs_once_whatever_happens() {
     let redis = TestRedis::shared();
-    let keys = redis_keys(&redis, &unique_prefix("idem-once"), "deny");
+    let prefix = unique_prefix("idem-once");
+    let keys = redis_keys(&redis, &prefix, "deny");
     let config = signed_config(&format!("{keys}upstream_timeout = \"500ms\"\n"));
     let upstream = Upstream::start().await;
     let (a, b) = (RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await);
@@ -378,10 +379,23 @@ async fn on_redis_an_idempotent_request_runs_once_whatever_happens() {
         });
     }
     let mut statuses = Vec::new();
-    for _ in 0..20 {
-        let status = tokio::time::timeout(PATIENCE, replies.recv()).await.expect("every request answered");
+    for _ in 0..19 {
+        let status = tokio::time::timeout(PATIENCE, replies.recv()).await.expect("19 answered at once");
         statuses.push(status.expect("a sender"));
     }
+    // The one sent upstream is held for the TTL (24 h), not just the in-flight lease:
+    // were its agent to die now, no repeat could run it again.
+    upstream.arrived(1).await;
+    let mut connection =
+        redis::Client::open(redis.url()).expect("client").get_multiplexed_async_connection().await.expect("connect");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(format!("{prefix}idem:5:k-pay:idem-20"))
+        .query_async(&mut connection)
+        .await
+        .expect("PTTL");
+    assert!(ttl > 3_600_000, "the claim lives {ttl} ms");
+    let status = tokio::time::timeout(PATIENCE, replies.recv()).await.expect("the held one answered");
+    statuses.push(status.expect("a sender"));
     statuses.sort();
     // The one that reached the upstream is held there until it times out.
     let mut expected = vec![StatusCode::CONFLICT; 19];

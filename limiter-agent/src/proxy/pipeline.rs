@@ -309,7 +309,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         // future, a broken response), dropping the claim records an unknown outcome
         // instead of freeing the key: the upstream may have acted on the request.
         if let Some(claim) = &mut claim {
-            claim.sent(self.clock.now());
+            claim.sent(self.clock.now()).await;
         }
         // Bounds the wait for the response head; a streaming body may take longer.
         let response =

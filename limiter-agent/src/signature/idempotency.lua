@@ -10,12 +10,14 @@
 -- "total"). Entries of the tenant other than KEYS[1] are reached through the index
 -- (a single server, not a cluster).
 --
--- ARGV[1]: begin | complete | release | abandon; ARGV[2]: fingerprint; ARGV[3]: the
+-- ARGV[1]: begin | hold | complete | release | abandon; ARGV[2]: fingerprint; ARGV[3]: the
 -- claim's owner token.
 --   begin ARGV[4]: in-flight lease (ms), ARGV[5]: the entry's bytes, ARGV[6]: the
 --     tenant's entry share, ARGV[7]: its byte share. Reply: {"proceed"} | {"full"} |
 --     {"conflict"} | {"in_flight"} | {"not_replayable"} | {"unknown"} |
 --     {"replay", status, headers, body}.
+--   hold ARGV[4]: TTL (ms): the request was sent; the claim lasts the TTL instead of
+--     the lease. Reply: 1 if it was still held.
 --   complete ARGV[4]: TTL (ms), ARGV[5]: status ("" when too large to store),
 --     ARGV[6]: headers, ARGV[7]: body, ARGV[8]: the byte share. Reply: 1 if the claim
 --     was still held.
@@ -120,7 +122,12 @@ if op == 'release' then
 end
 local ttl = tonumber(ARGV[4])
 local size = 0
-if op == 'abandon' then
+if op == 'hold' then
+  -- Still in flight: its index score is its expiry, which cannot be evicted early.
+  redis.call('PEXPIRE', key, ttl)
+  track(key, now + ttl, 0)
+  return 1
+elseif op == 'abandon' then
   redis.call('HSET', key, 'state', 'unknown')
 else
   size = #ARGV[5] + #ARGV[6] + #ARGV[7]

@@ -13,8 +13,9 @@
 //!   `idempotency_max_bytes`. An in-flight claim is a lease of at most
 //!   [`IN_FLIGHT_LEASE`]: an agent that dies before sending cannot block the key for
 //!   the whole TTL. A claim dropped once its request was sent records the outcome as
-//!   unknown for the TTL instead of freeing the key. (An agent that dies after
-//!   sending leaves only the lease: the key frees when it lapses.)
+//!   unknown for the TTL instead of freeing the key; and once sent, the claim is held
+//!   for the TTL ([`SharedGuard::hold`]), so an agent that dies after sending leaves
+//!   the key in flight rather than free.
 
 use std::{
     fmt,
@@ -249,6 +250,26 @@ impl SharedGuard {
     /// Whether the request has been sent upstream (see [`Guard::sent`](limiter_core::signature::Guard::sent)).
     pub fn sent(&mut self, sent: bool) {
         self.sent = sent;
+    }
+
+    /// Marks the request as sent and makes the claim outlast the lease: held for the
+    /// TTL, so that even if this agent dies before settling it, no repeat runs the
+    /// request again. If Redis cannot be reached the lease still holds the key.
+    pub async fn hold(&mut self) {
+        self.sent = true;
+        let Some(claim) = &self.claim else { return };
+        let store = &self.store;
+        let result: Result<i64, FleetError> = store
+            .fleet
+            .call(|mut connection| {
+                let mut invocation = claim.invocation(&store.script, "hold");
+                invocation.arg(millis(store.config.ttl));
+                async move { invocation.invoke_async(&mut connection).await }
+            })
+            .await;
+        if let Err(error) = result {
+            tracing::debug!(%error, "idempotency claim not extended");
+        }
     }
 
     /// Stores `response` for the TTL (or only the fact of completion, if it is larger
