@@ -38,6 +38,8 @@ pub enum SignError {
     CurlNotAbsolute(String),
     #[error("--curl takes the proxy's base URL only; put the target in --path (got {0:?})")]
     CurlWithTarget(String),
+    #[error("invalid --host {host:?}")]
+    Host { host: String, source: InvalidUri },
     #[error("body file path {} is not UTF-8", .0.display())]
     BodyPathNotUtf8(PathBuf),
     #[error("reading /dev/urandom for a nonce")]
@@ -65,6 +67,10 @@ pub struct SignArgs {
     /// Add a random 128-bit X-Nonce, so that identical requests get distinct signatures.
     #[arg(long)]
     pub nonce: bool,
+    /// The Host header the request will carry (`host[:port]`), for a key with
+    /// `sign_host = true`: its signature covers it, lowercased.
+    #[arg(long)]
+    pub host: Option<String>,
     /// Unix timestamp to sign instead of now.
     #[arg(long)]
     pub timestamp: Option<u64>,
@@ -108,9 +114,18 @@ fn render(
 
     let timestamp = timestamp.to_string();
     let body_sha256 = sha256(body);
-    let message =
-        Canonical { method: &args.method, target: &args.path, timestamp: &timestamp, body_sha256: &body_sha256, nonce }
-            .string_to_sign();
+    if let Some(host) = &args.host {
+        http::uri::Authority::from_str(host).map_err(|source| SignError::Host { host: host.clone(), source })?;
+    }
+    let message = Canonical {
+        method: &args.method,
+        target: &args.path,
+        timestamp: &timestamp,
+        body_sha256: &body_sha256,
+        nonce,
+        host: args.host.as_deref(),
+    }
+    .string_to_sign();
     let signature = sign_hex(secret, &message);
 
     let mut headers = vec![("X-API-Key", args.key_id.as_str()), ("X-Timestamp", timestamp.as_str())];
@@ -126,7 +141,9 @@ fn render(
         // without resolving dot segments or expanding [] and {}.
         out.push_str("curl --path-as-is --globoff -X ");
         out.push_str(&shell_quote(&args.method));
-        for (name, value) in &headers {
+        // curl sends the URL's host otherwise, which the signature may not cover.
+        let host = args.host.as_deref().map(|host| ("Host", host));
+        for (name, value) in host.iter().chain(&headers) {
             out.push_str(" -H ");
             out.push_str(&shell_quote(&format!("{name}: {value}")));
         }
@@ -195,9 +212,30 @@ mod tests {
             path: path.into(),
             body_file: body_file.map(PathBuf::from),
             nonce: false,
+            host: None,
             timestamp: Some(TS),
             curl: curl.map(str::to_owned),
         }
+    }
+
+    #[test]
+    fn host_is_signed_for_a_sign_host_key() {
+        let key = limiter_core::signature::SigningKey { secrets: vec![b"s".to_vec()], sign_host: true };
+        let verifier = Verifier::new([("k-free-1".to_owned(), key)]);
+        let a = SignArgs { host: Some("API.example.com".into()), ..args("POST", "/pay", None, None) };
+        let digest = sha256(b"");
+        let verify = |host: &str| {
+            let mut headers = parse_headers(&render(&a, b"s", b"", TS, None).unwrap());
+            headers.insert("host", HeaderValue::from_str(host).unwrap());
+            let req = SignedRequest { method: &Method::POST, target: "/pay", headers: &headers, body_sha256: &digest };
+            verifier.authenticate(&req, TS, Duration::from_secs(300)).map(|_| ())
+        };
+        verify("api.example.com").unwrap();
+        assert_eq!(verify("other.example.com"), Err(limiter_core::signature::Failure::BadMac));
+        let curl = render(&SignArgs { curl: Some("http://127.0.0.1:8080".into()), ..a.clone() }, b"s", b"", TS, None);
+        assert!(curl.unwrap().contains(" -H 'Host: API.example.com' "));
+        let bad = SignArgs { host: Some("a b".into()), ..a.clone() };
+        assert!(render(&bad, b"s", b"", TS, None).is_err());
     }
 
     /// The printed header lines, parsed back as the proxy would receive them.

@@ -3,8 +3,10 @@
 
 use std::{path::Path, process::ExitCode};
 
+use super::CliError;
 use crate::{
     config::{
+        Config,
         units::HumanDuration,
         xdp::{VerifiedConfig, parse_cidr},
     },
@@ -27,8 +29,8 @@ pub struct UnverifyArgs {
     pub cidr: ipnet::IpNet,
 }
 
-pub fn verify(path: &Path, args: &VerifyArgs) -> anyhow::Result<ExitCode> {
-    let config = super::load(path)?;
+pub fn verify(path: &Path, args: &VerifyArgs) -> Result<ExitCode, CliError> {
+    let config = Config::load(path)?;
     let ttl = args.ttl.unwrap_or_else(|| config.xdp.as_ref().map_or(VerifiedConfig::default(), |x| x.verified).ttl);
     let mut maps = KernelMaps::open_pinned(&config.agent.pin_dir)?;
     let sources = maps.verify(args.cidr, ttl.0)?;
@@ -36,8 +38,8 @@ pub fn verify(path: &Path, args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn unverify(path: &Path, args: &UnverifyArgs) -> anyhow::Result<ExitCode> {
-    let config = super::load(path)?;
+pub fn unverify(path: &Path, args: &UnverifyArgs) -> Result<ExitCode, CliError> {
+    let config = Config::load(path)?;
     let mut maps = KernelMaps::open_pinned(&config.agent.pin_dir)?;
     match maps.unverify(args.cidr)? {
         0 => {

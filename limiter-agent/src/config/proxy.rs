@@ -152,6 +152,25 @@ pub struct ApiKey {
     /// `file:PATH` or `env:NAME` references; several for rotation.
     #[serde(default)]
     pub secrets: Vec<String>,
+    /// What proves that a request is this key's, and so may spend its plan.
+    #[serde(default)]
+    pub auth: KeyAuth,
+    /// The key's signatures also cover the `Host` header (lowercased), so that a request
+    /// signed for one site does not verify on another behind the same keys.
+    #[serde(default)]
+    pub sign_host: bool,
+}
+
+/// `auth` of a `[[proxy.keys]]`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyAuth {
+    /// A valid signature (key ids are not secrets).
+    #[default]
+    Signature,
+    /// `X-API-Key` alone: the key id is a bearer secret. Weaker: anyone who sees one
+    /// request can spend the key's quota.
+    Bearer,
 }
 
 /// What a rule counts requests by.
@@ -305,6 +324,9 @@ pub struct SignatureConfig {
     pub idempotency_max_entries: NonZeroUsize,
     /// Responses larger than this are not stored for idempotent replay.
     pub idempotency_max_body_bytes: usize,
+    /// Bound on the idempotency store's memory (responses and keys), shared out
+    /// equally among the configured keys.
+    pub idempotency_max_bytes: NonZeroUsize,
 }
 
 impl Default for SignatureConfig {
@@ -315,6 +337,9 @@ impl Default for SignatureConfig {
             replay_cache_size: NonZeroUsize::new(1_000_000).unwrap_or(NonZeroUsize::MIN),
             idempotency_max_entries: NonZeroUsize::new(100_000).unwrap_or(NonZeroUsize::MIN),
             idempotency_max_body_bytes: 65_536,
+            // 1,024 responses at the largest stored size, or some 60,000 API-sized
+            // (1 KiB) ones: the store stays a small part of an edge host's memory.
+            idempotency_max_bytes: NonZeroUsize::new(64 << 20).unwrap_or(NonZeroUsize::MIN),
         }
     }
 }
@@ -331,6 +356,19 @@ impl ProxyConfig {
             }
             if self.keys[..i].iter().any(|k| k.id == key.id) {
                 return Err((format!("proxy.keys[{i}].id"), format!("key id `{}` appears twice", key.id)));
+            }
+            if key.secrets.is_empty() && key.auth == KeyAuth::Signature {
+                return Err((
+                    format!("proxy.keys[{i}].id"),
+                    format!(
+                        "key `{}` has no secrets, so no request could ever prove it: add secrets, or set \
+                         auth = \"bearer\" to take the key id itself as proof",
+                        key.id
+                    ),
+                ));
+            }
+            if key.secrets.is_empty() && key.sign_host {
+                return Err((format!("proxy.keys[{i}].sign_host"), "needs the key's secrets".to_owned()));
             }
         }
         for (i, rule) in self.rules.iter().enumerate() {

@@ -213,3 +213,25 @@ fn bad_spoofing_settings_name_key_and_line() {
     );
     assert!(refusal(&text).2.contains("an aggregate only goes with action = \"limit\""));
 }
+
+#[test]
+fn a_signature_key_without_secrets_is_refused_at_its_line() {
+    let text = EXAMPLE.replace("secrets = [\"file:/etc/limiter/keys/k-free-1\"]", "");
+    let (line, key, message) = refusal(&text);
+    assert_eq!(key, "proxy.keys[0].id");
+    assert!(message.contains("auth = \"bearer\""), "{message}");
+    assert_eq!(line, text.lines().position(|l| l.starts_with("id = \"k-free-1\"")).expect("id line") + 1);
+    let bearer = text.replace("id = \"k-free-1\"", "id = \"k-free-1\"\nauth = \"bearer\"");
+    let config = parse(&bearer).expect("a bearer key needs no secrets");
+    assert_eq!(config.proxy.expect("proxy").keys[0].auth, crate::config::proxy::KeyAuth::Bearer);
+    let typo = EXAMPLE.replace("id = \"k-free-1\"", "id = \"k-free-1\"\nauth = \"token\"");
+    assert_eq!(refusal(&typo).1, "proxy.keys[0].auth");
+}
+
+#[test]
+fn idempotency_max_bytes_defaults_and_must_not_be_zero() {
+    let config = parse(PROXY).expect("defaults");
+    assert_eq!(config.proxy.expect("proxy").signature.idempotency_max_bytes.get(), 64 << 20);
+    let (_, key, _) = refusal(&format!("{PROXY}[proxy.signature]\nidempotency_max_bytes = 0\n"));
+    assert_eq!(key, "proxy.signature.idempotency_max_bytes");
+}

@@ -29,6 +29,17 @@ pub(super) enum ForwardError {
     Client(#[from] hyper_util::client::legacy::Error),
 }
 
+impl ForwardError {
+    /// Whether the request certainly never reached the upstream: no URI to send it
+    /// to, or no connection.
+    pub(super) fn never_sent(&self) -> bool {
+        match self {
+            Self::Uri(_) => true,
+            Self::Client(error) => error.is_connect(),
+        }
+    }
+}
+
 /// The upstream client with its connection pool, shared by every request.
 #[derive(Debug)]
 pub(super) struct Upstream {

@@ -4,6 +4,8 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::Path;
 
+use limiter_core::signature::SigningKey;
+
 use crate::config::ProxyConfig;
 
 /// Why a secret reference could not be loaded. Messages name the reference, never
@@ -79,11 +81,11 @@ pub fn read_secret_file(path: &Path) -> std::io::Result<Vec<u8>> {
 /// Every key's secrets, read from their references once the config is parsed: the
 /// one place the agent reads them, in its own environment (not the CLI's).
 #[derive(Clone, Default)]
-pub struct KeySecrets(Vec<(String, Vec<Vec<u8>>)>);
+pub struct KeySecrets(Vec<(String, SigningKey)>);
 
 impl std::fmt::Debug for KeySecrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.0.iter().map(|(id, secrets)| (id, secrets.len()))).finish()
+        f.debug_list().entries(self.0.iter().map(|(id, key)| (id, key.secrets.len(), key.sign_host))).finish()
     }
 }
 
@@ -104,7 +106,7 @@ impl KeySecrets {
         let loaded = keys.map(|(i, key)| {
             let secrets = key.secrets.iter().map(|reference| load_secret(reference)).collect::<Result<_, _>>();
             secrets
-                .map(|secrets| (key.id.clone(), secrets))
+                .map(|secrets| (key.id.clone(), SigningKey { secrets, sign_host: key.sign_host }))
                 .map_err(|source| KeySecretError { key: format!("proxy.keys[{i}].secrets"), source })
         });
         loaded.collect::<Result<_, _>>().map(Self)
@@ -112,7 +114,7 @@ impl KeySecrets {
 
     /// Key id and secrets, for [`limiter_core::signature::Verifier::new`].
     #[must_use]
-    pub fn into_keys(self) -> Vec<(String, Vec<Vec<u8>>)> {
+    pub fn into_keys(self) -> Vec<(String, SigningKey)> {
         self.0
     }
 }

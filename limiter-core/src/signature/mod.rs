@@ -53,4 +53,12 @@ mod tests;
 pub use canonical::{Canonical, sha256, sign_hex};
 pub use idempotency::{Begin, Guard, IdempotencyConfig, IdempotencyStore, StoredResponse};
 pub use replay::{ReplayCache, ReplayError};
-pub use verify::{Authenticated, Failure, FailureReason, SignedRequest, Verified, Verifier};
+pub use verify::{Authenticated, Failure, FailureReason, SignedRequest, SigningKey, Verified, Verifier};
+
+/// `capacity` shared equally among `keys` key ids, at least 1 each: the bound of one
+/// key id in the replay cache and the idempotency store, so that no tenant can fill
+/// what another needs.
+#[must_use]
+pub fn share(capacity: usize, keys: usize) -> usize {
+    (capacity / keys.max(1)).max(1)
+}
