@@ -202,6 +202,8 @@ fn metrics_parse_as_prometheus_text() {
         "limiter_config_reloads_total{result=\"ok\"}",
         "limiter_proxy_requests_total{decision=\"forwarded\"}",
         "limiter_proxy_decision_seconds_bucket{le=\"+Inf\"}",
+        "limiter_proxy_connections_refused_total{reason=\"max_connections_per_ip\"} 0",
+        "limiter_proxy_body_timeouts_total 0",
     ] {
         assert!(body.contains(expected), "missing {expected} in:\n{body}");
     }
