@@ -79,11 +79,16 @@ async fn starve_with_a_client_waiting(addr: std::net::SocketAddr) -> (Duration, 
     (spent, client)
 }
 
-fn exchange(mut client: TcpStream, request: &[u8]) -> String {
-    client.write_all(request).expect("write");
-    let mut response = String::new();
-    let _ = client.read_to_string(&mut response);
-    response
+/// Sends `request` on the waiting connection and reads the answer, off the runtime.
+async fn exchange(mut client: TcpStream, request: &'static [u8]) -> String {
+    tokio::task::spawn_blocking(move || {
+        client.write_all(request).expect("write");
+        let mut response = String::new();
+        let _ = client.read_to_string(&mut response);
+        response
+    })
+    .await
+    .expect("client")
 }
 
 /// A loop that retries at once would take about all of [`STARVED`] on the one
@@ -106,11 +111,7 @@ fn accept_loops_pause_without_descriptors_and_recover() {
         let metrics = tokio::spawn(serve(listener, sources));
         let (spent, client) = starve_with_a_client_waiting(addr).await;
         assert_paused("metrics", spent);
-        let response = tokio::task::spawn_blocking(move || {
-            exchange(client, b"GET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        })
-        .await
-        .expect("client");
+        let response = exchange(client, b"GET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
         assert!(response.starts_with("HTTP/1.1 404"), "{response}");
         metrics.abort();
 
@@ -118,11 +119,7 @@ fn accept_loops_pause_without_descriptors_and_recover() {
         let proxy = RunningProxy::start(PROXY_HEAD, upstream.addr).await;
         let (spent, client) = starve_with_a_client_waiting(proxy.addr).await;
         assert_paused("proxy", spent);
-        let response = tokio::task::spawn_blocking(move || {
-            exchange(client, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        })
-        .await
-        .expect("client");
+        let response = exchange(client, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
         assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
     });
 }

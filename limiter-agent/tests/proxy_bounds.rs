@@ -10,7 +10,9 @@ use std::{
 };
 
 use limiter::{config::Config, escalation::Escalator};
-use limiter_lab::support::proxy::{PATIENCE, PROXY_HEAD, RunningProxy, Upstream, raw_exchange, read_to_close};
+use limiter_lab::support::proxy::{
+    PATIENCE, PROXY_HEAD, RunningProxy, Upstream, raw_exchange, read_to_close, signed_route_config,
+};
 use tokio::{
     io::AsyncWriteExt,
     net::{TcpSocket, TcpStream},
@@ -93,25 +95,7 @@ async fn a_stalled_body_of_known_length_gets_408_on_signed_and_forwarded_routes(
     let upstream = Upstream::start().await;
     let secret = std::env::temp_dir().join(format!("limiter-bounds-secret-{}", std::process::id()));
     std::fs::write(&secret, "a-secret-of-enough-length").expect("write secret");
-    let config = format!(
-        r#"{PROXY_HEAD}body_timeout = "500ms"
-[proxy.plans.basic]
-limit = 1000
-window = "1m"
-[[proxy.keys]]
-id = "k-pay"
-plan = "basic"
-secrets = ["file:{}"]
-[[proxy.rules]]
-name = "transfer"
-path = "/api/transfer"
-require_signature = true
-key = "api_key"
-limit = 100
-window = "1s"
-"#,
-        secret.display()
-    );
+    let config = signed_route_config("body_timeout = \"500ms\"", &secret);
     let proxy = RunningProxy::start(&config, upstream.addr).await;
     // The signed route reads the whole body before it can check the MAC; the other
     // streams it to the upstream as it comes.

@@ -34,7 +34,7 @@ pub struct ProxyConfig {
     /// Longest wait for the next request on a keep-alive connection (then closed).
     #[serde(default = "default_idle_timeout")]
     pub idle_timeout: HumanDuration,
-    /// Longest time from the end of the headers to the end of the body (then 408).
+    /// Longest time from the first read of a body to its end (then 408).
     #[serde(default = "default_body_timeout")]
     pub body_timeout: HumanDuration,
     /// Connections open at once, over all clients; more are closed at accept.

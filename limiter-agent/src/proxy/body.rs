@@ -31,17 +31,20 @@ pub(super) struct BodyTimedOut;
 
 /// A request body that fails with [`BodyTimedOut`] once its time is up, whoever reads
 /// it: the signature check, the chunked collection, or the upstream client streaming
-/// it on. A client that stalls its body holds a connection only that long.
+/// it on. A client that stalls its body holds a connection only that long. The time
+/// runs from the first read, so that a throttle delay before forwarding (and the
+/// `100 Continue` that waits for it) does not eat into it.
 #[derive(Debug)]
 pub(super) struct TimedBody {
     inner: Incoming,
-    deadline: Pin<Box<Sleep>>,
+    timeout: Duration,
+    deadline: Option<Pin<Box<Sleep>>>,
 }
 
 impl TimedBody {
-    /// `body`, due within `timeout` from now.
+    /// `body`, due within `timeout` of its first read.
     pub(super) fn new(body: Incoming, timeout: Duration) -> Self {
-        Self { inner: body, deadline: Box::pin(tokio::time::sleep(timeout)) }
+        Self { inner: body, timeout, deadline: None }
     }
 }
 
@@ -50,10 +53,12 @@ impl Body for TimedBody {
     type Error = BoxError;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+        let this = &mut *self;
+        let deadline = this.deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(this.timeout)));
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
             return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
         }
-        match self.deadline.as_mut().poll(cx) {
+        match deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimedOut)))),
             Poll::Pending => Poll::Pending,
         }
