@@ -352,3 +352,50 @@ fn json_logs_are_one_object_per_line() {
     assert_eq!(record["fields"]["interface"], lab.net.host_if.as_str());
     assert_eq!(record["fields"]["mode"], "native");
 }
+
+/// CPU time the process `pid` has used, in clock ticks (1/100 s on Linux).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // After the command name (in parentheses, which may hold spaces): state is field
+    // 3, utime and stime fields 14 and 15.
+    let fields: Vec<&str> = stat.rsplit_once(')').expect("comm").1.split_whitespace().collect();
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+#[test]
+fn an_agent_out_of_descriptors_pauses_its_accept_loops_and_its_admin_socket_recovers() {
+    let name = unique("limiter-fds");
+    let config = format!(
+        "{}[proxy]\nlisten = \"127.0.0.1:{}\"\nupstream = \"http://127.0.0.1:9\"\nheader_timeout = \"1m\"\n",
+        limiter_lab::support::agent::agent_section(&name, ""),
+        free_port()
+    );
+    let listen = config.lines().find_map(|l| l.strip_prefix("listen = \"")).expect("listen").trim_end_matches('"');
+    let mut agent = limiter_lab::support::agent::AgentProcess::start(&name, &config);
+    let pid = agent.child.as_ref().expect("running").id();
+    // A soft limit a few descriptors above what it uses, filled by clients that
+    // connect and say nothing: the proxy, then the admin socket, find none left.
+    let soft = u64::try_from(fd_count(pid)).expect("count") + 8;
+    let limit = libc::rlimit { rlim_cur: soft, rlim_max: soft };
+    // SAFETY: prlimit on our own child, with a struct we own.
+    let set = unsafe {
+        libc::prlimit(i32::try_from(pid).expect("pid"), libc::RLIMIT_NOFILE, &raw const limit, std::ptr::null_mut())
+    };
+    assert_eq!(set, 0, "prlimit");
+    let silent: Vec<_> = (0..16).map(|_| std::net::TcpStream::connect(listen).expect("connect")).collect();
+    let _waiting_admin = std::os::unix::net::UnixStream::connect(&agent.socket).expect("admin connect");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fd_count(pid) < usize::try_from(soft).expect("soft") {
+        assert!(Instant::now() < deadline, "the agent did not take its descriptors: {}", agent.log());
+    }
+    let before = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(1));
+    let spent = cpu_ticks(pid) - before;
+    // A loop that retries at once burns a core: about 100 ticks a second.
+    assert!(spent < 10, "the agent used {spent} ticks of CPU in a second without descriptors");
+
+    drop(silent);
+    let stats = agent.cli_json(&["stats", "--json"]);
+    assert!(stats["proxy"].is_object(), "{stats}");
+    assert_eq!(agent.stop_with(libc::SIGTERM).code(), Some(0));
+}

@@ -1,6 +1,6 @@
 //! Accepting connections within their bounds and serving HTTP/1.1 on them: the idle
-//! and header timeouts, graceful drain on shutdown. hyper refuses malformed and ambiguous requests (400) before the
-//! pipeline sees them.
+//! and header timeouts, graceful drain on shutdown. hyper refuses malformed and
+//! ambiguous requests (400) before the pipeline sees them.
 
 use std::{convert::Infallible, future::poll_fn, net::SocketAddr, pin::Pin, sync::Arc};
 
