@@ -399,3 +399,36 @@ fn an_agent_out_of_descriptors_pauses_its_accept_loops_and_its_admin_socket_reco
     assert!(stats["proxy"].is_object(), "{stats}");
     assert_eq!(agent.stop_with(libc::SIGTERM).code(), Some(0));
 }
+
+#[test]
+fn check_warns_about_secret_files_others_can_read_and_short_secrets() {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    let dir = std::env::temp_dir().join(unique("limiter-check-secrets"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let secret = dir.join("k-pay");
+    std::fs::write(&secret, "short\n").expect("secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let config = dir.join("limiter.toml");
+    let text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:3000\"\n[proxy.plans.p]\nlimit = 1\n\
+         window = \"1s\"\n[[proxy.keys]]\nid = \"k-pay\"\nplan = \"p\"\nsecrets = [\"file:{}\"]\n",
+        secret.display()
+    );
+    std::fs::write(&config, text).expect("config");
+    let check =
+        || Command::new(limiter_lab::support::agent::limiter_bin()).arg("check").arg("-c").arg(&config).output();
+    let output = check().expect("limiter check");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let reference = format!("proxy.keys[0].secrets: file:{}", secret.display());
+    assert!(stderr.contains(&format!("warning: {reference} can be read by group or others (mode 644)")), "{stderr}");
+    assert!(stderr.contains(&format!("warning: {reference} is 5 bytes")), "{stderr}");
+    assert!(!stderr.contains("short"), "a warning showed the secret: {stderr}");
+
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").expect("secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let output = check().expect("limiter check");
+    assert!(output.status.success() && output.stderr.is_empty(), "{}", String::from_utf8_lossy(&output.stderr));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
