@@ -170,7 +170,10 @@ async fn a_keep_alive_connection_waits_idle_timeout_for_its_next_request_not_hea
     let config = format!("{PROXY_HEAD}header_timeout = \"300ms\"\nidle_timeout = \"1500ms\"\n");
     let proxy = RunningProxy::start(&config, upstream.addr).await;
     let mut stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    // The proxy starts waiting once it has sent the last response: after that was asked for.
+    let mut asked = Instant::now();
     for _ in 0..2 {
+        asked = Instant::now();
         stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
         let mut response = Vec::new();
         while !response.ends_with(b"\r\n\r\nok") {
@@ -186,23 +189,28 @@ async fn a_keep_alive_connection_waits_idle_timeout_for_its_next_request_not_hea
     }
     // Idle for longer than header_timeout, the connection stays; after idle_timeout
     // it is closed without a word.
-    let idle_since = Instant::now();
     let rest = read_to_close(&mut stream).await;
-    let after = idle_since.elapsed();
+    let after = asked.elapsed();
     assert_eq!(rest, "");
     assert!(after >= idle && after < idle + PATIENCE, "closed after {after:?}");
     assert_eq!(upstream.count(), 2);
     assert_eq!(proxy.proxy.stats().timeouts, 0);
 }
 
-#[tokio::test]
-async fn the_metrics_endpoint_serves_a_bounded_number_of_scrapers() {
+/// The metrics endpoint of an agent without kernel layer or proxy, serving until
+/// the task is aborted.
+async fn metrics_endpoint() -> (SocketAddr, tokio::task::JoinHandle<()>) {
     use limiter::metrics::{AgentGauges, MetricsSources, serve};
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind metrics");
     let addr = listener.local_addr().expect("metrics address");
     let sources = MetricsSources { pin_dir: "/nonexistent".into(), agent: AgentGauges::default().into(), proxy: None };
-    let metrics = tokio::spawn(serve(listener, sources));
+    (addr, tokio::spawn(serve(listener, sources)))
+}
+
+#[tokio::test]
+async fn the_metrics_endpoint_serves_a_bounded_number_of_scrapers() {
+    let (addr, metrics) = metrics_endpoint().await;
     let mut stalled = Vec::new();
     for _ in 0..8 {
         stalled.push(TcpStream::connect(addr).await.expect("connect"));
@@ -220,5 +228,22 @@ async fn the_metrics_endpoint_serves_a_bounded_number_of_scrapers() {
         assert!(response.is_empty() && Instant::now() < deadline, "{response}");
         tokio::task::yield_now().await;
     }
+    metrics.abort();
+}
+
+/// tokio's clock is paused: whenever every task waits it jumps to the next timer, so
+/// the endpoint's ten-second header timeout passes at once.
+#[tokio::test(start_paused = true)]
+async fn a_scraper_that_stalls_its_request_is_cut_off() {
+    let (addr, metrics) = metrics_endpoint().await;
+    let start = tokio::time::Instant::now();
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").await.expect("write");
+    let mut buf = [0; 1024];
+    let read = tokio::time::timeout(Duration::from_secs(3600), tokio::io::AsyncReadExt::read(&mut stream, &mut buf));
+    let closed = read.await.expect("the stalled scraper was still connected an hour later");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    let after = start.elapsed();
+    assert!(after >= Duration::from_secs(10) && after < Duration::from_secs(60), "closed after {after:?}");
     metrics.abort();
 }
