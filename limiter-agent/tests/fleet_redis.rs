@@ -14,7 +14,7 @@ use limiter_core::{
     signature::{Canonical, sha256, sign_hex},
 };
 use limiter_lab::support::{
-    proxy::{PATIENCE, PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream},
+    proxy::{PATIENCE, PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, signed_route_config},
     redis::{TestRedis, redis_keys, unique_prefix},
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -222,25 +222,7 @@ const SECRET: &[u8] = b"k-pay-fleet-secret";
 fn signed_config(keys: &str) -> String {
     let path = std::env::temp_dir().join(format!("limiter-fleet-secret-{}", std::process::id()));
     std::fs::write(&path, SECRET).expect("secret file");
-    format!(
-        r#"{PROXY_HEAD}{keys}
-[proxy.plans.basic]
-limit = 1000
-window = "1m"
-[[proxy.keys]]
-id = "k-pay"
-plan = "basic"
-secrets = ["file:{}"]
-[[proxy.rules]]
-name = "transfer"
-path = "/api/transfer"
-require_signature = true
-key = "api_key"
-limit = 100
-window = "1s"
-"#,
-        path.display()
-    )
+    signed_route_config(keys, &path)
 }
 
 async fn send_signed(

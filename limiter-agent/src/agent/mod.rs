@@ -497,7 +497,13 @@ fn bind_admin(path: &Path) -> Result<UnixListener, AgentError> {
 
 async fn serve_admin(listener: UnixListener, requests: mpsc::Sender<(Request, oneshot::Sender<Response>)>) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                crate::accept::backoff("admin", &error).await;
+                continue;
+            }
+        };
         let requests = requests.clone();
         tokio::spawn(async move {
             let mut stream = BufReader::new(stream);

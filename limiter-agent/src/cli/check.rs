@@ -7,7 +7,10 @@ use crate::agent::LoadedConfig;
 
 pub fn run(path: &Path) -> Result<ExitCode, CliError> {
     match LoadedConfig::read(path) {
-        Ok(LoadedConfig { config, .. }) => {
+        Ok(LoadedConfig { config, secrets }) => {
+            for warning in secrets.warnings() {
+                eprintln!("warning: {warning}");
+            }
             let layers = [config.xdp.is_some().then_some("xdp"), config.proxy.is_some().then_some("proxy")];
             let layers: Vec<&str> = layers.into_iter().flatten().collect();
             println!(

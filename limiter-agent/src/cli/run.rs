@@ -14,6 +14,9 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
         }
     };
     init_logging(loaded.config.agent.log_format);
+    for warning in loaded.secrets.warnings() {
+        tracing::warn!("{warning}");
+    }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(crate::agent::run(path.to_owned(), loaded))?;
     Ok(ExitCode::SUCCESS)

@@ -31,6 +31,19 @@ pub struct ProxyConfig {
     pub max_body_bytes: u64,
     #[serde(default = "default_header_timeout")]
     pub header_timeout: HumanDuration,
+    /// Longest wait for the next request on a keep-alive connection (then closed).
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout: HumanDuration,
+    /// Longest time from the first read of a body to its end (then 408).
+    #[serde(default = "default_body_timeout")]
+    pub body_timeout: HumanDuration,
+    /// Connections open at once, over all clients; more are closed at accept.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: NonZeroUsize,
+    /// Connections open at once from one peer address (IPv6: one /64); trusted
+    /// proxies are bound by `max_connections` only.
+    #[serde(default = "default_max_connections_per_ip")]
+    pub max_connections_per_ip: NonZeroUsize,
     /// Longest wait for the upstream's response head (then 504).
     #[serde(default = "default_upstream_timeout")]
     pub upstream_timeout: HumanDuration,
@@ -376,6 +389,11 @@ impl ProxyConfig {
                 return Err((format!("proxy.rules[{i}].name"), format!("rule name `{}` appears twice", rule.name)));
             }
         }
+        for (key, timeout) in [("proxy.idle_timeout", &self.idle_timeout), ("proxy.body_timeout", &self.body_timeout)] {
+            if timeout.0.is_zero() {
+                return Err((key.to_owned(), "must be longer than 0".to_owned()));
+            }
+        }
         if self.store == StoreKind::Redis {
             if !self.redis_url.starts_with("redis://") {
                 return Err(("proxy.redis_url".to_owned(), format!("`{}` is not a redis:// URL", self.redis_url)));
@@ -416,6 +434,22 @@ fn default_max_body_bytes() -> u64 {
 
 fn default_header_timeout() -> HumanDuration {
     HumanDuration(Duration::from_secs(10))
+}
+
+fn default_idle_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(60))
+}
+
+fn default_body_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
+
+fn default_max_connections() -> NonZeroUsize {
+    NonZeroUsize::new(10_000).unwrap_or(NonZeroUsize::MIN)
+}
+
+fn default_max_connections_per_ip() -> NonZeroUsize {
+    NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN)
 }
 
 fn default_upstream_timeout() -> HumanDuration {

@@ -235,3 +235,19 @@ fn idempotency_max_bytes_defaults_and_must_not_be_zero() {
     let (_, key, _) = refusal(&format!("{PROXY}[proxy.signature]\nidempotency_max_bytes = 0\n"));
     assert_eq!(key, "proxy.signature.idempotency_max_bytes");
 }
+
+#[test]
+fn connection_bounds_have_defaults_and_name_their_mistakes() {
+    let proxy = parse(PROXY).expect("minimal proxy").proxy.expect("proxy");
+    assert_eq!((proxy.idle_timeout.0, proxy.body_timeout.0), (Duration::from_secs(60), Duration::from_secs(30)));
+    assert_eq!((proxy.max_connections.get(), proxy.max_connections_per_ip.get()), (10_000, 256));
+
+    let (line, key, message) = refusal(&format!("{PROXY}body_timeout = \"0s\"\n"));
+    assert_eq!((line, key.as_str()), (4, "proxy.body_timeout"), "{message}");
+    let (line, key, _) = refusal(&format!("{PROXY}idle_timeout = \"0ms\"\n"));
+    assert_eq!((line, key.as_str()), (4, "proxy.idle_timeout"));
+    let (line, key, _) = refusal(&format!("{PROXY}max_connections = 0\n"));
+    assert_eq!((line, key.as_str()), (4, "proxy.max_connections"));
+    let (line, key, _) = refusal(&format!("{PROXY}\nmax_connections_per_ip = -1\n"));
+    assert_eq!((line, key.as_str()), (5, "proxy.max_connections_per_ip"));
+}

@@ -10,9 +10,11 @@
 //! swaps its config on reload and reads its [`ProxyStats`].
 
 mod body;
+mod connections;
 mod forward;
 mod headers;
 mod idempotent;
+mod idle;
 mod keys;
 mod pipeline;
 mod problem;

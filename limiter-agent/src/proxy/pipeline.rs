@@ -26,7 +26,9 @@ use http::{HeaderMap, Method, Request, Response, StatusCode, request, uri::PathA
 use hyper::body::Incoming;
 
 use super::{
-    ProxyBody, ProxyError, body,
+    ProxyBody, ProxyError,
+    body::{self, TimedBody},
+    connections::{Connections, Refused, Slot},
     forward::{Origin, Upstream},
     full_body, headers, idempotent, keys,
     problem::Refusal,
@@ -124,6 +126,7 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     escalator: OnceLock<Arc<Escalator>>,
     max_stored_body: usize,
     counters: Counters,
+    connections: Arc<Connections>,
 }
 
 impl<C: Clock + Clone> Pipeline<C> {
@@ -138,6 +141,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             snapshot: RwLock::new(Arc::new(Snapshot::new(config, secrets))),
             upstream: Upstream::new(),
             counters: Counters::default(),
+            connections: Arc::default(),
         })
     }
 
@@ -169,8 +173,32 @@ impl<C: Clock + Clone> Pipeline<C> {
         let _ = self.escalator.set(escalator);
     }
 
-    pub(super) fn header_timeout(&self) -> Duration {
-        self.snapshot().config.header_timeout.0
+    /// `idle_timeout` and `header_timeout`, for a new connection.
+    pub(super) fn connection_timeouts(&self) -> (Duration, Duration) {
+        let config = &self.snapshot().config;
+        (config.idle_timeout.0, config.header_timeout.0)
+    }
+
+    /// A place for a new connection from `peer` under `max_connections` and (unless
+    /// the peer is a trusted proxy) `max_connections_per_ip`; `None`: close it. A
+    /// peer refused for its own connections counts towards its escalation.
+    pub(super) fn admit(&self, peer: IpAddr) -> Option<Slot> {
+        let config = &self.snapshot().config;
+        let peer = peer.to_canonical();
+        let trusted = keys::is_trusted(peer, &config.trusted_proxies);
+        let per_ip = (!trusted).then_some(config.max_connections_per_ip.get());
+        let refused = match self.connections.admit(peer, config.max_connections.get(), per_ip) {
+            Ok(slot) => return Some(slot),
+            Err(refused) => refused,
+        };
+        self.counters.add_connection_refused(refused);
+        if refused == Refused::PerIp
+            && let Some(escalator) = self.escalator.get()
+        {
+            escalator.record(peer);
+        }
+        tracing::debug!(%peer, reason = refused.as_str(), "connection refused");
+        None
     }
 
     pub(super) fn count(&self, event: Event) {
@@ -200,6 +228,7 @@ impl<C: Clock + Clone> Pipeline<C> {
                 Some(Event::Rejected)
             }
             Refusal::BodyTooLarge { .. } => Some(Event::BodyTooLarge),
+            Refusal::BodyTimeout => Some(Event::BodyTimeout),
             Refusal::Upstream(_) | Refusal::UpstreamTimeout => Some(Event::UpstreamError),
             _ => None,
         };
@@ -219,6 +248,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         let config = &snapshot.config;
         let (parts, body) = request.into_parts();
         body::check_announced(&body, config.max_body_bytes)?;
+        let body = TimedBody::new(body, config.body_timeout.0);
         let client = keys::client_ip(peer, &parts.headers, &config.trusted_proxies);
         let keyless = RequestInfo {
             method: &parts.method,
@@ -322,7 +352,7 @@ impl<C: Clock + Clone> Pipeline<C> {
                     {
                         claim.not_sent();
                     }
-                    Refusal::Upstream(error.into())
+                    if body::timed_out(&error) { Refusal::BodyTimeout } else { Refusal::Upstream(error.into()) }
                 })?;
         let Some(claim) = claim else {
             return Ok(response);
@@ -339,13 +369,14 @@ impl<C: Clock + Clone> Pipeline<C> {
         snapshot: &Snapshot,
         parts: &request::Parts,
         info: &RequestInfo<'_>,
-        body: Incoming,
+        body: TimedBody,
     ) -> Result<Admission, Refusal> {
         let config = &snapshot.config;
         let limit = config.max_body_bytes;
         let (bytes, body_sha256) = read_body_hashed(body, usize::try_from(limit).unwrap_or(usize::MAX)).await.map_err(
             |error| match error {
                 BodyError::TooLarge { .. } => Refusal::BodyTooLarge { limit },
+                BodyError::Read(error) if error.is::<body::BodyTimedOut>() => Refusal::BodyTimeout,
                 BodyError::Read(_) => Refusal::BodyUnreadable,
             },
         )?;

@@ -27,6 +27,8 @@ pub(super) enum Refusal {
     BodyTooLarge { limit: u64 },
     #[error("request body could not be read")]
     BodyUnreadable,
+    #[error("request body did not arrive within body_timeout")]
+    BodyTimeout,
     #[error("Idempotency-Key is not visible ASCII or longer than 255 bytes")]
     IdempotencyKeyMalformed,
     #[error("Idempotency-Key reused for a different request")]
@@ -117,6 +119,18 @@ impl Refusal {
                 );
                 // The rest of the body is still on its way; reading it only to keep
                 // the connection would be the work the limit exists to refuse.
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+                response
+            }
+            Self::BodyTimeout => {
+                let mut response = problem(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request-timeout",
+                    "The request body did not arrive in time.",
+                    None,
+                );
+                // The client is still sending, or pretending to: the connection is
+                // not worth keeping.
                 response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
                 response
             }

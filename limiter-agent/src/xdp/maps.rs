@@ -273,6 +273,13 @@ impl KernelMaps {
         self.sources.iter().map(|entry| entry.map_err(map_error(names::SOURCES)))
     }
 
+    /// How many sources have a bucket: one walk over the keys, without reading the
+    /// buckets (a full map holds `max_sources` of them).
+    #[must_use]
+    pub fn sources_tracked(&self) -> u64 {
+        self.sources.keys().count() as u64
+    }
+
     /// One source's bucket, if tracked.
     pub fn source(&self, key: &SourceKey) -> Option<SourceState> {
         self.sources.get(key, 0).ok()

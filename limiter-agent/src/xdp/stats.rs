@@ -97,7 +97,7 @@ impl KernelMaps {
             attached,
             enforce: settings.enforce != 0,
             packets: self.counter_snapshot()?,
-            sources: SourceCount { tracked: self.sources().count() as u64, capacity: self.sources_capacity() },
+            sources: SourceCount { tracked: self.sources_tracked(), capacity: self.sources_capacity() },
             blocks,
             new_sources: self.budget_row(
                 &settings,
