@@ -19,6 +19,7 @@ use super::{
 };
 use limiter_core::{
     Clock,
+    path::CanonicalPath,
     signature::{
         Begin, Failure, SignedRequest, Verified, Verifier,
         idempotency::{self, IDEMPOTENCY_KEY_HEADER},
@@ -153,6 +154,7 @@ impl<C: Clock + Clone> Pipeline<C> {
                 Some(Event::Rejected)
             }
             Refusal::BodyTooLarge { .. } => Some(Event::BodyTooLarge),
+            Refusal::BadPath(_) => Some(Event::PathRefused),
             Refusal::Upstream(_) | Refusal::UpstreamTimeout => Some(Event::UpstreamError),
             _ => None,
         };
@@ -172,15 +174,18 @@ impl<C: Clock + Clone> Pipeline<C> {
         let config = &snapshot.config;
         let (parts, body) = request.into_parts();
         body::check_announced(&body, config.max_body_bytes)?;
+        // Rules, `+route` keys and the upstream all see this one path; the signature
+        // covers the target as sent.
+        let path = CanonicalPath::parse(parts.uri.path(), config.path_options()).map_err(Refusal::BadPath)?;
         let client = keys::client_ip(peer, &parts.headers, &config.trusted_proxies);
         let info = RequestInfo {
             method: &parts.method,
-            path: parts.uri.path(),
+            path: path.route(),
             client,
             api_key: parts.headers.get(API_KEY_HEADER).and_then(|value| value.to_str().ok()),
             headers: &parts.headers,
         };
-        let admission = if requires_signature(config, &parts.method, parts.uri.path()) {
+        let admission = if requires_signature(config, &parts.method, path.route()) {
             self.admit_signed(snapshot, &parts, &info, body).await?
         } else {
             Admission::Forward { body: body::forwardable(body, config.max_body_bytes).await?, claim: None }
@@ -195,7 +200,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         let peer = peer.to_canonical();
         let origin = Origin { peer, peer_trusted: keys::is_trusted(peer, &config.trusted_proxies) };
         let outcome = match self.act(config, verdict, violated).await {
-            Ok(()) => self.forward(config, parts, body, origin, claim).await,
+            Ok(()) => self.forward(config, parts, path.forward(), body, origin, claim).await,
             Err(refusal) => Err(refusal),
         };
         let mut response = outcome.unwrap_or_else(|refusal| self.refuse(config, refusal, peer));
@@ -235,17 +240,20 @@ impl<C: Clock + Clone> Pipeline<C> {
         &self,
         config: &ProxyConfig,
         parts: request::Parts,
+        path: &str,
         body: ProxyBody,
         origin: Origin,
         claim: Option<Claim>,
     ) -> Result<Response<ProxyBody>, Refusal> {
         self.counters.add(Event::Forwarded);
         // Bounds the wait for the response head; a streaming body may take longer.
-        let response =
-            tokio::time::timeout(config.upstream_timeout.0, self.upstream.send(&config.upstream, parts, body, origin))
-                .await
-                .map_err(|_| Refusal::UpstreamTimeout)?
-                .map_err(|e| Refusal::Upstream(e.into()))?;
+        let response = tokio::time::timeout(
+            config.upstream_timeout.0,
+            self.upstream.send(&config.upstream, path, parts, body, origin),
+        )
+        .await
+        .map_err(|_| Refusal::UpstreamTimeout)?
+        .map_err(|e| Refusal::Upstream(e.into()))?;
         let Some(claim) = claim else {
             return Ok(response);
         };

@@ -23,6 +23,8 @@ pub(super) enum Event {
     /// Answered from the idempotency store without reaching the upstream.
     IdempotentReplay,
     BodyTooLarge,
+    /// A path without a canonical form, or with an escaped separator (400).
+    PathRefused,
     /// Headers not complete within `header_timeout` (answered 408).
     HeaderTimeout,
     /// The upstream could not be reached or failed mid-response (502).
@@ -39,6 +41,7 @@ pub(super) struct Counters {
     rejected: AtomicU64,
     idempotent_replays: AtomicU64,
     body_too_large: AtomicU64,
+    paths_refused: AtomicU64,
     timeouts: AtomicU64,
     upstream_errors: AtomicU64,
     signature_failures: [AtomicU64; FailureReason::ALL.len()],
@@ -67,6 +70,7 @@ impl Counters {
             Event::Rejected => &self.rejected,
             Event::IdempotentReplay => &self.idempotent_replays,
             Event::BodyTooLarge => &self.body_too_large,
+            Event::PathRefused => &self.paths_refused,
             Event::HeaderTimeout => &self.timeouts,
             Event::UpstreamError => &self.upstream_errors,
         };
@@ -107,6 +111,7 @@ impl Counters {
             signature_failure_reasons: by_reason,
             idempotent_replays: load(&self.idempotent_replays),
             body_too_large: load(&self.body_too_large),
+            paths_refused: load(&self.paths_refused),
             timeouts: load(&self.timeouts),
             upstream_errors: load(&self.upstream_errors),
             tracked_keys: u64::try_from(tracked_keys).unwrap_or(u64::MAX),
@@ -145,6 +150,9 @@ pub struct ProxyStats {
     pub idempotent_replays: u64,
     /// Requests refused with 413.
     pub body_too_large: u64,
+    /// Requests refused with 400 for their path (malformed, or an escaped separator).
+    #[serde(default)]
+    pub paths_refused: u64,
     /// Connections whose request headers did not arrive within `header_timeout` (408).
     pub timeouts: u64,
     /// Upstream failures answered with 502.
