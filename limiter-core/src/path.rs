@@ -7,7 +7,7 @@
 //!
 //! 1. Percent-escapes of unreserved characters (RFC 3986 §2.3) are decoded
 //!    (`%6c` → `l`, `%2E` → `.`); every other escape is kept, its hex in upper case.
-//!    An escaped `/`, `\` or NUL (`%2F`, `%5C`, `%00`) and a raw `\` are refused, or
+//!    An escaped `/`, `\` or NUL (`%2F`, `%5C`, `%00`) and a raw `\` or NUL are refused, or
 //!    with [`EscapedSlashes::Keep`] kept encoded (a raw `\` becomes `%5C`): a
 //!    separator that some upstreams decode must never hide a path from the rules.
 //!    A `%` not followed by two hex digits is refused. Characters that may not appear
@@ -25,7 +25,7 @@
 
 use std::{fmt, str::FromStr};
 
-/// What to do with an escaped `/`, `\` or NUL, or a raw `\`, in a path.
+/// What to do with an escaped `/`, `\` or NUL, or a raw `\` or NUL, in a path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum EscapedSlashes {
     /// Refuse the request: the safe choice whatever the upstream decodes.
@@ -79,7 +79,7 @@ pub enum PathError {
     NotAbsolute,
     #[error("`%` at byte {0} is not followed by two hex digits")]
     BadEscape(usize),
-    #[error("an escaped slash, backslash or NUL, or a raw backslash, at byte {0}")]
+    #[error("an escaped slash, backslash or NUL, or a raw backslash or NUL, at byte {0}")]
     EscapedSeparator(usize),
     #[error("`{0}` is not an escaped_slashes action: use reject or keep")]
     UnknownAction(String),
@@ -189,7 +189,8 @@ fn decode(raw: &str, escaped_slashes: EscapedSlashes) -> Result<String, PathErro
         } else {
             (byte, false)
         };
-        let separator = matches!(value, b'/' | b'\\' | 0) && (escaped || value == b'\\');
+        // A raw `/` is the separator itself; `\` and NUL are treated as one however sent.
+        let separator = matches!(value, b'\\' | 0) || (escaped && value == b'/');
         if separator && escaped_slashes == EscapedSlashes::Reject {
             return Err(PathError::EscapedSeparator(at));
         }

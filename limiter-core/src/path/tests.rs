@@ -63,12 +63,16 @@ fn the_forwarded_path_is_what_was_matched_with_its_parameters_and_trailing_slash
 
 #[test]
 fn escaped_separators_are_refused_or_kept_encoded() {
-    for (raw, at) in [("/api%2Ftransfer", 4), ("/api%2ftransfer", 4), ("/a%5Cb", 2), ("/a%00b", 2), ("/a\\b", 2)] {
+    for (raw, at) in
+        [("/api%2Ftransfer", 4), ("/api%2ftransfer", 4), ("/a%5Cb", 2), ("/a%00b", 2), ("/a\\b", 2), ("/a\0b", 2)]
+    {
         assert_eq!(CanonicalPath::parse(raw, REJECT), Err(PathError::EscapedSeparator(at)), "{raw}");
     }
     assert_eq!(canonical("/api%2ftransfer", KEEP), ("/api%2Ftransfer".to_owned(), "/api%2Ftransfer".to_owned()));
     assert_eq!(canonical("/a\\..\\b", KEEP).0, "/a%5C..%5Cb");
     assert_eq!(canonical("/a%00/%5c", KEEP).0, "/a%00/%5C");
+    // Found by the `path` fuzz target: a raw NUL was encoded as the `%00` it refuses.
+    assert_eq!(canonical("/logi\u{3}\0gin", KEEP).0, "/logi%03%00gin");
 }
 
 #[test]
@@ -105,7 +109,7 @@ fn escaped_slashes_parses_its_config_names() {
 fn random_path(rng: &mut StdRng) -> String {
     const PIECES: &[&str] = &[
         "/", "//", ".", "..", "%2e", "%2E", "%2f", "%5c", "%00", "\\", ";", ";x", "a", "B", "%41", "%6c", "%3b", "%25",
-        "%", "%z", "~", "\u{e9}", "\"", "login", "*", ":",
+        "%", "%z", "~", "\u{e9}", "\"", "login", "*", ":", "\0", "\u{3}",
     ];
     let len = rng.random_range(0..12);
     let mut path = String::from("/");
