@@ -56,7 +56,7 @@ fuzz_target!(|input: Input<'_>| {
     let string = canonical.string_to_sign();
     if !input.target.contains('\n') && input.nonce.is_none_or(|nonce| !nonce.contains('\n')) {
         let fields: Vec<&str> = string.split('\n').collect();
-        let hash = hex_of(&body_sha256);
+        let hash = hex::encode(body_sha256);
         let mut expected = vec![method.as_str(), input.target, timestamp.as_str(), hash.as_str()];
         expected.extend(input.nonce);
         assert_eq!(fields, expected, "the string to sign does not split back into its fields");
@@ -85,7 +85,3 @@ fuzz_target!(|input: Input<'_>| {
     let tampered = SignedRequest { body_sha256: &other_body, ..signed };
     assert!(verifier.authenticate(&tampered, NOW, MAX_SKEW).is_err());
 });
-
-fn hex_of(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
