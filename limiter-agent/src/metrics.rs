@@ -171,6 +171,11 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
             stats.idempotent_replays,
         ),
         ("limiter_proxy_body_too_large_total", "Requests refused with 413.", stats.body_too_large),
+        (
+            "limiter_proxy_paths_refused_total",
+            "Requests refused with 400 for a malformed path or an escaped separator.",
+            stats.paths_refused,
+        ),
         ("limiter_proxy_header_timeouts_total", "Connections answered 408.", stats.timeouts),
         ("limiter_proxy_body_timeouts_total", "Requests whose body was late, answered 408.", stats.body_timeouts),
         ("limiter_proxy_upstream_errors_total", "Upstream failures answered 502.", stats.upstream_errors),

@@ -526,3 +526,19 @@ async fn a_sign_host_key_signs_the_host() {
     assert_eq!(plain.send(&client, &proxy).await.status, StatusCode::OK);
     assert_eq!(upstream.count(), 2);
 }
+
+#[tokio::test]
+async fn the_target_is_signed_as_sent_and_forwarded_in_canonical_form() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
+    let client = TestClient::default();
+    let sent = Signed { nonce: Some("a"), ..Signed::post("/api/%74ransfer?to=%2e", b"x") };
+    assert_eq!(sent.send(&client, &proxy).await.status, StatusCode::OK);
+    // Signed over the canonical form instead of what was sent: refused.
+    let canonical = Signed { nonce: Some("b"), ..Signed::post("/api/transfer?to=%2e", b"x") };
+    let as_sent = Signed { target: "//api/transfer?to=%2e", ..Signed::post("", b"x") };
+    let reply = Signed { nonce: Some("b"), ..as_sent }.send_with(&client, &proxy, &canonical.signature(SECRET)).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    let seen: Vec<String> = upstream.seen().iter().map(|s| s.uri.to_string()).collect();
+    assert_eq!(seen, ["/api/transfer?to=%2e"]);
+}

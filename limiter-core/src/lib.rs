@@ -1,12 +1,14 @@
 //! The limiter's decisions, without I/O: what a limit is ([`spec`]), the five
 //! algorithms and the bucket store ([`limits`]), the time they are measured with
-//! ([`clock`]), and the signed-request scheme ([`signature`]).
+//! ([`clock`]), the signed-request scheme ([`signature`]), and the one canonical form
+//! of a request path ([`path`]).
 //!
 //! Nothing here reads a file, a socket or a BPF map: the agent parses the config
 //! into these types, and keeps the state that lives elsewhere (Redis, the kernel).
 
 pub mod clock;
 pub mod limits;
+pub mod path;
 pub mod signature;
 pub mod spec;
 

@@ -3,6 +3,7 @@
 
 mod bench;
 mod demo;
+mod fuzz;
 mod install;
 mod setup;
 mod test;
@@ -27,7 +28,8 @@ enum Cmd {
         #[arg(long)]
         release: bool,
     },
-    /// Run every test against a private redis-server: `test [-p PKG]... [-- TEST ARGS]`.
+    /// Run every test against a private redis-server: `test [-p PKG]... [-- TEST ARGS]`;
+    /// the whole run (no package, no test args) also runs each fuzz target briefly.
     Test {
         /// Only these packages instead of the whole workspace.
         #[arg(short, long = "package", value_name = "PKG")]
@@ -36,6 +38,8 @@ enum Cmd {
         #[arg(last = true)]
         test_args: Vec<String>,
     },
+    /// Run the cargo-fuzz targets of `fuzz/` (config, signature, path), each for a bounded time.
+    Fuzz(fuzz::Opts),
     /// Build and run `target/debug/limiter` with the given arguments.
     Run {
         #[arg(last = true)]
@@ -71,6 +75,7 @@ fn dispatch(command: Cmd) -> Result<()> {
             util::cargo_build(false)?;
             util::exec(&util::target_dir().join("debug/limiter"), &args)
         }
+        Cmd::Fuzz(opts) => fuzz::run(&opts),
         Cmd::Install(opts) => install::run(&opts),
         Cmd::Demo => {
             util::cargo_build(false)?;

@@ -30,11 +30,12 @@ impl fmt::Display for Outcome {
 type Step = fn() -> Result<Outcome>;
 
 pub fn run() -> Result<()> {
-    let steps: [(&str, Step); 5] = [
+    let steps: [(&str, Step); 6] = [
         ("root", root),
         ("nightly", nightly),
         ("rust-src", rust_src),
         ("bpf-linker", bpf_linker),
+        ("cargo-fuzz", cargo_fuzz),
         ("packages", packages),
     ];
     for (name, step) in steps {
@@ -162,6 +163,17 @@ fn linker_ok(llvm_name: &str) -> bool {
         .map(PathBuf::from);
     resolved.is_some_and(|r| r.is_file() && r.file_name().is_some_and(|n| n == llvm_name))
         && linker.to_str().and_then(|l| probe(l, &["--version"])).is_some()
+}
+
+/// `cargo xtask fuzz` and the fuzz part of `cargo xtask test` run the `fuzz/` targets
+/// with it (on nightly, which has the sanitizer and coverage flags libFuzzer needs).
+fn cargo_fuzz() -> Result<Outcome> {
+    if find_program("cargo-fuzz").is_some() {
+        return Ok(Outcome::Ok);
+    }
+    run_cmd(cmd("cargo").args(["install", "cargo-fuzz", "--locked"]))
+        .context("install it by hand: cargo install cargo-fuzz --locked")?;
+    Ok(Outcome::Installed)
 }
 
 /// Commands the tests, demo and bench call, and the Debian package providing each.

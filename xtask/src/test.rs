@@ -1,5 +1,6 @@
 //! `cargo xtask test`: every test of the workspace against a private redis-server, so
-//! the Redis store tests never touch (or depend on) a system instance.
+//! the Redis store tests never touch (or depend on) a system instance; then, on a
+//! whole run, each fuzz target for a few seconds.
 
 use std::{
     fs::File,
@@ -14,6 +15,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
+    fuzz,
     setup::scapy_python,
     util::{cmd, find_program, run as run_cmd, show, target_dir},
 };
@@ -41,7 +43,14 @@ pub fn run(packages: &[String], test_args: &[String]) -> Result<()> {
     }
     let result = run_cmd(&mut c);
     drop(redis);
-    result
+    // Only the whole run: a targeted run is for a quick answer on a few tests.
+    let fuzzed = if packages.is_empty() && test_args.is_empty() {
+        fuzz::run_targets(&fuzz::TARGETS, fuzz::TEST_SECONDS)
+    } else {
+        Ok(())
+    };
+    // Both run whatever the other did; either failing fails the run.
+    result.and(fuzzed)
 }
 
 /// A redis-server child that is killed when dropped, so a failing or panicking run

@@ -8,7 +8,11 @@ use std::{
 };
 
 use ipnet::IpNet;
-use limiter_core::{Algorithm, LimitSpec, SpecError, spec::LimitOptions};
+use limiter_core::{
+    Algorithm, LimitSpec, SpecError,
+    path::{CanonicalPath, EscapedSlashes, PathOptions},
+    spec::LimitOptions,
+};
 use serde::{Deserialize, Deserializer, de};
 
 use super::{units::HumanDuration, xdp::parse_cidr};
@@ -67,6 +71,12 @@ pub struct ProxyConfig {
     /// What a rule does with a request that lacks its key (no API key, no header).
     #[serde(default)]
     pub missing_key: MissingKey,
+    /// `%2F`, `%5C`, `%00` or a raw `\` in a path: refused with 400, or kept encoded.
+    #[serde(default, deserialize_with = "escaped_slashes")]
+    pub escaped_slashes: EscapedSlashes,
+    /// Rules and `+route` keys see the path in lower case, for upstreams that fold case.
+    #[serde(default)]
+    pub case_insensitive_paths: bool,
     #[serde(default, deserialize_with = "plans")]
     pub plans: BTreeMap<String, LimitSpec>,
     #[serde(default)]
@@ -153,6 +163,10 @@ fn plans<'de, D: Deserializer<'de>>(deserializer: D) -> Result<BTreeMap<String, 
 }
 
 fn algorithm<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Algorithm, D::Error> {
+    String::deserialize(deserializer)?.parse().map_err(de::Error::custom)
+}
+
+fn escaped_slashes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<EscapedSlashes, D::Error> {
     String::deserialize(deserializer)?.parse().map_err(de::Error::custom)
 }
 
@@ -358,7 +372,14 @@ impl Default for SignatureConfig {
 }
 
 impl ProxyConfig {
-    /// Checks across records: plan references, rule names. Errors name the key.
+    /// How request paths are canonicalised (see [`limiter_core::path`]).
+    #[must_use]
+    pub fn path_options(&self) -> PathOptions {
+        PathOptions { escaped_slashes: self.escaped_slashes, case_insensitive: self.case_insensitive_paths }
+    }
+
+    /// Checks across records: plan references, rule names, rule paths. Errors name
+    /// the key.
     pub(super) fn validate(&self) -> Result<(), (String, String)> {
         for (i, key) in self.keys.iter().enumerate() {
             if !self.plans.contains_key(&key.plan) {
@@ -388,6 +409,9 @@ impl ProxyConfig {
             if self.rules[..i].iter().any(|r| r.name == rule.name) {
                 return Err((format!("proxy.rules[{i}].name"), format!("rule name `{}` appears twice", rule.name)));
             }
+            if let Some(path) = &rule.path {
+                self.check_rule_path(path).map_err(|message| (format!("proxy.rules[{i}].path"), message))?;
+            }
         }
         for (key, timeout) in [("proxy.idle_timeout", &self.idle_timeout), ("proxy.body_timeout", &self.body_timeout)] {
             if timeout.0.is_zero() {
@@ -406,6 +430,21 @@ impl ProxyConfig {
             for (key, spec) in rules.chain(plans) {
                 spec.check_exact_in_doubles().map_err(|error| (key, error.to_string()))?;
             }
+        }
+        Ok(())
+    }
+
+    /// Requests are matched on their canonical route, so a rule path in another form
+    /// would never match: it must be its own route.
+    fn check_rule_path(&self, path: &str) -> Result<(), String> {
+        let canonical =
+            CanonicalPath::parse(path, self.path_options()).map_err(|error| format!("`{path}`: {error}"))?;
+        if canonical.route() != path {
+            let why = if self.case_insensitive_paths { ", in lower case (case_insensitive_paths)" } else { "" };
+            return Err(format!(
+                "`{path}` would never match: requests are matched on their canonical path{why}; write `{}`",
+                canonical.route()
+            ));
         }
         Ok(())
     }

@@ -1,6 +1,6 @@
 use std::{num::NonZeroU32, path::Path, time::Duration};
 
-use limiter_core::Algorithm;
+use limiter_core::{Algorithm, path::EscapedSlashes};
 
 use super::{Config, ConfigError, xdp::CidrAction};
 
@@ -250,4 +250,37 @@ fn connection_bounds_have_defaults_and_name_their_mistakes() {
     assert_eq!((line, key.as_str()), (4, "proxy.max_connections"));
     let (line, key, _) = refusal(&format!("{PROXY}\nmax_connections_per_ip = -1\n"));
     assert_eq!((line, key.as_str()), (5, "proxy.max_connections_per_ip"));
+}
+
+#[test]
+fn path_keys_default_to_reject_and_case_sensitive_and_name_their_mistakes() {
+    let proxy = parse(PROXY).expect("proxy").proxy.expect("proxy");
+    assert_eq!(proxy.escaped_slashes, EscapedSlashes::Reject);
+    assert!(!proxy.case_insensitive_paths);
+    let keep = parse(&format!("{PROXY}escaped_slashes = \"keep\"\n")).expect("keep").proxy.expect("proxy");
+    assert_eq!(keep.escaped_slashes, EscapedSlashes::Keep);
+
+    let (line, key, message) = refusal(&format!("{PROXY}escaped_slashes = \"decode\"\n"));
+    assert_eq!((line, key.as_str()), (4, "proxy.escaped_slashes"), "{message}");
+    assert!(message.contains("use reject or keep"), "{message}");
+
+    let rule = |path: &str| {
+        format!("[[proxy.rules]]\nname = \"r\"\npath = \"{path}\"\nkey = \"ip\"\nlimit = 1\nwindow = \"1s\"\n")
+    };
+    for (path, fix) in
+        [("/a//b", "/a/b"), ("/%6cogin", "/login"), ("/login/", "/login"), ("/a;x", "/a"), ("/a/../b", "/b")]
+    {
+        let (line, key, message) = refusal(&format!("{PROXY}{}", rule(path)));
+        assert_eq!((line, key.as_str()), (6, "proxy.rules[0].path"), "{message}");
+        assert!(message.contains(&format!("write `{fix}`")), "{path}: {message}");
+    }
+    let (_, key, message) = refusal(&format!("{PROXY}{}", rule("/a%2Fb")));
+    assert_eq!(key, "proxy.rules[0].path", "{message}");
+    parse(&format!("{PROXY}escaped_slashes = \"keep\"\n{}", rule("/a%2Fb"))).expect("kept encoded, it is canonical");
+
+    let folded = format!("{PROXY}case_insensitive_paths = true\n{}", rule("/API"));
+    let (_, key, message) = refusal(&folded);
+    assert_eq!(key, "proxy.rules[0].path", "{message}");
+    assert!(message.contains("lower case") && message.contains("write `/api`"), "{message}");
+    parse(&format!("{PROXY}{}", rule("/API"))).expect("case-sensitive, any case is canonical");
 }

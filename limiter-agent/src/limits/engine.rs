@@ -56,7 +56,8 @@ pub const MAX_KEY_VALUE: usize = 128;
 #[derive(Clone, Copy, Debug)]
 pub struct RequestInfo<'a> {
     pub method: &'a http::Method,
-    /// The path only, without the query.
+    /// The canonical route of the path ([`limiter_core::path::CanonicalPath::route`]),
+    /// without the query: what rules and `+route` keys see.
     pub path: &'a str,
     /// The client, already resolved through trusted proxies.
     pub client: IpAddr,

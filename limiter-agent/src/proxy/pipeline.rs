@@ -36,6 +36,7 @@ use super::{
 };
 use limiter_core::{
     Clock,
+    path::CanonicalPath,
     signature::{
         Authenticated, Begin, Failure, SignedRequest, Verifier,
         idempotency::{self, IDEMPOTENCY_KEY_HEADER, MAX_IDEMPOTENCY_KEY_BYTES},
@@ -229,6 +230,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             }
             Refusal::BodyTooLarge { .. } => Some(Event::BodyTooLarge),
             Refusal::BodyTimeout => Some(Event::BodyTimeout),
+            Refusal::BadPath(_) => Some(Event::PathRefused),
             Refusal::Upstream(_) | Refusal::UpstreamTimeout => Some(Event::UpstreamError),
             _ => None,
         };
@@ -249,16 +251,14 @@ impl<C: Clock + Clone> Pipeline<C> {
         let (parts, body) = request.into_parts();
         body::check_announced(&body, config.max_body_bytes)?;
         let body = TimedBody::new(body, config.body_timeout.0);
+        // Rules, `+route` keys and the upstream all see this one path; the signature
+        // covers the target as sent.
+        let path = CanonicalPath::parse(parts.uri.path(), config.path_options()).map_err(Refusal::BadPath)?;
         let client = keys::client_ip(peer, &parts.headers, &config.trusted_proxies);
-        let keyless = RequestInfo {
-            method: &parts.method,
-            path: parts.uri.path(),
-            client,
-            api_key: None,
-            headers: &parts.headers,
-        };
+        let keyless =
+            RequestInfo { method: &parts.method, path: path.route(), client, api_key: None, headers: &parts.headers };
         let signed = parts.headers.contains_key(SIGNATURE_HEADER);
-        let admission = if signed || requires_signature(config, &parts.method, parts.uri.path()) {
+        let admission = if signed || requires_signature(config, &parts.method, path.route()) {
             self.admit_signed(snapshot, &parts, &keyless, body).await?
         } else {
             let body = body::forwardable(body, config.max_body_bytes).await?;
@@ -276,7 +276,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         let peer = peer.to_canonical();
         let origin = Origin { peer, peer_trusted: keys::is_trusted(peer, &config.trusted_proxies) };
         let outcome = match self.act(config, verdict, violated).await {
-            Ok(()) => self.forward(config, parts, body, origin, claim).await,
+            Ok(()) => self.forward(config, parts, path.forward(), body, origin, claim).await,
             Err(refusal) => {
                 if let Proof::Signed(authenticated) = &proof {
                     self.unrecord(authenticated).await;
@@ -330,6 +330,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         &self,
         config: &ProxyConfig,
         parts: request::Parts,
+        path: &str,
         body: ProxyBody,
         origin: Origin,
         mut claim: Option<Claim>,
@@ -342,18 +343,20 @@ impl<C: Clock + Clone> Pipeline<C> {
             claim.sent(self.clock.now()).await;
         }
         // Bounds the wait for the response head; a streaming body may take longer.
-        let response =
-            tokio::time::timeout(config.upstream_timeout.0, self.upstream.send(&config.upstream, parts, body, origin))
-                .await
-                .map_err(|_| Refusal::UpstreamTimeout)?
-                .map_err(|error| {
-                    if error.never_sent()
-                        && let Some(claim) = &mut claim
-                    {
-                        claim.not_sent();
-                    }
-                    if body::timed_out(&error) { Refusal::BodyTimeout } else { Refusal::Upstream(error.into()) }
-                })?;
+        let response = tokio::time::timeout(
+            config.upstream_timeout.0,
+            self.upstream.send(&config.upstream, path, parts, body, origin),
+        )
+        .await
+        .map_err(|_| Refusal::UpstreamTimeout)?
+        .map_err(|error| {
+            if error.never_sent()
+                && let Some(claim) = &mut claim
+            {
+                claim.not_sent();
+            }
+            if body::timed_out(&error) { Refusal::BodyTimeout } else { Refusal::Upstream(error.into()) }
+        })?;
         let Some(claim) = claim else {
             return Ok(response);
         };

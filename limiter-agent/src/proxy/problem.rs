@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
+use limiter_core::path::PathError;
 use serde::Serialize;
 
 use super::{BoxError, ProxyBody, full_body, headers::ceil_secs};
@@ -23,6 +24,10 @@ pub(super) enum Refusal {
     /// Every signature failure looks the same from outside; the reason is counted.
     #[error("signature not accepted")]
     Unauthorized,
+    /// The path has no canonical form, or holds an escaped separator
+    /// (`escaped_slashes = "reject"`).
+    #[error("path refused: {0}")]
+    BadPath(PathError),
     #[error("body larger than {limit} bytes")]
     BodyTooLarge { limit: u64 },
     #[error("request body could not be read")]
@@ -134,6 +139,12 @@ impl Refusal {
                 response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
                 response
             }
+            Self::BadPath(_) => problem(
+                StatusCode::BAD_REQUEST,
+                "bad-path",
+                "The request path is malformed, or holds an encoded slash, backslash or NUL.",
+                None,
+            ),
             Self::BodyUnreadable => {
                 problem(StatusCode::BAD_REQUEST, "bad-body", "The request body could not be read.", None)
             }

@@ -25,6 +25,8 @@ pub(super) enum Event {
     /// Answered from the idempotency store without reaching the upstream.
     IdempotentReplay,
     BodyTooLarge,
+    /// A path without a canonical form, or with an escaped separator (400).
+    PathRefused,
     /// Headers not complete within `header_timeout` (answered 408).
     HeaderTimeout,
     /// Body not complete within `body_timeout` (answered 408).
@@ -43,6 +45,7 @@ pub(super) struct Counters {
     rejected: AtomicU64,
     idempotent_replays: AtomicU64,
     body_too_large: AtomicU64,
+    paths_refused: AtomicU64,
     timeouts: AtomicU64,
     upstream_errors: AtomicU64,
     signature_failures: [AtomicU64; FailureReason::ALL.len()],
@@ -74,6 +77,7 @@ impl Counters {
             Event::Rejected => &self.rejected,
             Event::IdempotentReplay => &self.idempotent_replays,
             Event::BodyTooLarge => &self.body_too_large,
+            Event::PathRefused => &self.paths_refused,
             Event::HeaderTimeout => &self.timeouts,
             Event::BodyTimeout => &self.body_timeouts,
             Event::UpstreamError => &self.upstream_errors,
@@ -128,6 +132,7 @@ impl Counters {
             signature_failure_reasons: by_reason,
             idempotent_replays: load(&self.idempotent_replays),
             body_too_large: load(&self.body_too_large),
+            paths_refused: load(&self.paths_refused),
             timeouts: load(&self.timeouts),
             body_timeouts: load(&self.body_timeouts),
             connections_refused: refused.values().sum(),
@@ -169,6 +174,9 @@ pub struct ProxyStats {
     pub idempotent_replays: u64,
     /// Requests refused with 413.
     pub body_too_large: u64,
+    /// Requests refused with 400 for their path (malformed, or an escaped separator).
+    #[serde(default)]
+    pub paths_refused: u64,
     /// Connections whose request headers did not arrive within `header_timeout` (408).
     pub timeouts: u64,
     /// Requests whose body did not arrive within `body_timeout` (408).
