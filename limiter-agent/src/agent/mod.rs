@@ -3,7 +3,9 @@
 //! stops cleanly on SIGTERM.
 
 pub mod admin;
+mod lock;
 mod reload;
+mod watch;
 mod xdp;
 
 use std::{
@@ -78,6 +80,8 @@ pub enum AgentError {
     },
     #[error("signal handler: {0}")]
     Signal(#[source] std::io::Error),
+    #[error(transparent)]
+    Lock(#[from] lock::LockError),
     #[error(transparent)]
     Proxy(#[from] crate::proxy::ProxyError),
     #[error("escalation: {0}")]
@@ -199,7 +203,12 @@ impl Agent {
     /// Re-reads the config (from `path`, or the agent's own file) and applies it.
     /// On error nothing changed and the running config stays in force.
     pub fn reload(&mut self, path: Option<&Path>) -> Result<Vec<String>, ReloadError> {
-        let result = self.try_reload(path.unwrap_or(&self.config_path.clone()));
+        self.reload_text(path, None)
+    }
+
+    /// Reloads `text` when given (what the watcher saw settle), else the file.
+    fn reload_text(&mut self, path: Option<&Path>, text: Option<String>) -> Result<Vec<String>, ReloadError> {
+        let result = self.try_reload(path.unwrap_or(&self.config_path.clone()), text);
         match &result {
             Ok(changes) => {
                 self.gauges.reloads_ok.fetch_add(1, Ordering::Relaxed);
@@ -207,7 +216,7 @@ impl Agent {
             }
             Err(error) => {
                 self.gauges.reloads_rejected.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(%error, "config rejected; the running config stays in force");
+                tracing::error!(%error, in_force = %self.config_path.display(), "config rejected; the running config stays in force");
             }
         }
         self.gauges.last_reload_unix.store(SystemClock.now().as_secs(), Ordering::Relaxed);
@@ -215,13 +224,20 @@ impl Agent {
         result
     }
 
-    fn try_reload(&mut self, path: &Path) -> Result<Vec<String>, ReloadError> {
-        let text = std::fs::read_to_string(path).map_err(|source| {
-            ReloadError::Invalid(crate::config::ConfigError::Read { path: path.to_owned(), source })
-        })?;
+    fn try_reload(&mut self, path: &Path, text: Option<String>) -> Result<Vec<String>, ReloadError> {
+        let text = match text {
+            Some(text) => text,
+            None => std::fs::read_to_string(path).map_err(|source| {
+                ReloadError::Invalid(crate::config::ConfigError::Read { path: path.to_owned(), source })
+            })?,
+        };
         // Secrets are read here, in the agent's environment, not the CLI's.
         let LoadedConfig { config: new, secrets } = LoadedConfig::parse(&text, path)?;
         reload::check_restartless(&self.config, &new)?;
+        // Escalation is wired to the proxy and the kernel layer when the agent starts.
+        if self.escalation.is_none() && new.proxy.is_some() && new.escalation.as_ref().is_some_and(|e| e.enabled) {
+            return Err(ReloadError::NeedsRestart("escalation (the agent started without [xdp])".to_owned()));
+        }
         let mut changes = Vec::new();
         // The proxy first: its reconfigure is all or nothing, and it is undone below
         // if the kernel layer then fails.
@@ -265,7 +281,22 @@ impl Agent {
         match (&mut self.xdp, &new.xdp) {
             (Some(runtime), Some(xdp)) => {
                 let added = runtime.attach_all(&xdp.interfaces, xdp.mode)?;
-                let cidrs = runtime.kernel.maps_mut().apply(xdp)?;
+                let cidrs = match runtime.kernel.maps_mut().apply(xdp) {
+                    Ok(cidrs) => cidrs,
+                    Err(error) => {
+                        // Back to the running config: this reload's interfaces off, its
+                        // settings and rules replaced by the old ones.
+                        for attachment in &added {
+                            runtime.detach(&attachment.interface);
+                        }
+                        if let Some(old) = &self.config.xdp
+                            && let Err(undo) = runtime.kernel.maps_mut().apply(old)
+                        {
+                            tracing::error!(%undo, "restoring the running [xdp] settings and rules failed: the kernel layer may hold part of the rejected config");
+                        }
+                        return Err(error.into());
+                    }
+                };
                 changes.extend(reload::describe_xdp(self.config.xdp.as_ref(), Some(xdp), &cidrs));
                 changes.extend(added.iter().map(|a| format!("xdp.interfaces attached {} ({})", a.interface, a.mode)));
                 let removed: Vec<String> = runtime
@@ -307,6 +338,11 @@ impl Agent {
     fn escalate(&mut self, escalation: Escalation) {
         let Some(xdp) = &mut self.xdp else { return };
         let Escalation { cidr, ttl, local } = escalation;
+        if let Some(Err(refused)) = self.escalation.as_ref().map(|e| e.escalator.check(cidr)) {
+            self.gauges.blocks_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%refused, local, "escalated block refused");
+            return;
+        }
         match xdp.kernel.maps_mut().block(cidr, Some(ttl)) {
             Ok(()) if local => tracing::warn!(%cidr, ?ttl, "source blocked: too many rejections"),
             Ok(()) => tracing::info!(%cidr, ?ttl, "source blocked: escalated by another agent"),
@@ -321,9 +357,10 @@ impl Agent {
         }
     }
 
-    /// Whether the config file differs from what was last applied.
-    fn file_changed(&self) -> bool {
-        std::fs::read_to_string(&self.config_path).ok() != self.applied_text
+    /// Reads the config file for the watcher: its text once an edit has settled.
+    fn settled_edit(&self, settle: &mut watch::Settle) -> Option<String> {
+        let current = std::fs::read_to_string(&self.config_path).ok();
+        settle.observe(current, self.applied_text.as_deref(), std::time::Instant::now())
     }
 
     /// Agent-side figures for `limiter stats` (the kernel counters come from the pins).
@@ -337,6 +374,7 @@ impl Agent {
                 "rejected": gauges.reloads_rejected.load(Ordering::Relaxed),
                 "last_unix": gauges.last_reload_unix.load(Ordering::Relaxed),
             },
+            "escalation": { "blocks_refused": gauges.blocks_refused.load(Ordering::Relaxed) },
             "proxy": self.proxy.as_ref().map(|p| p.proxy.stats()),
         })
     }
@@ -359,13 +397,14 @@ impl Agent {
     }
 }
 
-/// How often the config file is checked for edits.
-const WATCH_INTERVAL: Duration = Duration::from_secs(1);
-
 /// Runs the agent until SIGTERM/SIGINT (or `limiter detach`).
 pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), AgentError> {
     let socket_path = loaded.config.agent.admin_socket.clone();
     let metrics_addr = loaded.config.agent.metrics;
+    let _lock = lock::AgentLock::acquire(&loaded.config)?;
+    for proxy in escalation::unshielded_trusted_proxies(&loaded.config) {
+        tracing::warn!(%proxy, "trusted proxy not covered by an [[xdp.cidr]] rule: XDP limits it as one client");
+    }
     let mut agent = Agent::start(config_path, loaded).await?;
     if let Some(logger) = agent.xdp.as_mut().and_then(|x| x.kernel.take_logger()) {
         spawn_log_reader(logger);
@@ -381,7 +420,8 @@ pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), Agent
     let mut hangup = signal(SignalKind::hangup()).map_err(AgentError::Signal)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(AgentError::Signal)?;
-    let mut watch = tokio::time::interval(WATCH_INTERVAL);
+    let mut watch = tokio::time::interval(watch::WATCH_INTERVAL);
+    let mut settle = watch::Settle::default();
     let mut escalations = agent.escalation.as_mut().and_then(|e| e.requests.take());
     tracing::info!(admin_socket = %socket_path.display(), "agent running");
     let detach = loop {
@@ -390,9 +430,9 @@ pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), Agent
             _ = terminate.recv() => break false,
             _ = interrupt.recv() => break false,
             _ = watch.tick() => {
-                if agent.file_changed() {
+                if let Some(text) = agent.settled_edit(&mut settle) {
                     tracing::info!("config file changed");
-                    let _ = agent.reload(None);
+                    let _ = agent.reload_text(None, Some(text));
                 }
             }
             Some(escalation) = next(&mut escalations) => agent.escalate(escalation),
