@@ -383,10 +383,10 @@ fn a_second_agent_on_the_same_pins_or_socket_exits_before_touching_a_map() {
     let dry_run = lab.agent.dir.join("second.toml");
     std::fs::write(&dry_run, lab.config_with("", &format!("enforce = false\n{}", limit(99, 9)))).expect("config");
     let (code, stderr) = second_run(&dry_run);
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains("another agent runs on"), "{stderr}");
     let settings = enforcing(&lab.agent.pin_dir);
     assert_eq!((settings.enforce, settings.default_rate.per_second()), (1, 1_234), "the live settings stay");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("another agent runs on"), "{stderr}");
 
     // Same socket, other pins: it must not load a program onto the interface.
     let other_pins = format!("/sys/fs/bpf/{}-second", lab.name);
