@@ -31,8 +31,9 @@ pub struct AgentGauges {
     pub reloads_ok: AtomicU64,
     pub reloads_rejected: AtomicU64,
     pub last_reload_unix: AtomicU64,
-    /// Escalated blocks (local or from the fleet) refused as too wide or protected.
-    pub blocks_refused: AtomicU64,
+    /// Escalated blocks (local or from the fleet) refused as malformed, too wide or
+    /// protected.
+    pub blocks_refused: Arc<AtomicU64>,
     pub attached: Mutex<Vec<Attachment>>,
 }
 

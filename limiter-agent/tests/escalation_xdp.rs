@@ -183,7 +183,7 @@ fn redis_command<T: redis::FromRedisValue>(url: &str, command: &redis::Cmd) -> T
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn forged_fleet_blocks_wider_than_one_source_or_covering_an_allow_cidr_are_refused_and_counted() {
+async fn forged_fleet_blocks_malformed_wider_than_one_source_or_covering_an_allow_cidr_are_refused_and_counted() {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("escalation-forged");
     let keys = redis_keys(&redis, &prefix, "allow");
@@ -226,8 +226,10 @@ action = "allow"
             "::ffff:0.0.0.0/96", // every IPv4 source, mapped
             "203.0.113.9/32",    // one source: blocked
         ];
-        for cidr in published {
-            let _: i64 = redis_command(&url, redis::cmd("PUBLISH").arg(&channel).arg(format!("{cidr} 60000")));
+        let malformed = ["10.0.0.1/33 60000", "203.0.113.10/32 0", "203.0.113.11/32", "garbage"];
+        let messages = published.iter().map(|cidr| format!("{cidr} 60000"));
+        for message in malformed.iter().map(|m| (*m).to_owned()).chain(messages) {
+            let _: i64 = redis_command(&url, redis::cmd("PUBLISH").arg(&channel).arg(message));
         }
 
         // Messages are applied in order, so once the valid one is in place every
@@ -241,7 +243,9 @@ action = "allow"
             assert!(!site.blocks(cidr), "{cidr} must not be blocked: {}", site.agent.log());
         }
         let stats = site.agent.cli_json(&["stats", "--json"]);
-        assert_eq!(stats["agent"]["escalation"]["blocks_refused"], recorded.len() + published.len() - 1);
+        let refused = recorded.len() + malformed.len() + published.len() - 1;
+        assert_eq!(stats["agent"]["escalation"]["blocks_refused"], refused);
+        assert!(!site.blocks("203.0.113.10/32") && !site.blocks("203.0.113.11/32"));
         assert_eq!(site.get(), Some(200), "the client still reaches the proxy");
     })
     .await

@@ -167,14 +167,15 @@ impl Agent {
             Some(proxy) => Some(ProxyRuntime::start(proxy, &secrets).await?),
             None => None,
         };
+        let gauges = Arc::<AgentGauges>::default();
         let escalation = match (&proxy, &config.proxy, &xdp) {
             (Some(runtime), Some(proxy_config), Some(_)) => {
-                Some(EscalationRuntime::start(&config, proxy_config, &runtime.proxy)?)
+                Some(EscalationRuntime::start(&config, proxy_config, &runtime.proxy, &gauges)?)
             }
             _ => None,
         };
         let applied_text = std::fs::read_to_string(&config_path).ok();
-        let agent = Self { config_path, config, secrets, applied_text, xdp, proxy, gauges: Arc::default(), escalation };
+        let agent = Self { config_path, config, secrets, applied_text, xdp, proxy, gauges, escalation };
         agent.publish_attachments();
         Ok(agent)
     }
@@ -467,7 +468,12 @@ async fn next(escalations: &mut Option<mpsc::Receiver<Escalation>>) -> Option<Es
 impl EscalationRuntime {
     /// Hands the proxy its escalator and, with a shared store and escalation on,
     /// follows the fleet's blocks.
-    fn start(config: &Config, proxy_config: &crate::config::ProxyConfig, proxy: &Proxy) -> Result<Self, AgentError> {
+    fn start(
+        config: &Config,
+        proxy_config: &crate::config::ProxyConfig,
+        proxy: &Proxy,
+        gauges: &AgentGauges,
+    ) -> Result<Self, AgentError> {
         let (sender, requests) = mpsc::channel(ESCALATION_QUEUE);
         let escalator = Arc::new(Escalator::new(config, sender.clone()));
         proxy.escalate_to(escalator.clone());
@@ -476,7 +482,7 @@ impl EscalationRuntime {
             StoreKind::Redis if enabled => {
                 let fleet =
                     Fleet::connect(&proxy_config.redis_url, &proxy_config.redis_prefix, proxy_config.redis_timeout.0)?;
-                tokio::spawn(escalation::follow(fleet.clone(), sender));
+                tokio::spawn(escalation::follow(fleet.clone(), sender, gauges.blocks_refused.clone()));
                 Some(fleet)
             }
             StoreKind::Redis | StoreKind::Memory => None,

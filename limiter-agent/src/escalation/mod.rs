@@ -23,7 +23,10 @@
 use std::{
     net::IpAddr,
     num::NonZeroUsize,
-    sync::{Arc, PoisonError, RwLock},
+    sync::{
+        Arc, PoisonError, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -211,10 +214,11 @@ pub async fn publish(fleet: &Fleet, escalation: Escalation) -> Result<(), FleetE
 /// Follows the fleet's escalations for as long as `sender` is open: the blocks still
 /// active first, then each one published. Reconnects with backoff, learning the
 /// active blocks again each time, so that none published meanwhile is missed.
-pub async fn follow(fleet: Fleet, sender: mpsc::Sender<Escalation>) {
+/// Malformed entries are counted in `refused`.
+pub async fn follow(fleet: Fleet, sender: mpsc::Sender<Escalation>, refused: Arc<AtomicU64>) {
     let mut backoff = MIN_BACKOFF;
     while !sender.is_closed() {
-        match follow_once(&fleet, &sender).await {
+        match follow_once(&fleet, &sender, &refused).await {
             Ok(()) => backoff = MIN_BACKOFF,
             Err(error) => {
                 tracing::debug!(%error, "following the fleet's escalations");
@@ -225,7 +229,7 @@ pub async fn follow(fleet: Fleet, sender: mpsc::Sender<Escalation>) {
     }
 }
 
-async fn follow_once(fleet: &Fleet, sender: &mpsc::Sender<Escalation>) -> Result<(), FleetError> {
+async fn follow_once(fleet: &Fleet, sender: &mpsc::Sender<Escalation>, refused: &AtomicU64) -> Result<(), FleetError> {
     let mut pubsub = fleet.pubsub().await?;
     // Subscribed before listing, so that a block published in between is not lost.
     pubsub.subscribe(channel(fleet)).await?;
@@ -239,23 +243,29 @@ async fn follow_once(fleet: &Fleet, sender: &mpsc::Sender<Escalation>) -> Result
         })
         .await?;
     for pair in active.chunks_exact(2) {
-        if let Some(escalation) = parse(&format!("{} {}", pair[0], pair[1])) {
+        if let Some(escalation) = parse_counted(&format!("{} {}", pair[0], pair[1]), refused) {
             let _ = sender.send(escalation).await;
         }
     }
     let mut messages = pubsub.on_message();
     while let Some(message) = messages.next().await {
-        let Ok(text) = message.get_payload::<String>() else { continue };
-        match parse(&text) {
-            Some(escalation) => {
-                if sender.send(escalation).await.is_err() {
-                    return Ok(());
-                }
-            }
-            None => tracing::warn!(message = %text, "ignoring a malformed fleet escalation"),
+        let text = message.get_payload::<String>().unwrap_or_default();
+        if let Some(escalation) = parse_counted(&text, refused)
+            && sender.send(escalation).await.is_err()
+        {
+            return Ok(());
         }
     }
     Err(FleetError::Down)
+}
+
+fn parse_counted(text: &str, refused: &AtomicU64) -> Option<Escalation> {
+    let escalation = parse(text);
+    if escalation.is_none() {
+        refused.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(message = %text, "ignoring a malformed fleet escalation");
+    }
+    escalation
 }
 
 /// `CIDR TTL_MS`, as published.
