@@ -457,6 +457,11 @@ fn a_reload_that_changes_a_key_read_only_at_start_is_refused_naming_it_and_appli
         ),
         ("escalation.enabled", lab.config_with("", &body("", 99, "", "", "true"))),
         ("[proxy]", lab.config_with("", &limit(99, 100))),
+        (
+            "agent.pin_dir",
+            lab.config_with("", &body("", 99, "", "", "false"))
+                .replace(&lab.agent.pin_dir.display().to_string(), &format!("{}-moved", lab.agent.pin_dir.display())),
+        ),
     ];
     for (key, text) in &refused {
         lab.agent.write_config(text);
@@ -466,6 +471,20 @@ fn a_reload_that_changes_a_key_read_only_at_start_is_refused_naming_it_and_appli
         assert!(stderr.contains(key) && stderr.contains("restart"), "{key}: must be named: {stderr}");
         assert_eq!(default_pps(&lab.agent.pin_dir), 1_234, "{key}: nothing of the file may be applied");
     }
+    // A moved socket cannot be reached by `limiter reload`: SIGHUP reloads it.
+    let socket = lab.agent.socket.display().to_string();
+    lab.agent
+        .write_config(&lab.config_with("", &body("", 99, "", "", "false")).replace(&socket, &format!("{socket}2")));
+    let pid = i32::try_from(lab.agent.child.as_ref().expect("agent").id()).expect("pid");
+    // SAFETY: plain kill(2) on the test's own child.
+    unsafe { libc::kill(pid, libc::SIGHUP) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !lab.agent.log().contains("agent.admin_socket: cannot change") {
+        assert!(Instant::now() < deadline, "SIGHUP with a moved socket: {}", lab.agent.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(default_pps(&lab.agent.pin_dir), 1_234, "agent.admin_socket: nothing of the file may be applied");
+
     // Two at once: both named.
     let both = lab.config_with("log_format = \"json\"", &body("", 1_234, "", "replay_cache_size = 10", "false"));
     lab.agent.write_config(&both);
