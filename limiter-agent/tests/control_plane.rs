@@ -604,3 +604,24 @@ fn a_reload_whose_kernel_step_fails_rolls_back_its_interfaces_settings_and_rules
     );
     assert!(lab.agent.log().contains("the running config stays in force"), "{}", lab.agent.log());
 }
+
+#[test]
+fn escalation_added_by_a_reload_to_an_agent_started_without_the_kernel_layer_is_refused() {
+    let name = unique("esc-late");
+    let proxy = format!("[proxy]\nlisten = \"127.0.0.1:{}\"\nupstream = \"http://127.0.0.1:9\"\n", free_port());
+    let mut agent = limiter_lab::support::agent::AgentProcess::start(
+        &name,
+        &format!("{}{proxy}", limiter_lab::support::agent::agent_section(&name, "")),
+    );
+    // The interface does not exist: were the refusal missing, the attach would fail
+    // with another message.
+    let text = format!(
+        "{}[xdp]\ninterfaces = [\"nosuch0\"]\n{}{proxy}[escalation]\nthreshold = 3\n",
+        limiter_lab::support::agent::agent_section(&name, ""),
+        limit(100, 100)
+    );
+    let output = agent.reload_with(&text);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("escalation (the agent started without [xdp])"), "{stderr}");
+}
