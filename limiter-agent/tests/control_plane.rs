@@ -625,3 +625,23 @@ fn escalation_added_by_a_reload_to_an_agent_started_without_the_kernel_layer_is_
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("escalation (the agent started without [xdp])"), "{stderr}");
 }
+
+#[test]
+fn a_reload_that_adds_the_kernel_layer_on_pins_another_agent_holds_is_refused() {
+    use limiter_lab::support::agent::{AgentProcess, agent_section};
+    let lab = XdpLab::start(1, "", &limit(1_234, 100));
+    // A proxy-only agent on the same pin dir (it holds no lock on it yet).
+    let name = unique("pins-late");
+    let pins = lab.agent.pin_dir.display().to_string();
+    let section = agent_section(&name, "").replace(&format!("/sys/fs/bpf/{name}"), &pins);
+    let proxy = format!("[proxy]\nlisten = \"127.0.0.1:{}\"\nupstream = \"http://127.0.0.1:9\"\n", free_port());
+    let mut agent = AgentProcess::start(&name, &format!("{section}{proxy}"));
+    let text =
+        format!("{section}[xdp]\ninterfaces = [\"{}\"]\nenforce = false\n{}{proxy}", lab.net.host_if, limit(99, 9));
+    let output = agent.reload_with(&text);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let settings = KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps").settings().expect("settings");
+    assert_eq!((settings.enforce, settings.default_rate.per_second()), (1, 1_234), "the live settings stay");
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("another agent runs on {pins}")), "{stderr}");
+}

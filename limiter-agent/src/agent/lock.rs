@@ -9,7 +9,8 @@ use crate::config::Config;
 /// Held for as long as the agent runs.
 #[derive(Debug)]
 pub struct AgentLock {
-    _files: Vec<File>,
+    _socket: File,
+    pin_dir: Option<File>,
 }
 
 /// Why the agent could not take its locks.
@@ -28,16 +29,24 @@ pub enum LockError {
 }
 
 impl AgentLock {
-    /// Locks `<admin_socket>.lock` and, with `[xdp]`, the pin dir itself (bpffs holds
-    /// no plain files, but a directory can be locked).
+    /// Locks `<admin_socket>.lock` and, with `[xdp]`, the pin dir.
     pub fn acquire(config: &Config) -> Result<Self, LockError> {
         let socket_lock = config.agent.admin_socket.with_added_extension("lock");
-        let mut files = vec![lock(&socket_lock, true)?];
+        let mut lock = Self { _socket: lock(&socket_lock, true)?, pin_dir: None };
         if config.xdp.is_some() {
-            crate::xdp::ensure_mounted(&config.agent.pin_dir)?;
-            files.push(lock(&config.agent.pin_dir, false)?);
+            lock.pin_dir(&config.agent.pin_dir)?;
         }
-        Ok(Self { _files: files })
+        Ok(lock)
+    }
+
+    /// Locks the pin dir itself (bpffs holds no plain files, but a directory can be
+    /// locked), once: before the kernel layer is first loaded, at start or by a reload.
+    pub fn pin_dir(&mut self, pin_dir: &Path) -> Result<(), LockError> {
+        if self.pin_dir.is_none() {
+            crate::xdp::ensure_mounted(pin_dir)?;
+            self.pin_dir = Some(lock(pin_dir, false)?);
+        }
+        Ok(())
     }
 }
 

@@ -3,7 +3,7 @@
 //! stops cleanly on SIGTERM.
 
 pub mod admin;
-mod lock;
+pub mod lock;
 mod reload;
 mod watch;
 mod xdp;
@@ -140,6 +140,7 @@ pub struct Agent {
     gauges: Arc<AgentGauges>,
     /// With both the proxy and the kernel layer: the proxy's rejections escalate.
     escalation: Option<EscalationRuntime>,
+    lock: lock::AgentLock,
 }
 
 /// What escalation runs on: the proxy's counter, the blocks it asks for, and the
@@ -157,7 +158,7 @@ const ESCALATION_QUEUE: usize = 1024;
 
 impl Agent {
     /// Puts `config` in force: loads and attaches the kernel layer, binds the proxy.
-    pub async fn start(config_path: PathBuf, loaded: LoadedConfig) -> Result<Self, AgentError> {
+    pub async fn start(config_path: PathBuf, loaded: LoadedConfig, lock: lock::AgentLock) -> Result<Self, AgentError> {
         let LoadedConfig { config, secrets } = loaded;
         let xdp = match &config.xdp {
             Some(xdp) => Some(XdpRuntime::start(&config, xdp)?),
@@ -175,7 +176,7 @@ impl Agent {
             _ => None,
         };
         let applied_text = std::fs::read_to_string(&config_path).ok();
-        let agent = Self { config_path, config, secrets, applied_text, xdp, proxy, gauges, escalation };
+        let agent = Self { config_path, config, secrets, applied_text, xdp, proxy, gauges, escalation, lock };
         agent.publish_attachments();
         Ok(agent)
     }
@@ -312,6 +313,7 @@ impl Agent {
                 }
             }
             (None, Some(xdp)) => {
+                self.lock.pin_dir(&new.agent.pin_dir)?;
                 let runtime = XdpRuntime::start(new, xdp)?;
                 changes.extend(reload::describe_xdp(None, Some(xdp), &Default::default()));
                 changes.extend(
@@ -402,11 +404,11 @@ impl Agent {
 pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), AgentError> {
     let socket_path = loaded.config.agent.admin_socket.clone();
     let metrics_addr = loaded.config.agent.metrics;
-    let _lock = lock::AgentLock::acquire(&loaded.config)?;
+    let lock = lock::AgentLock::acquire(&loaded.config)?;
     for proxy in escalation::unshielded_trusted_proxies(&loaded.config) {
         tracing::warn!(%proxy, "trusted proxy not covered by an [[xdp.cidr]] rule: XDP limits it as one client");
     }
-    let mut agent = Agent::start(config_path, loaded).await?;
+    let mut agent = Agent::start(config_path, loaded, lock).await?;
     if let Some(logger) = agent.xdp.as_mut().and_then(|x| x.kernel.take_logger()) {
         spawn_log_reader(logger);
     }

@@ -21,6 +21,8 @@ pub enum ReloadError {
     Xdp(#[from] crate::xdp::XdpError),
     #[error("applying the proxy failed: {0}")]
     Proxy(String),
+    #[error(transparent)]
+    Lock(#[from] super::lock::LockError),
 }
 
 /// Refuses changes that only a restart can make, naming every such key: a reload
