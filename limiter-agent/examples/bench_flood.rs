@@ -3,18 +3,22 @@
 //!
 //! - Flood: `trafgen` (netsniff-ng) in `lbench-tx`, pinned to CPU 0, sending COUNT
 //!   UDP frames from SOURCES spoofed addresses (10.202.0.0/16, random within the
-//!   set) at a fixed offered rate (200 000 per second, or `LBENCH_FLOOD_PPS`),
+//!   set; SOURCES = 0: a random address per frame, as `hping3 --rand-source` does;
+//!   `lbench-rx` has no route out, so nothing answers them) at a fixed offered rate (200 000 per second, or `LBENCH_FLOOD_PPS`),
 //!   through `tx0` to `rx0` in `lbench-rx`. The packet count is `tx0`'s counter.
 //! - Well-behaved flow: one UDP socket at 10.201.0.2 sending GOOD_PPS datagrams per
 //!   second to a receiver at 10.201.0.1 for as long as the flood lasts.
 //! - Filters on `rx0`, each with RATE packets per second per source, burst RATE:
 //!   none; nftables `meter` in a netdev ingress chain (the earliest hook nftables
-//!   has); limiter's XDP program attached in native mode.
+//!   has); limiter's XDP program attached in native mode; and limiter with a
+//!   new-source budget (`[xdp.new_sources]`) of NEW_SOURCE_BUDGET per second, burst
+//!   the same.
 //! - Receiving side's cost: the softirq time in /proc/stat over the flood (on veth the
 //!   receive path runs in softirq on the sending CPU), minus the idle softirq rate
 //!   measured just before, per million flood packets.
 //!
 //! Usage: bench_flood [COUNT] [SOURCES] [RATE] [GOOD_PPS]   (needs root, trafgen, nft)
+//! `admitted_share` is the part of the flood that got through the filter.
 //! Prints one JSON object.
 
 use std::{
@@ -44,6 +48,8 @@ const TX_NS: &str = "lbench-tx";
 const RX_MAC: &str = "02:00:00:00:01:01";
 const TX_MAC: &str = "02:00:00:00:01:02";
 const GOOD_PORT: u16 = 9999;
+/// The new-source budget of the `limiter+budget` row, per second and burst.
+const NEW_SOURCE_BUDGET: u32 = 1_000;
 
 fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
     let output = Command::new(program).args(args).output().with_context(|| format!("cannot run {program}"))?;
@@ -111,12 +117,14 @@ fn cpu_times(cpu: usize) -> anyhow::Result<(f64, f64)> {
 }
 
 fn trafgen_config(sources: u32) -> String {
-    // Sources 10.202.H.L: L random, H counts through sources/256 blocks.
+    // Sources 10.202.H.L: L random, H counts through sources/256 blocks; or all
+    // four bytes random.
     let blocks = sources.div_ceil(256).max(1) - 1;
+    let source = if sources == 0 { "drnd(4)".to_owned() } else { format!("10, 202, dinc(0, {blocks}), drnd()") };
     let mac = |m: &str| m.split(':').map(|b| format!("0x{b}")).collect::<Vec<_>>().join(", ");
     format!(
         "{{\n  {dst}, {src}, c16(0x0800),\n  0x45, 0x00, c16(46), drnd(2), c16(0), 64, 17, csumip(14, 33),\n  \
-         10, 202, dinc(0, {blocks}), drnd(),\n  10, 201, 0, 1,\n  c16(40000), c16(9), c16(26), c16(0),\n  \
+         {source},\n  10, 201, 0, 1,\n  c16(40000), c16(9), c16(26), c16(0),\n  \
          fill(0x41, 18)\n}}\n",
         dst = mac(RX_MAC),
         src = mac(TX_MAC),
@@ -276,7 +284,7 @@ fn main() -> anyhow::Result<()> {
     let idle = s1 - s0;
 
     let mut rows = Vec::new();
-    for filter in ["none", "nftables", "limiter"] {
+    for filter in ["none", "nftables", "limiter", "limiter+budget"] {
         let _lab = Lab::new()?;
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-bench-flood-{}", std::process::id()));
         let mut link = None;
@@ -288,7 +296,9 @@ fn main() -> anyhow::Result<()> {
                 run("ip", &["netns", "exec", RX_NS, "nft", "-f", &file.display().to_string()])?;
                 let _ = std::fs::remove_file(file);
             }
-            "limiter" => {
+            "limiter" | "limiter+budget" => {
+                let budget =
+                    PacketLimit { packets_per_second: nonzero(NEW_SOURCE_BUDGET), burst: nonzero(NEW_SOURCE_BUDGET) };
                 let config = XdpConfig {
                     interfaces: vec!["rx0".to_owned()],
                     mode: AttachMode::Native,
@@ -298,11 +308,15 @@ fn main() -> anyhow::Result<()> {
                     malformed: MalformedAction::Pass,
                     limit: PacketLimit { packets_per_second: nonzero(rate), burst: nonzero(rate) },
                     cidr: Vec::new(),
+                    new_sources: (filter == "limiter+budget").then_some(budget),
+                    aggregate: Default::default(),
+                    verified: Default::default(),
+                    syn: None,
                 };
                 let attached = spawn_in_namespace(RX_NS, {
                     let pin_dir = pin_dir.clone();
                     move || -> anyhow::Result<_> {
-                        let mut loaded = Kernel::load(&LoadOptions { pin_dir, max_sources: 65_536, log: false })?;
+                        let mut loaded = Kernel::load(&LoadOptions::with_sources(pin_dir, 65_536))?;
                         loaded.maps_mut().apply(&config)?;
                         let (attachment, link) = attach(&mut loaded, "rx0", AttachMode::Native)?;
                         Ok((loaded, attachment, link))
@@ -318,10 +332,14 @@ fn main() -> anyhow::Result<()> {
         let outcome = flood(count, sources, good_pps, idle);
         let dropped = match filter {
             "nftables" => rx_counters_drops(),
-            "limiter" => kernel
-                .as_ref()
-                .and_then(|k| k.maps().counters().ok())
-                .map_or(0, |c| c[limiter_common::counters::Counter::DroppedRateLimit as usize]),
+            "limiter" | "limiter+budget" => {
+                kernel.as_ref().and_then(|k| k.maps().counter_snapshot().ok()).map_or(0, |c| {
+                    use limiter_common::counters::Counter;
+                    c.get(Counter::DroppedRateLimit)
+                        + c.get(Counter::DroppedNewSource)
+                        + c.get(Counter::DroppedAggregate)
+                })
+            }
             _ => 0,
         };
         // The program's own share, from bpf_stats over a second, shorter flood (the
@@ -341,7 +359,7 @@ fn main() -> anyhow::Result<()> {
         }
         drop(link);
         drop(kernel);
-        if filter == "limiter" {
+        if filter.starts_with("limiter") {
             limiter::xdp::detach_all(&pin_dir)?;
         }
         let outcome = outcome?;
@@ -354,6 +372,7 @@ fn main() -> anyhow::Result<()> {
             cpu0_system_seconds: outcome.system_seconds,
             softirq_ms_per_million_packets: outcome.softirq_seconds * 1e3 / (outcome.packets.max(1) as f64 / 1e6),
             dropped,
+            admitted_share: outcome.packets.saturating_sub(dropped) as f64 / outcome.packets.max(1) as f64,
             xdp_program_ns_per_packet: program_ns,
             good_sent: outcome.good_sent,
             good_received: outcome.good_received,
@@ -366,6 +385,7 @@ fn main() -> anyhow::Result<()> {
         rate_per_source: rate,
         burst_per_source: rate,
         good_pps,
+        new_source_budget: NEW_SOURCE_BUDGET,
         idle_softirq_seconds_per_second: idle,
         rows,
     };

@@ -77,7 +77,7 @@ fn proxy_bytes_per_key(algorithm: Algorithm, keys: usize) -> f64 {
 
 fn kernel_bytes_per_source(capacity: u32) -> anyhow::Result<KernelMemory> {
     let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-bench-mem-{}", std::process::id()));
-    let kernel = Kernel::load(&LoadOptions { pin_dir: pin_dir.clone(), max_sources: capacity, log: false })?;
+    let kernel = Kernel::load(&LoadOptions::with_sources(pin_dir.clone(), capacity))?;
     let output = std::process::Command::new("bpftool")
         .args(["-j", "map", "show", "pinned"])
         .arg(pin_dir.join("SOURCES"))

@@ -1,6 +1,8 @@
 //! What `cargo xtask demo` runs: a small lab of namespaces, the agent on
 //! `config/demo.toml`, a flood plus a well-behaved flow at the kernel layer with a
-//! reload halfway, then well- and badly-behaved clients at the proxy. Cleans up on
+//! reload halfway, a flood from random (spoofed) sources before and after a
+//! new-source budget is reloaded in, then well- and badly-behaved clients at the
+//! proxy. Cleans up on
 //! exit and on Ctrl-C.
 //!
 //! Usage (as root): demo LIMITER_BINARY CONFIG
@@ -105,7 +107,7 @@ fn run(limiter: &Path, config_source: &Path, dir: &Path) -> anyhow::Result<()> {
     println!("\n== kernel layer: {FLOOD} UDP packets in ~1 s from {FLOODER}, {POLITE_PACKETS} at 50/s from {POLITE}");
     let before = kernel_phase()?;
     let reloaded = config_text.replace("packets_per_second = 1_000", "packets_per_second = 250");
-    std::fs::write(&config_path, reloaded)?;
+    std::fs::write(&config_path, &reloaded)?;
     let output = Command::new(limiter).args(["reload", "-c"]).arg(&config_path).output()?;
     println!("\n$ limiter reload   # xdp.limit 1000 -> 250 packets/s, while nothing restarts");
     print!("{}", String::from_utf8_lossy(&output.stdout));
@@ -114,6 +116,8 @@ fn run(limiter: &Path, config_source: &Path, dir: &Path) -> anyhow::Result<()> {
     for (label, row) in [("limit 1000/s, burst 200", before), ("limit 250/s (reloaded)", after)] {
         println!("{label:<24} {:>10} {:>10} {:>10} {:>11}/{POLITE_PACKETS}", FLOOD, row.0, FLOOD - row.0, row.1);
     }
+
+    spoofed_phases(limiter, &config_path, &reloaded)?;
 
     println!("\n== application layer: proxy 127.0.0.1:18080 -> upstream {upstream}");
     proxy_phase()?;
@@ -175,6 +179,82 @@ fn kernel_phase() -> anyhow::Result<(u64, u64)> {
     Ok((receiver.from(FLOODER).len() as u64, receiver.from(POLITE).len() as u64))
 }
 
+/// A random-source flood without, then with, a new-source budget.
+fn spoofed_phases(limiter: &Path, config_path: &Path, config_text: &str) -> anyhow::Result<()> {
+    // Replies to spoofed sources would leave by the host's default route: strict
+    // reverse-path filtering on the lab's link drops what the program passes from
+    // sources not routed back through it, before the stack answers.
+    std::fs::write(format!("/proc/sys/net/ipv4/conf/{HOST_IF}/rp_filter"), "1")?;
+    println!(
+        "\n== spoofed flood: {SPOOFED} UDP packets from random sources (hping3 --rand-source), \
+         {POLITE_PACKETS} at 50/s from {POLITE}"
+    );
+    let before = spoofed_phase()?;
+    let budget = "\n[xdp.new_sources]\npackets_per_second = 100\nburst = 100\n";
+    let reloaded = config_text.replace("[proxy]\n", &format!("{budget}\n[proxy]\n"));
+    // A new file, which the agent adopts: an edit of the watched one could be picked
+    // up by its watcher first, leaving this reload "no changes" to print.
+    let budget_path = config_path.with_file_name("limiter-budget.toml");
+    std::fs::write(&budget_path, reloaded)?;
+    let output = Command::new(limiter).args(["reload", "-c"]).arg(&budget_path).output()?;
+    println!("\n$ limiter reload   # [xdp.new_sources] 100 packets/s, burst 100");
+    print!("{}", String::from_utf8_lossy(&output.stdout));
+    let after = spoofed_phase()?;
+    println!("\n{:<24} {:>10} {:>12} {:>14} {:>14}", "", "admitted", "new buckets", "refused unseen", "polite passed");
+    for (label, row) in [("per-source buckets only", before), ("new-source budget 100/s", after)] {
+        println!(
+            "{label:<24} {:>10} {:>12} {:>14} {:>11}/{POLITE_PACKETS}",
+            row.admitted, row.new, row.refused, row.polite
+        );
+    }
+    Ok(())
+}
+
+const SPOOFED: u64 = 20_000;
+
+struct SpoofedRow {
+    admitted: u64,
+    new: u64,
+    refused: u64,
+    polite: u64,
+}
+
+/// One random-source flood with the polite flow beside it, read from the counters.
+fn spoofed_phase() -> anyhow::Result<SpoofedRow> {
+    use limiter_common::counters::Counter;
+    let pin_dir = CLEANUP.lock().ok().and_then(|c| c.as_ref().map(|c| c.pin_dir.clone())).context("pin dir")?;
+    let counters = || limiter::xdp::KernelMaps::open_pinned(&pin_dir).and_then(|m| m.counter_snapshot());
+    let receiver = traffic::Receiver::bind(HOST_IP)?;
+    let start = counters()?;
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let polite = scope.spawn(|| traffic::send(NS, POLITE, receiver.addr, POLITE_PACKETS, 1));
+        let count = SPOOFED.to_string();
+        let host = HOST_IP.to_string();
+        let flood = Command::new("ip")
+            .args(["netns", "exec", NS, "timeout", "30", "hping3", "-q", "--udp", "-p", "9", "--rand-source"])
+            .args(["-c", &count, "-i", "u20", &host])
+            .output()
+            .context("hping3 (cargo xtask setup installs it)")?;
+        anyhow::ensure!(
+            flood.status.code().is_some_and(|c| c <= 1),
+            "hping3: {}",
+            String::from_utf8_lossy(&flood.stderr)
+        );
+        polite.join().map_err(|_| anyhow::anyhow!("polite thread"))??;
+        Ok(())
+    })?;
+    receiver.settle(Duration::from_millis(200));
+    let end = counters()?;
+    let delta = |c: Counter| end.get(c) - start.get(c);
+    let polite = receiver.from(POLITE).len() as u64;
+    Ok(SpoofedRow {
+        admitted: delta(Counter::Passed).saturating_sub(delta(Counter::NonIp) + polite),
+        new: delta(Counter::NewSources),
+        refused: delta(Counter::DroppedNewSource),
+        polite,
+    })
+}
+
 /// A minimal upstream answering 200 to everything, on 127.0.0.1:18081.
 fn spawn_upstream() -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:18081")?;
@@ -225,6 +305,7 @@ fn signed(target: &str, body: &str, nonce: &str) -> Vec<(&'static str, String)> 
         timestamp: &timestamp,
         body_sha256: &sha256(body.as_bytes()),
         nonce: Some(nonce),
+        host: None,
     };
     let signature = sign_hex(SECRET.as_bytes(), &canonical.string_to_sign());
     vec![

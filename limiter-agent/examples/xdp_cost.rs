@@ -1,6 +1,8 @@
 //! Cost per packet of the XDP program, from BPF_PROG_TEST_RUN: the do-nothing floor,
-//! a known source, a new source with the sources map full, and a known source with
-//! 10 000 CIDR rules. Prints one JSON object; `cargo xtask bench` runs it.
+//! a known source, a new source with the sources map full, an unknown source refused
+//! by an empty new-source budget (`[xdp.new_sources]`), a known source charged to its
+//! /24's aggregate too, and a known source with 10 000 CIDR rules. Prints one JSON
+//! object; `cargo xtask bench` runs it.
 //!
 //! Usage: xdp_cost [REPEAT] [NEW_SOURCES]   (needs root)
 
@@ -34,9 +36,13 @@ fn main() -> anyhow::Result<()> {
         malformed: MalformedAction::Pass,
         limit: PacketLimit { packets_per_second: nonzero(1_000_000_000), burst: nonzero(u32::MAX) },
         cidr: Vec::new(),
+        new_sources: None,
+        aggregate: Default::default(),
+        verified: Default::default(),
+        syn: None,
     };
     let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-bench-{}", std::process::id()));
-    let mut kernel = Kernel::load(&LoadOptions { pin_dir: pin_dir.clone(), max_sources: capacity, log: false })?;
+    let mut kernel = Kernel::load(&LoadOptions::with_sources(pin_dir.clone(), capacity))?;
     kernel.maps_mut().apply(&config)?;
     let known = frame(Ipv4Addr::new(192, 0, 2, 7));
 
@@ -65,6 +71,20 @@ fn main() -> anyhow::Result<()> {
     let single_run_overhead = floor_single / f64::from(fresh) - floor;
     let new_source_full_map = new_source_single_run - single_run_overhead;
 
+    // A spoofed flood under the budget: an unknown source refused without touching
+    // the sources map stays unknown, so one frame repeated measures that path.
+    config.new_sources = Some(PacketLimit { packets_per_second: nonzero(1), burst: nonzero(1) });
+    kernel.maps_mut().apply(&config)?;
+    let unknown = frame(Ipv4Addr::new(203, 0, 113, 9));
+    cost(kernel.program()?, &frame(Ipv4Addr::new(203, 0, 113, 10)), 1);
+    let unknown_refused_by_budget = cost(kernel.program()?, &unknown, repeat);
+    let known_source_with_budget = cost(kernel.program()?, &known, repeat);
+    config.aggregate.limit = config.limit.into();
+    kernel.maps_mut().apply(&config)?;
+    let known_source_with_aggregate = cost(kernel.program()?, &known, repeat);
+    config.new_sources = None;
+    config.aggregate.limit = None;
+
     config.cidr = (0..10_000u32)
         .map(|i| CidrRule {
             cidr: ipnet::IpNet::new(Ipv4Addr::from(0xac00_0000 + (i << 8)).into(), 24).unwrap_or_default(),
@@ -72,6 +92,7 @@ fn main() -> anyhow::Result<()> {
                 packets_per_second: nonzero(1_000_000),
                 burst: nonzero(1_000_000),
             }),
+            aggregate: None,
         })
         .collect();
     kernel.maps_mut().apply(&config)?;
@@ -90,6 +111,10 @@ fn main() -> anyhow::Result<()> {
         new_source_single_run_ns: new_source_single_run,
         single_run_overhead_ns: single_run_overhead,
         new_sources_measured: fresh,
+        unknown_refused_by_budget_ns: unknown_refused_by_budget,
+        unknown_refused_vs_known: unknown_refused_by_budget / known_source,
+        known_source_with_budget_ns: known_source_with_budget,
+        known_source_with_aggregate_ns: known_source_with_aggregate,
     };
     println!("{}", serde_json::to_string(&report)?);
     Ok(())

@@ -60,8 +60,9 @@ impl Stores {
             ttl: signature.idempotency_ttl.0,
             max_entries: signature.idempotency_max_entries.get(),
             max_response_bytes: signature.idempotency_max_body_bytes,
+            max_bytes: signature.idempotency_max_bytes.get(),
         };
-        Ok(match config.store {
+        let stores = match config.store {
             StoreKind::Memory => Self {
                 limits: Backend::Memory(MemoryStore::new(config.max_tracked_keys)),
                 replay: Backend::Memory(ReplayCache::new(signature.replay_cache_size.get())),
@@ -72,12 +73,28 @@ impl Stores {
                 let fleet = Fleet::connect(&config.redis_url, &config.redis_prefix, config.redis_timeout.0)?;
                 Self {
                     limits: Backend::Redis(RedisStore::new(fleet.clone(), TimeSource::Server)),
-                    replay: Backend::Redis(SharedReplay::new(fleet.clone())),
+                    replay: Backend::Redis(SharedReplay::new(fleet.clone(), signature.replay_cache_size.get())),
                     idempotency: Backend::Redis(SharedIdempotency::new(fleet.clone(), idempotency)),
                     fleet: Some(fleet),
                 }
             }
-        })
+        };
+        stores.set_keys(config);
+        Ok(stores)
+    }
+
+    /// Shares the replay cache and the idempotency store equally among the keys
+    /// that sign (see [`limiter_core::signature::share`]); called again on reload.
+    pub fn set_keys(&self, config: &ProxyConfig) {
+        let keys = config.keys.iter().filter(|key| !key.secrets.is_empty()).count();
+        match &self.replay {
+            Backend::Memory(cache) => cache.set_keys(keys),
+            Backend::Redis(shared) => shared.set_keys(keys),
+        }
+        match &self.idempotency {
+            Backend::Memory(store) => store.set_keys(keys),
+            Backend::Redis(shared) => shared.set_keys(keys),
+        }
     }
 
     /// Counts one decision taken without the store (by `store_failure`).
@@ -154,6 +171,19 @@ impl Replay {
             Self::Redis(shared) => shared.check_and_insert(key_id, signature, *timestamp, max_skew, now).await,
         }
     }
+
+    /// Forgets a signature recorded by [`Self::check_and_insert`] whose request a limit
+    /// then refused, so that its sender can send it again.
+    pub async fn forget(&self, authenticated: &Authenticated) -> Result<(), FleetError> {
+        let Authenticated { key_id, timestamp, signature } = authenticated;
+        match self {
+            Self::Memory(cache) => {
+                cache.forget(key_id, signature, *timestamp);
+                Ok(())
+            }
+            Self::Redis(shared) => shared.forget(key_id, signature).await,
+        }
+    }
 }
 
 impl Idempotency {
@@ -176,6 +206,24 @@ impl Idempotency {
 }
 
 impl Claim {
+    /// Marks the request as sent upstream at `now`: the key is never freed before the
+    /// TTL from here on.
+    pub async fn sent(&mut self, now: Duration) {
+        match self {
+            Self::Memory(guard) => guard.sent(Some(now)),
+            Self::Redis(guard) => guard.hold().await,
+        }
+    }
+
+    /// Undoes [`Self::sent`] for a request that provably never left (the upstream
+    /// refused the connection): dropping the claim then frees the key.
+    pub fn not_sent(&mut self) {
+        match self {
+            Self::Memory(guard) => guard.sent(None),
+            Self::Redis(guard) => guard.sent(false),
+        }
+    }
+
     /// Stores the response for later repeats.
     pub async fn complete(self, response: StoredResponse, now: Duration) {
         match self {

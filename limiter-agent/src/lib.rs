@@ -1,6 +1,7 @@
 //! The limiter agent as a library: the `limiter` binary is a thin CLI over it, and
 //! the integration tests drive it directly.
 
+pub mod accept;
 pub mod agent;
 pub mod backend;
 pub mod cli;

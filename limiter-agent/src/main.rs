@@ -9,7 +9,8 @@ fn main() -> std::process::ExitCode {
     match limiter::cli::dispatch(limiter::cli::Cli::parse()) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("limiter: {error:#}");
+            // anyhow's alternate form prints the whole chain of causes on one line.
+            eprintln!("limiter: {:#}", anyhow::Error::from(error));
             std::process::ExitCode::FAILURE
         }
     }

@@ -12,17 +12,23 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
+    time::Duration,
 };
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode, body::Incoming, service::service_fn};
-use hyper_util::rt::TokioIo;
-use limiter_common::counters::Counter;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use limiter_common::{
+    bucket,
+    counters::Counter,
+    maps::{BUDGET_NEW_SOURCES, BUDGET_SYN, FEATURE_NEW_SOURCES, FEATURE_SYN},
+};
+use tokio::sync::Semaphore;
 
 use crate::{
     proxy::{DECISION_BUCKETS, Proxy},
-    xdp::{Attachment, KernelMaps},
+    xdp::{Attachment, KernelMaps, monotonic_now_ns},
 };
 
 /// Agent-level figures, updated by the agent loop.
@@ -53,13 +59,19 @@ pub fn render(sources: &MetricsSources) -> String {
         render_xdp(&mut out, &mut maps);
     }
     let agent = &sources.agent;
-    family(&mut out, "limiter_xdp_attached", "gauge", "XDP attachments by interface and mode.");
+    family(
+        &mut out,
+        "limiter_xdp_attached",
+        "gauge",
+        "XDP attachments by interface and mode; fallback=\"true\": generic because the driver refused native.",
+    );
     for attachment in agent.attached.lock().map(|a| a.clone()).unwrap_or_default() {
         let _ = writeln!(
             out,
-            "limiter_xdp_attached{{interface=\"{}\",mode=\"{}\"}} 1",
+            "limiter_xdp_attached{{interface=\"{}\",mode=\"{}\",fallback=\"{}\"}} 1",
             escape(&attachment.interface),
-            attachment.mode
+            attachment.mode,
+            attachment.fallback
         );
     }
     family(&mut out, "limiter_config_reloads_total", "counter", "Config reloads by result.");
@@ -110,12 +122,32 @@ fn render_xdp(out: &mut String, maps: &mut KernelMaps) {
         }
     }
     family(out, "limiter_xdp_sources_tracked", "gauge", "Sources with a bucket in the kernel map.");
-    let _ = writeln!(out, "limiter_xdp_sources_tracked {}", maps.sources().count());
+    let _ = writeln!(out, "limiter_xdp_sources_tracked {}", maps.sources_tracked());
     family(out, "limiter_xdp_sources_capacity", "gauge", "Bound on tracked sources (xdp.max_sources).");
     let _ = writeln!(out, "limiter_xdp_sources_capacity {}", maps.sources_capacity());
     if let Ok(blocks) = maps.blocks() {
         family(out, "limiter_xdp_blocks_active", "gauge", "Runtime blocks in force.");
         let _ = writeln!(out, "limiter_xdp_blocks_active {}", blocks.len());
+    }
+    family(out, "limiter_xdp_prefixes_tracked", "gauge", "Prefixes with an aggregate bucket in the kernel map.");
+    let _ = writeln!(out, "limiter_xdp_prefixes_tracked {}", maps.aggregates().count());
+    if let Ok(verified) = maps.verified_count() {
+        family(out, "limiter_xdp_verified_sources", "gauge", "Sources verified now (handshake or limiter verify).");
+        let _ = writeln!(out, "limiter_xdp_verified_sources {verified}");
+    }
+    if let Ok(settings) = maps.settings() {
+        family(out, "limiter_xdp_budget_tokens", "gauge", "Tokens left in a global budget (new_sources, syn).");
+        for (name, feature, slot, rate) in [
+            ("new_sources", FEATURE_NEW_SOURCES, BUDGET_NEW_SOURCES, settings.new_source_rate),
+            ("syn", FEATURE_SYN, BUDGET_SYN, settings.syn_rate),
+        ] {
+            if settings.has(feature)
+                && let Ok(state) = maps.budget(slot)
+            {
+                let tokens = bucket::tokens(state.tat_ns, monotonic_now_ns(), rate);
+                let _ = writeln!(out, "limiter_xdp_budget_tokens{{budget=\"{name}\"}} {tokens}");
+            }
+        }
     }
 }
 
@@ -138,6 +170,10 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
     for (reason, value) in &stats.signature_failure_reasons {
         let _ = writeln!(out, "limiter_signature_failures_total{{reason=\"{}\"}} {value}", escape(reason));
     }
+    family(out, "limiter_proxy_connections_refused_total", "counter", "Connections closed at accept, by bound.");
+    for (reason, value) in &stats.connections_refused_reasons {
+        let _ = writeln!(out, "limiter_proxy_connections_refused_total{{reason=\"{reason}\"}} {value}");
+    }
     for (name, help, value) in [
         (
             "limiter_proxy_idempotent_replays_total",
@@ -146,6 +182,7 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
         ),
         ("limiter_proxy_body_too_large_total", "Requests refused with 413.", stats.body_too_large),
         ("limiter_proxy_header_timeouts_total", "Connections answered 408.", stats.timeouts),
+        ("limiter_proxy_body_timeouts_total", "Requests whose body was late, answered 408.", stats.body_timeouts),
         ("limiter_proxy_upstream_errors_total", "Upstream failures answered 502.", stats.upstream_errors),
         (
             "limiter_proxy_key_evictions_total",
@@ -174,17 +211,39 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
     let _ = writeln!(out, "limiter_proxy_decision_seconds_count {cumulative}");
 }
 
+/// Scrapers connected at once; more are closed at accept. Prometheus keeps one.
+const MAX_CONNECTIONS: usize = 8;
+
+/// Time for a scraper's request headers, and for the whole connection: one that
+/// stalls must not hold its place.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Serves `/metrics` on `addr` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, sources: MetricsSources) {
     let sources = Arc::new(sources);
+    let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // One exposition at a time: concurrent scrapes would each walk the kernel maps.
+    let rendering = Arc::new(tokio::sync::Mutex::new(()));
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                crate::accept::backoff("metrics", &error).await;
+                continue;
+            }
+        };
+        // Dropping the stream closes it.
+        let Ok(place) = places.clone().try_acquire_owned() else { continue };
         let sources = sources.clone();
+        let rendering = rendering.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request: Request<Incoming>| {
                 let sources = sources.clone();
+                let rendering = rendering.clone();
                 async move {
                     let response = if request.uri().path() == "/metrics" {
+                        let _turn = rendering.lock().await;
                         let body = tokio::task::spawn_blocking(move || render(&sources)).await.unwrap_or_default();
                         Response::builder()
                             .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
@@ -197,7 +256,12 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: MetricsSources) {
                     response.map_err(std::io::Error::other)
                 }
             });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
+            drop(place);
         });
     }
 }

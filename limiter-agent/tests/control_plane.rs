@@ -202,6 +202,8 @@ fn metrics_parse_as_prometheus_text() {
         "limiter_config_reloads_total{result=\"ok\"}",
         "limiter_proxy_requests_total{decision=\"forwarded\"}",
         "limiter_proxy_decision_seconds_bucket{le=\"+Inf\"}",
+        "limiter_proxy_connections_refused_total{reason=\"max_connections_per_ip\"} 0",
+        "limiter_proxy_body_timeouts_total 0",
     ] {
         assert!(body.contains(expected), "missing {expected} in:\n{body}");
     }
@@ -455,6 +457,10 @@ fn a_reload_that_changes_a_key_read_only_at_start_is_refused_naming_it_and_appli
             "proxy.signature.idempotency_max_body_bytes",
             lab.config_with("", &body("", 99, "", "idempotency_max_body_bytes = 10", "false")),
         ),
+        (
+            "proxy.signature.idempotency_max_bytes",
+            lab.config_with("", &body("", 99, "", "idempotency_max_bytes = 100000", "false")),
+        ),
         ("escalation.enabled", lab.config_with("", &body("", 99, "", "", "true"))),
         ("[proxy]", lab.config_with("", &limit(99, 100))),
         (
@@ -569,6 +575,7 @@ fn a_reload_whose_kernel_step_fails_rolls_back_its_interfaces_settings_and_rules
         .map(|i| CidrRule {
             cidr: ipnet::IpNet::from(std::net::IpAddr::from(std::net::Ipv4Addr::from(0xac10_0000 + i))),
             action: CidrAction::Deny,
+            aggregate: None,
         })
         .collect();
     KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps").sync_cidrs(&filler).expect("fill the trie");
@@ -644,4 +651,84 @@ fn a_reload_that_adds_the_kernel_layer_on_pins_another_agent_holds_is_refused() 
     assert_eq!((settings.enforce, settings.default_rate.per_second()), (1, 1_234), "the live settings stay");
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains(&format!("another agent runs on {pins}")), "{stderr}");
+}
+
+/// CPU time the process `pid` has used, in clock ticks (1/100 s on Linux).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // After the command name (in parentheses, which may hold spaces): state is field
+    // 3, utime and stime fields 14 and 15.
+    let fields: Vec<&str> = stat.rsplit_once(')').expect("comm").1.split_whitespace().collect();
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+#[test]
+fn an_agent_out_of_descriptors_pauses_its_accept_loops_and_its_admin_socket_recovers() {
+    let name = unique("limiter-fds");
+    let config = format!(
+        "{}[proxy]\nlisten = \"127.0.0.1:{}\"\nupstream = \"http://127.0.0.1:9\"\nheader_timeout = \"1m\"\n",
+        limiter_lab::support::agent::agent_section(&name, ""),
+        free_port()
+    );
+    let listen = config.lines().find_map(|l| l.strip_prefix("listen = \"")).expect("listen").trim_end_matches('"');
+    let mut agent = limiter_lab::support::agent::AgentProcess::start(&name, &config);
+    let pid = agent.child.as_ref().expect("running").id();
+    // A soft limit a few descriptors above what it uses, filled by clients that
+    // connect and say nothing: the proxy, then the admin socket, find none left.
+    let soft = u64::try_from(fd_count(pid)).expect("count") + 8;
+    let limit = libc::rlimit { rlim_cur: soft, rlim_max: soft };
+    // SAFETY: prlimit on our own child, with a struct we own.
+    let set = unsafe {
+        libc::prlimit(i32::try_from(pid).expect("pid"), libc::RLIMIT_NOFILE, &raw const limit, std::ptr::null_mut())
+    };
+    assert_eq!(set, 0, "prlimit");
+    let silent: Vec<_> = (0..16).map(|_| std::net::TcpStream::connect(listen).expect("connect")).collect();
+    let _waiting_admin = std::os::unix::net::UnixStream::connect(&agent.socket).expect("admin connect");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fd_count(pid) < usize::try_from(soft).expect("soft") {
+        assert!(Instant::now() < deadline, "the agent did not take its descriptors: {}", agent.log());
+    }
+    let before = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(1));
+    let spent = cpu_ticks(pid) - before;
+    // A loop that retries at once burns a core: about 100 ticks a second.
+    assert!(spent < 10, "the agent used {spent} ticks of CPU in a second without descriptors");
+
+    drop(silent);
+    let stats = agent.cli_json(&["stats", "--json"]);
+    assert!(stats["proxy"].is_object(), "{stats}");
+    assert_eq!(agent.stop_with(libc::SIGTERM).code(), Some(0));
+}
+
+#[test]
+fn check_warns_about_secret_files_others_can_read_and_short_secrets() {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    let dir = std::env::temp_dir().join(unique("limiter-check-secrets"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let secret = dir.join("k-pay");
+    std::fs::write(&secret, "short\n").expect("secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let config = dir.join("limiter.toml");
+    let text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:3000\"\n[proxy.plans.p]\nlimit = 1\n\
+         window = \"1s\"\n[[proxy.keys]]\nid = \"k-pay\"\nplan = \"p\"\nsecrets = [\"file:{}\"]\n",
+        secret.display()
+    );
+    std::fs::write(&config, text).expect("config");
+    let check =
+        || Command::new(limiter_lab::support::agent::limiter_bin()).arg("check").arg("-c").arg(&config).output();
+    let output = check().expect("limiter check");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let reference = format!("proxy.keys[0].secrets: file:{}", secret.display());
+    assert!(stderr.contains(&format!("warning: {reference} can be read by group or others (mode 644)")), "{stderr}");
+    assert!(stderr.contains(&format!("warning: {reference} is 5 bytes")), "{stderr}");
+    assert!(!stderr.contains("short"), "a warning showed the secret: {stderr}");
+
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").expect("secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let output = check().expect("limiter check");
+    assert!(output.status.success() && output.stderr.is_empty(), "{}", String::from_utf8_lossy(&output.stderr));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
 }

@@ -14,7 +14,7 @@ use limiter_core::{
     signature::{Canonical, sha256, sign_hex},
 };
 use limiter_lab::support::{
-    proxy::{PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream},
+    proxy::{PATIENCE, PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, signed_route_config},
     redis::{TestRedis, redis_keys, unique_prefix},
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -29,6 +29,7 @@ window = "1m"
 [[proxy.keys]]
 id = "k-free"
 plan = "free"
+auth = "bearer"
 "#;
 
 #[tokio::test]
@@ -221,25 +222,7 @@ const SECRET: &[u8] = b"k-pay-fleet-secret";
 fn signed_config(keys: &str) -> String {
     let path = std::env::temp_dir().join(format!("limiter-fleet-secret-{}", std::process::id()));
     std::fs::write(&path, SECRET).expect("secret file");
-    format!(
-        r#"{PROXY_HEAD}{keys}
-[proxy.plans.basic]
-limit = 1000
-window = "1m"
-[[proxy.keys]]
-id = "k-pay"
-plan = "basic"
-secrets = ["file:{}"]
-[[proxy.rules]]
-name = "transfer"
-path = "/api/transfer"
-require_signature = true
-key = "api_key"
-limit = 100
-window = "1s"
-"#,
-        path.display()
-    )
+    signed_route_config(keys, &path)
 }
 
 async fn send_signed(
@@ -249,23 +232,51 @@ async fn send_signed(
     nonce: &str,
     idempotency_key: Option<&str>,
 ) -> Reply {
-    let timestamp = SystemClock.now().as_secs().to_string();
-    let canonical = Canonical {
-        method: "POST",
-        target: "/api/transfer",
-        timestamp: &timestamp,
-        body_sha256: &sha256(body),
-        nonce: Some(nonce),
-    };
-    let signature = sign_hex(SECRET, &canonical.string_to_sign());
-    let mut headers = vec![
-        ("x-api-key", "k-pay"),
-        ("x-timestamp", timestamp.as_str()),
-        ("x-signature", signature.as_str()),
-        ("x-nonce", nonce),
-    ];
-    headers.extend(idempotency_key.map(|key| ("idempotency-key", key)));
-    client.request(Method::POST, &proxy.url("/api/transfer"), &headers, body).await
+    Signed { key: ("k-pay", SECRET), target: "/api/transfer", body, nonce, idempotency_key }
+        .send(client, &proxy.url(""))
+        .await
+}
+
+/// The timestamp every signed request of this run carries: a replay must carry the very
+/// same signature, whenever the wall clock turns a second between two sends. The run
+/// lasts far less than `max_skew`.
+fn run_timestamp() -> u64 {
+    static STAMP: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *STAMP.get_or_init(|| SystemClock.now().as_secs())
+}
+
+/// A signed POST.
+struct Signed<'a> {
+    /// Key id and secret.
+    key: (&'a str, &'a [u8]),
+    target: &'a str,
+    body: &'a [u8],
+    nonce: &'a str,
+    idempotency_key: Option<&'a str>,
+}
+
+impl Signed<'_> {
+    /// Sends to the proxy at `base` (`http://host:port`).
+    async fn send(&self, client: &TestClient, base: &str) -> Reply {
+        let timestamp = run_timestamp().to_string();
+        let canonical = Canonical {
+            method: "POST",
+            target: self.target,
+            timestamp: &timestamp,
+            body_sha256: &sha256(self.body),
+            nonce: Some(self.nonce),
+            host: None,
+        };
+        let signature = sign_hex(self.key.1, &canonical.string_to_sign());
+        let mut headers = vec![
+            ("x-api-key", self.key.0),
+            ("x-timestamp", timestamp.as_str()),
+            ("x-signature", signature.as_str()),
+            ("x-nonce", self.nonce),
+        ];
+        headers.extend(self.idempotency_key.map(|key| ("idempotency-key", key)));
+        client.request(Method::POST, &format!("{base}{}", self.target), &headers, self.body).await
+    }
 }
 
 #[tokio::test]
@@ -293,4 +304,158 @@ async fn a_replay_on_another_proxy_is_caught_and_idempotent_responses_are_shared
     let other = send_signed(&client, &b, b"{\"amount\":2}", "n-4", Some("idem-1")).await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(upstream.count(), 2, "the replays never reached the upstream");
+}
+
+const OTHER: &[u8] = b"k-other-fleet-secret";
+
+/// `signed_config` with a second key, `k-other`, and `extra` in `[proxy]`.
+fn two_keys_config(keys: &str, extra: &str) -> String {
+    let path = std::env::temp_dir().join(format!("limiter-fleet-other-{}", std::process::id()));
+    std::fs::write(&path, OTHER).expect("secret file");
+    let other =
+        format!("[[proxy.keys]]\nid = \"k-other\"\nplan = \"basic\"\nsecrets = [\"file:{}\"]\n", path.display());
+    format!("{}{other}", signed_config(&format!("{keys}{extra}")))
+}
+
+/// One key filling the fleet's replay cache used to be impossible to bound (Redis
+/// held every signature); each key now holds its share of `replay_cache_size`, and a
+/// signature refused by a limit is not burnt.
+#[tokio::test]
+async fn on_redis_each_key_has_its_share_of_the_replay_cache_and_a_429_burns_nothing() {
+    let redis = TestRedis::shared();
+    let keys = redis_keys(&redis, &unique_prefix("replay-share"), "deny");
+    let per_key = "[[proxy.rules]]\nname = \"per-key\"\npath = \"/api/once\"\nkey = \"api_key\"\nalgorithm = \"sliding_window_log\"\nlimit = 1\nwindow = \"1h\"\n";
+    let config = format!("{}{per_key}", two_keys_config(&keys, "[proxy.signature]\nreplay_cache_size = 6\n"));
+    let upstream = Upstream::start().await;
+    let (a, b) = (RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await);
+    let client = TestClient::default();
+    let pay =
+        |nonce| Signed { key: ("k-pay", SECRET), target: "/api/transfer", body: b"x", nonce, idempotency_key: None };
+    let mut flood = Vec::new();
+    for (proxy, nonce) in [(&a, "1"), (&b, "2"), (&a, "3"), (&b, "4")] {
+        flood.push(pay(nonce).send(&client, &proxy.url("")).await.status);
+    }
+    assert_eq!(flood, [StatusCode::OK, StatusCode::OK, StatusCode::OK, StatusCode::UNAUTHORIZED]);
+    let other = |target, nonce| Signed { key: ("k-other", OTHER), target, body: b"x", nonce, idempotency_key: None };
+    assert_eq!(other("/api/transfer", "1").send(&client, &b.url("")).await.status, StatusCode::OK);
+    // k-other's second request on /api/once is over its limit: 429, and the same
+    // signed request is still good for later (here: not a replay on the other proxy).
+    assert_eq!(other("/api/once", "2").send(&client, &a.url("")).await.status, StatusCode::OK);
+    let refused = other("/api/once", "3");
+    assert_eq!(refused.send(&client, &a.url("")).await.status, StatusCode::TOO_MANY_REQUESTS);
+    let again = refused.send(&client, &b.url("")).await;
+    assert_eq!(again.status, StatusCode::TOO_MANY_REQUESTS, "a limit refusal, not a 401 replay: {:?}", again.body);
+    assert_eq!(upstream.count(), 5);
+}
+
+/// Twenty identical idempotent requests at once over two proxies: one reaches the
+/// upstream, the others get 409; once it timed out (504), a repeat gets "outcome
+/// unknown" and never reaches the upstream (it used to run again).
+#[tokio::test]
+async fn on_redis_an_idempotent_request_runs_once_whatever_happens() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("idem-once");
+    let keys = redis_keys(&redis, &prefix, "deny");
+    let config = signed_config(&format!("{keys}upstream_timeout = \"500ms\"\n"));
+    let upstream = Upstream::start().await;
+    let (a, b) = (RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await);
+    let (done, mut replies) = tokio::sync::mpsc::unbounded_channel();
+    for n in 0..20 {
+        let base = if n % 2 == 0 { a.url("") } else { b.url("") };
+        let done = done.clone();
+        tokio::spawn(async move {
+            let nonce = n.to_string();
+            let _ = done.send(held(&nonce).send(&TestClient::default(), &base).await.status);
+        });
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..19 {
+        let status = tokio::time::timeout(PATIENCE, replies.recv()).await.expect("19 answered at once");
+        statuses.push(status.expect("a sender"));
+    }
+    // The one sent upstream is held for the TTL (24 h), not just the in-flight lease:
+    // were its agent to die now, no repeat could run it again.
+    upstream.arrived(1).await;
+    let mut connection =
+        redis::Client::open(redis.url()).expect("client").get_multiplexed_async_connection().await.expect("connect");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(format!("{prefix}idem:5:k-pay:idem-20"))
+        .query_async(&mut connection)
+        .await
+        .expect("PTTL");
+    assert!(ttl > 3_600_000, "the claim lives {ttl} ms");
+    let status = tokio::time::timeout(PATIENCE, replies.recv()).await.expect("the held one answered");
+    statuses.push(status.expect("a sender"));
+    statuses.sort();
+    // The one that reached the upstream is held there until it times out.
+    let mut expected = vec![StatusCode::CONFLICT; 19];
+    expected.push(StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(statuses, expected);
+    assert_eq!(upstream.count(), 1);
+    upstream.release(2);
+    // The claim is settled in Redis by a task of its own: until it lands a repeat is
+    // in flight (409 too). Either way it must not reach the upstream.
+    let unknown = "https://limiter.dev/problems#idempotency-outcome-unknown";
+    let client = TestClient::default();
+    let repeats = async {
+        for n in 0.. {
+            let nonce = format!("retry-{n}");
+            let reply = held(&nonce).send(&client, &b.url("")).await;
+            if reply.status != StatusCode::CONFLICT || reply.json()["type"] == unknown {
+                return reply;
+            }
+            tokio::task::yield_now().await;
+        }
+        unreachable!("the nonces ran out")
+    };
+    let repeat = tokio::time::timeout(PATIENCE, repeats).await.expect("the repeat was answered");
+    assert_eq!((repeat.status, repeat.json()["type"].as_str()), (StatusCode::CONFLICT, Some(unknown)));
+    assert_eq!(upstream.count(), 1);
+}
+
+/// The held, idempotent request of `on_redis_an_idempotent_request_runs_once_whatever_happens`.
+fn held(nonce: &str) -> Signed<'_> {
+    Signed {
+        key: ("k-pay", SECRET),
+        target: "/api/transfer/hold",
+        body: b"pay",
+        nonce,
+        idempotency_key: Some("idem-20"),
+    }
+}
+
+/// The fleet's idempotency store was bounded by nothing but Redis' memory; each key
+/// now holds its share of `idempotency_max_entries` (and `_bytes`), and evicts only
+/// its own entries.
+#[tokio::test]
+async fn on_redis_a_key_evicts_only_its_own_idempotent_responses() {
+    let redis = TestRedis::shared();
+    let keys = redis_keys(&redis, &unique_prefix("idem-share"), "deny");
+    let config = two_keys_config(&keys, "[proxy.signature]\nidempotency_max_entries = 4\n");
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let client = TestClient::default();
+    let base = proxy.url("");
+    let request = |key, nonce, idempotency_key| Signed {
+        key,
+        target: "/api/transfer",
+        body: b"pay",
+        nonce,
+        idempotency_key: Some(idempotency_key),
+    };
+    let other = ("k-other", OTHER);
+    let pay = ("k-pay", SECRET);
+    assert_eq!(request(other, "o-1", "kept").send(&client, &base).await.status, StatusCode::OK);
+    for (nonce, key) in [("1", "a"), ("2", "b"), ("3", "c"), ("4", "d")] {
+        assert_eq!(request(pay, nonce, key).send(&client, &base).await.status, StatusCode::OK);
+    }
+    assert_eq!(upstream.count(), 5);
+    let kept = request(other, "o-2", "kept").send(&client, &base).await;
+    assert_eq!((kept.status, kept.header("idempotency-replayed")), (StatusCode::OK, "true"));
+    let latest = request(pay, "5", "d").send(&client, &base).await;
+    assert_eq!(latest.header("idempotency-replayed"), "true");
+    // k-pay's share is 2: its oldest response went to make room for its newest.
+    let evicted = request(pay, "6", "a").send(&client, &base).await;
+    assert_eq!((evicted.status, evicted.headers.get("idempotency-replayed")), (StatusCode::OK, None));
+    assert_eq!(upstream.count(), 6);
 }

@@ -3,10 +3,9 @@
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use aya::programs::{TestRun as _, TestRunOptions};
 use limiter::xdp::monotonic_now_ns;
 use limiter_common::{addr::v4_mapped, maps::SourceKey};
 use limiter_lab::support::{
@@ -295,19 +294,7 @@ fn two_cpus_hammering_one_source_admit_no_more_than_the_bucket() {
     const BURST: u64 = 1_000_000;
     const REPEAT: u32 = 2_000_000;
     let kernel = TestKernel::new(&xdp_config(&format!("[xdp.limit]\npackets_per_second = {RATE}\nburst = {BURST}\n")));
-    let frame = udp4(A);
-    let start_together = std::sync::Barrier::new(2);
-    let started = Instant::now();
-    std::thread::scope(|scope| {
-        for _ in 0..2 {
-            scope.spawn(|| {
-                start_together.wait();
-                let options = TestRunOptions { data_in: Some(&frame), repeat: REPEAT, ..TestRunOptions::default() };
-                kernel.kernel.program().expect("program").test_run(options).expect("test run");
-            });
-        }
-    });
-    let elapsed = started.elapsed();
+    let elapsed = kernel.run_on_two_cpus(&udp4(A), REPEAT);
     let state = kernel.kernel.maps().source(&SourceKey { addr: v4_mapped(A.octets()) }).expect("tracked");
     assert_eq!(state.packets, 2 * u64::from(REPEAT));
     let admitted = state.packets - state.dropped;
@@ -321,12 +308,12 @@ fn pinned_maps_of_another_layout_are_refused_not_reused() {
     let mut settings = first.kernel.maps().settings().expect("settings");
     settings.layout_version += 1;
     first.kernel.maps_mut().write_settings(settings).expect("write");
-    let options = limiter::xdp::LoadOptions { pin_dir: first.pin_dir.clone(), max_sources: 1_000_000, log: false };
+    let options = limiter::xdp::LoadOptions::with_sources(first.pin_dir.clone(), 1_000_000);
     let error = limiter::xdp::Kernel::load(&options).expect_err("a foreign layout must be refused");
     assert!(error.to_string().contains("limiter detach"), "{error}");
 
     let other = slow_kernel();
-    let options = limiter::xdp::LoadOptions { pin_dir: other.pin_dir.clone(), max_sources: 1_000, log: false };
+    let options = limiter::xdp::LoadOptions::with_sources(other.pin_dir.clone(), 1_000);
     let error = limiter::xdp::Kernel::load(&options).expect_err("a resized sources map must be refused");
     assert!(error.to_string().contains("max_sources 1000000 pinned, 1000 configured"), "{error}");
 }

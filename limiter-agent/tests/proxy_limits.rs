@@ -22,9 +22,11 @@ throttle_delay = "100ms"
 [[proxy.keys]]
 id = "k-free"
 plan = "free"
+auth = "bearer"
 [[proxy.keys]]
 id = "k-pro"
 plan = "pro"
+auth = "bearer"
 "#;
 
 #[tokio::test]
@@ -127,9 +129,11 @@ window = "1m"
 [[proxy.keys]]
 id = "k1"
 plan = "basic"
+auth = "bearer"
 [[proxy.keys]]
 id = "k2"
 plan = "basic"
+auth = "bearer"
 [[proxy.rules]]
 name = "per-ip"
 path = "/api"
@@ -184,6 +188,7 @@ window = "1m"
 [[proxy.keys]]
 id = "k-small"
 plan = "small"
+auth = "bearer"
 "#
     );
     let proxy = RunningProxy::start(&config, upstream.addr).await;
@@ -260,6 +265,7 @@ throttle_delay = "5s"
 [[proxy.keys]]
 id = "k-tiny"
 plan = "tiny"
+auth = "bearer"
 "#
     );
     let proxy = RunningProxy::start(&config, upstream.addr).await;
@@ -283,7 +289,7 @@ async fn reload_changes_a_limit_and_keeps_the_counts() {
     let upstream = Upstream::start().await;
     let plan = |limit: u32| {
         format!(
-            "{PROXY_HEAD}[proxy.plans.free]\nlimit = {limit}\nwindow = \"1m\"\n[[proxy.keys]]\nid = \"k\"\nplan = \"free\"\n"
+            "{PROXY_HEAD}[proxy.plans.free]\nlimit = {limit}\nwindow = \"1m\"\n[[proxy.keys]]\nid = \"k\"\nplan = \"free\"\nauth = \"bearer\"\n"
         )
     };
     let proxy = RunningProxy::start(&plan(5), upstream.addr).await;
@@ -312,6 +318,7 @@ window = "1m"
 [[proxy.keys]]
 id = "k"
 plan = "basic"
+auth = "bearer"
 [[proxy.rules]]
 name = "per-key"
 path = "/api"

@@ -266,3 +266,31 @@ async fn large_responses_stream_through() {
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.body.len(), 100 * 1024);
 }
+
+#[tokio::test]
+async fn forwarding_headers_pass_from_trusted_proxies_only() {
+    let claims = [
+        ("forwarded", "for=203.0.113.9;proto=https;host=bank.example"),
+        ("x-real-ip", "203.0.113.9"),
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-host", "bank.example"),
+        ("x-forwarded-for", "203.0.113.9"),
+    ];
+    let upstream = Upstream::start().await;
+    // The test client connects from 127.0.0.1: first an ordinary client, then a
+    // trusted proxy.
+    for (trusted, config) in
+        [(false, PROXY_HEAD.to_owned()), (true, format!("{PROXY_HEAD}trusted_proxies = [\"127.0.0.1/32\"]\n"))]
+    {
+        let proxy = RunningProxy::start(&config, upstream.addr).await;
+        let reply = TestClient::default().request(Method::GET, &proxy.url("/"), &claims, b"").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        let seen = upstream.seen().pop().expect("forwarded");
+        for (name, value) in &claims[..4] {
+            let passed = seen.headers.get(*name).map(|v| v.to_str().unwrap_or("<not text>"));
+            assert_eq!(passed, trusted.then_some(*value), "{name} from a peer trusted: {trusted}");
+        }
+        let chain = if trusted { "203.0.113.9, 127.0.0.1" } else { "127.0.0.1" };
+        assert_eq!(seen.headers["x-forwarded-for"], chain);
+    }
+}

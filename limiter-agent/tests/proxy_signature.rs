@@ -11,7 +11,7 @@ use limiter_core::{
     Clock as _, SystemClock,
     signature::{Canonical, sha256, sign_hex},
 };
-use limiter_lab::support::proxy::{PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream};
+use limiter_lab::support::proxy::{PATIENCE, PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream};
 
 fn unix_now() -> u64 {
     SystemClock.now().as_secs()
@@ -30,12 +30,22 @@ fn secret_file(secret: &[u8]) -> PathBuf {
 }
 
 fn config(secrets: &[&[u8]], extra: &str) -> String {
+    config_with("", 1000, secrets, extra)
+}
+
+fn secret_references(secrets: &[&[u8]]) -> String {
     let references: Vec<String> =
         secrets.iter().map(|secret| format!("\"file:{}\"", secret_file(secret).display())).collect();
+    references.join(", ")
+}
+
+/// `head` goes into `[proxy]`, `extra` after the `transfer` rule; the `basic` plan
+/// allows `plan_limit` requests a minute.
+fn config_with(head: &str, plan_limit: u32, secrets: &[&[u8]], extra: &str) -> String {
     format!(
-        r#"{PROXY_HEAD}
+        r#"{PROXY_HEAD}{head}
 [proxy.plans.basic]
-limit = 1000
+limit = {plan_limit}
 window = "1m"
 [[proxy.keys]]
 id = "k-pay"
@@ -50,23 +60,35 @@ algorithm = "token_bucket"
 limit = 100
 window = "1s"
 {extra}"#,
-        references.join(", ")
+        secret_references(secrets)
     )
 }
 
 /// A request and how to sign it.
 struct Signed<'a> {
+    key_id: &'a str,
     method: Method,
     target: &'a str,
     body: &'a [u8],
     timestamp: u64,
     nonce: Option<&'a str>,
     idempotency_key: Option<&'a str>,
+    /// The host signed, for a `sign_host` key.
+    host: Option<&'a str>,
 }
 
 impl<'a> Signed<'a> {
     fn post(target: &'a str, body: &'a [u8]) -> Self {
-        Self { method: Method::POST, target, body, timestamp: unix_now(), nonce: None, idempotency_key: None }
+        Self {
+            key_id: "k-pay",
+            method: Method::POST,
+            target,
+            body,
+            timestamp: unix_now(),
+            nonce: None,
+            idempotency_key: None,
+            host: None,
+        }
     }
 
     fn signature(&self, secret: &[u8]) -> String {
@@ -76,6 +98,7 @@ impl<'a> Signed<'a> {
             timestamp: &self.timestamp.to_string(),
             body_sha256: &sha256(self.body),
             nonce: self.nonce,
+            host: self.host,
         };
         sign_hex(secret, &canonical.string_to_sign())
     }
@@ -84,7 +107,8 @@ impl<'a> Signed<'a> {
     /// now, which a test may have changed after signing.
     async fn send_with(&self, client: &TestClient, proxy: &RunningProxy, signature: &str) -> Reply {
         let timestamp = self.timestamp.to_string();
-        let mut headers = vec![("x-api-key", "k-pay"), ("x-timestamp", timestamp.as_str()), ("x-signature", signature)];
+        let mut headers =
+            vec![("x-api-key", self.key_id), ("x-timestamp", timestamp.as_str()), ("x-signature", signature)];
         headers.extend(self.nonce.map(|nonce| ("x-nonce", nonce)));
         headers.extend(self.idempotency_key.map(|key| ("idempotency-key", key)));
         client.request(self.method.clone(), &proxy.url(self.target), &headers, self.body).await
@@ -252,4 +276,253 @@ async fn limiter_sign_output_is_accepted_by_the_proxy() {
         .request(Method::POST, &proxy.url("/api/transfer?x=1"), &headers, br#"{"amount":500,"to":"acct-7"}"#)
         .await;
     assert_eq!(tampered.status, StatusCode::UNAUTHORIZED);
+}
+
+/// Seed attack (issue 10 §3): key ids are not secrets. Unsigned requests naming the
+/// key used to spend its plan, and its owner then got 429.
+#[tokio::test]
+async fn an_unsigned_request_naming_a_key_never_spends_its_quota() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config_with("", 3, &[SECRET], ""), upstream.addr).await;
+    let client = TestClient::default();
+    for _ in 0..5 {
+        let reply = client.get(&proxy.url("/public"), &[("x-api-key", "k-pay")]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.headers.get("ratelimit-policy").is_none(), "charged to no plan: {:?}", reply.headers);
+    }
+    // A failed signature on an unsigned route proves nothing either: 401, as on signed routes.
+    let forged = Signed { method: Method::GET, target: "/public", ..Signed::post("/public", b"") };
+    let reply = forged.send_with(&client, &proxy, &forged.signature(b"guessed")).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    let owner = Signed { nonce: Some("owner"), ..Signed::post("/api/transfer", b"x") };
+    assert_eq!(owner.send(&client, &proxy).await.status, StatusCode::OK);
+    // A signed request on any route is the key's, and spends its plan.
+    let signed_public = Signed { method: Method::GET, ..Signed::post("/public", b"") };
+    let reply = signed_public.send(&client, &proxy).await;
+    assert_eq!((reply.status, reply.header("ratelimit-policy")), (StatusCode::OK, r#""basic";q=3;w=60"#));
+    assert_eq!(upstream.count(), 7);
+}
+
+/// `auth = "bearer"`: the key id alone is taken as proof, as an explicit choice.
+#[tokio::test]
+async fn a_bearer_key_is_charged_on_its_id_alone() {
+    let upstream = Upstream::start().await;
+    let extra = "[[proxy.keys]]\nid = \"k-bearer\"\nplan = \"basic\"\nauth = \"bearer\"\n";
+    let proxy = RunningProxy::start(&config_with("", 2, &[SECRET], extra), upstream.addr).await;
+    let client = TestClient::default();
+    let statuses: Vec<StatusCode> = {
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            statuses.push(client.get(&proxy.url("/public"), &[("x-api-key", "k-bearer")]).await.status);
+        }
+        statuses
+    };
+    assert_eq!(statuses, [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+}
+
+/// A signed request refused by a limit (429) has not used its signature: sent again
+/// once the limit allows, it passes (it used to be a 401 replay).
+#[tokio::test]
+async fn a_signature_refused_by_the_limits_is_not_burnt() {
+    let upstream = Upstream::start().await;
+    let per_key = "[[proxy.rules]]\nname = \"per-key\"\npath = \"/api\"\nkey = \"api_key\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\n";
+    let proxy = RunningProxy::start(&config(&[SECRET], per_key), upstream.addr).await;
+    let client = TestClient::default();
+    let first = Signed { nonce: Some("a"), ..Signed::post("/api/transfer", b"x") };
+    assert_eq!(first.send(&client, &proxy).await.status, StatusCode::OK);
+    let second = Signed { nonce: Some("b"), ..Signed::post("/api/transfer", b"x") };
+    assert_eq!(second.send(&client, &proxy).await.status, StatusCode::TOO_MANY_REQUESTS);
+    proxy.clock.advance(std::time::Duration::from_secs(60));
+    assert_eq!(second.send(&client, &proxy).await.status, StatusCode::OK);
+    // Recorded once admitted: the same request again is a replay.
+    assert_eq!(second.send(&client, &proxy).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(upstream.count(), 2);
+}
+
+/// One key filling the replay cache made every other key's valid requests fail; each
+/// key now has its share (`replay_cache_size` / number of keys).
+#[tokio::test]
+async fn one_key_cannot_fill_the_replay_cache_for_another() {
+    const OTHER: &[u8] = b"k-other-secret";
+    let upstream = Upstream::start().await;
+    let extra =
+        format!("[[proxy.keys]]\nid = \"k-other\"\nplan = \"basic\"\nsecrets = [{}]\n", secret_references(&[OTHER]));
+    let head = "[proxy.signature]\nreplay_cache_size = 4\n";
+    let proxy = RunningProxy::start(&config_with(head, 1000, &[SECRET], &extra), upstream.addr).await;
+    let client = TestClient::default();
+    let mut flood = Vec::new();
+    for nonce in ["1", "2", "3", "4"] {
+        flood.push(
+            Signed { nonce: Some(nonce), ..Signed::post("/api/transfer", b"x") }.send(&client, &proxy).await.status,
+        );
+    }
+    assert_eq!(flood, [StatusCode::OK, StatusCode::OK, StatusCode::UNAUTHORIZED, StatusCode::UNAUTHORIZED]);
+    let other = Signed { key_id: "k-other", nonce: Some("1"), ..Signed::post("/api/transfer", b"x") };
+    assert_eq!(other.send_with(&client, &proxy, &other.signature(OTHER)).await.status, StatusCode::OK);
+    assert_eq!(proxy.proxy.stats().signature_failure_reasons["replay_cache_full"], 2);
+}
+
+fn idempotent<'a>(nonce: &'a str, target: &'a str, key: &'a str) -> Signed<'a> {
+    Signed { nonce: Some(nonce), idempotency_key: Some(key), ..Signed::post(target, b"pay 10") }
+}
+
+/// A request that reached the upstream but got no answer in time (504) used to free
+/// its key, and the retry ran it a second time.
+#[tokio::test]
+async fn an_idempotent_request_without_an_answer_is_never_run_again() {
+    let upstream = Upstream::start().await;
+    let head = "upstream_timeout = \"300ms\"\n";
+    let proxy = RunningProxy::start(&config_with(head, 1000, &[SECRET], ""), upstream.addr).await;
+    let client = TestClient::default();
+    let first = idempotent("1", "/api/transfer/hold", "idem-504").send(&client, &proxy).await;
+    assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT);
+    // Whatever the upstream does now, the retry must not reach it.
+    upstream.release(2);
+    let retry = idempotent("2", "/api/transfer/hold", "idem-504").send(&client, &proxy).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    assert_eq!(retry.json()["type"], "https://limiter.dev/problems#idempotency-outcome-unknown");
+    assert_eq!(upstream.count(), 1);
+}
+
+/// The client hanging up while the upstream works used to free the key as well.
+#[tokio::test]
+async fn an_idempotent_request_whose_client_left_is_never_run_again() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
+    let request = idempotent("1", "/api/transfer/hold", "idem-gone");
+    let head = format!(
+        "POST /api/transfer/hold HTTP/1.1\r\nhost: x\r\nx-api-key: k-pay\r\nx-timestamp: {}\r\nx-nonce: 1\r\nx-signature: {}\r\nidempotency-key: idem-gone\r\ncontent-length: 6\r\n\r\npay 10",
+        request.timestamp,
+        request.signature(SECRET)
+    );
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.expect("connect");
+    tokio::io::AsyncWriteExt::write_all(&mut stream, head.as_bytes()).await.expect("send");
+    upstream.arrived(1).await;
+    drop(stream);
+    let client = TestClient::default();
+    // Until the proxy sees the hang-up the key is in flight (409 as well); then the
+    // outcome is unknown. Either way the upstream must never see it twice.
+    let unknown = "https://limiter.dev/problems#idempotency-outcome-unknown";
+    let retries = async {
+        for nonce in 2.. {
+            let retry = idempotent(&nonce.to_string(), "/api/transfer/hold", "idem-gone").send(&client, &proxy).await;
+            if retry.status != StatusCode::CONFLICT || retry.json()["type"] == unknown {
+                return retry;
+            }
+            tokio::task::yield_now().await;
+        }
+        unreachable!("the nonces ran out")
+    };
+    let retry = tokio::time::timeout(PATIENCE, retries).await.expect("the retry was answered without the upstream");
+    upstream.release(2);
+    assert_eq!((retry.status, retry.json()["type"].as_str()), (StatusCode::CONFLICT, Some(unknown)));
+    assert_eq!(upstream.count(), 1);
+}
+
+#[tokio::test]
+async fn an_idempotency_key_over_255_bytes_is_refused() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
+    let client = TestClient::default();
+    let longest = "k".repeat(255);
+    assert_eq!(idempotent("1", "/api/transfer", &longest).send(&client, &proxy).await.status, StatusCode::OK);
+    let too_long = "k".repeat(256);
+    let reply = idempotent("2", "/api/transfer", &too_long).send(&client, &proxy).await;
+    assert_eq!(
+        (reply.status, reply.json()["type"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("https://limiter.dev/problems#bad-idempotency-key"))
+    );
+    assert_eq!(upstream.count(), 1);
+}
+
+/// Twenty identical requests at once: exactly one reaches the upstream, the others
+/// get 409 while it runs.
+#[tokio::test]
+async fn twenty_concurrent_identical_requests_run_once() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
+    let statuses = twenty_at_once(&upstream, &proxy, |nonce| idempotent(nonce, "/api/transfer/hold", "idem-20")).await;
+    assert_eq!(statuses[..19], [StatusCode::CONFLICT; 19]);
+    assert_eq!(statuses[19], StatusCode::OK);
+    assert_eq!(upstream.count(), 1);
+}
+
+/// Sends 20 requests at once; the statuses in the order they came back. The held one
+/// is released once the 19 others have been answered without it.
+async fn twenty_at_once(
+    upstream: &Upstream,
+    proxy: &RunningProxy,
+    request: impl Fn(&str) -> Signed<'_>,
+) -> Vec<StatusCode> {
+    let (done, mut replies) = tokio::sync::mpsc::unbounded_channel();
+    for n in 0..20 {
+        let nonce = n.to_string();
+        let request = request(&nonce);
+        let timestamp = request.timestamp.to_string();
+        let signature = request.signature(SECRET);
+        let headers: Vec<(String, String)> = [
+            ("x-api-key", "k-pay"),
+            ("x-timestamp", timestamp.as_str()),
+            ("x-signature", signature.as_str()),
+            ("x-nonce", request.nonce.unwrap_or_default()),
+            ("idempotency-key", request.idempotency_key.unwrap_or_default()),
+        ]
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect();
+        let (url, body, done) = (proxy.url(request.target), request.body.to_vec(), done.clone());
+        tokio::spawn(async move {
+            let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+            let reply = TestClient::default().request(Method::POST, &url, &headers, &body).await;
+            let _ = done.send(reply.status);
+        });
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..19 {
+        let status = tokio::time::timeout(PATIENCE, replies.recv()).await.expect("19 answered without the upstream");
+        statuses.push(status.expect("a sender"));
+    }
+    upstream.arrived(1).await;
+    upstream.release(1);
+    statuses.push(tokio::time::timeout(PATIENCE, replies.recv()).await.expect("the held one").expect("a sender"));
+    statuses
+}
+
+/// Without `sign_host`, a request signed for one site verifies on any other behind the
+/// same keys; with it, the signature covers the lowercase `Host`.
+#[tokio::test]
+async fn a_sign_host_key_signs_the_host() {
+    let upstream = Upstream::start().await;
+    let extra = "[[proxy.keys]]\nid = \"k-site\"\nplan = \"basic\"\nsign_host = true\n";
+    let text =
+        config(&[SECRET], extra).replace(extra, &format!("{extra}secrets = [{}]\n", secret_references(&[SECRET])));
+    let proxy = RunningProxy::start(&text, upstream.addr).await;
+    let client = TestClient::default();
+    let site =
+        |nonce, host| Signed { key_id: "k-site", nonce: Some(nonce), host, ..Signed::post("/api/transfer", b"x") };
+    let send_to = |request: &Signed<'_>, host: &'static str| {
+        let timestamp = request.timestamp.to_string();
+        let signature = request.signature(SECRET);
+        let nonce = request.nonce.unwrap_or_default().to_owned();
+        let client = client.clone();
+        let url = proxy.url(request.target);
+        async move {
+            let headers = [
+                ("host", host),
+                ("x-api-key", "k-site"),
+                ("x-timestamp", timestamp.as_str()),
+                ("x-nonce", nonce.as_str()),
+                ("x-signature", signature.as_str()),
+            ];
+            client.request(Method::POST, &url, &headers, b"x").await.status
+        }
+    };
+    assert_eq!(send_to(&site("1", Some("Pay.Example.com")), "pay.example.com").await, StatusCode::OK);
+    // The same request signed for one site, sent to another; and signed without a host.
+    assert_eq!(send_to(&site("2", Some("pay.example.com")), "admin.example.com").await, StatusCode::UNAUTHORIZED);
+    assert_eq!(send_to(&site("3", None), "pay.example.com").await, StatusCode::UNAUTHORIZED);
+    // Keys without it keep the scheme as it was.
+    let plain = Signed { nonce: Some("4"), ..Signed::post("/api/transfer", b"x") };
+    assert_eq!(plain.send(&client, &proxy).await.status, StatusCode::OK);
+    assert_eq!(upstream.count(), 2);
 }

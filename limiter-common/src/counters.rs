@@ -27,11 +27,18 @@ pub enum Counter {
     DroppedMalformed = 7,
     /// Not IPv4 or IPv6 (ARP, LLDP, ...): always passed.
     NonIp = 8,
+    /// Dropped: a source without a bucket found the new-source budget empty (it was
+    /// not inserted).
+    DroppedNewSource = 9,
+    /// Dropped: the bucket of the source's prefix was empty.
+    DroppedAggregate = 10,
+    /// Dropped: a TCP SYN from an unverified source found the SYN budget empty.
+    DroppedSyn = 11,
 }
 
 impl Counter {
     /// Every counter in index order.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 12] = [
         Self::Passed,
         Self::DroppedRateLimit,
         Self::DroppedDeny,
@@ -41,6 +48,9 @@ impl Counter {
         Self::NewSources,
         Self::DroppedMalformed,
         Self::NonIp,
+        Self::DroppedNewSource,
+        Self::DroppedAggregate,
+        Self::DroppedSyn,
     ];
 
     /// Size of the counters array.
@@ -59,6 +69,9 @@ impl Counter {
             Self::NewSources => "new_sources",
             Self::DroppedMalformed => "dropped_malformed",
             Self::NonIp => "non_ip",
+            Self::DroppedNewSource => "dropped_new_source",
+            Self::DroppedAggregate => "dropped_aggregate",
+            Self::DroppedSyn => "dropped_syn",
         }
     }
 }

@@ -7,7 +7,7 @@
 use crate::bucket::Rate;
 
 /// Bumped on every change of a map's key, value or meaning.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// LRU hash of [`SourceKey`] → [`SourceState`]; sized from `xdp.max_sources`.
 pub const SOURCES: &str = "SOURCES";
@@ -24,6 +24,17 @@ pub const BLOCK_V6: &str = "BLOCK_V6";
 pub const SETTINGS: &str = "SETTINGS";
 /// Array of one `u32`: the index of the active [`Settings`] slot.
 pub const SETTINGS_ACTIVE: &str = "SETTINGS_ACTIVE";
+/// Array of [`BUDGET_SLOTS`] [`SourceState`] records: the global buckets
+/// ([`BUDGET_NEW_SOURCES`], [`BUDGET_SYN`]), each one TAT changed only by
+/// compare-and-swap like a source's bucket.
+pub const BUDGETS: &str = "BUDGETS";
+/// LRU hash of [`SourceKey`] (the source masked to `xdp.aggregate.ipv4_prefix` /
+/// `ipv6_prefix`) → [`SourceState`]; sized from `xdp.aggregate.max_prefixes`.
+pub const AGGREGATES: &str = "AGGREGATES";
+/// LRU hash of [`SourceKey`] → [`Verified`]: sources that proved their address (a
+/// completed TCP handshake with the proxy, or an operator's `limiter verify`);
+/// sized from `xdp.verified.max`.
+pub const VERIFIED: &str = "VERIFIED";
 /// Per-CPU array of `u64`, indexed by [`crate::counters::Counter`].
 pub const COUNTERS: &str = "COUNTERS";
 /// Array of [`OCCUPANCY_SLOTS`] `u32` flags, one per trie (`OCCUPIED_*`): 0 means
@@ -46,8 +57,28 @@ pub const OCCUPIED_CIDR_V6: u32 = 3;
 pub const OCCUPANCY_SLOTS: u32 = 4;
 
 /// Every pinned map, for tools that walk the pin directory.
-pub const ALL: [&str; 9] =
-    [SOURCES, CIDR_V4, CIDR_V6, BLOCK_V4, BLOCK_V6, SETTINGS, SETTINGS_ACTIVE, COUNTERS, OCCUPANCY];
+pub const ALL: [&str; 12] = [
+    SOURCES,
+    CIDR_V4,
+    CIDR_V6,
+    BLOCK_V4,
+    BLOCK_V6,
+    SETTINGS,
+    SETTINGS_ACTIVE,
+    COUNTERS,
+    OCCUPANCY,
+    BUDGETS,
+    AGGREGATES,
+    VERIFIED,
+];
+
+/// [`BUDGETS`] slot of the bucket every new source's first packet takes a token from.
+pub const BUDGET_NEW_SOURCES: u32 = 0;
+/// [`BUDGETS`] slot of the bucket every TCP SYN from an unverified source takes a
+/// token from.
+pub const BUDGET_SYN: u32 = 1;
+/// Entries of [`BUDGETS`].
+pub const BUDGET_SLOTS: u32 = 2;
 
 /// Capacity of each CIDR trie.
 pub const MAX_CIDRS: u32 = 65_536;
@@ -101,26 +132,34 @@ pub struct CidrPolicy {
     pub reserved: u32,
     /// Used when `action` is [`Action::Limit`].
     pub rate: Rate,
+    /// The prefix aggregate of sources under this rule; an `interval_ns` of 0 means
+    /// the rule has none of its own and [`Settings::aggregate_rate`] applies.
+    pub aggregate: Rate,
 }
 
 impl CidrPolicy {
-    /// A rule with no rate of its own.
+    /// A rule with no aggregate of its own.
     #[must_use]
     pub const fn new(action: Action, rate: Rate) -> Self {
-        Self { action: action as u32, reserved: 0, rate }
+        Self { action: action as u32, reserved: 0, rate, aggregate: Rate { interval_ns: 0, tolerance_ns: 0 } }
     }
 }
 
-/// Value of the block tries.
+/// Value of the block tries and of [`VERIFIED`]: an entry that lapses.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Block {
-    /// `CLOCK_MONOTONIC` (= `bpf_ktime_get_ns`) instant the block lapses; 0 never.
+pub struct Expiry {
+    /// `CLOCK_MONOTONIC` (= `bpf_ktime_get_ns`) instant the entry lapses; 0 never.
     pub expires_at_ns: u64,
 }
 
-impl Block {
-    /// Whether the block still applies at `now_ns`.
+/// A runtime block.
+pub type Block = Expiry;
+/// A verified source.
+pub type Verified = Expiry;
+
+impl Expiry {
+    /// Whether the entry still applies at `now_ns`.
     #[inline(always)]
     #[must_use]
     pub const fn active(&self, now_ns: u64) -> bool {
@@ -128,12 +167,26 @@ impl Block {
     }
 }
 
+/// [`Settings::features`] bit: new sources take a token from [`BUDGET_NEW_SOURCES`].
+pub const FEATURE_NEW_SOURCES: u8 = 1;
+/// [`Settings::features`] bit: every packet charges its prefix's aggregate.
+pub const FEATURE_AGGREGATE: u8 = 2;
+/// [`Settings::features`] bit: SYNs from unverified sources take a token from
+/// [`BUDGET_SYN`].
+pub const FEATURE_SYN: u8 = 4;
+
 /// The program's tunables, read on every packet.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Settings {
     /// Bucket of every source no CIDR rule limits otherwise.
     pub default_rate: Rate,
+    /// The budget of new sources (with [`FEATURE_NEW_SOURCES`]).
+    pub new_source_rate: Rate,
+    /// Bucket of each prefix (with [`FEATURE_AGGREGATE`], or a rule's own).
+    pub aggregate_rate: Rate,
+    /// The budget of SYNs from unverified sources (with [`FEATURE_SYN`]).
+    pub syn_rate: Rate,
     /// [`LAYOUT_VERSION`] of the agent that wrote this record.
     pub layout_version: u32,
     /// 1: drop; 0: dry run, count would-drops.
@@ -142,8 +195,23 @@ pub struct Settings {
     pub malformed_drop: u8,
     /// IPv6 sources share a bucket per prefix of this length.
     pub ipv6_prefix: u8,
+    /// `FEATURE_*` bits.
+    pub features: u8,
+    /// IPv4 sources share an aggregate per prefix of this length.
+    pub aggregate_ipv4_prefix: u8,
+    /// IPv6 sources share an aggregate per prefix of this length.
+    pub aggregate_ipv6_prefix: u8,
     /// Keeps the record's size a multiple of 8.
-    pub reserved: u8,
+    pub reserved: [u8; 6],
+}
+
+impl Settings {
+    /// Whether `feature` (a `FEATURE_*` bit) is on.
+    #[inline(always)]
+    #[must_use]
+    pub const fn has(&self, feature: u8) -> bool {
+        self.features & feature != 0
+    }
 }
 
 #[cfg(feature = "user")]
@@ -152,7 +220,7 @@ mod pod {
     unsafe impl aya::Pod for super::SourceKey {}
     unsafe impl aya::Pod for super::SourceState {}
     unsafe impl aya::Pod for super::CidrPolicy {}
-    unsafe impl aya::Pod for super::Block {}
+    unsafe impl aya::Pod for super::Expiry {}
     unsafe impl aya::Pod for super::Settings {}
 }
 
@@ -167,8 +235,8 @@ mod tests {
     fn record_sizes_are_stable() {
         assert_eq!(size_of::<SourceKey>(), 16);
         assert_eq!(size_of::<SourceState>(), 24);
-        assert_eq!(size_of::<CidrPolicy>(), 24);
+        assert_eq!(size_of::<CidrPolicy>(), 40);
         assert_eq!(size_of::<Block>(), 8);
-        assert_eq!(size_of::<Settings>(), 24);
+        assert_eq!(size_of::<Settings>(), 80);
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! The BPF target declares no compare-and-swap, so `core::sync::atomic` offers no
 //! `AtomicU64` operations there; the intrinsics still lower to BPF_ATOMIC
-//! instructions (BPF_ADD, BPF_CMPXCHG) with `--cpu=v3` (see build.rs).
+//! instructions (BPF_ADD, BPF_CMPXCHG), which LLVM emits at every BPF CPU version
+//! and the kernel accepts from 5.12.
 
 use core::intrinsics::{AtomicOrdering::Relaxed, atomic_cxchg, atomic_xadd};
 

@@ -1,7 +1,10 @@
-//! The limiter XDP program: per-source token buckets, CIDR policy and runtime blocks.
+//! The limiter XDP program: per-source token buckets, CIDR policy and runtime blocks,
+//! and what holds against spoofed sources: a budget for new sources, prefix
+//! aggregates and a SYN budget, all skipped by verified sources.
 //!
-//! A frame goes `parse` → blocks → CIDR policy → the source's bucket
-//! (`limiter_common::bucket`) → one verdict counter. Every tunable is read from maps
+//! A frame goes `parse` → blocks → CIDR policy → SYN budget → the source's bucket
+//! (or, for a source without one, the new-source budget) → its prefix's aggregate
+//! (`limiter_common::bucket`, `bucket.rs`) → one verdict counter. Every tunable is read from maps
 //! on each packet, so the agent changes limits without reloading the program.
 //!
 //! Minimum kernel: 5.12 (BPF_CMPXCHG); tested on 6.18.
@@ -11,6 +14,7 @@
 #![expect(internal_features, reason = "BPF has no core::sync::atomic for u64, see atomic.rs")]
 
 mod atomic;
+mod bucket;
 mod maps;
 mod parse;
 
@@ -21,25 +25,29 @@ use aya_ebpf::{
     maps::lpm_trie::Key,
     programs::XdpContext,
 };
-use aya_log_ebpf::{debug, warn};
+use aya_log_ebpf::debug;
 use limiter_common::{
-    bucket::{self, Rate},
+    addr::mask_v6,
+    bucket::Rate,
     counters::Counter,
-    maps::{Action, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, SourceKey, SourceState},
+    maps::{
+        Action, BUDGET_NEW_SOURCES, BUDGET_SYN, FEATURE_AGGREGATE, FEATURE_NEW_SOURCES, FEATURE_SYN, OCCUPIED_BLOCK_V4,
+        OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, Settings, SourceKey,
+    },
 };
 
 use crate::{
-    maps::{BLOCK_V4, BLOCK_V6, CIDR_V4, CIDR_V6, SOURCES, count, may_hold, settings},
+    bucket::{Charged, charge, take_budget},
+    maps::{AGGREGATES, BLOCK_V4, BLOCK_V6, BUDGETS, CIDR_V4, CIDR_V6, SOURCES, count, may_hold, settings, verified},
     parse::{Frame, Packet, parse},
 };
 
-/// Attempts at the compare-and-swap before refusing the packet; only CPUs racing on
-/// one source retry, and refusing keeps the bucket exact.
-const CAS_ATTEMPTS: usize = 8;
-/// `BPF_NOEXIST`: insert only if absent, so racing CPUs keep one bucket.
-const BPF_NOEXIST: u64 = 1;
+/// Bits of the IPv4-mapped prefix in front of an IPv4 source's 16-byte key.
+const V4_MAPPED_BITS: u8 = 96;
 
-#[xdp]
+// `frags`: a jumbo frame arrives as several buffers; without it a native attach to
+// a link whose MTU exceeds a page is refused.
+#[xdp(frags)]
 pub fn limiter(ctx: XdpContext) -> u32 {
     let Some(settings) = settings() else {
         count(Counter::Passed);
@@ -71,22 +79,97 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     if blocked(&packet) {
         return refuse(enforce, Counter::DroppedDeny);
     }
-    let rate = match policy(&packet) {
-        Some((Action::Allow, _)) => {
+    let (rate, rule_aggregate) = match policy(&packet) {
+        Some((Action::Allow, _, _)) => {
             count(Counter::Allowed);
             return XDP_PASS;
         }
-        Some((Action::Deny, _)) => return refuse(enforce, Counter::DroppedDeny),
-        Some((Action::Limit, rate)) => rate,
-        None => settings.default_rate,
+        Some((Action::Deny, _, _)) => return refuse(enforce, Counter::DroppedDeny),
+        Some((Action::Limit, rate, aggregate)) => (rate, aggregate),
+        None => (settings.default_rate, Rate { interval_ns: 0, tolerance_ns: 0 }),
     };
     // Read the clock only once a bucket needs it: it is the costliest helper here.
     let now = unsafe { bpf_ktime_get_ns() };
-    if charge(&ctx, &SourceKey { addr: packet.source }, now, rate) {
-        pass()
-    } else {
-        refuse(enforce, Counter::DroppedRateLimit)
+    let key = SourceKey { addr: packet.source };
+    let mut proof = Proof::Unknown;
+    if packet.syn
+        && settings.has(FEATURE_SYN)
+        && !proof.verified(&key, now)
+        && !take_budget(&ctx, &BUDGETS, BUDGET_SYN, now, settings.syn_rate)
+    {
+        return refuse(enforce, Counter::DroppedSyn);
     }
+    // A source without a bucket is refused before the map is touched when the budget
+    // is empty: a flood of spoofed sources neither pays for an insert nor evicts the
+    // buckets of the sources already known.
+    let charged = charge(&ctx, &SOURCES, &key, now, rate, || {
+        !settings.has(FEATURE_NEW_SOURCES)
+            || proof.verified(&key, now)
+            || take_budget(&ctx, &BUDGETS, BUDGET_NEW_SOURCES, now, settings.new_source_rate)
+    });
+    match charged {
+        Charged::Refused => return refuse(enforce, Counter::DroppedNewSource),
+        Charged::Inserted(_) => {
+            count(Counter::NewSources);
+            debug!(&ctx, "new source {:i}", key.addr);
+        }
+        Charged::Existing(_) => {}
+    }
+    if !charged.admitted() {
+        return refuse(enforce, Counter::DroppedRateLimit);
+    }
+    // After the source's own bucket, so that a source refused by its own limit does
+    // not also drain the bucket its neighbours share.
+    if let Some(aggregate) = aggregate_rate(settings, rule_aggregate)
+        && !proof.verified(&key, now)
+        && !charge(&ctx, &AGGREGATES, &prefix_key(&packet, settings), now, aggregate, || true).admitted()
+    {
+        return refuse(enforce, Counter::DroppedAggregate);
+    }
+    pass()
+}
+
+/// Whether the source is verified, looked up at most once and only when a check
+/// that verified sources skip is about to run.
+enum Proof {
+    Unknown,
+    Known(bool),
+}
+
+impl Proof {
+    #[inline(always)]
+    fn verified(&mut self, key: &SourceKey, now: u64) -> bool {
+        match *self {
+            Self::Known(verified) => verified,
+            Self::Unknown => {
+                let verified = verified(key, now);
+                *self = Self::Known(verified);
+                verified
+            }
+        }
+    }
+}
+
+/// The aggregate bucket that applies: the rule's own, else the global one if on.
+#[inline(always)]
+fn aggregate_rate(settings: &Settings, rule: Rate) -> Option<Rate> {
+    if rule.interval_ns != 0 {
+        Some(rule)
+    } else if settings.has(FEATURE_AGGREGATE) {
+        Some(settings.aggregate_rate)
+    } else {
+        None
+    }
+}
+
+/// The key of the prefix the packet's source is aggregated under.
+#[inline(always)]
+fn prefix_key(packet: &Packet, settings: &Settings) -> SourceKey {
+    let addr = match packet.v4 {
+        Some(_) => mask_v6(packet.source, V4_MAPPED_BITS + settings.aggregate_ipv4_prefix),
+        None => mask_v6(packet.v6, settings.aggregate_ipv6_prefix),
+    };
+    SourceKey { addr }
 }
 
 /// Returns XDP_PASS and nothing else: the floor that `cargo xtask bench` measures the
@@ -126,7 +209,7 @@ fn blocked(packet: &Packet) -> bool {
 }
 
 #[inline(always)]
-fn policy(packet: &Packet) -> Option<(Action, Rate)> {
+fn policy(packet: &Packet) -> Option<(Action, Rate, Rate)> {
     let policy = match packet.v4 {
         Some(v4) if may_hold(OCCUPIED_CIDR_V4) => CIDR_V4.get(Key::new(32, v4)),
         None if may_hold(OCCUPIED_CIDR_V6) => CIDR_V6.get(Key::new(128, packet.v6)),
@@ -137,56 +220,7 @@ fn policy(packet: &Packet) -> Option<(Action, Rate)> {
         1 => Action::Deny,
         _ => Action::Limit,
     };
-    Some((action, policy.rate))
-}
-
-/// Charges one packet to the source's bucket; `false` if the bucket is empty.
-#[inline(always)]
-fn charge(ctx: &XdpContext, key: &SourceKey, now: u64, rate: Rate) -> bool {
-    let state = match SOURCES.get_ptr_mut(key) {
-        Some(state) => state,
-        None => {
-            // A new source: its first packet is charged in the value inserted, so one
-            // insert replaces insert, second lookup and three atomics. A CPU that
-            // loses the race to insert charges the winner's bucket below, by CAS.
-            let admitted = bucket::admit(SourceState::default().tat_ns, now, rate);
-            let first = SourceState {
-                tat_ns: admitted.unwrap_or(SourceState::default().tat_ns),
-                packets: 1,
-                dropped: u64::from(admitted.is_none()),
-            };
-            if SOURCES.insert(key, first, BPF_NOEXIST).is_ok() {
-                count(Counter::NewSources);
-                debug!(ctx, "new source {:i}", key.addr);
-                return admitted.is_some();
-            }
-            let Some(state) = SOURCES.get_ptr_mut(key) else {
-                // Evicted between insert and lookup by a flood of new sources: refuse
-                // rather than admit unaccounted.
-                return false;
-            };
-            state
-        }
-    };
-    // SAFETY: `state` points into a live map value whose fields are 8-byte aligned
-    // u64s that every CPU only touches atomically.
-    let (tat, packets, dropped) =
-        unsafe { (&raw mut (*state).tat_ns, &raw mut (*state).packets, &raw mut (*state).dropped) };
-    unsafe { atomic::increment(packets) };
-    let mut current = unsafe { atomic::load(tat) };
-    for _ in 0..CAS_ATTEMPTS {
-        let Some(next) = bucket::admit(current, now, rate) else {
-            unsafe { atomic::increment(dropped) };
-            return false;
-        };
-        match unsafe { atomic::compare_exchange(tat, current, next) } {
-            Ok(()) => return true,
-            Err(seen) => current = seen,
-        }
-    }
-    warn!(ctx, "bucket of {:i} contended past {} attempts", key.addr, CAS_ATTEMPTS);
-    unsafe { atomic::increment(dropped) };
-    false
+    Some((action, policy.rate, policy.aggregate))
 }
 
 #[cfg(not(test))]

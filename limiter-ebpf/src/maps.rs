@@ -7,13 +7,25 @@ use aya_ebpf::{
 use limiter_common::{
     counters::Counter,
     maps::{
-        Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, OCCUPANCY_SLOTS, SETTINGS_SLOTS, Settings, SourceKey, SourceState,
+        BUDGET_SLOTS, Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, OCCUPANCY_SLOTS, SETTINGS_SLOTS, Settings, SourceKey,
+        SourceState, Verified,
     },
 };
 
 /// Sized by the agent from `xdp.max_sources` at load time.
 #[map]
 pub static SOURCES: LruHashMap<SourceKey, SourceState> = LruHashMap::pinned(1, 0);
+
+/// Sized by the agent from `xdp.aggregate.max_prefixes` at load time.
+#[map]
+pub static AGGREGATES: LruHashMap<SourceKey, SourceState> = LruHashMap::pinned(1, 0);
+
+/// Sized by the agent from `xdp.verified.max` at load time.
+#[map]
+pub static VERIFIED: LruHashMap<SourceKey, Verified> = LruHashMap::pinned(1, 0);
+
+#[map]
+pub static BUDGETS: Array<SourceState> = Array::pinned(BUDGET_SLOTS, 0);
 
 #[map]
 pub static CIDR_V4: LpmTrie<[u8; 4], CidrPolicy> = LpmTrie::pinned(MAX_CIDRS, 0);
@@ -52,6 +64,14 @@ pub fn count(counter: Counter) {
         // SAFETY: a per-CPU slot; XDP runs with preemption off, so nothing races us.
         unsafe { *slot += 1 };
     }
+}
+
+/// Whether `key` proved its address and the proof has not lapsed at `now`.
+#[inline(always)]
+pub fn verified(key: &SourceKey, now: u64) -> bool {
+    // SAFETY: a map value the program only reads; a concurrent rewrite by user space
+    // replaces the 8-byte expiry in one store.
+    unsafe { VERIFIED.get(key) }.is_some_and(|entry| entry.active(now))
 }
 
 /// The active settings record, or `None` before the agent has written one.

@@ -1,8 +1,8 @@
 //! From raw frame to source: Ethernet, up to two VLAN tags, IPv4 (with options) or
-//! IPv6 (with a bounded walk of extension headers). Every read is checked against
-//! `data_end` first.
+//! IPv6 (with a bounded walk of extension headers), and the TCP flags of a first
+//! fragment. Every read is checked against `data_end` first.
 
-use aya_ebpf::programs::XdpContext;
+use aya_ebpf::{helpers::bpf_xdp_get_buff_len, programs::XdpContext};
 use limiter_common::addr::{as_v4, mask_v6, v4_mapped};
 
 const ETH_HLEN: usize = 14;
@@ -20,6 +20,7 @@ pub const MAX_IPV6_EXT_HEADERS: usize = 8;
 const OFFSET_MASK: usize = 0x3fff;
 
 const IPPROTO_HOPOPTS: u8 = 0;
+const IPPROTO_TCP: u8 = 6;
 const IPPROTO_ROUTING: u8 = 43;
 const IPPROTO_FRAGMENT: u8 = 44;
 const IPPROTO_AH: u8 = 51;
@@ -31,6 +32,10 @@ const ICMPV6_REDIRECT: u8 = 137;
 /// RFC 4861: neighbour discovery is only valid with hop limit 255, which no routed
 /// packet can carry, so the exemption cannot be used from off-link.
 const ND_HOP_LIMIT: u8 = 255;
+/// Offset of the data-offset byte in a TCP header; the flags byte follows it.
+const TCP_DATA_OFFSET: usize = 12;
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
 
 /// What the program needs to know about a frame.
 pub enum Frame {
@@ -54,6 +59,8 @@ pub struct Packet {
     pub malformed: bool,
     /// ICMPv6 neighbour or router discovery from the local link.
     pub link_control: bool,
+    /// A TCP SYN without ACK: the opening of a handshake.
+    pub syn: bool,
 }
 
 #[inline(always)]
@@ -69,9 +76,22 @@ fn load<const N: usize>(ctx: &XdpContext, offset: usize) -> Option<[u8; N]> {
     Some(unsafe { core::ptr::read_unaligned(start as *const [u8; N]) })
 }
 
+/// Whether a packet ending `end` bytes into the frame fits in it. The linear part is
+/// checked first (the common case costs no helper call); a multi-buffer frame (a
+/// jumbo frame under `xdp.frags`) has the rest of its bytes in fragments.
 #[inline(always)]
-fn frame_len(ctx: &XdpContext) -> usize {
-    ctx.data_end() - ctx.data()
+fn fits(ctx: &XdpContext, end: usize) -> bool {
+    end <= ctx.data_end() - ctx.data() || {
+        // SAFETY: the helper only reads the context the kernel handed us.
+        let total = unsafe { bpf_xdp_get_buff_len(ctx.ctx) };
+        end as u64 <= total
+    }
+}
+
+/// Whether TCP `flags` open a handshake.
+#[inline(always)]
+fn is_syn(flags: u8) -> bool {
+    flags & (TCP_SYN | TCP_ACK) == TCP_SYN
 }
 
 #[inline(always)]
@@ -111,13 +131,18 @@ fn parse_v4(ctx: &XdpContext, offset: usize) -> Frame {
     }
     let source = [ip[12], ip[13], ip[14], ip[15]];
     let total_len = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-    let malformed = total_len < header_len || offset + total_len > frame_len(ctx);
+    let malformed = total_len < header_len || !fits(ctx, offset + total_len);
+    let first_fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff == 0;
+    let syn = ip[9] == IPPROTO_TCP
+        && first_fragment
+        && load::<2>(ctx, offset + header_len + TCP_DATA_OFFSET).is_some_and(|[_, flags]| is_syn(flags));
     Frame::Ip(Packet {
         source: v4_mapped(source),
         v4: Some(source),
         v6: v4_mapped(source),
         malformed,
         link_control: false,
+        syn,
     })
 }
 
@@ -133,10 +158,12 @@ fn parse_v6(ctx: &XdpContext, offset: usize, ipv6_prefix: u8) -> Frame {
     v6.copy_from_slice(&ip[8..24]);
     let payload_len = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
     let mut packet = match as_v4(&v6) {
-        Some(v4) => Packet { source: v6, v4: Some(v4), v6, malformed: false, link_control: false },
-        None => Packet { source: mask_v6(v6, ipv6_prefix), v4: None, v6, malformed: false, link_control: false },
+        Some(v4) => Packet { source: v6, v4: Some(v4), v6, malformed: false, link_control: false, syn: false },
+        None => {
+            Packet { source: mask_v6(v6, ipv6_prefix), v4: None, v6, malformed: false, link_control: false, syn: false }
+        }
     };
-    if offset + IPV6_HLEN + payload_len > frame_len(ctx) {
+    if !fits(ctx, offset + IPV6_HLEN + payload_len) {
         packet.malformed = true;
         return Frame::Ip(packet);
     }
@@ -145,6 +172,7 @@ fn parse_v6(ctx: &XdpContext, offset: usize, ipv6_prefix: u8) -> Frame {
             packet.link_control =
                 ip[7] == ND_HOP_LIMIT && (ICMPV6_ROUTER_SOLICIT..=ICMPV6_REDIRECT).contains(&icmp_type);
         }
+        UpperLayer::Tcp(flags) => packet.syn = is_syn(flags),
         UpperLayer::Other => {}
         UpperLayer::Broken => packet.malformed = true,
     }
@@ -153,6 +181,8 @@ fn parse_v6(ctx: &XdpContext, offset: usize, ipv6_prefix: u8) -> Frame {
 
 enum UpperLayer {
     Icmpv6(u8),
+    /// TCP, with its flags byte.
+    Tcp(u8),
     /// Any other protocol, or a non-first fragment whose upper layer is elsewhere.
     Other,
     /// Truncated extension header, or a chain longer than the walk bound.
@@ -169,6 +199,14 @@ fn upper_layer(ctx: &XdpContext, mut offset: usize, mut next: u8) -> UpperLayer 
                 return match load::<2>(ctx, offset) {
                     Some([icmp_type, _code]) => UpperLayer::Icmpv6(icmp_type),
                     None => UpperLayer::Broken,
+                };
+            }
+            IPPROTO_TCP => {
+                // A segment too short for its flags is the stack's to refuse: it
+                // cannot open a connection, so it is no SYN and nothing malformed here.
+                return match load::<2>(ctx, offset + TCP_DATA_OFFSET) {
+                    Some([_, flags]) => UpperLayer::Tcp(flags),
+                    None => UpperLayer::Other,
                 };
             }
             IPPROTO_FRAGMENT => {

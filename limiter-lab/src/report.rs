@@ -14,6 +14,8 @@ pub struct Report {
     pub seconds: f64,
     pub xdp_cost: Outcome<XdpCost>,
     pub flood: Outcome<Flood>,
+    /// The same flood from a random address per frame, as `hping3 --rand-source` sends.
+    pub random_flood: Outcome<Flood>,
     pub http: Outcome<Http>,
     pub algorithms: Outcome<Algorithms>,
     pub hmac: Outcome<Hmac>,
@@ -80,6 +82,13 @@ pub struct XdpCost {
     pub new_source_single_run_ns: f64,
     pub single_run_overhead_ns: f64,
     pub new_sources_measured: u32,
+    /// An unknown source refused by an empty `[xdp.new_sources]` budget: a spoofed
+    /// flood's path (it never touches the sources map).
+    pub unknown_refused_by_budget_ns: f64,
+    pub unknown_refused_vs_known: f64,
+    pub known_source_with_budget_ns: f64,
+    /// A known source also charged to its /24's aggregate.
+    pub known_source_with_aggregate_ns: f64,
 }
 
 /// `bench_flood`: one bounded flood per filter on a veth pair.
@@ -90,13 +99,15 @@ pub struct Flood {
     pub rate_per_source: u32,
     pub burst_per_source: u32,
     pub good_pps: u64,
+    /// `[xdp.new_sources]` of the `limiter+budget` row, per second and burst.
+    pub new_source_budget: u32,
     pub idle_softirq_seconds_per_second: f64,
     pub rows: Vec<FloodRow>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FloodRow {
-    /// `none`, `nftables` or `limiter`.
+    /// `none`, `nftables`, `limiter` or `limiter+budget` (with `[xdp.new_sources]`).
     pub filter: String,
     pub flood_packets: u64,
     pub flood_seconds: f64,
@@ -110,6 +121,8 @@ pub struct FloodRow {
     pub good_sent: u64,
     pub good_received: u64,
     pub good_delivery: f64,
+    /// The part of the flood that got through the filter.
+    pub admitted_share: f64,
 }
 
 /// The HTTP group, which xtask measures itself with nginx, wrk and oha.

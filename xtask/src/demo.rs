@@ -33,7 +33,12 @@ mod tests {
         let shown = String::from_utf8_lossy(&output.stdout);
         assert!(output.status.success(), "{shown}{}", String::from_utf8_lossy(&output.stderr));
         assert!(shown.contains("xdp.limit: 1000 pps, burst 200 -> 250 pps, burst 200"), "{shown}");
-        assert_eq!(shown.matches("50/50").count(), 2, "the polite flow lost packets:\n{shown}");
+        assert_eq!(shown.matches("50/50").count(), 4, "the polite flow lost packets:\n{shown}");
+        assert!(shown.contains("xdp.new_sources: off -> 100 pps, burst 100"), "{shown}");
+        let budget_row = shown.lines().find(|l| l.starts_with("new-source budget 100/s")).expect("budget row");
+        let admitted: u64 = budget_row.split_whitespace().nth(3).and_then(|n| n.parse().ok()).expect("admitted");
+        // The burst plus 100 a second over a flood of well under 10 s.
+        assert!(admitted <= 1_100, "the budget let {admitted} spoofed packets through:\n{shown}");
         assert!(
             shown.contains("80 forwarded at once, 20 forwarded after the 50 ms throttle delay, 5 rejected"),
             "{shown}"

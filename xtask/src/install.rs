@@ -69,7 +69,8 @@ fn install(opts: &Opts, binary: &Path, src: &Path) -> Result<PathBuf> {
     if config.exists() {
         println!("kept existing {} (the example is {})", config.display(), example.display());
     } else {
-        put(opts.dry_run, &example, &config, 0o644, |t| fs::copy(&example, t).map(drop))?;
+        // Group-readable, for an operator group; it holds secret paths, not secrets.
+        put(opts.dry_run, &example, &config, 0o640, |t| fs::copy(&example, t).map(drop))?;
     }
 
     let keys = dest(opts, Path::new("/etc/limiter/keys"));
@@ -79,6 +80,7 @@ fn install(opts: &Opts, binary: &Path, src: &Path) -> Result<PathBuf> {
         fs::set_permissions(&keys, fs::Permissions::from_mode(0o700))
             .with_context(|| format!("cannot chmod {}", keys.display()))?;
     }
+    restrict_keys(opts.dry_run, &keys)?;
 
     let template = src.join("packaging/limiter.service");
     let text = fs::read_to_string(&template).with_context(|| format!("cannot read {}", template.display()))?;
@@ -86,6 +88,25 @@ fn install(opts: &Opts, binary: &Path, src: &Path) -> Result<PathBuf> {
     let unit = dest(opts, Path::new("/etc/systemd/system/limiter.service"));
     put(opts.dry_run, &template, &unit, 0o644, |t| fs::write(t, &text))?;
     Ok(unit)
+}
+
+/// Makes every key file already in `keys` 0600: a secret others can read lets them
+/// sign as its key (`limiter check` warns about such files too).
+fn restrict_keys(dry_run: bool, keys: &Path) -> Result<()> {
+    let Ok(entries) = fs::read_dir(keys) else { return Ok(()) };
+    for entry in entries {
+        let path = entry.with_context(|| format!("cannot list {}", keys.display()))?.path();
+        let meta = fs::metadata(&path).with_context(|| format!("cannot stat {}", path.display()))?;
+        if !meta.is_file() || meta.permissions().mode() & 0o777 == 0o600 {
+            continue;
+        }
+        println!("{} {} (600)", if dry_run { "would chmod" } else { "chmod" }, path.display());
+        if !dry_run {
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("cannot chmod {}", path.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// Writes through a temporary file and a rename, so replacing a running binary does
@@ -135,6 +156,7 @@ mod tests {
             fs::read(&config).expect("config"),
             fs::read(workspace_root().join("config/limiter.toml")).expect("example")
         );
+        assert_eq!(mode(&config), 0o640);
         assert_eq!(mode(&root.join("etc/limiter/keys")), 0o700);
         assert_eq!(unit, root.join("etc/systemd/system/limiter.service"));
         let text = fs::read_to_string(&unit).expect("unit");
@@ -143,8 +165,42 @@ mod tests {
         assert_eq!(mode(&unit), 0o644);
 
         fs::write(&config, "# the operator's\n").expect("edit config");
+        let key = root.join("etc/limiter/keys/k-free-1");
+        fs::write(&key, "0123456789abcdef\n").expect("write key");
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).expect("chmod key");
         install(&opts, &binary, &workspace_root()).expect("reinstall");
         assert_eq!(fs::read_to_string(&config).expect("config"), "# the operator's\n");
+        assert_eq!(mode(&key), 0o600);
         fs::remove_dir_all(&tmp).expect("cleanup");
+    }
+
+    #[test]
+    fn the_unit_is_hardened_and_systemd_accepts_it() {
+        let template = workspace_root().join("packaging/limiter.service");
+        let text = fs::read_to_string(&template).expect("unit");
+        let settings: Vec<&str> = text.lines().filter(|line| !line.starts_with('#')).collect();
+        for wanted in [
+            "LimitNOFILE=1048576",
+            "NoNewPrivileges=yes",
+            "ProtectSystem=strict",
+            "ReadWritePaths=/sys/fs/bpf /run",
+            "ProtectHome=yes",
+            "CapabilityBoundingSet=CAP_BPF CAP_NET_ADMIN CAP_SYS_ADMIN CAP_PERFMON CAP_NET_BIND_SERVICE",
+        ] {
+            assert!(settings.contains(&wanted), "{wanted} missing from {}", template.display());
+        }
+        let Some(analyze) = find_program("systemd-analyze") else {
+            println!("systemd-analyze not installed: the unit's syntax is not checked");
+            return;
+        };
+        // verify wants the ExecStart binary to exist.
+        let dir = std::env::temp_dir().join(format!("xtask-unit-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("mkdir");
+        let unit = dir.join("limiter.service");
+        fs::write(&unit, text.replace(UNIT_BINARY, "/bin/true")).expect("write unit");
+        let output = std::process::Command::new(analyze).arg("verify").arg(&unit).output().expect("systemd-analyze");
+        let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(output.status.success() && said.is_empty(), "systemd-analyze verify: {said}");
+        fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

@@ -64,7 +64,8 @@ fn root() -> Result<Outcome> {
 
 fn nightly() -> Result<Outcome> {
     let list = probe("rustup", &["toolchain", "list"]).unwrap_or_default();
-    // aya-build compiles with `+nightly`, so only an undated nightly counts.
+    // limiter-agent's build.rs compiles with `rustup run nightly`, so only an undated
+    // nightly counts.
     let found = list.lines().filter_map(|l| l.split_whitespace().next()).any(|name| {
         name == "nightly"
             || name.strip_prefix("nightly-").is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_digit()))

@@ -141,6 +141,8 @@ pub struct Agent {
     /// With both the proxy and the kernel layer: the proxy's rejections escalate.
     escalation: Option<EscalationRuntime>,
     lock: lock::AgentLock,
+    /// With both: the proxy marks every peer it accepts verified.
+    verifier: Option<Arc<crate::xdp::Verifier>>,
 }
 
 /// What escalation runs on: the proxy's counter, the blocks it asks for, and the
@@ -176,9 +178,28 @@ impl Agent {
             _ => None,
         };
         let applied_text = std::fs::read_to_string(&config_path).ok();
-        let agent = Self { config_path, config, secrets, applied_text, xdp, proxy, gauges, escalation, lock };
+        let mut agent =
+            Self { config_path, config, secrets, applied_text, xdp, proxy, gauges, escalation, verifier: None, lock };
+        agent.connect_verifier()?;
         agent.publish_attachments();
         Ok(agent)
+    }
+
+    /// With both layers running, hands the proxy a handle on the verified sources
+    /// (once: a proxy keeps its hook), or gives it the reloaded config's TTL.
+    fn connect_verifier(&mut self) -> Result<(), crate::xdp::XdpError> {
+        let (Some(proxy), Some(_), Some(xdp)) = (&self.proxy, &self.xdp, &self.config.xdp) else {
+            return Ok(());
+        };
+        match &self.verifier {
+            Some(verifier) => verifier.reconfigure(xdp),
+            None => {
+                let verifier = Arc::new(crate::xdp::Verifier::open(&self.config.agent.pin_dir, xdp)?);
+                proxy.proxy.on_accept(verifier.clone());
+                self.verifier = Some(verifier);
+            }
+        }
+        Ok(())
     }
 
     fn publish_attachments(&self) {
@@ -272,6 +293,9 @@ impl Agent {
         }
         self.config = new;
         self.secrets = secrets;
+        if let Err(error) = self.connect_verifier() {
+            tracing::warn!(%error, "the proxy cannot mark its clients verified");
+        }
         self.applied_text = Some(text);
         // `limiter reload -c OTHER` makes OTHER the agent's file from now on, so
         // that watching the old one cannot bring its config back.
@@ -512,7 +536,13 @@ fn bind_admin(path: &Path) -> Result<UnixListener, AgentError> {
 
 async fn serve_admin(listener: UnixListener, requests: mpsc::Sender<(Request, oneshot::Sender<Response>)>) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                crate::accept::backoff("admin", &error).await;
+                continue;
+            }
+        };
         let requests = requests.clone();
         tokio::spawn(async move {
             let mut stream = BufReader::new(stream);

@@ -6,7 +6,11 @@
 use limiter_core::LimitSpec;
 
 use crate::{
-    config::{Config, ProxyConfig, proxy::StoreKind, xdp::XdpConfig},
+    config::{
+        Config, ProxyConfig,
+        proxy::StoreKind,
+        xdp::{PacketLimit, XdpConfig},
+    },
     xdp::CidrChanges,
 };
 
@@ -48,6 +52,11 @@ fn restart_only(old: &Config, new: &Config) -> Vec<(&'static str, bool)> {
     if let (Some(a), Some(b)) = (&old.xdp, &new.xdp) {
         keys.push(("xdp.max_sources (the sources map is sized when created)", a.max_sources != b.max_sources));
         keys.push(("xdp.mode (attached interfaces keep theirs)", a.mode != b.mode));
+        keys.push((
+            "xdp.aggregate.max_prefixes (the map is sized when created)",
+            a.aggregate.max_prefixes != b.aggregate.max_prefixes,
+        ));
+        keys.push(("xdp.verified.max (the map is sized when created)", a.verified.max != b.verified.max));
     }
     if let (Some(a), Some(b)) = (&old.proxy, &new.proxy) {
         let (sa, sb) = (&a.signature, &b.signature);
@@ -64,6 +73,7 @@ fn restart_only(old: &Config, new: &Config) -> Vec<(&'static str, bool)> {
                 "proxy.signature.idempotency_max_body_bytes",
                 sa.idempotency_max_body_bytes != sb.idempotency_max_body_bytes,
             ),
+            ("proxy.signature.idempotency_max_bytes", sa.idempotency_max_bytes != sb.idempotency_max_bytes),
         ]);
         // The fleet's blocks are followed (or not) from the start.
         let follows = |c: &Config, p: &ProxyConfig| {
@@ -81,7 +91,7 @@ pub fn describe_xdp(old: Option<&XdpConfig>, new: Option<&XdpConfig>, cidrs: &Ci
         (None, Some(_)) => lines.push("xdp: kernel layer enabled".to_owned()),
         (Some(_), None) => lines.push("xdp: kernel layer disabled".to_owned()),
         (Some(old), Some(new)) => {
-            let limit = |c: &XdpConfig| format!("{} pps, burst {}", c.limit.packets_per_second, c.limit.burst);
+            let limit = |c: &XdpConfig| describe_limit(Some(c.limit));
             let mut changed = |key: &str, before: String, after: String| {
                 if before != after {
                     lines.push(format!("{key}: {before} -> {after}"));
@@ -92,6 +102,14 @@ pub fn describe_xdp(old: Option<&XdpConfig>, new: Option<&XdpConfig>, cidrs: &Ci
             changed("xdp.malformed", format!("{:?}", old.malformed), format!("{:?}", new.malformed));
             changed("xdp.ipv6_prefix", old.ipv6_prefix.0.to_string(), new.ipv6_prefix.0.to_string());
             changed("xdp.mode", format!("{:?}", old.mode), format!("{:?}", new.mode));
+            changed("xdp.new_sources", describe_limit(old.new_sources), describe_limit(new.new_sources));
+            changed("xdp.syn", describe_limit(old.syn), describe_limit(new.syn));
+            let aggregate = |c: &XdpConfig| {
+                let a = &c.aggregate;
+                format!("{} per /{} and /{}", describe_limit(a.limit), a.ipv4_prefix.0, a.ipv6_prefix.0)
+            };
+            changed("xdp.aggregate", aggregate(old), aggregate(new));
+            changed("xdp.verified.ttl", old.verified.ttl.to_string(), new.verified.ttl.to_string());
         }
         (None, None) => {}
     }
@@ -103,6 +121,10 @@ pub fn describe_xdp(old: Option<&XdpConfig>, new: Option<&XdpConfig>, cidrs: &Ci
     lines.extend(cidrs.changed.iter().map(|c| format!("xdp.cidr changed {c}{}", rule(c))));
     lines.extend(cidrs.removed.iter().map(|c| format!("xdp.cidr removed {c}")));
     lines
+}
+
+fn describe_limit(limit: Option<PacketLimit>) -> String {
+    limit.map_or_else(|| "off".to_owned(), |l| l.to_string())
 }
 
 /// Human lines for what changed in `[proxy]`: plans, rules, keys, mode.

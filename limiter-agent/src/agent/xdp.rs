@@ -26,8 +26,7 @@ impl XdpRuntime {
     /// Loads the program (reusing pinned maps), puts `xdp` in force and attaches
     /// to every interface. Nothing is left attached if an interface fails.
     pub fn start(config: &Config, xdp: &XdpConfig) -> Result<Self, XdpError> {
-        let options =
-            LoadOptions { pin_dir: config.agent.pin_dir.clone(), max_sources: xdp.max_sources.get(), log: true };
+        let options = LoadOptions { log: true, ..LoadOptions::for_config(config.agent.pin_dir.clone(), xdp) };
         let mut kernel = Kernel::load(&options)?;
         kernel.maps_mut().apply(xdp)?;
         let mut runtime = Self { kernel, links: BTreeMap::new() };

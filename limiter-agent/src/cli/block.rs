@@ -2,8 +2,9 @@
 
 use std::{path::Path, process::ExitCode};
 
+use super::CliError;
 use crate::{
-    config::{units::HumanDuration, xdp::parse_cidr},
+    config::{Config, units::HumanDuration, xdp::parse_cidr},
     xdp::KernelMaps,
 };
 
@@ -23,8 +24,8 @@ pub struct UnblockArgs {
     pub cidr: ipnet::IpNet,
 }
 
-pub fn block(path: &Path, args: &BlockArgs) -> anyhow::Result<ExitCode> {
-    let config = super::load(path)?;
+pub fn block(path: &Path, args: &BlockArgs) -> Result<ExitCode, CliError> {
+    let config = Config::load(path)?;
     let mut maps = KernelMaps::open_pinned(&config.agent.pin_dir)?;
     maps.block(args.cidr, args.ttl.map(|t| t.0))?;
     match args.ttl {
@@ -34,8 +35,8 @@ pub fn block(path: &Path, args: &BlockArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn unblock(path: &Path, args: &UnblockArgs) -> anyhow::Result<ExitCode> {
-    let config = super::load(path)?;
+pub fn unblock(path: &Path, args: &UnblockArgs) -> Result<ExitCode, CliError> {
+    let config = Config::load(path)?;
     let mut maps = KernelMaps::open_pinned(&config.agent.pin_dir)?;
     if maps.unblock(args.cidr)? {
         println!("unblocked {}", args.cidr);

@@ -2,11 +2,15 @@
 
 use std::{path::Path, process::ExitCode};
 
+use super::CliError;
 use crate::agent::LoadedConfig;
 
-pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
+pub fn run(path: &Path) -> Result<ExitCode, CliError> {
     match LoadedConfig::read(path) {
-        Ok(LoadedConfig { config, .. }) => {
+        Ok(LoadedConfig { config, secrets }) => {
+            for warning in secrets.warnings() {
+                eprintln!("warning: {warning}");
+            }
             for proxy in crate::escalation::unshielded_trusted_proxies(&config) {
                 eprintln!(
                     "warning: proxy.trusted_proxies {proxy} is not covered by an [[xdp.cidr]] rule: the kernel layer \
@@ -21,6 +25,9 @@ pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
                 path.display(),
                 if layers.is_empty() { "nothing enabled".to_owned() } else { layers.join(", ") }
             );
+            for line in config.xdp.iter().flat_map(|xdp| xdp.spoofing_summary(config.proxy.is_some())) {
+                println!("  {line}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(error) => {

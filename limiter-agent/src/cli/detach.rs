@@ -2,10 +2,14 @@
 
 use std::{path::Path, process::ExitCode};
 
-use crate::agent::{Request, Response, admin};
+use super::CliError;
+use crate::{
+    agent::{Request, Response, admin},
+    config::Config,
+};
 
-pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
-    let config = super::load(path)?;
+pub fn run(path: &Path) -> Result<ExitCode, CliError> {
+    let config = Config::load(path)?;
     // A running agent holds the links open: ask it to let go and stop first.
     if let Ok(Response::Detaching) =
         admin::ask_blocking(&config.agent.admin_socket, &Request::Detach, super::AGENT_TIMEOUT)

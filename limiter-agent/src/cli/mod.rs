@@ -10,12 +10,17 @@ pub mod run;
 pub mod sign;
 pub mod stats;
 pub mod top;
+pub mod verify;
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{Config, DEFAULT_PATH};
+use crate::{
+    agent::{AgentError, admin::AdminError},
+    config::{ConfigError, DEFAULT_PATH},
+    xdp::XdpError,
+};
 
 /// limiter: per-source XDP rate limiting and a rate-limiting HTTP proxy.
 #[derive(Debug, Parser)]
@@ -44,14 +49,41 @@ pub enum Command {
     Block(block::BlockArgs),
     /// Remove a runtime block.
     Unblock(block::UnblockArgs),
+    /// Mark sources verified: they skip the new-source budget, aggregates and SYN budget.
+    Verify(verify::VerifyArgs),
+    /// Remove verified sources.
+    Unverify(verify::UnverifyArgs),
     /// Remove the XDP program, its links and its pins.
     Detach,
     /// Produce the signature headers for a request.
     Sign(sign::SignArgs),
 }
 
+/// Why a command could not do its work. Refusals a command reports itself (an invalid
+/// config for `check`, a rejected reload) are exit codes, not errors. The messages
+/// are the underlying errors' own, so that the binary prints what it always printed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Xdp(#[from] XdpError),
+    #[error(transparent)]
+    Admin(#[from] AdminError),
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    #[error(transparent)]
+    Sign(#[from] sign::SignError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error("unexpected answer from the agent: {0}")]
+    UnexpectedAnswer(String),
+}
+
 /// Runs the parsed command line; the process exit code.
-pub fn dispatch(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
+pub fn dispatch(cli: Cli) -> Result<std::process::ExitCode, CliError> {
     match cli.command {
         Command::Run => run::run(&cli.config),
         Command::Check => check::run(&cli.config),
@@ -60,14 +92,11 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Top(args) => top::run(&cli.config, &args),
         Command::Block(args) => block::block(&cli.config, &args),
         Command::Unblock(args) => block::unblock(&cli.config, &args),
+        Command::Verify(args) => verify::verify(&cli.config, &args),
+        Command::Unverify(args) => verify::unverify(&cli.config, &args),
         Command::Detach => detach::run(&cli.config),
-        Command::Sign(args) => sign::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Sign(args) => Ok(sign::run(args).map(|()| std::process::ExitCode::SUCCESS)?),
     }
-}
-
-/// Loads the config every command starts from.
-fn load(path: &std::path::Path) -> anyhow::Result<Config> {
-    Ok(Config::load(path)?)
 }
 
 /// How long a CLI command waits for the agent.

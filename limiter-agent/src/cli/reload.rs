@@ -2,9 +2,10 @@
 
 use std::{path::Path, process::ExitCode};
 
+use super::CliError;
 use crate::agent::{Request, Response, admin};
 
-pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
+pub fn run(path: &Path) -> Result<ExitCode, CliError> {
     // The file may be the broken config being reloaded: the agent judges it (and
     // logs the refusal); here only the socket's address is needed.
     let socket = crate::config::admin_socket_of(path);
@@ -20,6 +21,6 @@ pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
             eprintln!("reload rejected, the running config stays in force:\n{error}");
             Ok(ExitCode::FAILURE)
         }
-        other => anyhow::bail!("unexpected answer from the agent: {other:?}"),
+        other => Err(CliError::UnexpectedAnswer(format!("{other:?}"))),
     }
 }

@@ -2,9 +2,10 @@
 
 use std::{path::Path, process::ExitCode};
 
+use super::CliError;
 use crate::{agent::LoadedConfig, config::agent::LogFormat};
 
-pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
+pub fn run(path: &Path) -> Result<ExitCode, CliError> {
     let loaded = match LoadedConfig::read(path) {
         Ok(loaded) => loaded,
         Err(error) => {
@@ -13,6 +14,9 @@ pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
         }
     };
     init_logging(loaded.config.agent.log_format);
+    for warning in loaded.secrets.warnings() {
+        tracing::warn!("{warning}");
+    }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(crate::agent::run(path.to_owned(), loaded))?;
     Ok(ExitCode::SUCCESS)

@@ -6,9 +6,8 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::str::FromStr as _;
 
-use anyhow::{Context as _, bail, ensure};
 use http::Method;
-use http::uri::{PathAndQuery, Uri};
+use http::uri::{InvalidUri, PathAndQuery, Uri};
 
 use limiter_core::{
     Clock as _, SystemClock,
@@ -16,6 +15,36 @@ use limiter_core::{
 };
 
 use crate::signature::secrets::read_secret_file;
+
+/// Why `limiter sign` produced nothing: an unreadable file, or an input the proxy
+/// would not verify.
+#[derive(Debug, thiserror::Error)]
+pub enum SignError {
+    #[error("reading secret file {}", path.display())]
+    ReadSecret { path: PathBuf, source: std::io::Error },
+    #[error("secret file {} is empty", .0.display())]
+    EmptySecret(PathBuf),
+    #[error("reading body file {}", path.display())]
+    ReadBody { path: PathBuf, source: std::io::Error },
+    #[error("invalid method {method:?}")]
+    Method { method: String, source: http::method::InvalidMethod },
+    #[error("--path must be a request target starting with '/', got {0:?}")]
+    NotATarget(String),
+    #[error("invalid request target {target:?}")]
+    Target { target: String, source: InvalidUri },
+    #[error("invalid --curl URL {url:?}")]
+    CurlUrl { url: String, source: InvalidUri },
+    #[error("--curl needs scheme://host[:port], got {0:?}")]
+    CurlNotAbsolute(String),
+    #[error("--curl takes the proxy's base URL only; put the target in --path (got {0:?})")]
+    CurlWithTarget(String),
+    #[error("invalid --host {host:?}")]
+    Host { host: String, source: InvalidUri },
+    #[error("body file path {} is not UTF-8", .0.display())]
+    BodyPathNotUtf8(PathBuf),
+    #[error("reading /dev/urandom for a nonce")]
+    Nonce(#[source] std::io::Error),
+}
 
 /// Arguments of `limiter sign`.
 #[derive(Debug, Clone, clap::Args)]
@@ -38,6 +67,10 @@ pub struct SignArgs {
     /// Add a random 128-bit X-Nonce, so that identical requests get distinct signatures.
     #[arg(long)]
     pub nonce: bool,
+    /// The Host header the request will carry (`host[:port]`), for a key with
+    /// `sign_host = true`: its signature covers it, lowercased.
+    #[arg(long)]
+    pub host: Option<String>,
     /// Unix timestamp to sign instead of now.
     #[arg(long)]
     pub timestamp: Option<u64>,
@@ -48,12 +81,14 @@ pub struct SignArgs {
 }
 
 /// Runs `limiter sign`, printing to stdout.
-pub fn run(args: SignArgs) -> anyhow::Result<()> {
+pub fn run(args: SignArgs) -> Result<(), SignError> {
     let secret = read_secret_file(&args.secret_file)
-        .with_context(|| format!("reading secret file {}", args.secret_file.display()))?;
-    ensure!(!secret.is_empty(), "secret file {} is empty", args.secret_file.display());
+        .map_err(|source| SignError::ReadSecret { path: args.secret_file.clone(), source })?;
+    if secret.is_empty() {
+        return Err(SignError::EmptySecret(args.secret_file));
+    }
     let body = match &args.body_file {
-        Some(path) => std::fs::read(path).with_context(|| format!("reading body file {}", path.display()))?,
+        Some(path) => std::fs::read(path).map_err(|source| SignError::ReadBody { path: path.clone(), source })?,
         None => Vec::new(),
     };
     let nonce = args.nonce.then(random_nonce).transpose()?;
@@ -63,17 +98,34 @@ pub fn run(args: SignArgs) -> anyhow::Result<()> {
 }
 
 /// The output of `limiter sign`, with every input fixed (for tests).
-fn render(args: &SignArgs, secret: &[u8], body: &[u8], timestamp: u64, nonce: Option<&str>) -> anyhow::Result<String> {
+fn render(
+    args: &SignArgs,
+    secret: &[u8],
+    body: &[u8],
+    timestamp: u64,
+    nonce: Option<&str>,
+) -> Result<String, SignError> {
     // Validate exactly what the proxy will see, so a typo fails here and not as a 401.
-    Method::from_str(&args.method).with_context(|| format!("invalid method {:?}", args.method))?;
-    ensure!(args.path.starts_with('/'), "--path must be a request target starting with '/', got {:?}", args.path);
-    PathAndQuery::from_str(&args.path).with_context(|| format!("invalid request target {:?}", args.path))?;
+    Method::from_str(&args.method).map_err(|source| SignError::Method { method: args.method.clone(), source })?;
+    if !args.path.starts_with('/') {
+        return Err(SignError::NotATarget(args.path.clone()));
+    }
+    PathAndQuery::from_str(&args.path).map_err(|source| SignError::Target { target: args.path.clone(), source })?;
 
     let timestamp = timestamp.to_string();
     let body_sha256 = sha256(body);
-    let message =
-        Canonical { method: &args.method, target: &args.path, timestamp: &timestamp, body_sha256: &body_sha256, nonce }
-            .string_to_sign();
+    if let Some(host) = &args.host {
+        http::uri::Authority::from_str(host).map_err(|source| SignError::Host { host: host.clone(), source })?;
+    }
+    let message = Canonical {
+        method: &args.method,
+        target: &args.path,
+        timestamp: &timestamp,
+        body_sha256: &body_sha256,
+        nonce,
+        host: args.host.as_deref(),
+    }
+    .string_to_sign();
     let signature = sign_hex(secret, &message);
 
     let mut headers = vec![("X-API-Key", args.key_id.as_str()), ("X-Timestamp", timestamp.as_str())];
@@ -89,7 +141,9 @@ fn render(args: &SignArgs, secret: &[u8], body: &[u8], timestamp: u64, nonce: Op
         // without resolving dot segments or expanding [] and {}.
         out.push_str("curl --path-as-is --globoff -X ");
         out.push_str(&shell_quote(&args.method));
-        for (name, value) in &headers {
+        // curl sends the URL's host otherwise, which the signature may not cover.
+        let host = args.host.as_deref().map(|host| ("Host", host));
+        for (name, value) in host.iter().chain(&headers) {
             out.push_str(" -H ");
             out.push_str(&shell_quote(&format!("{name}: {value}")));
         }
@@ -102,7 +156,7 @@ fn render(args: &SignArgs, secret: &[u8], body: &[u8], timestamp: u64, nonce: Op
         out.push('\n');
     } else {
         for (name, value) in &headers {
-            writeln!(out, "{name}: {value}")?;
+            let _ = writeln!(out, "{name}: {value}");
         }
     }
     Ok(out)
@@ -110,17 +164,19 @@ fn render(args: &SignArgs, secret: &[u8], body: &[u8], timestamp: u64, nonce: Op
 
 /// The base URL without a trailing slash. A path or query in it would change the request
 /// target curl sends and so break the signature, hence refused.
-fn curl_base(base: &str) -> anyhow::Result<&str> {
-    let uri = Uri::from_str(base).with_context(|| format!("invalid --curl URL {base:?}"))?;
-    ensure!(uri.scheme().is_some() && uri.authority().is_some(), "--curl needs scheme://host[:port], got {base:?}");
+fn curl_base(base: &str) -> Result<&str, SignError> {
+    let uri = Uri::from_str(base).map_err(|source| SignError::CurlUrl { url: base.to_owned(), source })?;
+    if uri.scheme().is_none() || uri.authority().is_none() {
+        return Err(SignError::CurlNotAbsolute(base.to_owned()));
+    }
     if uri.path_and_query().is_some_and(|pq| pq.as_str() != "/") {
-        bail!("--curl takes the proxy's base URL only; put the target in --path (got {base:?})");
+        return Err(SignError::CurlWithTarget(base.to_owned()));
     }
     Ok(base.strip_suffix('/').unwrap_or(base))
 }
 
-fn path_str(path: &Path) -> anyhow::Result<&str> {
-    path.to_str().with_context(|| format!("body file path {} is not UTF-8", path.display()))
+fn path_str(path: &Path) -> Result<&str, SignError> {
+    path.to_str().ok_or_else(|| SignError::BodyPathNotUtf8(path.to_owned()))
 }
 
 /// Single-quotes `s` for a POSIX shell.
@@ -129,11 +185,9 @@ fn shell_quote(s: &str) -> String {
 }
 
 /// 128 random bits from the kernel, as 32 hex characters.
-fn random_nonce() -> anyhow::Result<String> {
+fn random_nonce() -> Result<String, SignError> {
     let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .context("reading /dev/urandom for a nonce")?;
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).map_err(SignError::Nonce)?;
     Ok(hex::encode(bytes))
 }
 
@@ -158,9 +212,30 @@ mod tests {
             path: path.into(),
             body_file: body_file.map(PathBuf::from),
             nonce: false,
+            host: None,
             timestamp: Some(TS),
             curl: curl.map(str::to_owned),
         }
+    }
+
+    #[test]
+    fn host_is_signed_for_a_sign_host_key() {
+        let key = limiter_core::signature::SigningKey { secrets: vec![b"s".to_vec()], sign_host: true };
+        let verifier = Verifier::new([("k-free-1".to_owned(), key)]);
+        let a = SignArgs { host: Some("API.example.com".into()), ..args("POST", "/pay", None, None) };
+        let digest = sha256(b"");
+        let verify = |host: &str| {
+            let mut headers = parse_headers(&render(&a, b"s", b"", TS, None).unwrap());
+            headers.insert("host", HeaderValue::from_str(host).unwrap());
+            let req = SignedRequest { method: &Method::POST, target: "/pay", headers: &headers, body_sha256: &digest };
+            verifier.authenticate(&req, TS, Duration::from_secs(300)).map(|_| ())
+        };
+        verify("api.example.com").unwrap();
+        assert_eq!(verify("other.example.com"), Err(limiter_core::signature::Failure::BadMac));
+        let curl = render(&SignArgs { curl: Some("http://127.0.0.1:8080".into()), ..a.clone() }, b"s", b"", TS, None);
+        assert!(curl.unwrap().contains(" -H 'Host: API.example.com' "));
+        let bad = SignArgs { host: Some("a b".into()), ..a.clone() };
+        assert!(render(&bad, b"s", b"", TS, None).is_err());
     }
 
     /// The printed header lines, parsed back as the proxy would receive them.

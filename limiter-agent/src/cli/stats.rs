@@ -5,6 +5,7 @@ use std::{path::Path, process::ExitCode, time::Duration};
 
 use serde_json::{Value, json};
 
+use super::CliError;
 use crate::{
     agent::{Request, Response, admin},
     config::Config,
@@ -22,7 +23,7 @@ pub struct StatsArgs {
 }
 
 /// What `limiter stats --json` prints.
-pub fn collect(config: &Config) -> anyhow::Result<Value> {
+pub fn collect(config: &Config) -> Result<Value, CliError> {
     let xdp = match KernelMaps::open_pinned(&config.agent.pin_dir) {
         Ok(mut maps) => Some(maps.stats(crate::xdp::attached(&config.agent.pin_dir)?)?),
         Err(crate::xdp::XdpError::MissingMap(..)) => None,
@@ -42,8 +43,8 @@ pub fn collect(config: &Config) -> anyhow::Result<Value> {
     Ok(stats)
 }
 
-pub fn run(path: &Path, args: &StatsArgs) -> anyhow::Result<ExitCode> {
-    let config = super::load(path)?;
+pub fn run(path: &Path, args: &StatsArgs) -> Result<ExitCode, CliError> {
+    let config = Config::load(path)?;
     let Some(secs) = args.watch else {
         let stats = collect(&config)?;
         if args.json {
@@ -77,7 +78,10 @@ fn render(stats: &Value, previous: Option<&Value>, secs: f64) -> String {
             .as_array()
             .into_iter()
             .flatten()
-            .map(|a| format!("{} ({})", a["interface"].as_str().unwrap_or("?"), a["mode"].as_str().unwrap_or("?")))
+            .map(|a| {
+                let fallback = if a["fallback"].as_bool() == Some(true) { ", native refused" } else { "" };
+                format!("{} ({}{fallback})", a["interface"].as_str().unwrap_or("?"), a["mode"].as_str().unwrap_or("?"))
+            })
             .collect();
         out += &format!(
             "xdp: {} · {} · sources {}/{}\n",
@@ -97,6 +101,26 @@ fn render(stats: &Value, previous: Option<&Value>, secs: f64) -> String {
                 None => out += &format!("  {name:<20} {value:>14}\n"),
             }
         }
+        for name in ["new_sources", "syn"] {
+            let budget = &xdp[name];
+            if budget.is_object() {
+                out += &format!(
+                    "  budget {name}: {} pps, burst {}, {} tokens left, {} of {} refused\n",
+                    budget["packets_per_second"],
+                    budget["burst"],
+                    budget["tokens"],
+                    budget["dropped"],
+                    budget["packets"]
+                );
+            }
+        }
+        out += &format!(
+            "  prefixes {}/{} · verified {}/{}\n",
+            xdp["aggregates"]["tracked"],
+            xdp["aggregates"]["capacity"],
+            xdp["verified"]["tracked"],
+            xdp["verified"]["capacity"]
+        );
         for block in xdp["blocks"].as_array().into_iter().flatten() {
             let cidr = block["cidr"].as_str().unwrap_or("?");
             match block["expires_in_secs"].as_u64() {
@@ -130,17 +154,30 @@ mod tests {
         let stats = |dropped: u64| {
             json!({
                 "xdp": {
-                    "attached": [{"interface": "eth0", "mode": "native"}],
+                    "attached": [{"interface": "eth0", "mode": "native"}, {"interface": "eth1", "mode": "generic", "fallback": true}],
                     "enforce": true,
                     "packets": {"dropped_rate_limit": dropped, "passed": 10},
                     "sources": {"tracked": 2, "capacity": 100},
+                    "new_sources": {"packets_per_second": 100, "burst": 200, "tokens": 5, "packets": 900, "dropped": 700},
+                    "syn": null,
+                    "aggregates": {"tracked": 3, "capacity": 65536},
+                    "verified": {"tracked": 1, "capacity": 65536},
                     "blocks": [{"cidr": "192.0.2.7/32", "expires_in_secs": 30}, {"cidr": "2001:db8::/48", "expires_in_secs": null}]
                 },
                 "proxy": null
             })
         };
         let table = render(&stats(3_000), Some(&stats(1_000)), 2.0);
-        assert!(table.starts_with("xdp: eth0 (native) · enforcing · sources 2/100\n"), "{table}");
+        assert!(
+            table.starts_with("xdp: eth0 (native), eth1 (generic, native refused) · enforcing · sources 2/100\n"),
+            "{table}"
+        );
+        assert!(
+            table.contains("  budget new_sources: 100 pps, burst 200, 5 tokens left, 700 of 900 refused\n"),
+            "{table}"
+        );
+        assert!(!table.contains("budget syn"), "{table}");
+        assert!(table.contains("  prefixes 3/65536 · verified 1/65536\n"), "{table}");
         assert!(table.contains("dropped_rate_limit             3000       1000.0/s"), "{table}");
         assert!(table.contains("passed                           10          0.0/s"), "{table}");
         assert!(table.contains("blocked 192.0.2.7/32 (30 s left)"), "{table}");

@@ -2,7 +2,8 @@
 
 use std::{path::Path, process::ExitCode};
 
-use crate::xdp::KernelMaps;
+use super::CliError;
+use crate::{config::Config, xdp::KernelMaps};
 
 #[derive(Debug, clap::Args)]
 pub struct TopArgs {
@@ -14,8 +15,8 @@ pub struct TopArgs {
     pub json: bool,
 }
 
-pub fn run(path: &Path, args: &TopArgs) -> anyhow::Result<ExitCode> {
-    let config = super::load(path)?;
+pub fn run(path: &Path, args: &TopArgs) -> Result<ExitCode, CliError> {
+    let config = Config::load(path)?;
     let maps = KernelMaps::open_pinned(&config.agent.pin_dir)?;
     let rows = maps.top(args.n)?;
     if args.json {

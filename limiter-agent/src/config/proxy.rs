@@ -31,6 +31,19 @@ pub struct ProxyConfig {
     pub max_body_bytes: u64,
     #[serde(default = "default_header_timeout")]
     pub header_timeout: HumanDuration,
+    /// Longest wait for the next request on a keep-alive connection (then closed).
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout: HumanDuration,
+    /// Longest time from the first read of a body to its end (then 408).
+    #[serde(default = "default_body_timeout")]
+    pub body_timeout: HumanDuration,
+    /// Connections open at once, over all clients; more are closed at accept.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: NonZeroUsize,
+    /// Connections open at once from one peer address (IPv6: one /64); trusted
+    /// proxies are bound by `max_connections` only.
+    #[serde(default = "default_max_connections_per_ip")]
+    pub max_connections_per_ip: NonZeroUsize,
     /// Longest wait for the upstream's response head (then 504).
     #[serde(default = "default_upstream_timeout")]
     pub upstream_timeout: HumanDuration,
@@ -152,6 +165,25 @@ pub struct ApiKey {
     /// `file:PATH` or `env:NAME` references; several for rotation.
     #[serde(default)]
     pub secrets: Vec<String>,
+    /// What proves that a request is this key's, and so may spend its plan.
+    #[serde(default)]
+    pub auth: KeyAuth,
+    /// The key's signatures also cover the `Host` header (lowercased), so that a request
+    /// signed for one site does not verify on another behind the same keys.
+    #[serde(default)]
+    pub sign_host: bool,
+}
+
+/// `auth` of a `[[proxy.keys]]`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyAuth {
+    /// A valid signature (key ids are not secrets).
+    #[default]
+    Signature,
+    /// `X-API-Key` alone: the key id is a bearer secret. Weaker: anyone who sees one
+    /// request can spend the key's quota.
+    Bearer,
 }
 
 /// What a rule counts requests by.
@@ -305,6 +337,9 @@ pub struct SignatureConfig {
     pub idempotency_max_entries: NonZeroUsize,
     /// Responses larger than this are not stored for idempotent replay.
     pub idempotency_max_body_bytes: usize,
+    /// Bound on the idempotency store's memory (responses and keys), shared out
+    /// equally among the configured keys.
+    pub idempotency_max_bytes: NonZeroUsize,
 }
 
 impl Default for SignatureConfig {
@@ -315,6 +350,9 @@ impl Default for SignatureConfig {
             replay_cache_size: NonZeroUsize::new(1_000_000).unwrap_or(NonZeroUsize::MIN),
             idempotency_max_entries: NonZeroUsize::new(100_000).unwrap_or(NonZeroUsize::MIN),
             idempotency_max_body_bytes: 65_536,
+            // 1,024 responses at the largest stored size, or some 60,000 API-sized
+            // (1 KiB) ones: the store stays a small part of an edge host's memory.
+            idempotency_max_bytes: NonZeroUsize::new(64 << 20).unwrap_or(NonZeroUsize::MIN),
         }
     }
 }
@@ -332,10 +370,28 @@ impl ProxyConfig {
             if self.keys[..i].iter().any(|k| k.id == key.id) {
                 return Err((format!("proxy.keys[{i}].id"), format!("key id `{}` appears twice", key.id)));
             }
+            if key.secrets.is_empty() && key.auth == KeyAuth::Signature {
+                return Err((
+                    format!("proxy.keys[{i}].id"),
+                    format!(
+                        "key `{}` has no secrets, so no request could ever prove it: add secrets, or set \
+                         auth = \"bearer\" to take the key id itself as proof",
+                        key.id
+                    ),
+                ));
+            }
+            if key.secrets.is_empty() && key.sign_host {
+                return Err((format!("proxy.keys[{i}].sign_host"), "needs the key's secrets".to_owned()));
+            }
         }
         for (i, rule) in self.rules.iter().enumerate() {
             if self.rules[..i].iter().any(|r| r.name == rule.name) {
                 return Err((format!("proxy.rules[{i}].name"), format!("rule name `{}` appears twice", rule.name)));
+            }
+        }
+        for (key, timeout) in [("proxy.idle_timeout", &self.idle_timeout), ("proxy.body_timeout", &self.body_timeout)] {
+            if timeout.0.is_zero() {
+                return Err((key.to_owned(), "must be longer than 0".to_owned()));
             }
         }
         if self.store == StoreKind::Redis {
@@ -378,6 +434,22 @@ fn default_max_body_bytes() -> u64 {
 
 fn default_header_timeout() -> HumanDuration {
     HumanDuration(Duration::from_secs(10))
+}
+
+fn default_idle_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(60))
+}
+
+fn default_body_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
+
+fn default_max_connections() -> NonZeroUsize {
+    NonZeroUsize::new(10_000).unwrap_or(NonZeroUsize::MIN)
+}
+
+fn default_max_connections_per_ip() -> NonZeroUsize {
+    NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN)
 }
 
 fn default_upstream_timeout() -> HumanDuration {

@@ -166,3 +166,88 @@ fn a_redis_store_refuses_limits_beyond_exact_lua_arithmetic() {
     assert_eq!(key, "proxy.plans.huge.limit", "{message}");
     parse(&format!("{PROXY}{plan}")).expect("the memory store takes it");
 }
+
+#[test]
+fn spoofing_defences_are_off_by_default_and_parse_when_set() {
+    let xdp = parse(XDP).expect("minimal").xdp.expect("xdp");
+    assert_eq!((xdp.new_sources, xdp.syn, xdp.aggregate.limit), (None, None, None));
+    assert_eq!((xdp.aggregate.ipv4_prefix.0, xdp.aggregate.ipv6_prefix.0), (24, 48));
+    assert_eq!(xdp.verified.ttl.0, Duration::from_secs(600));
+    let text = format!(
+        "{XDP}[xdp.new_sources]\npackets_per_second = 500\nburst = 1000\n\
+         [xdp.aggregate]\nipv4_prefix = 22\npackets_per_second = 2000\nburst = 4000\n\
+         [xdp.verified]\nttl = \"1h\"\nmax = 1000\n[xdp.syn]\npackets_per_second = 100\nburst = 200\n\
+         [[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"limit\"\npackets_per_second = 5\nburst = 5\n\
+         aggregate_packets_per_second = 50\naggregate_burst = 100\n"
+    );
+    let xdp = parse(&text).expect("all set").xdp.expect("xdp");
+    assert_eq!(xdp.new_sources.map(|l| (l.packets_per_second.get(), l.burst.get())), Some((500, 1000)));
+    assert_eq!((xdp.aggregate.ipv4_prefix.0, xdp.aggregate.ipv6_prefix.0), (22, 48));
+    assert_eq!(xdp.aggregate.limit.map(|l| l.burst.get()), Some(4000));
+    assert_eq!((xdp.verified.ttl.0, xdp.verified.max.get()), (Duration::from_secs(3600), 1000));
+    assert_eq!(xdp.syn.map(|l| l.packets_per_second.get()), Some(100));
+    assert_eq!(xdp.cidr[0].aggregate.map(|l| l.burst.get()), Some(100));
+}
+
+#[test]
+fn bad_spoofing_settings_name_key_and_line() {
+    let (line, key, message) = refusal(&format!("{XDP}[xdp.new_sources]\npackets_per_second = 0\nburst = 5\n"));
+    assert_eq!((line, key.as_str()), (7, "xdp.new_sources.packets_per_second"), "{message}");
+    let (line, key, message) = refusal(&format!("{XDP}[xdp.aggregate]\nipv4_prefix = 33\n"));
+    assert_eq!((line, key.as_str()), (7, "xdp.aggregate.ipv4_prefix"), "{message}");
+    assert!(message.contains("1 to 32"), "{message}");
+    let (line, key, message) = refusal(&format!("{XDP}[xdp.aggregate]\npackets_per_second = 10\n"));
+    assert_eq!((line, key.as_str()), (6, "xdp.aggregate"), "{message}");
+    assert!(message.contains("packets_per_second and burst go together"), "{message}");
+    let (line, key, message) = refusal(&format!("{XDP}[xdp.verified]\nttl = \"0s\"\n"));
+    assert_eq!((line, key.as_str()), (7, "xdp.verified.ttl"), "{message}");
+    let (_, key, message) = refusal(&format!("{XDP}[xdp.syn]\npackets_per_second = 5\nbrust = 5\n"));
+    assert_eq!(key, "xdp.syn.brust", "{message}");
+    let text = format!("{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\naggregate_burst = 5\n");
+    let (line, key, message) = refusal(&text);
+    assert!(key.starts_with("xdp.cidr[0]"), "{key}");
+    assert_eq!(line, 6, "{message}");
+    assert!(message.contains("aggregate_packets_per_second and aggregate_burst go together"), "{message}");
+    let text = format!(
+        "{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\naggregate_packets_per_second = 5\naggregate_burst = 5\n"
+    );
+    assert!(refusal(&text).2.contains("an aggregate only goes with action = \"limit\""));
+}
+
+#[test]
+fn a_signature_key_without_secrets_is_refused_at_its_line() {
+    let text = EXAMPLE.replace("secrets = [\"file:/etc/limiter/keys/k-free-1\"]", "");
+    let (line, key, message) = refusal(&text);
+    assert_eq!(key, "proxy.keys[0].id");
+    assert!(message.contains("auth = \"bearer\""), "{message}");
+    assert_eq!(line, text.lines().position(|l| l.starts_with("id = \"k-free-1\"")).expect("id line") + 1);
+    let bearer = text.replace("id = \"k-free-1\"", "id = \"k-free-1\"\nauth = \"bearer\"");
+    let config = parse(&bearer).expect("a bearer key needs no secrets");
+    assert_eq!(config.proxy.expect("proxy").keys[0].auth, crate::config::proxy::KeyAuth::Bearer);
+    let typo = EXAMPLE.replace("id = \"k-free-1\"", "id = \"k-free-1\"\nauth = \"token\"");
+    assert_eq!(refusal(&typo).1, "proxy.keys[0].auth");
+}
+
+#[test]
+fn idempotency_max_bytes_defaults_and_must_not_be_zero() {
+    let config = parse(PROXY).expect("defaults");
+    assert_eq!(config.proxy.expect("proxy").signature.idempotency_max_bytes.get(), 64 << 20);
+    let (_, key, _) = refusal(&format!("{PROXY}[proxy.signature]\nidempotency_max_bytes = 0\n"));
+    assert_eq!(key, "proxy.signature.idempotency_max_bytes");
+}
+
+#[test]
+fn connection_bounds_have_defaults_and_name_their_mistakes() {
+    let proxy = parse(PROXY).expect("minimal proxy").proxy.expect("proxy");
+    assert_eq!((proxy.idle_timeout.0, proxy.body_timeout.0), (Duration::from_secs(60), Duration::from_secs(30)));
+    assert_eq!((proxy.max_connections.get(), proxy.max_connections_per_ip.get()), (10_000, 256));
+
+    let (line, key, message) = refusal(&format!("{PROXY}body_timeout = \"0s\"\n"));
+    assert_eq!((line, key.as_str()), (4, "proxy.body_timeout"), "{message}");
+    let (line, key, _) = refusal(&format!("{PROXY}idle_timeout = \"0ms\"\n"));
+    assert_eq!((line, key.as_str()), (4, "proxy.idle_timeout"));
+    let (line, key, _) = refusal(&format!("{PROXY}max_connections = 0\n"));
+    assert_eq!((line, key.as_str()), (4, "proxy.max_connections"));
+    let (line, key, _) = refusal(&format!("{PROXY}\nmax_connections_per_ip = -1\n"));
+    assert_eq!((line, key.as_str()), (5, "proxy.max_connections_per_ip"));
+}

@@ -1,10 +1,13 @@
-//! `[xdp]`: the kernel layer's interfaces, default bucket and CIDR rules.
+//! `[xdp]`: the kernel layer's interfaces, default bucket and CIDR rules, and what
+//! holds against spoofed sources (`new_sources`, `aggregate`, `verified`, `syn`).
 
-use std::num::NonZeroU32;
+use std::{num::NonZeroU32, time::Duration};
 
 use ipnet::IpNet;
 use limiter_common::bucket::{MAX_PER_SECOND, Rate};
 use serde::Deserialize;
+
+use super::units::HumanDuration;
 
 /// `[xdp]`.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -30,6 +33,80 @@ pub struct XdpConfig {
     /// CIDR rules; the longest matching prefix wins.
     #[serde(default)]
     pub cidr: Vec<CidrRule>,
+    /// The budget a source without a bucket takes a token from; `None`: off, every
+    /// new source gets a bucket.
+    pub new_sources: Option<PacketLimit>,
+    /// The bucket every prefix's sources share.
+    #[serde(default)]
+    pub aggregate: AggregateConfig,
+    /// Sources that proved their address.
+    #[serde(default)]
+    pub verified: VerifiedConfig,
+    /// The budget of TCP SYNs from unverified sources; `None`: off.
+    pub syn: Option<PacketLimit>,
+}
+
+/// `[xdp.aggregate]`: without a rate, only rules with their own aggregate use it.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(try_from = "RawAggregate")]
+pub struct AggregateConfig {
+    pub ipv4_prefix: Ipv4Prefix,
+    pub ipv6_prefix: Ipv6Prefix,
+    /// Bound on tracked prefixes (LRU); fixed when the maps are created.
+    pub max_prefixes: NonZeroU32,
+    /// The bucket of each prefix; `None`: no aggregate outside rules that set one.
+    pub limit: Option<PacketLimit>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAggregate {
+    ipv4_prefix: Option<Ipv4Prefix>,
+    ipv6_prefix: Option<Ipv6Prefix>,
+    max_prefixes: Option<NonZeroU32>,
+    packets_per_second: Option<NonZeroU32>,
+    burst: Option<NonZeroU32>,
+}
+
+impl Default for AggregateConfig {
+    fn default() -> Self {
+        Self {
+            ipv4_prefix: Ipv4Prefix(24),
+            ipv6_prefix: Ipv6Prefix(48),
+            max_prefixes: NonZeroU32::new(65_536).unwrap_or(NonZeroU32::MIN),
+            limit: None,
+        }
+    }
+}
+
+impl TryFrom<RawAggregate> for AggregateConfig {
+    type Error = String;
+
+    fn try_from(raw: RawAggregate) -> Result<Self, String> {
+        let defaults = Self::default();
+        Ok(Self {
+            ipv4_prefix: raw.ipv4_prefix.unwrap_or(defaults.ipv4_prefix),
+            ipv6_prefix: raw.ipv6_prefix.unwrap_or(defaults.ipv6_prefix),
+            max_prefixes: raw.max_prefixes.unwrap_or(defaults.max_prefixes),
+            limit: optional_limit(raw.packets_per_second, raw.burst, "")?,
+        })
+    }
+}
+
+/// `[xdp.verified]`.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct VerifiedConfig {
+    /// How long a completed handshake vouches for its source.
+    pub ttl: HumanDuration,
+    /// Bound on verified sources (LRU); fixed when the maps are created.
+    pub max: NonZeroU32,
+}
+
+impl Default for VerifiedConfig {
+    fn default() -> Self {
+        Self { ttl: HumanDuration(Duration::from_secs(600)), max: NonZeroU32::new(65_536).unwrap_or(NonZeroU32::MIN) }
+    }
 }
 
 /// How to attach the program.
@@ -62,11 +139,25 @@ impl TryFrom<u8> for Ipv6Prefix {
     type Error = String;
 
     fn try_from(bits: u8) -> Result<Self, String> {
-        if (1..=128).contains(&bits) {
-            Ok(Self(bits))
-        } else {
-            Err(format!("{bits} is not a prefix length from 1 to 128"))
-        }
+        prefix_len(bits, 128).map(Self)
+    }
+}
+
+/// `bits` if it is a prefix length from 1 to `max`.
+fn prefix_len(bits: u8, max: u8) -> Result<u8, String> {
+    if (1..=max).contains(&bits) { Ok(bits) } else { Err(format!("{bits} is not a prefix length from 1 to {max}")) }
+}
+
+/// An IPv4 prefix length, 1 to 32.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(try_from = "u8")]
+pub struct Ipv4Prefix(pub u8);
+
+impl TryFrom<u8> for Ipv4Prefix {
+    type Error = String;
+
+    fn try_from(bits: u8) -> Result<Self, String> {
+        prefix_len(bits, 32).map(Self)
     }
 }
 
@@ -108,12 +199,35 @@ impl PacketLimit {
     }
 }
 
+/// `packets_per_second` and `burst` (each prefixed by `prefix`) given together, or
+/// neither.
+fn optional_limit(
+    packets_per_second: Option<NonZeroU32>,
+    burst: Option<NonZeroU32>,
+    prefix: &str,
+) -> Result<Option<PacketLimit>, String> {
+    match (packets_per_second, burst) {
+        (Some(pps), Some(burst)) => PacketLimit::new(pps, burst).map(Some),
+        (None, None) => Ok(None),
+        _ => Err(format!("{prefix}packets_per_second and {prefix}burst go together")),
+    }
+}
+
+impl std::fmt::Display for PacketLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} pps, burst {}", self.packets_per_second, self.burst)
+    }
+}
+
 /// One `[[xdp.cidr]]`.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(try_from = "RawCidrRule")]
 pub struct CidrRule {
     pub cidr: IpNet,
     pub action: CidrAction,
+    /// With `action = "limit"`: the bucket each prefix (`xdp.aggregate` lengths)
+    /// under this rule shares, instead of `[xdp.aggregate]`'s.
+    pub aggregate: Option<PacketLimit>,
 }
 
 /// What a CIDR rule does.
@@ -132,6 +246,8 @@ struct RawCidrRule {
     action: RawAction,
     packets_per_second: Option<NonZeroU32>,
     burst: Option<NonZeroU32>,
+    aggregate_packets_per_second: Option<NonZeroU32>,
+    aggregate_burst: Option<NonZeroU32>,
 }
 
 #[derive(Deserialize)]
@@ -158,7 +274,12 @@ impl TryFrom<RawCidrRule> for CidrRule {
                 return Err(format!("cidr {cidr}: packets_per_second and burst only go with action = \"limit\""));
             }
         };
-        Ok(Self { cidr, action })
+        let aggregate = optional_limit(raw.aggregate_packets_per_second, raw.aggregate_burst, "aggregate_")
+            .map_err(|e| format!("cidr {cidr}: {e}"))?;
+        if aggregate.is_some() && !matches!(action, CidrAction::Limit(_)) {
+            return Err(format!("cidr {cidr}: an aggregate only goes with action = \"limit\""));
+        }
+        Ok(Self { cidr, action, aggregate })
     }
 }
 
@@ -187,8 +308,55 @@ fn default_ipv6_prefix() -> Ipv6Prefix {
 }
 
 impl XdpConfig {
+    /// What holds against spoofed sources, and what does not, for `limiter check`.
+    #[must_use]
+    pub fn spoofing_summary(&self, proxy: bool) -> Vec<String> {
+        let aggregate = &self.aggregate;
+        let rules_with_aggregate = self.cidr.iter().filter(|r| r.aggregate.is_some()).count();
+        vec![
+            match self.new_sources {
+                Some(limit) => format!(
+                    "xdp.new_sources: {limit}: a source without a bucket takes a token from this budget or is dropped \
+                     before it reaches the sources map"
+                ),
+                None => "xdp.new_sources: off: every new source gets a full bucket, so a flood from random (spoofed) \
+                         addresses passes whole and churns the sources map; set packets_per_second and burst to bound it"
+                    .to_owned(),
+            },
+            match aggregate.limit {
+                Some(limit) => format!(
+                    "xdp.aggregate: {limit} per /{} (IPv4) and /{} (IPv6), up to {} prefixes tracked",
+                    aggregate.ipv4_prefix.0, aggregate.ipv6_prefix.0, aggregate.max_prefixes
+                ),
+                None => format!(
+                    "xdp.aggregate: off ({rules_with_aggregate} cidr rules set their own): a flood spread over one \
+                     prefix is only held source by source"
+                ),
+            },
+            match self.syn {
+                Some(limit) => format!("xdp.syn: {limit} for TCP SYNs from unverified sources"),
+                None => "xdp.syn: off: SYNs are limited only by their source's bucket".to_owned(),
+            },
+            if proxy {
+                format!(
+                    "xdp.verified: clients that complete a TCP handshake with the proxy skip the budgets and \
+                     aggregates for {} (up to {} sources)",
+                    self.verified.ttl, self.verified.max
+                )
+            } else {
+                "xdp.verified: no [proxy], so only `limiter verify` marks sources verified".to_owned()
+            },
+        ]
+    }
+
     /// Checks across rules that serde cannot see one record at a time.
     pub(super) fn validate(&self) -> Result<(), (String, String)> {
+        if self.verified.ttl.0.is_zero() {
+            return Err((
+                "xdp.verified.ttl".to_owned(),
+                "must be longer than 0, or no source stays verified".to_owned(),
+            ));
+        }
         for (i, rule) in self.cidr.iter().enumerate() {
             if self.cidr[..i].iter().any(|r| r.cidr == rule.cidr) {
                 return Err((format!("xdp.cidr[{i}].cidr"), format!("{} appears twice", rule.cidr)));

@@ -2,13 +2,15 @@
 //! outcomes to one decision.
 //!
 //! A request is counted by every rule that matches it (path prefix and method), each
-//! under the key its `key` names, and, if it carries a known API key, by that key's
+//! under the key its `key` names, and, if it proved a known API key, by that key's
 //! plan. Keys:
 //!
 //! - `ip`: the client address; IPv6 per /64 (as in the kernel layer), IPv4-mapped
 //!   IPv6 as IPv4.
-//! - `api_key`: the `X-API-Key` value if it is a configured key id. An unknown key is
-//!   treated as missing, so made-up keys never allocate state.
+//! - `api_key`: the key id the request proved (a valid signature, or a bearer key's
+//!   id: see `proxy::pipeline`), if it is a configured key. An unproven or unknown key
+//!   is treated as missing, so neither made-up keys nor someone else's key id spend
+//!   anything but the missing-key bucket.
 //! - `header:NAME`: the header's value (all its lines, joined); empty is missing.
 //!   Values longer than [`MAX_KEY_VALUE`] bytes or not UTF-8 are keyed by their
 //!   SHA-256, so that key memory stays bounded.
@@ -58,7 +60,8 @@ pub struct RequestInfo<'a> {
     pub path: &'a str,
     /// The client, already resolved through trusted proxies.
     pub client: IpAddr,
-    /// The raw `X-API-Key` value.
+    /// The key id the request proved; `None` for a keyless request, whatever its
+    /// `X-API-Key` says.
     pub api_key: Option<&'a str>,
     pub headers: &'a http::HeaderMap,
 }

@@ -48,10 +48,12 @@ throttle_delay = "50ms"
 [[proxy.keys]]
 id = "k-free-1"
 plan = "free"
+auth = "bearer"
 
 [[proxy.keys]]
 id = "k-pro-1"
 plan = "pro"
+auth = "bearer"
 "#;
 
 fn config(extra: &str) -> ProxyConfig {
@@ -231,6 +233,7 @@ fn either_of_two_rules_tripping_rejects_and_nothing_is_charged() {
 [[proxy.keys]]
 id = "k-free-2"
 plan = "free"
+auth = "bearer"
 
 [[proxy.rules]]
 name = "per-ip"

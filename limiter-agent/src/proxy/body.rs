@@ -1,10 +1,20 @@
-//! Request bodies within `max_body_bytes`, refused before they reach the upstream.
+//! Request bodies within `max_body_bytes` and `body_timeout`, refused before they
+//! reach the upstream.
 
-use http_body::Body as _;
+use std::{
+    error::Error,
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
+use tokio::time::Sleep;
 
-use super::{ProxyBody, full_body, problem::Refusal};
+use super::{BoxError, ProxyBody, full_body, problem::Refusal};
 
 /// Refuses a body whose `Content-Length` is over the limit, before reading any of it.
 pub(super) fn check_announced(body: &Incoming, max_bytes: u64) -> Result<(), Refusal> {
@@ -14,10 +24,72 @@ pub(super) fn check_announced(body: &Incoming, max_bytes: u64) -> Result<(), Ref
     Ok(())
 }
 
+/// The error of a body that did not finish within `body_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive in time")]
+pub(super) struct BodyTimedOut;
+
+/// A request body that fails with [`BodyTimedOut`] once its time is up, whoever reads
+/// it: the signature check, the chunked collection, or the upstream client streaming
+/// it on. A client that stalls its body holds a connection only that long. The time
+/// runs from the first read, so that a throttle delay before forwarding (and the
+/// `100 Continue` that waits for it) does not eat into it.
+#[derive(Debug)]
+pub(super) struct TimedBody {
+    inner: Incoming,
+    timeout: Duration,
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl TimedBody {
+    /// `body`, due within `timeout` of its first read.
+    pub(super) fn new(body: Incoming, timeout: Duration) -> Self {
+        Self { inner: body, timeout, deadline: None }
+    }
+}
+
+impl Body for TimedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let deadline = this.deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(this.timeout)));
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
+        }
+        match deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimedOut)))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Whether `error`, or an error it stems from, is a [`BodyTimedOut`]: the upstream
+/// client fails a request whose streamed body timed out with its own error.
+pub(super) fn timed_out(error: &(dyn Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if error.is::<BodyTimedOut>() {
+            return true;
+        }
+        next = error.source();
+    }
+    false
+}
+
 /// The body to forward. One of known length (already checked) streams through; a
 /// chunked one is read in full first, so that one found too large halfway is refused
 /// before the upstream has seen any part of the request.
-pub(super) async fn forwardable(body: Incoming, max_bytes: u64) -> Result<ProxyBody, Refusal> {
+pub(super) async fn forwardable(body: TimedBody, max_bytes: u64) -> Result<ProxyBody, Refusal> {
     let known_length = body.size_hint().exact().is_some();
     let limited = Limited::new(body, usize::try_from(max_bytes).unwrap_or(usize::MAX));
     if known_length {
@@ -26,6 +98,8 @@ pub(super) async fn forwardable(body: Incoming, max_bytes: u64) -> Result<ProxyB
     let collected = limited.collect().await.map_err(|error| {
         if error.is::<LengthLimitError>() {
             Refusal::BodyTooLarge { limit: max_bytes }
+        } else if error.is::<BodyTimedOut>() {
+            Refusal::BodyTimeout
         } else {
             Refusal::BodyUnreadable
         }

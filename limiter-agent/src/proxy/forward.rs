@@ -29,6 +29,17 @@ pub(super) enum ForwardError {
     Client(#[from] hyper_util::client::legacy::Error),
 }
 
+impl ForwardError {
+    /// Whether the request certainly never reached the upstream: no URI to send it
+    /// to, or no connection.
+    pub(super) fn never_sent(&self) -> bool {
+        match self {
+            Self::Uri(_) => true,
+            Self::Client(error) => error.is_connect(),
+        }
+    }
+}
+
 /// The upstream client with its connection pool, shared by every request.
 #[derive(Debug)]
 pub(super) struct Upstream {
@@ -61,6 +72,9 @@ impl Upstream {
         origin: Origin,
     ) -> Result<Response<ProxyBody>, ForwardError> {
         let chain = origin.peer_trusted.then(|| forwarded_chain(&parts.headers)).flatten();
+        if !origin.peer_trusted {
+            remove_forwarding_claims(&mut parts.headers);
+        }
         remove_hop_by_hop(&mut parts.headers);
         set_forwarded_for(&mut parts.headers, chain, origin.peer);
         parts.uri = upstream_uri(base, &parts.uri)?;
@@ -108,6 +122,18 @@ pub(super) fn remove_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("keep-alive");
     let proxy_headers: Vec<_> = headers.keys().filter(|name| name.as_str().starts_with("proxy-")).cloned().collect();
     for name in proxy_headers {
+        headers.remove(name);
+    }
+}
+
+/// What a proxy in front of us says about the client, other than `X-Forwarded-For`
+/// (which [`set_forwarded_for`] rewrites): from a client that is not a trusted proxy
+/// these are its own claims, which an upstream trusting us would take as ours (its
+/// address, or the scheme and host it links and redirects to).
+const FORWARDING_CLAIMS: [&str; 4] = ["forwarded", "x-real-ip", "x-forwarded-proto", "x-forwarded-host"];
+
+fn remove_forwarding_claims(headers: &mut HeaderMap) {
+    for name in FORWARDING_CLAIMS {
         headers.remove(name);
     }
 }
@@ -177,6 +203,20 @@ mod tests {
         assert_eq!(map.get_all(X_FORWARDED_FOR).iter().collect::<Vec<_>>(), ["203.0.113.9, 10.0.0.2, 192.0.2.1"]);
         set_forwarded_for(&mut map, None, peer);
         assert_eq!(map.get_all(X_FORWARDED_FOR).iter().collect::<Vec<_>>(), ["192.0.2.1"]);
+    }
+
+    #[test]
+    fn forwarding_claims_are_removed() {
+        let mut map = headers(&[
+            ("forwarded", "for=203.0.113.9;proto=https"),
+            ("x-real-ip", "203.0.113.9"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "bank.example"),
+            ("x-kept", "1"),
+        ]);
+        remove_forwarding_claims(&mut map);
+        let left: Vec<&str> = map.keys().map(http::HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept"]);
     }
 
     #[test]

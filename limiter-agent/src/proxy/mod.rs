@@ -10,16 +10,21 @@
 //! swaps its config on reload and reads its [`ProxyStats`].
 
 mod body;
+mod connections;
 mod forward;
 mod headers;
 mod idempotent;
+mod idle;
 mod keys;
 mod pipeline;
 mod problem;
 mod server;
 mod stats;
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{
+    net::{IpAddr, SocketAddr},
+    sync::{Arc, OnceLock},
+};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
@@ -56,6 +61,12 @@ pub enum ProxyError {
     ListenChanged { running: SocketAddr, requested: SocketAddr },
 }
 
+/// Told the peer of every accepted connection: a completed TCP handshake proves the
+/// peer owns its address (the kernel layer's verified sources).
+pub trait AcceptHook: Send + Sync + std::fmt::Debug {
+    fn accepted(&self, peer: IpAddr);
+}
+
 /// A bound proxy. `run` serves until shutdown; `reconfigure` and `stats` may be
 /// called meanwhile from elsewhere (share the proxy in an `Arc`).
 #[derive(Debug)]
@@ -63,6 +74,7 @@ pub struct Proxy<C: Clock + Clone = SystemClock> {
     listener: TcpListener,
     local_addr: SocketAddr,
     pipeline: Arc<Pipeline<C>>,
+    on_accept: OnceLock<Arc<dyn AcceptHook>>,
 }
 
 impl<C: Clock + Clone> Proxy<C> {
@@ -73,7 +85,7 @@ impl<C: Clock + Clone> Proxy<C> {
         let bind_error = |source| ProxyError::Bind { addr: config.listen, source };
         let listener = TcpListener::bind(config.listen).await.map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
-        Ok(Self { listener, local_addr, pipeline: Arc::new(pipeline) })
+        Ok(Self { listener, local_addr, pipeline: Arc::new(pipeline), on_accept: OnceLock::new() })
     }
 
     /// The address actually bound (`listen` may ask for port 0).
@@ -85,7 +97,7 @@ impl<C: Clock + Clone> Proxy<C> {
     /// Serves until `shutdown` completes, then stops accepting, lets every in-flight
     /// request finish (idle keep-alive connections close at once) and returns.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
-        server::serve(&self.listener, &self.pipeline, shutdown).await;
+        server::serve(&self.listener, &self.pipeline, &self.on_accept, shutdown).await;
     }
 
     /// Applies a new config to new requests; limiter state of unchanged rules and
@@ -97,6 +109,12 @@ impl<C: Clock + Clone> Proxy<C> {
     /// Counts this proxy's 429 and 401 answers towards escalation to the kernel layer.
     pub fn escalate_to(&self, escalator: Arc<crate::escalation::Escalator>) {
         self.pipeline.escalate_to(escalator);
+    }
+
+    /// Tells `hook` of every connection accepted from now on; only the first call
+    /// counts.
+    pub fn on_accept(&self, hook: Arc<dyn AcceptHook>) {
+        let _ = self.on_accept.set(hook);
     }
 
     /// The counters so far.

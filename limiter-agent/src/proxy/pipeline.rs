@@ -1,17 +1,34 @@
 //! One request from arrival to answer: body bound, client address, signature and
-//! idempotency where a rule requires them, the limits decision, then forwarding.
+//! idempotency where a rule requires them or the request is signed, the limits
+//! decision, then forwarding.
+//!
+//! # Which key a request spends
+//!
+//! A key's plan and `api_key` rules are charged only for a request that proves the
+//! key: a valid signature (on any route: a request carrying `X-Signature` is verified
+//! wherever it goes, and a failure is the same 401 as on a signed route), or, for a
+//! key with `auth = "bearer"`, its id in `X-API-Key`. Any other request is keyless
+//! whatever `X-API-Key` says: its `api_key` rules follow `missing_key` and its IP
+//! rules count it, so a client that only knows a key id cannot spend that key.
+//!
+//! A signature is recorded as used before the limits decide (so that concurrent
+//! copies are replays) and forgotten again if a limit refuses the request: a 429
+//! does not burn it.
 
 use std::{
+    collections::HashSet,
     net::IpAddr,
     sync::{Arc, OnceLock, PoisonError, RwLock},
     time::{Duration, Instant},
 };
 
-use http::{Method, Request, Response, StatusCode, request, uri::PathAndQuery};
+use http::{HeaderMap, Method, Request, Response, StatusCode, request, uri::PathAndQuery};
 use hyper::body::Incoming;
 
 use super::{
-    ProxyBody, ProxyError, body,
+    ProxyBody, ProxyError,
+    body::{self, TimedBody},
+    connections::{Connections, Refused, Slot},
     forward::{Origin, Upstream},
     full_body, headers, idempotent, keys,
     problem::Refusal,
@@ -20,9 +37,9 @@ use super::{
 use limiter_core::{
     Clock,
     signature::{
-        Begin, Failure, SignedRequest, Verified, Verifier,
-        idempotency::{self, IDEMPOTENCY_KEY_HEADER},
-        verify::API_KEY_HEADER,
+        Authenticated, Begin, Failure, SignedRequest, Verifier,
+        idempotency::{self, IDEMPOTENCY_KEY_HEADER, MAX_IDEMPOTENCY_KEY_BYTES},
+        verify::{API_KEY_HEADER, SIGNATURE_HEADER},
     },
 };
 
@@ -30,7 +47,7 @@ use crate::{
     backend::{Claim, Stores},
     config::{
         ProxyConfig,
-        proxy::{KeyKind, StoreFailure},
+        proxy::{KeyAuth, KeyKind, StoreFailure},
     },
     escalation::Escalator,
     fleet::FleetError,
@@ -43,11 +60,41 @@ use crate::{
 struct Snapshot {
     config: Arc<ProxyConfig>,
     verifier: Verifier,
+    /// Ids of the keys with `auth = "bearer"`.
+    bearer: HashSet<String>,
 }
 
 impl Snapshot {
     fn new(config: Arc<ProxyConfig>, secrets: KeySecrets) -> Self {
-        Self { verifier: Verifier::new(secrets.into_keys()), config }
+        let bearer = config.keys.iter().filter(|key| key.auth == KeyAuth::Bearer).map(|key| key.id.clone()).collect();
+        Self { verifier: Verifier::new(secrets.into_keys()), config, bearer }
+    }
+
+    /// The bearer key `X-API-Key` names, if it names one (and only one).
+    fn bearer_key(&self, headers: &HeaderMap) -> Option<String> {
+        let mut values = headers.get_all(API_KEY_HEADER).iter();
+        let id = values.next()?.to_str().ok()?;
+        (values.next().is_none() && self.bearer.contains(id)).then(|| id.to_owned())
+    }
+}
+
+/// What proves which key a request is.
+enum Proof {
+    /// Nothing: the request is keyless.
+    None,
+    /// A valid signature, recorded in the replay cache.
+    Signed(Authenticated),
+    /// The id of an `auth = "bearer"` key.
+    Bearer(String),
+}
+
+impl Proof {
+    fn key_id(&self) -> Option<&str> {
+        match self {
+            Self::None => None,
+            Self::Signed(authenticated) => Some(&authenticated.key_id),
+            Self::Bearer(id) => Some(id),
+        }
     }
 }
 
@@ -59,6 +106,7 @@ enum Admission {
         body: ProxyBody,
         /// The idempotency key this request holds until its response is stored.
         claim: Option<Claim>,
+        proof: Proof,
     },
 }
 
@@ -78,6 +126,7 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     escalator: OnceLock<Arc<Escalator>>,
     max_stored_body: usize,
     counters: Counters,
+    connections: Arc<Connections>,
 }
 
 impl<C: Clock + Clone> Pipeline<C> {
@@ -92,6 +141,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             snapshot: RwLock::new(Arc::new(Snapshot::new(config, secrets))),
             upstream: Upstream::new(),
             counters: Counters::default(),
+            connections: Arc::default(),
         })
     }
 
@@ -109,6 +159,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         // Under the lock, so that concurrent reloads reach the engine and the snapshot
         // in the same order.
         self.engine.reconfigure(&next.config);
+        self.stores.set_keys(&next.config);
         *current = Arc::new(next);
         Ok(())
     }
@@ -122,8 +173,32 @@ impl<C: Clock + Clone> Pipeline<C> {
         let _ = self.escalator.set(escalator);
     }
 
-    pub(super) fn header_timeout(&self) -> Duration {
-        self.snapshot().config.header_timeout.0
+    /// `idle_timeout` and `header_timeout`, for a new connection.
+    pub(super) fn connection_timeouts(&self) -> (Duration, Duration) {
+        let config = &self.snapshot().config;
+        (config.idle_timeout.0, config.header_timeout.0)
+    }
+
+    /// A place for a new connection from `peer` under `max_connections` and (unless
+    /// the peer is a trusted proxy) `max_connections_per_ip`; `None`: close it. A
+    /// peer refused for its own connections counts towards its escalation.
+    pub(super) fn admit(&self, peer: IpAddr) -> Option<Slot> {
+        let config = &self.snapshot().config;
+        let peer = peer.to_canonical();
+        let trusted = keys::is_trusted(peer, &config.trusted_proxies);
+        let per_ip = (!trusted).then_some(config.max_connections_per_ip.get());
+        let refused = match self.connections.admit(peer, config.max_connections.get(), per_ip) {
+            Ok(slot) => return Some(slot),
+            Err(refused) => refused,
+        };
+        self.counters.add_connection_refused(refused);
+        if refused == Refused::PerIp
+            && let Some(escalator) = self.escalator.get()
+        {
+            escalator.record(peer);
+        }
+        tracing::debug!(%peer, reason = refused.as_str(), "connection refused");
+        None
     }
 
     pub(super) fn count(&self, event: Event) {
@@ -153,6 +228,7 @@ impl<C: Clock + Clone> Pipeline<C> {
                 Some(Event::Rejected)
             }
             Refusal::BodyTooLarge { .. } => Some(Event::BodyTooLarge),
+            Refusal::BodyTimeout => Some(Event::BodyTimeout),
             Refusal::Upstream(_) | Refusal::UpstreamTimeout => Some(Event::UpstreamError),
             _ => None,
         };
@@ -172,23 +248,28 @@ impl<C: Clock + Clone> Pipeline<C> {
         let config = &snapshot.config;
         let (parts, body) = request.into_parts();
         body::check_announced(&body, config.max_body_bytes)?;
+        let body = TimedBody::new(body, config.body_timeout.0);
         let client = keys::client_ip(peer, &parts.headers, &config.trusted_proxies);
-        let info = RequestInfo {
+        let keyless = RequestInfo {
             method: &parts.method,
             path: parts.uri.path(),
             client,
-            api_key: parts.headers.get(API_KEY_HEADER).and_then(|value| value.to_str().ok()),
+            api_key: None,
             headers: &parts.headers,
         };
-        let admission = if requires_signature(config, &parts.method, parts.uri.path()) {
-            self.admit_signed(snapshot, &parts, &info, body).await?
+        let signed = parts.headers.contains_key(SIGNATURE_HEADER);
+        let admission = if signed || requires_signature(config, &parts.method, parts.uri.path()) {
+            self.admit_signed(snapshot, &parts, &keyless, body).await?
         } else {
-            Admission::Forward { body: body::forwardable(body, config.max_body_bytes).await?, claim: None }
+            let body = body::forwardable(body, config.max_body_bytes).await?;
+            let proof = snapshot.bearer_key(&parts.headers).map_or(Proof::None, Proof::Bearer);
+            Admission::Forward { body, claim: None, proof }
         };
-        let (body, claim) = match admission {
+        let (body, claim, proof) = match admission {
             Admission::Answered(response) => return Ok(response),
-            Admission::Forward { body, claim } => (body, claim),
+            Admission::Forward { body, claim, proof } => (body, claim, proof),
         };
+        let info = RequestInfo { api_key: proof.key_id(), ..keyless };
         let deciding = Instant::now();
         let Decision { verdict, policies, violated, .. } = self.engine.decide(&info).await;
         self.counters.observe_decision(deciding.elapsed());
@@ -196,11 +277,25 @@ impl<C: Clock + Clone> Pipeline<C> {
         let origin = Origin { peer, peer_trusted: keys::is_trusted(peer, &config.trusted_proxies) };
         let outcome = match self.act(config, verdict, violated).await {
             Ok(()) => self.forward(config, parts, body, origin, claim).await,
-            Err(refusal) => Err(refusal),
+            Err(refusal) => {
+                if let Proof::Signed(authenticated) = &proof {
+                    self.unrecord(authenticated).await;
+                }
+                Err(refusal)
+            }
         };
         let mut response = outcome.unwrap_or_else(|refusal| self.refuse(config, refusal, peer));
         headers::add_rate_limit_headers(response.headers_mut(), &policies, self.clock.now());
         Ok(response)
+    }
+
+    /// Forgets the signature of a request a limit refused, so that it can be sent again.
+    async fn unrecord(&self, authenticated: &Authenticated) {
+        if let Err(error) = self.stores.replay.forget(authenticated).await {
+            // The signature stays used until it expires: the sender signs anew.
+            self.stores.count_failure();
+            tracing::debug!(%error, "refused signature not forgotten");
+        }
     }
 
     /// Carries out a decision up to forwarding: waits out a delay, or refuses. In
@@ -237,19 +332,31 @@ impl<C: Clock + Clone> Pipeline<C> {
         parts: request::Parts,
         body: ProxyBody,
         origin: Origin,
-        claim: Option<Claim>,
+        mut claim: Option<Claim>,
     ) -> Result<Response<ProxyBody>, Refusal> {
         self.counters.add(Event::Forwarded);
+        // From here on, whatever happens (timeout, the client leaving and dropping this
+        // future, a broken response), dropping the claim records an unknown outcome
+        // instead of freeing the key: the upstream may have acted on the request.
+        if let Some(claim) = &mut claim {
+            claim.sent(self.clock.now()).await;
+        }
         // Bounds the wait for the response head; a streaming body may take longer.
         let response =
             tokio::time::timeout(config.upstream_timeout.0, self.upstream.send(&config.upstream, parts, body, origin))
                 .await
                 .map_err(|_| Refusal::UpstreamTimeout)?
-                .map_err(|e| Refusal::Upstream(e.into()))?;
+                .map_err(|error| {
+                    if error.never_sent()
+                        && let Some(claim) = &mut claim
+                    {
+                        claim.not_sent();
+                    }
+                    if body::timed_out(&error) { Refusal::BodyTimeout } else { Refusal::Upstream(error.into()) }
+                })?;
         let Some(claim) = claim else {
             return Ok(response);
         };
-        // Dropping the claim on failure frees the key, so the client can retry.
         let (response, stored) =
             idempotent::capture(response, self.max_stored_body).await.map_err(Refusal::Upstream)?;
         claim.complete(stored, self.clock.now()).await;
@@ -262,21 +369,22 @@ impl<C: Clock + Clone> Pipeline<C> {
         snapshot: &Snapshot,
         parts: &request::Parts,
         info: &RequestInfo<'_>,
-        body: Incoming,
+        body: TimedBody,
     ) -> Result<Admission, Refusal> {
         let config = &snapshot.config;
         let limit = config.max_body_bytes;
         let (bytes, body_sha256) = read_body_hashed(body, usize::try_from(limit).unwrap_or(usize::MAX)).await.map_err(
             |error| match error {
                 BodyError::TooLarge { .. } => Refusal::BodyTooLarge { limit },
+                BodyError::Read(error) if error.is::<body::BodyTimedOut>() => Refusal::BodyTimeout,
                 BodyError::Read(_) => Refusal::BodyUnreadable,
             },
         )?;
         let target = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
         let signed =
             SignedRequest { method: &parts.method, target, headers: &parts.headers, body_sha256: &body_sha256 };
-        let verified = match self.verify(snapshot, &signed).await? {
-            Ok(verified) => verified,
+        let authenticated = match self.verify(snapshot, &signed).await? {
+            Ok(authenticated) => authenticated,
             Err(failure) => {
                 self.counters.add_signature_failure(failure.reason());
                 // Failures count against the client's IP limits, so guessing is rate limited.
@@ -289,7 +397,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             None => None,
             Some(key) => {
                 let fingerprint = idempotency::fingerprint(&parts.method, target, &body_sha256);
-                match self.stores.idempotency.begin(&verified.key_id, key, fingerprint, self.clock.now()).await {
+                match self.stores.idempotency.begin(&authenticated.key_id, key, fingerprint, self.clock.now()).await {
                     Ok(Begin::Proceed(claim)) => Some(claim),
                     Ok(Begin::Replay(stored)) => {
                         self.counters.add(Event::IdempotentReplay);
@@ -299,6 +407,7 @@ impl<C: Clock + Clone> Pipeline<C> {
                     Ok(Begin::InFlight | Begin::NotReplayable) => {
                         return Err(Refusal::IdempotencyConflict);
                     }
+                    Ok(Begin::OutcomeUnknown) => return Err(Refusal::IdempotencyOutcomeUnknown),
                     Ok(Begin::Full) => return Err(Refusal::IdempotencyStoreFull),
                     // Without the store the request goes on unprotected, or not at all.
                     Err(error) => {
@@ -308,7 +417,7 @@ impl<C: Clock + Clone> Pipeline<C> {
                 }
             }
         };
-        Ok(Admission::Forward { body: full_body(bytes), claim })
+        Ok(Admission::Forward { body: full_body(bytes), claim, proof: Proof::Signed(authenticated) })
     }
 
     /// Verifies a signed request and records its signature as used.
@@ -317,7 +426,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         &self,
         snapshot: &Snapshot,
         signed: &SignedRequest<'_>,
-    ) -> Result<Result<Verified, Failure>, Refusal> {
+    ) -> Result<Result<Authenticated, Failure>, Refusal> {
         let max_skew = snapshot.config.signature.max_skew.0;
         let now = self.clock.now().as_secs();
         let authenticated = match snapshot.verifier.authenticate(signed, now, max_skew) {
@@ -331,7 +440,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             // what `store_failure = "allow"` accepts.
             Err(error) => self.store_unreachable(&snapshot.config, &error)?,
         }
-        Ok(Ok(Verified { key_id: authenticated.key_id, timestamp: authenticated.timestamp }))
+        Ok(Ok(authenticated))
     }
 
     /// Counts a decision taken without the shared store and says whether
@@ -357,9 +466,11 @@ fn idempotency_key(parts: &request::Parts) -> Result<Option<&str>, Refusal> {
     if !idempotency::applies_to(&parts.method) {
         return Ok(None);
     }
-    parts
-        .headers
-        .get(IDEMPOTENCY_KEY_HEADER)
-        .map(|value| value.to_str().map_err(|_| Refusal::IdempotencyKeyMalformed))
-        .transpose()
+    let Some(value) = parts.headers.get(IDEMPOTENCY_KEY_HEADER) else {
+        return Ok(None);
+    };
+    match value.to_str() {
+        Ok(key) if key.len() <= MAX_IDEMPOTENCY_KEY_BYTES => Ok(Some(key)),
+        _ => Err(Refusal::IdempotencyKeyMalformed),
+    }
 }

@@ -27,12 +27,17 @@ pub(super) enum Refusal {
     BodyTooLarge { limit: u64 },
     #[error("request body could not be read")]
     BodyUnreadable,
-    #[error("Idempotency-Key is not visible ASCII")]
+    #[error("request body did not arrive within body_timeout")]
+    BodyTimeout,
+    #[error("Idempotency-Key is not visible ASCII or longer than 255 bytes")]
     IdempotencyKeyMalformed,
     #[error("Idempotency-Key reused for a different request")]
     IdempotencyKeyReused,
     #[error("a request with this Idempotency-Key is in progress or cannot be replayed")]
     IdempotencyConflict,
+    /// The first request with this key was sent upstream and got no response.
+    #[error("the outcome of the first request with this Idempotency-Key is unknown")]
+    IdempotencyOutcomeUnknown,
     #[error("too many idempotent requests in flight")]
     IdempotencyStoreFull,
     #[error("upstream unavailable: {0}")]
@@ -117,12 +122,27 @@ impl Refusal {
                 response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
                 response
             }
+            Self::BodyTimeout => {
+                let mut response = problem(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request-timeout",
+                    "The request body did not arrive in time.",
+                    None,
+                );
+                // The client is still sending, or pretending to: the connection is
+                // not worth keeping.
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+                response
+            }
             Self::BodyUnreadable => {
                 problem(StatusCode::BAD_REQUEST, "bad-body", "The request body could not be read.", None)
             }
-            Self::IdempotencyKeyMalformed => {
-                problem(StatusCode::BAD_REQUEST, "bad-idempotency-key", "Idempotency-Key must be visible ASCII.", None)
-            }
+            Self::IdempotencyKeyMalformed => problem(
+                StatusCode::BAD_REQUEST,
+                "bad-idempotency-key",
+                "Idempotency-Key must be visible ASCII, at most 255 bytes.",
+                None,
+            ),
             Self::IdempotencyKeyReused => problem(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "idempotency-key-reused",
@@ -133,6 +153,14 @@ impl Refusal {
                 StatusCode::CONFLICT,
                 "idempotency-key-in-use",
                 "A request with this Idempotency-Key is still in progress, or its response cannot be replayed.",
+                None,
+            ),
+            Self::IdempotencyOutcomeUnknown => problem(
+                StatusCode::CONFLICT,
+                "idempotency-outcome-unknown",
+                "The first request with this Idempotency-Key was sent upstream and no response came back: it may or \
+                 may not have taken effect, and it is not run again. Check its outcome; send a new request with a \
+                 new key if it must be repeated.",
                 None,
             ),
             Self::IdempotencyStoreFull => problem(

@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use limiter_core::signature::FailureReason;
 
+use super::connections::Refused;
+
 /// One event the proxy counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Event {
@@ -25,6 +27,8 @@ pub(super) enum Event {
     BodyTooLarge,
     /// Headers not complete within `header_timeout` (answered 408).
     HeaderTimeout,
+    /// Body not complete within `body_timeout` (answered 408).
+    BodyTimeout,
     /// The upstream could not be reached or failed mid-response (502).
     UpstreamError,
 }
@@ -44,6 +48,9 @@ pub(super) struct Counters {
     signature_failures: [AtomicU64; FailureReason::ALL.len()],
     decision_seconds: [AtomicU64; DECISION_BUCKETS.len() + 1],
     decision_nanos_sum: AtomicU64,
+    body_timeouts: AtomicU64,
+    /// By [`Refused::ALL`].
+    connections_refused: [AtomicU64; Refused::ALL.len()],
 }
 
 /// Upper bounds, in seconds, of the `limiter_proxy_decision_seconds` buckets: a
@@ -68,9 +75,18 @@ impl Counters {
             Event::IdempotentReplay => &self.idempotent_replays,
             Event::BodyTooLarge => &self.body_too_large,
             Event::HeaderTimeout => &self.timeouts,
+            Event::BodyTimeout => &self.body_timeouts,
             Event::UpstreamError => &self.upstream_errors,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn add_connection_refused(&self, reason: Refused) {
+        if let Some(counter) =
+            Refused::ALL.iter().position(|r| *r == reason).and_then(|i| self.connections_refused.get(i))
+        {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub(super) fn observe_decision(&self, took: std::time::Duration) {
@@ -97,6 +113,11 @@ impl Counters {
             .zip(&self.signature_failures)
             .map(|(reason, counter)| (reason.as_str().to_owned(), load(counter)))
             .collect();
+        let refused: BTreeMap<String, u64> = Refused::ALL
+            .iter()
+            .zip(&self.connections_refused)
+            .map(|(reason, counter)| (reason.as_str().to_owned(), load(counter)))
+            .collect();
         ProxyStats {
             requests: load(&self.requests),
             forwarded: load(&self.forwarded),
@@ -108,6 +129,9 @@ impl Counters {
             idempotent_replays: load(&self.idempotent_replays),
             body_too_large: load(&self.body_too_large),
             timeouts: load(&self.timeouts),
+            body_timeouts: load(&self.body_timeouts),
+            connections_refused: refused.values().sum(),
+            connections_refused_reasons: refused,
             upstream_errors: load(&self.upstream_errors),
             tracked_keys: u64::try_from(tracked_keys).unwrap_or(u64::MAX),
             decision_seconds: DecisionHistogram {
@@ -147,6 +171,16 @@ pub struct ProxyStats {
     pub body_too_large: u64,
     /// Connections whose request headers did not arrive within `header_timeout` (408).
     pub timeouts: u64,
+    /// Requests whose body did not arrive within `body_timeout` (408).
+    #[serde(default)]
+    pub body_timeouts: u64,
+    /// Connections closed at accept, over `max_connections` or
+    /// `max_connections_per_ip`.
+    #[serde(default)]
+    pub connections_refused: u64,
+    /// `connections_refused` by reason (the metrics label values).
+    #[serde(default)]
+    pub connections_refused_reasons: BTreeMap<String, u64>,
     /// Upstream failures answered with 502.
     pub upstream_errors: u64,
     /// Per-key limiter state currently held.

@@ -1,8 +1,11 @@
 //! Loading key secrets from references, so that secrets never sit in the config text.
 
 use std::ffi::OsString;
-use std::os::unix::ffi::OsStringExt;
+use std::io::Read as _;
+use std::os::unix::{ffi::OsStringExt, fs::PermissionsExt as _};
 use std::path::Path;
+
+use limiter_core::signature::SigningKey;
 
 use crate::config::ProxyConfig;
 
@@ -63,10 +66,25 @@ pub fn load_secret(reference: &str) -> Result<Vec<u8>, SecretError> {
     Ok(secret)
 }
 
+/// The most a secret file may hold: a key is tens of bytes, and a path pointing at
+/// something else (a log, a device) must not be read into memory whole.
+pub const MAX_SECRET_BYTES: u64 = 4096;
+
+/// Shorter secrets are warned about: a guessable key lets anyone sign.
+pub const MIN_SECRET_BYTES: usize = 16;
+
 /// Reads a secret file the way both the proxy and `limiter sign` must, so that they
-/// agree on the key bytes: contents minus one trailing `\n` or `\r\n`.
+/// agree on the key bytes: contents minus one trailing `\n` or `\r\n`. A file
+/// larger than [`MAX_SECRET_BYTES`] is refused.
 pub fn read_secret_file(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut bytes = std::fs::read(path)?;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?.take(MAX_SECRET_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_SECRET_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_SECRET_BYTES} bytes, not a key file"),
+        ));
+    }
     if bytes.last() == Some(&b'\n') {
         bytes.pop();
         if bytes.last() == Some(&b'\r') {
@@ -79,12 +97,38 @@ pub fn read_secret_file(path: &Path) -> std::io::Result<Vec<u8>> {
 /// Every key's secrets, read from their references once the config is parsed: the
 /// one place the agent reads them, in its own environment (not the CLI's).
 #[derive(Clone, Default)]
-pub struct KeySecrets(Vec<(String, Vec<Vec<u8>>)>);
+pub struct KeySecrets {
+    keys: Vec<(String, SigningKey)>,
+    warnings: Vec<String>,
+}
 
 impl std::fmt::Debug for KeySecrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.0.iter().map(|(id, secrets)| (id, secrets.len()))).finish()
+        f.debug_list().entries(self.keys.iter().map(|(id, key)| (id, key.secrets.len(), key.sign_host))).finish()
     }
+}
+
+/// What is weak about a loaded secret: a file others may read, or too few bytes.
+/// `key` is the dotted config key naming it.
+fn weaknesses(key: &str, reference: &str, secret: &[u8]) -> Vec<String> {
+    let mut found = Vec::new();
+    let mode =
+        reference.strip_prefix("file:").and_then(|path| std::fs::metadata(path).ok()).map(|m| m.permissions().mode());
+    if let Some(mode) = mode
+        && mode & 0o077 != 0
+    {
+        found.push(format!(
+            "{key}: {reference} can be read by group or others (mode {:o}); make it 0600, owned by the agent's user",
+            mode & 0o777
+        ));
+    }
+    if secret.len() < MIN_SECRET_BYTES {
+        found.push(format!(
+            "{key}: {reference} is {} bytes; use at least {MIN_SECRET_BYTES} random bytes (openssl rand -hex 32)",
+            secret.len()
+        ));
+    }
+    found
 }
 
 /// A secret of `[[proxy.keys]]` that could not be loaded, with the key naming it.
@@ -98,21 +142,32 @@ pub struct KeySecretError {
 }
 
 impl KeySecrets {
-    /// Loads the secrets of every key of `proxy` that has some.
+    /// Loads the secrets of every key of `proxy` that has some, noting the weak ones.
     pub fn load(proxy: &ProxyConfig) -> Result<Self, KeySecretError> {
-        let keys = proxy.keys.iter().enumerate().filter(|(_, key)| !key.secrets.is_empty());
-        let loaded = keys.map(|(i, key)| {
-            let secrets = key.secrets.iter().map(|reference| load_secret(reference)).collect::<Result<_, _>>();
-            secrets
-                .map(|secrets| (key.id.clone(), secrets))
-                .map_err(|source| KeySecretError { key: format!("proxy.keys[{i}].secrets"), source })
-        });
-        loaded.collect::<Result<_, _>>().map(Self)
+        let mut loaded = Self::default();
+        for (i, key) in proxy.keys.iter().enumerate().filter(|(_, key)| !key.secrets.is_empty()) {
+            let name = format!("proxy.keys[{i}].secrets");
+            let mut secrets = Vec::with_capacity(key.secrets.len());
+            for reference in &key.secrets {
+                let secret = load_secret(reference).map_err(|source| KeySecretError { key: name.clone(), source })?;
+                loaded.warnings.extend(weaknesses(&name, reference, &secret));
+                secrets.push(secret);
+            }
+            loaded.keys.push((key.id.clone(), SigningKey { secrets, sign_host: key.sign_host }));
+        }
+        Ok(loaded)
+    }
+
+    /// What `limiter check` and `limiter run` warn about: secret files others can
+    /// read, secrets too short to resist guessing. Never the secrets themselves.
+    #[must_use]
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// Key id and secrets, for [`limiter_core::signature::Verifier::new`].
     #[must_use]
-    pub fn into_keys(self) -> Vec<(String, Vec<Vec<u8>>)> {
-        self.0
+    pub fn into_keys(self) -> Vec<(String, SigningKey)> {
+        self.keys
     }
 }

@@ -1,20 +1,28 @@
 //! The replay cache and the idempotency store in the fleet's Redis (`proxy.store =
 //! "redis"`), so that a signature used on one agent is a replay on every other, and
 //! a repeat of an idempotent request lands on the first one's response wherever it
-//! arrives. Same answers as `limiter_core`'s `ReplayCache` and `IdempotencyStore`;
-//! Redis bounds them by memory, so neither is ever full, and entries expire by
-//! themselves.
+//! arrives. Same answers as `limiter_core`'s `ReplayCache` and `IdempotencyStore`,
+//! and entries expire by themselves.
 //!
-//! - Replay: `{prefix}replay:{signature}:{key id}`, set if absent (`SET NX`) until
-//!   the signed request can no longer pass the timestamp check.
+//! - Replay: `{prefix}replay:{len(key id)}:{key id}`, a sorted set driven by
+//!   `replay.lua`: each key id holds at most its share of `replay_cache_size`, so one
+//!   tenant cannot fill the fleet's cache for the others.
 //! - Idempotency: `{prefix}idem:{len(key id)}:{key id}:{Idempotency-Key}`, a hash
-//!   driven by `idempotency.lua`. An in-flight claim is a lease of at most
-//!   [`IN_FLIGHT_LEASE`]: an agent that dies mid-request cannot block the key for
-//!   the whole TTL.
+//!   driven by `idempotency.lua`, with the key id's `idem-index:` and `idem-sizes:`
+//!   keeping it within its share of `idempotency_max_entries` and
+//!   `idempotency_max_bytes`. An in-flight claim is a lease of at most
+//!   [`IN_FLIGHT_LEASE`]: an agent that dies before sending cannot block the key for
+//!   the whole TTL. A claim dropped once its request was sent records the outcome as
+//!   unknown for the TTL instead of freeing the key; and once sent, the claim is held
+//!   for the TTL ([`SharedGuard::hold`]), so an agent that dies after sending leaves
+//!   the key in flight rather than free.
 
 use std::{
     fmt,
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -22,7 +30,9 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use redis::Script;
 
-use limiter_core::signature::{Begin, IdempotencyConfig, StoredResponse, replay::ReplayError};
+use limiter_core::signature::{
+    Begin, IdempotencyConfig, StoredResponse, idempotency::ENTRY_OVERHEAD, replay::ReplayError, share,
+};
 
 use crate::fleet::{Fleet, FleetError};
 
@@ -30,19 +40,41 @@ use crate::fleet::{Fleet, FleetError};
 pub const IN_FLIGHT_LEASE: Duration = Duration::from_secs(300);
 
 /// Accepted signatures, in Redis.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SharedReplay {
     fleet: Fleet,
+    script: Arc<Script>,
+    /// `replay_cache_size`.
+    capacity: usize,
+    /// Most signatures one key id holds.
+    share: Arc<AtomicUsize>,
+}
+
+impl fmt::Debug for SharedReplay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedReplay").field("capacity", &self.capacity).finish_non_exhaustive()
+    }
 }
 
 impl SharedReplay {
+    /// `capacity` is shared among the key ids (see [`Self::set_keys`]).
     #[must_use]
-    pub fn new(fleet: Fleet) -> Self {
-        Self { fleet }
+    pub fn new(fleet: Fleet, capacity: usize) -> Self {
+        let script = Arc::new(Script::new(include_str!("replay.lua")));
+        Self { fleet, script, capacity, share: Arc::new(AtomicUsize::new(capacity)) }
+    }
+
+    /// As [`ReplayCache::set_keys`](limiter_core::signature::ReplayCache::set_keys).
+    pub fn set_keys(&self, keys: usize) {
+        self.share.store(share(self.capacity, keys), Ordering::Relaxed);
+    }
+
+    fn key(&self, key_id: &str) -> String {
+        self.fleet.key(&format!("replay:{}:{key_id}", key_id.len()))
     }
 
     /// Records `signature` of `key_id` as used, as
-    /// [`ReplayCache::check_and_insert`](super::ReplayCache::check_and_insert); the
+    /// [`ReplayCache::check_and_insert`](limiter_core::signature::ReplayCache::check_and_insert); the
     /// outer error is an unreachable store.
     pub async fn check_and_insert(
         &self,
@@ -53,22 +85,42 @@ impl SharedReplay {
         now: u64,
     ) -> Result<Result<(), ReplayError>, FleetError> {
         // Kept until the request fails the timestamp check, and a second beyond.
-        let live_secs = timestamp.saturating_add(max_skew.as_secs()).saturating_sub(now).saturating_add(1);
-        let key = self.fleet.key(&format!("replay:{}:{key_id}", hex::encode(signature)));
-        let set: Option<String> = self
+        let expires = timestamp.saturating_add(max_skew.as_secs()).saturating_add(1).saturating_mul(1000);
+        let key = self.key(key_id);
+        let share = self.share.load(Ordering::Relaxed);
+        let reply: String = self
             .fleet
-            .call(|mut connection| async move {
-                redis::cmd("SET")
-                    .arg(&key)
-                    .arg(1)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(live_secs.saturating_mul(1000))
-                    .query_async(&mut connection)
-                    .await
+            .call(|mut connection| {
+                let mut invocation = self.script.key(&key);
+                invocation
+                    .arg("insert")
+                    .arg(hex::encode(signature))
+                    .arg(now.saturating_mul(1000))
+                    .arg(expires)
+                    .arg(share);
+                async move { invocation.invoke_async(&mut connection).await }
             })
             .await?;
-        Ok(if set.is_some() { Ok(()) } else { Err(ReplayError::Replay) })
+        match reply.as_str() {
+            "ok" => Ok(Ok(())),
+            "replay" => Ok(Err(ReplayError::Replay)),
+            "full" => Ok(Err(ReplayError::Full)),
+            other => Err(FleetError::Reply(other.to_owned())),
+        }
+    }
+
+    /// As [`ReplayCache::forget`](limiter_core::signature::ReplayCache::forget).
+    pub async fn forget(&self, key_id: &str, signature: &[u8; 32]) -> Result<(), FleetError> {
+        let key = self.key(key_id);
+        let _: i64 = self
+            .fleet
+            .call(|mut connection| {
+                let mut invocation = self.script.key(&key);
+                invocation.arg("forget").arg(hex::encode(signature));
+                async move { invocation.invoke_async(&mut connection).await }
+            })
+            .await?;
+        Ok(())
     }
 }
 
@@ -77,7 +129,9 @@ impl SharedReplay {
 pub struct SharedIdempotency {
     fleet: Fleet,
     config: IdempotencyConfig,
-    script: std::sync::Arc<Script>,
+    script: Arc<Script>,
+    /// Key ids the bounds are shared among.
+    keys: Arc<AtomicUsize>,
 }
 
 impl fmt::Debug for SharedIdempotency {
@@ -87,14 +141,25 @@ impl fmt::Debug for SharedIdempotency {
 }
 
 impl SharedIdempotency {
-    /// `config.max_entries` does not apply: Redis bounds the store by its memory.
+    /// The bounds of `config` are shared among the key ids (see [`Self::set_keys`]).
     #[must_use]
     pub fn new(fleet: Fleet, config: IdempotencyConfig) -> Self {
-        Self { fleet, config, script: std::sync::Arc::new(Script::new(include_str!("idempotency.lua"))) }
+        let script = Arc::new(Script::new(include_str!("idempotency.lua")));
+        Self { fleet, config, script, keys: Arc::new(AtomicUsize::new(1)) }
     }
 
-    /// As [`IdempotencyStore::begin`](super::IdempotencyStore::begin), never
-    /// [`Begin::Full`]; the error is an unreachable store.
+    /// As [`IdempotencyStore::set_keys`](limiter_core::signature::IdempotencyStore::set_keys).
+    pub fn set_keys(&self, keys: usize) {
+        self.keys.store(keys, Ordering::Relaxed);
+    }
+
+    /// The most bytes one key id holds.
+    fn byte_share(&self) -> usize {
+        share(self.config.max_bytes, self.keys.load(Ordering::Relaxed))
+    }
+
+    /// As [`IdempotencyStore::begin`](limiter_core::signature::IdempotencyStore::begin); the error is an
+    /// unreachable store.
     pub async fn begin(
         &self,
         key_id: &str,
@@ -102,45 +167,77 @@ impl SharedIdempotency {
         fingerprint: [u8; 32],
     ) -> Result<Begin<SharedGuard>, FleetError> {
         let key = self.fleet.key(&format!("idem:{}:{key_id}:{idem_key}", key_id.len()));
+        let tenant = Tenant {
+            index: self.fleet.key(&format!("idem-index:{}:{key_id}", key_id.len())),
+            sizes: self.fleet.key(&format!("idem-sizes:{}:{key_id}", key_id.len())),
+        };
         let fingerprint = hex::encode(fingerprint);
         let owner = owner_token();
         let lease = self.config.ttl.min(IN_FLIGHT_LEASE);
+        let bytes = ENTRY_OVERHEAD + key_id.len() + idem_key.len();
+        let entry_share = share(self.config.max_entries, self.keys.load(Ordering::Relaxed));
         let reply: Vec<Vec<u8>> = self
             .fleet
             .call(|mut connection| {
                 let mut invocation = self.script.key(&key);
+                invocation.key(&tenant.index).key(&tenant.sizes);
                 invocation.arg("begin").arg(&fingerprint).arg(&owner).arg(millis(lease));
+                invocation.arg(bytes).arg(entry_share).arg(self.byte_share());
                 async move { invocation.invoke_async(&mut connection).await }
             })
             .await?;
         let field = |i: usize| reply.get(i).map_or(&[][..], Vec::as_slice);
         Ok(match field(0) {
-            b"proceed" => {
-                Begin::Proceed(SharedGuard { store: self.clone(), claim: Some(Claim { key, fingerprint, owner }) })
-            }
+            b"proceed" => Begin::Proceed(SharedGuard {
+                store: self.clone(),
+                claim: Some(Claim { key, tenant, fingerprint, owner }),
+                sent: false,
+            }),
+            b"full" => Begin::Full,
             b"conflict" => Begin::Conflict,
             b"in_flight" => Begin::InFlight,
             b"not_replayable" => Begin::NotReplayable,
+            b"unknown" => Begin::OutcomeUnknown,
             b"replay" => Begin::Replay(decode(field(1), field(2), field(3))?),
             other => return Err(FleetError::Reply(String::from_utf8_lossy(other).into_owned())),
         })
     }
 }
 
+/// The Redis keys of one key id's accounting.
+#[derive(Debug)]
+struct Tenant {
+    index: String,
+    sizes: String,
+}
+
 /// One held entry.
 #[derive(Debug)]
 struct Claim {
     key: String,
+    tenant: Tenant,
     fingerprint: String,
     owner: String,
 }
 
+impl Claim {
+    /// A call of the script on this entry: `op` and the claim's identity.
+    fn invocation<'s>(&self, script: &'s Script, op: &str) -> redis::ScriptInvocation<'s> {
+        let mut invocation = script.key(&self.key);
+        invocation.key(&self.tenant.index).key(&self.tenant.sizes);
+        invocation.arg(op).arg(&self.fingerprint).arg(&self.owner);
+        invocation
+    }
+}
+
 /// The in-flight claim on a key in Redis. Complete it with the response; dropping it
-/// instead frees the key so that a retry can proceed.
+/// instead frees the key so that a retry can proceed, unless the request was
+/// [`SharedGuard::sent`]: then the outcome is recorded as unknown for the TTL.
 pub struct SharedGuard {
     store: SharedIdempotency,
     /// `None` once completed.
     claim: Option<Claim>,
+    sent: bool,
 }
 
 impl fmt::Debug for SharedGuard {
@@ -150,6 +247,31 @@ impl fmt::Debug for SharedGuard {
 }
 
 impl SharedGuard {
+    /// Whether the request has been sent upstream (see [`Guard::sent`](limiter_core::signature::Guard::sent)).
+    pub fn sent(&mut self, sent: bool) {
+        self.sent = sent;
+    }
+
+    /// Marks the request as sent and makes the claim outlast the lease: held for the
+    /// TTL, so that even if this agent dies before settling it, no repeat runs the
+    /// request again. If Redis cannot be reached the lease still holds the key.
+    pub async fn hold(&mut self) {
+        self.sent = true;
+        let Some(claim) = &self.claim else { return };
+        let store = &self.store;
+        let result: Result<i64, FleetError> = store
+            .fleet
+            .call(|mut connection| {
+                let mut invocation = claim.invocation(&store.script, "hold");
+                invocation.arg(millis(store.config.ttl));
+                async move { invocation.invoke_async(&mut connection).await }
+            })
+            .await;
+        if let Err(error) = result {
+            tracing::debug!(%error, "idempotency claim not extended");
+        }
+    }
+
     /// Stores `response` for the TTL (or only the fact of completion, if it is larger
     /// than `max_response_bytes`). If Redis cannot be reached the claim lapses with
     /// its lease, and a retry runs again.
@@ -166,15 +288,9 @@ impl SharedGuard {
         let result: Result<i64, FleetError> = store
             .fleet
             .call(|mut connection| {
-                let mut invocation = store.script.key(&claim.key);
-                invocation
-                    .arg("complete")
-                    .arg(&claim.fingerprint)
-                    .arg(&claim.owner)
-                    .arg(millis(store.config.ttl))
-                    .arg(status)
-                    .arg(headers)
-                    .arg(body.as_ref());
+                let mut invocation = claim.invocation(&store.script, "complete");
+                invocation.arg(millis(store.config.ttl)).arg(status).arg(headers).arg(body.as_ref());
+                invocation.arg(store.byte_share());
                 async move { invocation.invoke_async(&mut connection).await }
             })
             .await;
@@ -191,12 +307,18 @@ impl Drop for SharedGuard {
         // Redis the lease frees the key.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let store = self.store.clone();
+        let sent = self.sent;
         runtime.spawn(async move {
             let _: Result<i64, FleetError> = store
                 .fleet
                 .call(|mut connection| {
-                    let mut invocation = store.script.key(&claim.key);
-                    invocation.arg("release").arg(&claim.fingerprint).arg(&claim.owner);
+                    let invocation = if sent {
+                        let mut invocation = claim.invocation(&store.script, "abandon");
+                        invocation.arg(millis(store.config.ttl));
+                        invocation
+                    } else {
+                        claim.invocation(&store.script, "release")
+                    };
                     async move { invocation.invoke_async(&mut connection).await }
                 })
                 .await;

@@ -191,4 +191,53 @@ mod secrets {
             assert!(literal.is_empty() || !msg.contains(literal), "{msg}");
         }
     }
+
+    #[test]
+    fn a_file_over_the_bound_is_refused() {
+        let bound = usize::try_from(crate::signature::secrets::MAX_SECRET_BYTES).unwrap();
+        assert_eq!(load_file(&vec![b'k'; bound]).unwrap().len(), bound);
+        let err = load_file(&vec![b'k'; bound + 1]).unwrap_err();
+        assert!(matches!(err, SecretError::Read { .. }) && err.to_string().contains("larger than 4096"), "{err}");
+    }
+
+    #[test]
+    fn readable_and_short_secret_files_are_warned_about() {
+        use std::os::unix::fs::PermissionsExt as _;
+
+        use crate::{config::Config, signature::KeySecrets};
+
+        let set_mode = |path: &PathBuf, mode| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
+        let good = temp_file(b"0123456789abcdef\n");
+        set_mode(&good, 0o600).unwrap();
+        let shared = temp_file(b"0123456789abcdef0123");
+        set_mode(&shared, 0o640).unwrap();
+        let short = temp_file(b"0123456789abcde\n");
+        set_mode(&short, 0o400).unwrap();
+        let text = format!(
+            "[proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:3000\"\n\
+             [proxy.plans.p]\nlimit = 1\nwindow = \"1s\"\n\
+             [[proxy.keys]]\nid = \"a\"\nplan = \"p\"\nsecrets = [\"file:{}\", \"file:{}\"]\n\
+             [[proxy.keys]]\nid = \"b\"\nplan = \"p\"\nsecrets = [\"file:{}\"]\n",
+            good.display(),
+            shared.display(),
+            short.display()
+        );
+        let config = Config::parse(&text, std::path::Path::new("test.toml")).unwrap();
+        let secrets = KeySecrets::load(&config.proxy.unwrap()).unwrap();
+        let warnings = secrets.warnings();
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with("proxy.keys[0].secrets: file:") && warnings[0].contains("mode 640"),
+            "{warnings:?}"
+        );
+        assert!(warnings[0].contains(&shared.display().to_string()), "{warnings:?}");
+        assert!(
+            warnings[1].starts_with("proxy.keys[1].secrets: file:") && warnings[1].contains("is 15 bytes"),
+            "{warnings:?}"
+        );
+        assert!(!warnings.iter().any(|w| w.contains("0123456789")), "a warning showed a secret: {warnings:?}");
+        for path in [good, shared, short] {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
 }

@@ -3,8 +3,10 @@
 //! same link atomically instead of detaching and re-attaching.
 //!
 //! A link is pinned as `<pin_dir>/link@<mode>@<interface>`: the name records the
-//! mode the kernel accepted, which the kernel does not report for XDP links. bpffs
-//! refuses `.` in names, so the interface (`eth0.100`) is written with `%2E`.
+//! mode the kernel accepted, which the kernel does not report for XDP links, and
+//! whether it is generic only because the driver refused native (`generic-fallback`),
+//! so that `limiter stats` can show the cost cliff. bpffs refuses `.` in names, so
+//! the interface (`eth0.100`) is written with `%2E`.
 
 use std::{fmt, path::Path};
 
@@ -18,12 +20,16 @@ use super::{Kernel, XdpError, bpffs::io_error};
 use crate::config::xdp::AttachMode;
 
 const LINK_PREFIX: &str = "link@";
+/// The mode part of a generic link made after the driver refused native.
+const FALLBACK_MODE: &str = "generic-fallback";
 
 /// Where the program is attached, and how.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Attachment {
     pub interface: String,
     pub mode: AttachedMode,
+    /// Generic because the driver refused native under `mode = "auto"`.
+    pub fallback: bool,
 }
 
 /// The mode an attachment got.
@@ -80,22 +86,34 @@ pub fn attach(kernel: &mut Kernel, interface: &str, mode: AttachMode) -> Result<
         AttachMode::Native => &[AttachedMode::Native],
         AttachMode::Generic => &[AttachedMode::Generic],
     };
-    let mut last_error = None;
+    let mut native_error = None;
     for &candidate in candidates {
         match program.attach(interface, candidate.xdp_mode()) {
             Ok(id) => {
                 let link = program.take_link(id).map_err(attach_error)?;
                 let link = FdLink::try_from(link).map_err(XdpError::Link)?;
-                let attachment = Attachment { interface: interface.to_owned(), mode: candidate };
+                let fallback = native_error.is_some();
+                if let Some(error) = &native_error {
+                    tracing::warn!(
+                        %interface, %error,
+                        "the driver refused native XDP; attached in generic mode, which costs several times more \
+                         per packet (set xdp.mode = \"native\" to refuse to start instead)"
+                    );
+                }
+                let attachment = Attachment { interface: interface.to_owned(), mode: candidate, fallback };
                 let pinned = link
                     .pin(link_path(&pin_dir, &attachment))
                     .map_err(|source| XdpError::Pin { interface: interface.to_owned(), source })?;
                 return Ok((attachment, FdLink::from(pinned)));
             }
-            Err(error) => last_error = Some(error),
+            Err(error) if mode == AttachMode::Native => {
+                return Err(XdpError::NativeRefused { interface: interface.to_owned(), source: error });
+            }
+            Err(error) if candidate == AttachedMode::Native => native_error = Some(error),
+            Err(error) => return Err(attach_error(error)),
         }
     }
-    Err(attach_error(last_error.unwrap_or(aya::programs::ProgramError::AlreadyAttached)))
+    Err(attach_error(native_error.unwrap_or(aya::programs::ProgramError::AlreadyAttached)))
 }
 
 /// Swaps `program` into the pinned link of `existing`, atomically.
@@ -124,12 +142,13 @@ pub fn attached(pin_dir: &Path) -> Result<Vec<Attachment>, XdpError> {
             continue;
         };
         let interface = interface.replace("%2E", ".").replace("%25", "%");
-        let mode = match mode {
-            "native" => AttachedMode::Native,
-            "generic" => AttachedMode::Generic,
+        let (mode, fallback) = match mode {
+            "native" => (AttachedMode::Native, false),
+            "generic" => (AttachedMode::Generic, false),
+            FALLBACK_MODE => (AttachedMode::Generic, true),
             _ => continue,
         };
-        attachments.push(Attachment { interface, mode });
+        attachments.push(Attachment { interface, mode, fallback });
     }
     attachments.sort_by(|a, b| a.interface.cmp(&b.interface));
     Ok(attachments)
@@ -164,5 +183,6 @@ pub fn detach_all(pin_dir: &Path) -> Result<Vec<Attachment>, XdpError> {
 
 fn link_path(pin_dir: &Path, attachment: &Attachment) -> std::path::PathBuf {
     let interface = attachment.interface.replace('%', "%25").replace('.', "%2E");
-    pin_dir.join(format!("{LINK_PREFIX}{}@{interface}", attachment.mode))
+    let mode = if attachment.fallback { FALLBACK_MODE } else { attachment.mode.name() };
+    pin_dir.join(format!("{LINK_PREFIX}{mode}@{interface}"))
 }

@@ -7,12 +7,13 @@ use aya_log::EbpfLogger;
 use limiter_common::{
     counters::Counter,
     maps::{
-        self as names, Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, OCCUPANCY_SLOTS, SETTINGS_SLOTS, Settings, SourceKey,
-        SourceState,
+        self as names, BUDGET_SLOTS, Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, OCCUPANCY_SLOTS, SETTINGS_SLOTS,
+        Settings, SourceKey, SourceState, Verified,
     },
 };
 
 use super::{XdpError, bpffs, maps::KernelMaps};
+use crate::config::xdp::{AggregateConfig, VerifiedConfig, XdpConfig};
 
 /// aya-log's reader, forwarding to the `log` crate.
 pub type Logger = EbpfLogger<&'static dyn log::Log>;
@@ -37,8 +38,38 @@ pub struct LoadOptions {
     pub pin_dir: PathBuf,
     /// Capacity of the sources LRU; only used when the maps are created.
     pub max_sources: u32,
+    /// Capacity of the prefix aggregates LRU; likewise.
+    pub max_prefixes: u32,
+    /// Capacity of the verified sources LRU; likewise.
+    pub max_verified: u32,
     /// Forward the program's log records (aya-log) to the `log` crate.
     pub log: bool,
+}
+
+impl LoadOptions {
+    /// The map sizes of `config`, without logging.
+    #[must_use]
+    pub fn for_config(pin_dir: PathBuf, config: &XdpConfig) -> Self {
+        Self {
+            pin_dir,
+            max_sources: config.max_sources.get(),
+            max_prefixes: config.aggregate.max_prefixes.get(),
+            max_verified: config.verified.max.get(),
+            log: false,
+        }
+    }
+
+    /// `max_sources` sources and the default sizes of the other maps, without logging.
+    #[must_use]
+    pub fn with_sources(pin_dir: PathBuf, max_sources: u32) -> Self {
+        Self {
+            pin_dir,
+            max_sources,
+            max_prefixes: AggregateConfig::default().max_prefixes.get(),
+            max_verified: VerifiedConfig::default().max.get(),
+            log: false,
+        }
+    }
 }
 
 /// A loaded (not yet attached) program and its maps.
@@ -60,7 +91,7 @@ impl Kernel {
     /// and counters survive a restart) after checking they have this build's layout.
     pub fn load(options: &LoadOptions) -> Result<Self, XdpError> {
         bpffs::ensure_mounted(&options.pin_dir)?;
-        check_pinned_layout(&options.pin_dir, options.max_sources)?;
+        check_pinned_layout(options)?;
         // aya-log checks this level before formatting anything: with logging off,
         // a log statement costs the program one load and one branch.
         let log_level: u8 = if options.log { LOG_LEVEL_INFO } else { LOG_LEVEL_OFF };
@@ -68,6 +99,8 @@ impl Kernel {
             .override_global("AYA_LOG_LEVEL", &log_level, true)
             .default_map_pin_directory(&options.pin_dir)
             .map_max_entries(names::SOURCES, options.max_sources)
+            .map_max_entries(names::AGGREGATES, options.max_prefixes)
+            .map_max_entries(names::VERIFIED, options.max_verified)
             .load(PROGRAM)
             .map_err(XdpError::Load)?;
         let logger = if options.log { Some(EbpfLogger::init(&mut ebpf).map_err(XdpError::Log)?) } else { None };
@@ -132,10 +165,19 @@ impl Kernel {
 
 /// Refuses pinned maps whose kind or record sizes differ from this build's: aya
 /// would otherwise reuse them silently and the program would misread them.
-fn check_pinned_layout(pin_dir: &Path, max_sources: u32) -> Result<(), XdpError> {
+fn check_pinned_layout(options: &LoadOptions) -> Result<(), XdpError> {
     use std::mem::size_of;
-    let expected: [(&'static str, usize, usize, Option<u32>); 9] = [
-        (names::SOURCES, size_of::<SourceKey>(), size_of::<SourceState>(), Some(max_sources)),
+    let pin_dir = &options.pin_dir;
+    let sized = [
+        (names::SOURCES, "max_sources", options.max_sources),
+        (names::AGGREGATES, "aggregate.max_prefixes", options.max_prefixes),
+        (names::VERIFIED, "verified.max", options.max_verified),
+    ];
+    let expected: [(&'static str, usize, usize, Option<u32>); 12] = [
+        (names::SOURCES, size_of::<SourceKey>(), size_of::<SourceState>(), Some(options.max_sources)),
+        (names::AGGREGATES, size_of::<SourceKey>(), size_of::<SourceState>(), Some(options.max_prefixes)),
+        (names::VERIFIED, size_of::<SourceKey>(), size_of::<Verified>(), Some(options.max_verified)),
+        (names::BUDGETS, 4, size_of::<SourceState>(), Some(BUDGET_SLOTS)),
         (names::CIDR_V4, 4 + 4, size_of::<CidrPolicy>(), Some(MAX_CIDRS)),
         (names::CIDR_V6, 4 + 16, size_of::<CidrPolicy>(), Some(MAX_CIDRS)),
         (names::BLOCK_V4, 4 + 4, size_of::<Block>(), Some(MAX_BLOCKS)),
@@ -154,8 +196,10 @@ fn check_pinned_layout(pin_dir: &Path, max_sources: u32) -> Result<(), XdpError>
         let found = (info.key_size() as usize, info.value_size() as usize, info.max_entries());
         let matches = found.0 == key_size && found.1 == value_size && max_entries.is_none_or(|m| m == found.2);
         if !matches {
-            let hint = if name == names::SOURCES && found.0 == key_size && found.1 == value_size {
-                format!("max_sources {} pinned, {max_sources} configured", found.2)
+            let resized =
+                sized.iter().find(|(map, _, _)| *map == name).filter(|_| (found.0, found.1) == (key_size, value_size));
+            let hint = if let Some((_, key, configured)) = resized {
+                format!("{key} {} pinned, {configured} configured", found.2)
             } else {
                 format!("key {} bytes, value {} bytes, {} entries", found.0, found.1, found.2)
             };

@@ -9,13 +9,14 @@ use ipnet::IpNet;
 use limiter_common::{
     counters::Counter,
     maps::{
-        self as names, Action, Block, CidrPolicy, LAYOUT_VERSION, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6,
-        OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, SETTINGS_SLOTS, Settings, SourceKey, SourceState,
+        self as names, Action, Block, CidrPolicy, FEATURE_AGGREGATE, FEATURE_NEW_SOURCES, FEATURE_SYN, LAYOUT_VERSION,
+        OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, SETTINGS_SLOTS, Settings, SourceKey,
+        SourceState,
     },
 };
 
-use super::{XdpError, tries::CidrTries};
-use crate::config::xdp::{CidrAction, CidrRule, MalformedAction, XdpConfig};
+use super::{XdpError, tries::CidrTries, verified::VerifiedMap};
+use crate::config::xdp::{CidrAction, CidrRule, MalformedAction, PacketLimit, XdpConfig};
 
 /// The program's maps, opened from a loaded program or from their pins.
 pub struct KernelMaps {
@@ -28,6 +29,10 @@ pub struct KernelMaps {
     counters: PerCpuArray<MapData, u64>,
     /// Per-trie "may hold entries" flags (`names::OCCUPANCY`).
     occupancy: Array<MapData, u32>,
+    budgets: Array<MapData, SourceState>,
+    aggregates: HashMap<MapData, SourceKey, SourceState>,
+    aggregates_capacity: u32,
+    pub(super) verified: VerifiedMap,
 }
 
 impl std::fmt::Debug for KernelMaps {
@@ -68,8 +73,16 @@ pub fn monotonic_now_ns() -> u64 {
     u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
 }
 
-fn map_error(name: &'static str) -> impl Fn(aya::maps::MapError) -> XdpError {
+pub(super) fn map_error(name: &'static str) -> impl Fn(aya::maps::MapError) -> XdpError {
     move |source| XdpError::Map { name, source }
+}
+
+/// `max_entries` of an LRU hash (0 for any other kind).
+pub(super) fn capacity(map: &Map, name: &'static str) -> Result<u32, XdpError> {
+    match map {
+        Map::LruHashMap(data) => Ok(data.info().map_err(map_error(name))?.max_entries()),
+        _ => Ok(0),
+    }
 }
 
 impl KernelMaps {
@@ -91,10 +104,9 @@ impl KernelMaps {
 
     fn open(mut map: impl FnMut(&'static str) -> Result<Map, XdpError>) -> Result<Self, XdpError> {
         let sources = map(names::SOURCES)?;
-        let sources_capacity = match &sources {
-            Map::LruHashMap(data) => data.info().map_err(map_error(names::SOURCES))?.max_entries(),
-            _ => 0,
-        };
+        let sources_capacity = capacity(&sources, names::SOURCES)?;
+        let aggregates = map(names::AGGREGATES)?;
+        let aggregates_capacity = capacity(&aggregates, names::AGGREGATES)?;
         Ok(Self {
             sources: sources.try_into().map_err(map_error(names::SOURCES))?,
             sources_capacity,
@@ -112,6 +124,10 @@ impl KernelMaps {
             settings_active: map(names::SETTINGS_ACTIVE)?.try_into().map_err(map_error(names::SETTINGS_ACTIVE))?,
             counters: map(names::COUNTERS)?.try_into().map_err(map_error(names::COUNTERS))?,
             occupancy: map(names::OCCUPANCY)?.try_into().map_err(map_error(names::OCCUPANCY))?,
+            budgets: map(names::BUDGETS)?.try_into().map_err(map_error(names::BUDGETS))?,
+            aggregates: aggregates.try_into().map_err(map_error(names::AGGREGATES))?,
+            aggregates_capacity,
+            verified: VerifiedMap::new(map(names::VERIFIED)?)?,
         })
     }
 
@@ -157,7 +173,7 @@ impl KernelMaps {
             }
         }
         for rule in rules {
-            let policy = policy_of(rule.action);
+            let policy = policy_of(rule);
             match current.get(&rule.cidr) {
                 Some(existing) if *existing == policy => continue,
                 Some(_) => changes.changed.push(rule.cidr),
@@ -257,6 +273,13 @@ impl KernelMaps {
         self.sources.iter().map(|entry| entry.map_err(map_error(names::SOURCES)))
     }
 
+    /// How many sources have a bucket: one walk over the keys, without reading the
+    /// buckets (a full map holds `max_sources` of them).
+    #[must_use]
+    pub fn sources_tracked(&self) -> u64 {
+        self.sources.keys().count() as u64
+    }
+
     /// One source's bucket, if tracked.
     pub fn source(&self, key: &SourceKey) -> Option<SourceState> {
         self.sources.get(key, 0).ok()
@@ -267,25 +290,79 @@ impl KernelMaps {
     pub fn sources_capacity(&self) -> u32 {
         self.sources_capacity
     }
+
+    /// The global bucket in `slot` (`names::BUDGET_*`).
+    pub fn budget(&self, slot: u32) -> Result<SourceState, XdpError> {
+        self.budgets.get(&slot, 0).map_err(map_error(names::BUDGETS))
+    }
+
+    /// Every tracked prefix (`[xdp.aggregate]`) and its bucket.
+    pub fn aggregates(&self) -> impl Iterator<Item = Result<(SourceKey, SourceState), XdpError>> + '_ {
+        self.aggregates.iter().map(|entry| entry.map_err(map_error(names::AGGREGATES)))
+    }
+
+    /// One prefix's bucket, if tracked.
+    pub fn aggregate(&self, key: &SourceKey) -> Option<SourceState> {
+        self.aggregates.get(key, 0).ok()
+    }
+
+    /// Bound on tracked prefixes (`xdp.aggregate.max_prefixes` when the maps were created).
+    #[must_use]
+    pub fn aggregates_capacity(&self) -> u32 {
+        self.aggregates_capacity
+    }
+
+    /// Marks every source in `cidr` verified for `ttl`; the number of sources.
+    pub fn verify(&mut self, cidr: IpNet, ttl: Duration) -> Result<usize, XdpError> {
+        let ipv6_prefix = self.settings()?.ipv6_prefix;
+        self.verified.verify(cidr, ipv6_prefix, ttl)
+    }
+
+    /// Removes every verified source in `cidr`; how many there were.
+    pub fn unverify(&mut self, cidr: IpNet) -> Result<usize, XdpError> {
+        self.verified.unverify(cidr)
+    }
+
+    /// Sources verified now.
+    pub fn verified_count(&self) -> Result<usize, XdpError> {
+        self.verified.count()
+    }
+
+    /// Whether `key` is verified now.
+    #[must_use]
+    pub fn is_verified(&self, key: &SourceKey) -> bool {
+        self.verified.contains(key)
+    }
 }
 
 /// The settings record for `config`.
 #[must_use]
 pub fn settings_for(config: &XdpConfig) -> Settings {
+    let rate = |limit: Option<PacketLimit>| limit.map(|l| l.rate()).unwrap_or_default();
+    let feature = |on: bool, bit: u8| if on { bit } else { 0 };
     Settings {
         default_rate: config.limit.rate(),
+        new_source_rate: rate(config.new_sources),
+        aggregate_rate: rate(config.aggregate.limit),
+        syn_rate: rate(config.syn),
         layout_version: LAYOUT_VERSION,
         enforce: u8::from(config.enforce),
         malformed_drop: u8::from(config.malformed == MalformedAction::Drop),
         ipv6_prefix: config.ipv6_prefix.0,
-        reserved: 0,
+        features: feature(config.new_sources.is_some(), FEATURE_NEW_SOURCES)
+            | feature(config.aggregate.limit.is_some(), FEATURE_AGGREGATE)
+            | feature(config.syn.is_some(), FEATURE_SYN),
+        aggregate_ipv4_prefix: config.aggregate.ipv4_prefix.0,
+        aggregate_ipv6_prefix: config.aggregate.ipv6_prefix.0,
+        reserved: [0; 6],
     }
 }
 
-fn policy_of(action: CidrAction) -> CidrPolicy {
-    match action {
+fn policy_of(rule: &CidrRule) -> CidrPolicy {
+    let policy = match rule.action {
         CidrAction::Allow => CidrPolicy::new(Action::Allow, Default::default()),
         CidrAction::Deny => CidrPolicy::new(Action::Deny, Default::default()),
         CidrAction::Limit(limit) => CidrPolicy::new(Action::Limit, limit.rate()),
-    }
+    };
+    CidrPolicy { aggregate: rule.aggregate.map(|a| a.rate()).unwrap_or(policy.aggregate), ..policy }
 }

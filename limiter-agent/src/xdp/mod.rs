@@ -10,6 +10,7 @@ mod load;
 mod maps;
 mod stats;
 mod tries;
+mod verified;
 
 pub use self::{
     attach::{AttachedMode, Attachment, attach, attached, detach, detach_all},
@@ -17,6 +18,7 @@ pub use self::{
     load::{Kernel, LoadOptions, Logger},
     maps::{BlockEntry, CidrChanges, KernelMaps, monotonic_now_ns, settings_for},
     stats::{CounterSnapshot, SourceRow, XdpStats},
+    verified::{Verifier, source_key},
 };
 
 /// Everything that can go wrong in the kernel layer.
@@ -61,6 +63,20 @@ pub enum XdpError {
     },
     #[error("link: {0}")]
     Link(#[source] aya::programs::links::LinkError),
+    #[error(
+        "{cidr} holds {sources} sources, more than the {max} one command verifies: write an allow rule \
+         ([[xdp.cidr]] action = \"allow\") for a range that wide"
+    )]
+    TooManySources { cidr: ipnet::IpNet, sources: u64, max: u64 },
+    #[error(
+        "{interface} refused native XDP ({source}); mode = \"native\" does not fall back: use mode = \"auto\" to \
+         accept generic mode, at a much higher cost per packet"
+    )]
+    NativeRefused {
+        interface: String,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
     #[error("aya-log: {0}")]
     Log(#[source] aya_log::Error),
 }

@@ -7,7 +7,7 @@ use limiter_common::{
     addr::as_v4,
     bucket::{self, Rate},
     counters::Counter,
-    maps::{Action, CidrPolicy},
+    maps::{Action, BUDGET_NEW_SOURCES, BUDGET_SYN, CidrPolicy, FEATURE_NEW_SOURCES, FEATURE_SYN, Settings},
 };
 use serde::Serialize;
 
@@ -21,6 +21,26 @@ pub struct XdpStats {
     pub packets: CounterSnapshot,
     pub sources: SourceCount,
     pub blocks: Vec<BlockRow>,
+    /// `[xdp.new_sources]`; `null` when off.
+    pub new_sources: Option<BudgetRow>,
+    /// `[xdp.syn]`; `null` when off.
+    pub syn: Option<BudgetRow>,
+    /// Prefixes with an aggregate bucket.
+    pub aggregates: SourceCount,
+    /// Sources verified now.
+    pub verified: SourceCount,
+}
+
+/// A global budget: its rate, what is left and what it has seen.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BudgetRow {
+    pub packets_per_second: u64,
+    pub burst: u64,
+    pub tokens: u64,
+    /// Packets that asked the budget for a token.
+    pub packets: u64,
+    /// Of those, refused.
+    pub dropped: u64,
 }
 
 /// Every counter by name, summed over CPUs.
@@ -72,13 +92,43 @@ impl KernelMaps {
                 expires_in_secs: expires_in.map(|d| d.as_secs_f64().ceil() as u64),
             })
             .collect();
+        let settings = self.settings()?;
         Ok(XdpStats {
             attached,
-            enforce: self.settings()?.enforce != 0,
+            enforce: settings.enforce != 0,
             packets: self.counter_snapshot()?,
-            sources: SourceCount { tracked: self.sources().count() as u64, capacity: self.sources_capacity() },
+            sources: SourceCount { tracked: self.sources_tracked(), capacity: self.sources_capacity() },
             blocks,
+            new_sources: self.budget_row(
+                &settings,
+                FEATURE_NEW_SOURCES,
+                BUDGET_NEW_SOURCES,
+                settings.new_source_rate,
+            )?,
+            syn: self.budget_row(&settings, FEATURE_SYN, BUDGET_SYN, settings.syn_rate)?,
+            aggregates: SourceCount { tracked: self.aggregates().count() as u64, capacity: self.aggregates_capacity() },
+            verified: SourceCount { tracked: self.verified_count()? as u64, capacity: self.verified.capacity() },
         })
+    }
+
+    fn budget_row(
+        &self,
+        settings: &Settings,
+        feature: u8,
+        slot: u32,
+        rate: Rate,
+    ) -> Result<Option<BudgetRow>, XdpError> {
+        if !settings.has(feature) {
+            return Ok(None);
+        }
+        let state = self.budget(slot)?;
+        Ok(Some(BudgetRow {
+            packets_per_second: rate.per_second(),
+            burst: rate.burst(),
+            tokens: bucket::tokens(state.tat_ns, monotonic_now_ns(), rate),
+            packets: state.packets,
+            dropped: state.dropped,
+        }))
     }
 
     /// The `n` sources with the most packets.

@@ -23,19 +23,22 @@ pub struct Canonical<'a> {
     pub body_sha256: &'a [u8; 32],
     /// The `X-Nonce` value, only when the header was sent.
     pub nonce: Option<&'a str>,
+    /// The `Host` header as sent, for keys with `sign_host`; lowercased here.
+    pub host: Option<&'a str>,
 }
 
 impl Canonical<'_> {
     /// The string to sign: the fields joined by `\n`, without a trailing newline.
     ///
     /// No field can contain `\n` (methods are tokens, URIs and header values exclude
-    /// control characters, the hash is hex) and the optional nonce comes last, so two
-    /// different requests never produce the same string.
+    /// control characters, the hash is hex) and the optional nonce and host come last,
+    /// so two different requests never produce the same string: whether the host is
+    /// signed is fixed per key (`sign_host`), so the line count tells whether a nonce is.
     #[must_use]
     pub fn string_to_sign(&self) -> String {
-        let mut s = String::with_capacity(
-            self.method.len() + self.target.len() + self.timestamp.len() + 64 + 4 + self.nonce.map_or(0, str::len),
-        );
+        let optional = self.nonce.map_or(0, str::len) + self.host.map_or(0, str::len);
+        let mut s =
+            String::with_capacity(self.method.len() + self.target.len() + self.timestamp.len() + 64 + 5 + optional);
         s.push_str(self.method);
         s.push('\n');
         s.push_str(self.target);
@@ -46,6 +49,10 @@ impl Canonical<'_> {
         if let Some(nonce) = self.nonce {
             s.push('\n');
             s.push_str(nonce);
+        }
+        if let Some(host) = self.host {
+            s.push('\n');
+            s.push_str(&host.to_ascii_lowercase());
         }
         s
     }

@@ -31,9 +31,10 @@
 //!
 //! 1. The agent reads the body up to `max_body_bytes` (else 413), giving the bytes to
 //!    forward and their SHA-256.
-//! 2. [`Verifier::verify`] checks headers, timestamp window, MAC (constant time, any of
-//!    the key's secrets) and records the signature in the shared [`ReplayCache`]. Every
-//!    [`Failure`] gets the same 401; [`Failure::reason`] is the metrics label.
+//! 2. [`Verifier::authenticate`] checks headers, timestamp window and MAC (constant
+//!    time, any of the key's secrets); the agent then records the signature in a
+//!    replay cache ([`ReplayCache`] in memory, or the fleet's). Every [`Failure`] gets
+//!    the same 401; [`Failure::reason`] is the metrics label.
 //! 3. For [`idempotency::applies_to`] methods with an `Idempotency-Key`,
 //!    [`IdempotencyStore::begin`] decides between forwarding (then
 //!    [`idempotency::Guard::complete`]), replaying a stored response, 422, 409 or 503.
@@ -52,4 +53,12 @@ mod tests;
 pub use canonical::{Canonical, sha256, sign_hex};
 pub use idempotency::{Begin, Guard, IdempotencyConfig, IdempotencyStore, StoredResponse};
 pub use replay::{ReplayCache, ReplayError};
-pub use verify::{Authenticated, Failure, FailureReason, SignedRequest, Verified, Verifier};
+pub use verify::{Authenticated, Failure, FailureReason, SignedRequest, SigningKey, Verified, Verifier};
+
+/// `capacity` shared equally among `keys` key ids, at least 1 each: the bound of one
+/// key id in the replay cache and the idempotency store, so that no tenant can fill
+/// what another needs.
+#[must_use]
+pub fn share(capacity: usize, keys: usize) -> usize {
+    (capacity / keys.max(1)).max(1)
+}

@@ -10,11 +10,19 @@
 //! skew window). Only MAC-verified requests enter the cache, so filling it takes a
 //! valid key, and that key's requests are rate limited; size `max_entries` above the
 //! signed request rate times the retention (2 × `max_skew`).
+//!
+//! # Each key its share
+//!
+//! No key holds more than `max_entries / keys` entries ([`ReplayCache::set_keys`]):
+//! a key that fills its share gets [`ReplayError::Full`], and the others still have
+//! theirs, so one tenant cannot make another's valid requests fail.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
+
+use super::share;
 
 /// Why a signature was not recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -36,6 +44,10 @@ struct Inner {
     live: HashSet<Entry>,
     /// The same entries ordered by signed timestamp, oldest first, for expiry.
     by_timestamp: BTreeSet<(u64, Entry)>,
+    /// Live entries per key id, for the per-key share.
+    per_key: HashMap<Box<str>, usize>,
+    /// Most entries one key id may hold.
+    share: usize,
     /// The longest skew window ever used with this cache. Entries are kept for
     /// timestamp + this, so widening `max_skew` on reload cannot make an entry expire
     /// while its request would still pass the wider check.
@@ -51,7 +63,18 @@ impl Inner {
                 break;
             }
             if let Some((_, entry)) = self.by_timestamp.pop_first() {
-                self.live.remove(&entry);
+                self.remove(&entry);
+            }
+        }
+    }
+
+    fn remove(&mut self, entry: &Entry) {
+        if self.live.remove(entry)
+            && let Some(count) = self.per_key.get_mut(&entry.0)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.per_key.remove(&entry.0);
             }
         }
     }
@@ -69,7 +92,15 @@ impl ReplayCache {
     /// A cache holding at most `max_entries` signatures.
     #[must_use]
     pub fn new(max_entries: usize) -> Self {
-        Self { inner: Mutex::new(Inner::default()), max_entries, full_rejections: AtomicU64::new(0) }
+        let inner = Inner { share: max_entries, ..Inner::default() };
+        Self { inner: Mutex::new(inner), max_entries, full_rejections: AtomicU64::new(0) }
+    }
+
+    /// Shares the capacity equally among `keys` signing keys (at least one entry
+    /// each). A key over a smaller share after a reload keeps its entries until they
+    /// expire, and takes no new ones until then.
+    pub fn set_keys(&self, keys: usize) {
+        self.lock().share = share(self.max_entries, keys);
     }
 
     /// Records `signature` of `key_id` as used, or says why it cannot be.
@@ -92,13 +123,25 @@ impl ReplayCache {
         if inner.live.contains(&entry) {
             return Err(ReplayError::Replay);
         }
-        if inner.live.len() >= self.max_entries {
+        let held = inner.per_key.get(key_id).copied().unwrap_or(0);
+        if inner.live.len() >= self.max_entries || held >= inner.share {
             self.full_rejections.fetch_add(1, Ordering::Relaxed);
             return Err(ReplayError::Full);
         }
         inner.by_timestamp.insert((timestamp, entry.clone()));
         inner.live.insert(entry);
+        inner.per_key.insert(key_id.into(), held + 1);
         Ok(())
+    }
+
+    /// Forgets a signature recorded by [`Self::check_and_insert`] whose request was
+    /// then refused by a limit: it never took effect, so its sender may use it again.
+    pub fn forget(&self, key_id: &str, signature: &[u8; 32], timestamp: u64) {
+        let mut inner = self.lock();
+        let entry: Entry = (key_id.into(), *signature);
+        if inner.by_timestamp.remove(&(timestamp, entry.clone())) {
+            inner.remove(&entry);
+        }
     }
 
     /// Entries currently held, live or not yet purged.

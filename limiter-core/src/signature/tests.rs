@@ -51,8 +51,8 @@ fn signed_headers(
     nonce: Option<&str>,
 ) -> HeaderMap {
     let digest = sha256(body);
-    let message =
-        Canonical { method: method.as_str(), target, timestamp: ts, body_sha256: &digest, nonce }.string_to_sign();
+    let message = Canonical { method: method.as_str(), target, timestamp: ts, body_sha256: &digest, nonce, host: None }
+        .string_to_sign();
     let mut headers = HeaderMap::new();
     headers.insert("x-api-key", HeaderValue::from_str(key_id).unwrap());
     headers.insert("x-timestamp", HeaderValue::from_str(ts).unwrap());
@@ -88,6 +88,7 @@ mod canonical {
             timestamp: "1700000000",
             body_sha256: &digest,
             nonce: None,
+            host: None,
         };
         assert_eq!(
             c.string_to_sign(),
@@ -96,6 +97,12 @@ mod canonical {
         assert_eq!(
             sign_hex(b"k-free-1-secret", &c.string_to_sign()),
             "0a6176fce748b771768a0eccb4ee261c594e0dec5f7fc55b3df72276b7548094"
+        );
+        // The README's sign_host example.
+        let with_host = Canonical { host: Some("Pay.Example.com"), ..c };
+        assert_eq!(
+            sign_hex(b"k-free-1-secret", &with_host.string_to_sign()),
+            "5dab4ae9ddad61b460bc600c72db8d2b30845da051105997bf289d217951a6e0"
         );
         c.nonce = Some("0123456789abcdef0123456789abcdef");
         assert_eq!(
@@ -126,7 +133,8 @@ mod canonical {
         for &(method, target, ts, body, nonce, key) in cases {
             let digest = sha256(body);
             assert_eq!(hex::encode(digest), openssl_sha256(body));
-            let ours = Canonical { method, target, timestamp: ts, body_sha256: &digest, nonce }.string_to_sign();
+            let ours =
+                Canonical { method, target, timestamp: ts, body_sha256: &digest, nonce, host: None }.string_to_sign();
             let theirs = contract_string(method, target, ts, body, nonce);
             assert_eq!(ours, theirs);
             assert!(!ours.ends_with('\n') || nonce == Some(""));
@@ -135,9 +143,17 @@ mod canonical {
     }
 
     #[test]
+    fn host_line_last_and_lowercase() {
+        let d = sha256(b"");
+        let base = Canonical { method: "GET", target: "/", timestamp: "1", body_sha256: &d, nonce: None, host: None };
+        let with = Canonical { nonce: Some("n"), host: Some("API.Example.com:8443"), ..base };
+        assert_eq!(with.string_to_sign(), format!("GET\n/\n1\n{EMPTY_SHA256}\nn\napi.example.com:8443"));
+    }
+
+    #[test]
     fn nonce_line_only_when_sent() {
         let d = sha256(b"");
-        let base = Canonical { method: "GET", target: "/", timestamp: "1", body_sha256: &d, nonce: None };
+        let base = Canonical { method: "GET", target: "/", timestamp: "1", body_sha256: &d, nonce: None, host: None };
         assert_eq!(base.string_to_sign().lines().count(), 4);
         let with = Canonical { nonce: Some("n"), ..base };
         assert_eq!(with.string_to_sign(), format!("GET\n/\n1\n{EMPTY_SHA256}\nn"));
@@ -522,6 +538,21 @@ mod replay {
     }
 
     #[test]
+    fn each_key_holds_its_share_and_forgotten_signatures_can_be_used() {
+        let c = ReplayCache::new(4);
+        c.set_keys(2);
+        c.check_and_insert("hostile", &[1; 32], 1000, SKEW, 1000).unwrap();
+        c.check_and_insert("hostile", &[2; 32], 1000, SKEW, 1000).unwrap();
+        assert_eq!(c.check_and_insert("hostile", &[3; 32], 1000, SKEW, 1000), Err(ReplayError::Full));
+        c.check_and_insert("victim", &[1; 32], 1000, SKEW, 1000).unwrap();
+        c.forget("hostile", &[2; 32], 1000);
+        assert_eq!(c.len(), 2);
+        c.check_and_insert("hostile", &[2; 32], 1000, SKEW, 1000).unwrap();
+        // Expiry gives the share back.
+        c.check_and_insert("hostile", &[4; 32], 1301, SKEW, 1301).unwrap();
+    }
+
+    #[test]
     fn concurrent_inserts_bounded() {
         let c = std::sync::Arc::new(ReplayCache::new(100));
         let handles: Vec<_> = (0..8u8)
@@ -555,7 +586,12 @@ mod idempotency {
     const TTL: Duration = Duration::from_secs(3600);
 
     fn store(max_entries: usize) -> IdempotencyStore {
-        IdempotencyStore::new(IdempotencyConfig { ttl: TTL, max_entries, max_response_bytes: 64 })
+        IdempotencyStore::new(IdempotencyConfig {
+            ttl: TTL,
+            max_entries,
+            max_response_bytes: 64,
+            max_bytes: usize::MAX,
+        })
     }
 
     fn response(body: &'static [u8]) -> StoredResponse {
@@ -640,6 +676,68 @@ mod idempotency {
         assert!(matches!(s.begin("k", "f", [1; 32], t0 + TTL), Begin::Full));
         drop((c, d, e));
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_sent_request_is_never_released() {
+        let s = store(10);
+        let t0 = Duration::from_secs(1_700_000_000);
+        let mut g = proceed(s.begin("k", "i", [1; 32], t0));
+        g.sent(Some(t0));
+        // No response (timeout, client gone): the outcome is unknown until the TTL.
+        drop(g);
+        assert!(matches!(s.begin("k", "i", [1; 32], t0 + TTL - Duration::from_millis(1)), Begin::OutcomeUnknown));
+        assert!(matches!(s.begin("k", "i", [2; 32], t0), Begin::Conflict));
+        drop(proceed(s.begin("k", "i", [1; 32], t0 + TTL)));
+    }
+
+    #[test]
+    fn a_tenant_evicts_only_its_own_entries() {
+        let config = IdempotencyConfig { ttl: TTL, max_entries: 4, max_response_bytes: 64, max_bytes: usize::MAX };
+        let s = IdempotencyStore::new(config);
+        s.set_keys(2);
+        let t0 = Duration::from_secs(1_700_000_000);
+        proceed(s.begin("victim", "v", [1; 32], t0)).complete(response(b"v"), t0);
+        for (n, idem) in ["a", "b", "c", "d", "e"].into_iter().enumerate() {
+            let at = t0 + Duration::from_secs(n as u64);
+            proceed(s.begin("hostile", idem, [1; 32], at)).complete(response(b"h"), at);
+        }
+        // The hostile tenant holds its share (2) and evicted only its own.
+        assert_eq!((s.len(), s.evictions()), (3, 3));
+        assert!(matches!(s.begin("victim", "v", [1; 32], t0), Begin::Replay(_)));
+        assert!(matches!(s.begin("hostile", "e", [1; 32], t0), Begin::Replay(_)));
+        // A share all in flight refuses rather than evict.
+        let held = (proceed(s.begin("hostile", "x", [1; 32], t0)), proceed(s.begin("hostile", "y", [1; 32], t0)));
+        assert!(matches!(s.begin("hostile", "z", [1; 32], t0), Begin::Full));
+        assert!(matches!(s.begin("victim", "v", [1; 32], t0), Begin::Replay(_)));
+        drop(held);
+    }
+
+    #[test]
+    fn bytes_are_bounded_per_tenant() {
+        use crate::signature::idempotency::ENTRY_OVERHEAD;
+        let entry = ENTRY_OVERHEAD + 2 + 1;
+        let stored = response(b"0123456789").stored_size();
+        // Two tenants; each share holds two entries and one response.
+        let max_bytes = 2 * (2 * entry + stored);
+        let config = IdempotencyConfig { ttl: TTL, max_entries: 100, max_response_bytes: 64, max_bytes };
+        let s = IdempotencyStore::new(config);
+        s.set_keys(2);
+        let t0 = Duration::from_secs(1_700_000_000);
+        proceed(s.begin("k1", "a", [1; 32], t0)).complete(response(b"0123456789"), t0);
+        for idem in ["a", "b", "c", "d"] {
+            proceed(s.begin("k2", idem, [1; 32], t0)).complete(response(b"0123456789"), t0);
+        }
+        assert!(s.bytes() <= max_bytes);
+        assert_eq!((s.len(), s.evictions()), (2, 3));
+        assert!(matches!(s.begin("k1", "a", [1; 32], t0), Begin::Replay(_)));
+        // A response that does not fit beside the tenant's in-flight entries is not
+        // stored, and never run again.
+        let (x, y) = (proceed(s.begin("k1", "x", [1; 32], t0)), proceed(s.begin("k1", "y", [1; 32], t0)));
+        x.complete(response(b"0123456789abcdef"), t0);
+        assert!(matches!(s.begin("k1", "x", [1; 32], t0), Begin::NotReplayable));
+        drop(y);
+        assert!(s.bytes() <= max_bytes);
     }
 
     #[test]

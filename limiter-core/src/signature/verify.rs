@@ -19,6 +19,8 @@ pub const TIMESTAMP_HEADER: &str = "x-timestamp";
 pub const SIGNATURE_HEADER: &str = "x-signature";
 /// The optional nonce header.
 pub const NONCE_HEADER: &str = "x-nonce";
+/// The header a `sign_host` key's signature also covers.
+pub const HOST_HEADER: &str = "host";
 
 /// Longest accepted timestamp: `u64::MAX` has 20 digits, and a bound keeps parsing
 /// trivially cheap whatever a client sends.
@@ -200,7 +202,7 @@ impl Failure {
 /// ([`super::ReplayCache`] or the fleet's), so that a reload cannot reopen the replay
 /// window.
 pub struct Verifier {
-    keys: HashMap<String, Vec<HmacSha256>>,
+    keys: HashMap<String, KeyState>,
     /// Stands in for the secrets of an unknown key, and pads keys with fewer secrets.
     dummy: HmacSha256,
     /// HMACs computed per request, whatever the key: the largest number of secrets any
@@ -216,18 +218,45 @@ impl fmt::Debug for Verifier {
     }
 }
 
+/// One key as the verifier needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SigningKey {
+    /// The secrets, several during a rotation.
+    pub secrets: Vec<Vec<u8>>,
+    /// The string to sign ends with the lowercase `Host` (see [`Canonical::host`]).
+    pub sign_host: bool,
+}
+
+impl From<Vec<Vec<u8>>> for SigningKey {
+    fn from(secrets: Vec<Vec<u8>>) -> Self {
+        Self { secrets, sign_host: false }
+    }
+}
+
+/// A key's precomputed HMAC states.
+struct KeyState {
+    secrets: Vec<HmacSha256>,
+    sign_host: bool,
+}
+
 impl Verifier {
     /// Precomputes the HMAC key state of every secret.
     ///
     /// `keys` maps key id to its secrets (several during a rotation). A key with no
     /// secrets never verifies; configuration validation is expected to reject it.
-    pub fn new<I>(keys: I) -> Self
+    pub fn new<I, K>(keys: I) -> Self
     where
-        I: IntoIterator<Item = (String, Vec<Vec<u8>>)>,
+        I: IntoIterator<Item = (String, K)>,
+        K: Into<SigningKey>,
     {
-        let keys: HashMap<String, Vec<HmacSha256>> =
-            keys.into_iter().map(|(id, secrets)| (id, secrets.iter().map(|s| hmac_key(s)).collect())).collect();
-        let slots = keys.values().map(Vec::len).max().unwrap_or(0).max(1);
+        let keys: HashMap<String, KeyState> = keys
+            .into_iter()
+            .map(|(id, key)| {
+                let SigningKey { secrets, sign_host } = key.into();
+                (id, KeyState { secrets: secrets.iter().map(|s| hmac_key(s)).collect(), sign_host })
+            })
+            .collect();
+        let slots = keys.values().map(|key| key.secrets.len()).max().unwrap_or(0).max(1);
         // The dummy's outcome is always discarded, so its key need not be secret.
         let dummy = hmac_key(b"limiter: no such key");
         Self { keys, dummy, slots }
@@ -255,6 +284,13 @@ impl Verifier {
             return Err(Failure::Skew { timestamp, now, max_skew_secs });
         }
         let signature = parse_signature(signature_raw)?;
+        let key = self.keys.get(key_id);
+        let host = match key {
+            Some(key) if key.sign_host => {
+                Some(header_str(req.headers, HOST_HEADER)?.ok_or(Failure::MissingHeader(HOST_HEADER))?)
+            }
+            _ => None,
+        };
 
         let message = Canonical {
             method: req.method.as_str(),
@@ -262,19 +298,20 @@ impl Verifier {
             timestamp: timestamp_raw,
             body_sha256: req.body_sha256,
             nonce,
+            host,
         }
         .string_to_sign();
-        if !bool::from(self.mac_matches(key_id, message.as_bytes(), &signature)) {
+        if !bool::from(self.mac_matches(key, message.as_bytes(), &signature)) {
             return Err(Failure::BadMac);
         }
 
         Ok(Authenticated { key_id: key_id.to_owned(), timestamp, signature })
     }
 
-    /// Whether any secret of `key_id` produced `signature`, doing the same work for an
+    /// Whether any secret of `key` produced `signature`, doing the same work for an
     /// unknown key, a key with fewer secrets, and a match in any position.
-    fn mac_matches(&self, key_id: &str, message: &[u8], signature: &[u8; 32]) -> Choice {
-        let secrets = self.keys.get(key_id).map_or(&[][..], Vec::as_slice);
+    fn mac_matches(&self, key: Option<&KeyState>, message: &[u8], signature: &[u8; 32]) -> Choice {
+        let secrets = key.map_or(&[][..], |key| key.secrets.as_slice());
         let mut matched = Choice::from(0);
         for slot in 0..self.slots {
             let (state, real) = match secrets.get(slot) {

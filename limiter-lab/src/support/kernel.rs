@@ -1,6 +1,10 @@
 //! The XDP program loaded under a private pin directory, for `BPF_PROG_TEST_RUN`.
 
-use std::path::PathBuf;
+use std::{
+    path::PathBuf,
+    sync::Barrier,
+    time::{Duration, Instant},
+};
 
 use aya::programs::{TestRun as _, TestRunOptions};
 use limiter::{
@@ -27,7 +31,7 @@ pub struct TestKernel {
 impl TestKernel {
     pub fn new(config: &XdpConfig) -> Self {
         let pin_dir = PathBuf::from("/sys/fs/bpf").join(unique("limiter-test-"));
-        let options = LoadOptions { pin_dir: pin_dir.clone(), max_sources: config.max_sources.get(), log: false };
+        let options = LoadOptions::for_config(pin_dir.clone(), config);
         let mut kernel = Kernel::load(&options).expect("load XDP program (run as root)");
         kernel.maps_mut().apply(config).expect("apply config");
         Self { kernel, pin_dir }
@@ -41,6 +45,23 @@ impl TestKernel {
     pub fn try_run(&self, frame: &[u8]) -> Result<u32, aya::programs::ProgramError> {
         let options = TestRunOptions { data_in: Some(frame), ..TestRunOptions::default() };
         Ok(self.kernel.program().expect("program").test_run(options)?.return_value)
+    }
+
+    /// Runs the program `repeat` times on `frame` in the kernel from two threads at
+    /// once (two CPUs on this machine), started together; how long both took.
+    pub fn run_on_two_cpus(&self, frame: &[u8], repeat: u32) -> Duration {
+        let start_together = Barrier::new(2);
+        let started = Instant::now();
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    start_together.wait();
+                    let options = TestRunOptions { data_in: Some(frame), repeat, ..TestRunOptions::default() };
+                    self.kernel.program().expect("program").test_run(options).expect("test run");
+                });
+            }
+        });
+        started.elapsed()
     }
 
     pub fn counter(&self, counter: Counter) -> u64 {

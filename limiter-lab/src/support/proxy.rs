@@ -175,6 +175,31 @@ pub fn proxy_config(text: &str, upstream: SocketAddr) -> Arc<limiter::config::Pr
 /// The head of a test config: `[proxy]` with the listen and upstream keys set.
 pub const PROXY_HEAD: &str = "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\n";
 
+/// A config with one signed route: key `k-pay` (plan `basic`, 1000 a minute) signing
+/// with the secret in `secret_file`, and rule `transfer` (`/api/transfer`, 100 a
+/// second per key) requiring signatures; `extra` goes into `[proxy]`.
+pub fn signed_route_config(extra: &str, secret_file: &Path) -> String {
+    format!(
+        r#"{PROXY_HEAD}{extra}
+[proxy.plans.basic]
+limit = 1000
+window = "1m"
+[[proxy.keys]]
+id = "k-pay"
+plan = "basic"
+secrets = ["file:{}"]
+[[proxy.rules]]
+name = "transfer"
+path = "/api/transfer"
+require_signature = true
+key = "api_key"
+limit = 100
+window = "1s"
+"#,
+        secret_file.display()
+    )
+}
+
 impl RunningProxy {
     /// A proxy on the config `text` (see [`PROXY_HEAD`]), measuring time with a fake
     /// clock that reads the wall clock's time at the start and moves only when a test

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use limiter_lab::report::{AlgorithmRow, Algorithms, Outcome};
 
-use super::{Bench, markdown::num, svg::bar_chart};
+use super::{Bench, format::num, svg::bar_chart};
 
 pub const TITLE: &str = "4. Decisions per second";
 

@@ -86,8 +86,11 @@ pub fn limiter_conf(dir: &Path, name: &str, port: u16, upstream: u16, rules: &st
     let extra = if rules.is_empty() {
         String::new()
     } else {
+        // The bench's unsigned requests name the key: a bearer key, so that its plan
+        // and per-key rule count them.
         format!(
-            "{PLAN}{rules}\n[[proxy.keys]]\nid = \"{KEY_ID}\"\nplan = \"bench\"\nsecrets = [\"file:{}\"]\n",
+            "{PLAN}{rules}\n[[proxy.keys]]\nid = \"{KEY_ID}\"\nplan = \"bench\"\nsecrets = [\"file:{}\"]\n\
+             auth = \"bearer\"\n",
             secret.display()
         )
     };

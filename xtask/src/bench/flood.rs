@@ -1,13 +1,15 @@
-//! The flood group: the `bench_flood` example's bounded UDP flood on a veth pair
-//! against no filter, an nftables meter and limiter.
+//! The flood groups: the `bench_flood` example's bounded UDP flood on a veth pair
+//! against no filter, an nftables meter, limiter and limiter with a new-source
+//! budget; once from a set of spoofed sources, once from a random address per frame.
 
 use std::fmt::Write as _;
 
 use limiter_lab::report::{Flood, Outcome};
 
-use super::{Bench, markdown::num, svg::bar_chart};
+use super::{Bench, format::num, svg::bar_chart};
 
 pub const TITLE: &str = "2. Flood on a veth pair";
+pub const RANDOM_TITLE: &str = "2b. Random-source flood on a veth pair";
 
 /// Packets per second per source, and the well-behaved flow's rate.
 const RATE_PER_SOURCE: u32 = 100;
@@ -21,25 +23,41 @@ pub fn run(bench: &mut Bench) -> Outcome<Flood> {
     )
 }
 
+/// The same flood from a random source address per frame.
+pub fn run_random(bench: &mut Bench) -> Outcome<Flood> {
+    let s = bench.sizes;
+    bench.example(
+        "bench_flood",
+        &[s.flood_packets.to_string(), "0".into(), RATE_PER_SOURCE.to_string(), GOOD_PPS.to_string()],
+    )
+}
+
 pub fn markdown(m: &mut String, fl: &Flood) {
+    let (title, sources) = if fl.spoofed_sources == 0 {
+        (RANDOM_TITLE, "a random source address per frame".to_owned())
+    } else {
+        (TITLE, format!("{} spoofed sources", fl.spoofed_sources))
+    };
     let _ = writeln!(
         m,
-        "## {TITLE}\n\n{} UDP frames from {} spoofed sources (trafgen, one CPU), limit {} packets/s per source (burst {}), \
-         plus one well-behaved flow at {} packets/s. Receiving side's CPU = softirq time on the flooding CPU (background rate removed).\n",
-        fl.flood_packets, fl.spoofed_sources, fl.rate_per_source, fl.burst_per_source, fl.good_pps
+        "## {title}\n\n{} UDP frames from {sources} (trafgen, one CPU), limit {} packets/s per source (burst {}), \
+         plus one well-behaved flow at {} packets/s; `limiter+budget` adds `[xdp.new_sources]` of {} packets/s (burst the same). \
+         Receiving side's CPU = softirq time on the flooding CPU (background rate removed).\n",
+        fl.flood_packets, fl.rate_per_source, fl.burst_per_source, fl.good_pps, fl.new_source_budget
     );
     let _ = writeln!(
         m,
-        "| filter | softirq ms per M packets | flood packets/s | dropped | well-behaved delivered | XDP program ns/packet (bpf_stats) |\n|---|---|---|---|---|---|"
+        "| filter | softirq ms per M packets | flood packets/s | dropped | admitted | well-behaved delivered | XDP program ns/packet (bpf_stats) |\n|---|---|---|---|---|---|---|"
     );
     for r in &fl.rows {
         let _ = writeln!(
             m,
-            "| {} | {} | {} | {} | {}/{} ({:.1} %) | {} |",
+            "| {} | {} | {} | {} | {:.2} % | {}/{} ({:.1} %) | {} |",
             r.filter,
             num(Some(r.softirq_ms_per_million_packets), 0),
             num(Some(r.flood_packets_per_second), 0),
             r.dropped,
+            r.admitted_share * 100.0,
             r.good_received,
             r.good_sent,
             r.good_delivery * 100.0,
@@ -49,8 +67,11 @@ pub fn markdown(m: &mut String, fl: &Flood) {
     let _ = writeln!(
         m,
         "\nOn veth every frame arrives as an skb that native XDP must first turn into an XDP buffer (a copy), so the \
-         softirq figure includes a per-packet cost a hardware driver does not have; the program's own share is the bpf_stats column.\n\n![flood](flood.svg)\n"
+         softirq figure includes a per-packet cost a hardware driver does not have; the program's own share is the bpf_stats column.\n"
     );
+    if fl.spoofed_sources != 0 {
+        let _ = writeln!(m, "![flood](flood.svg)\n");
+    }
 }
 
 pub fn charts(fl: &Flood) -> Vec<(&'static str, String)> {

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use limiter_lab::report::{Hmac, Outcome};
 
-use super::{Bench, markdown::num, svg::bar_chart};
+use super::{Bench, format::num, svg::bar_chart};
 
 pub const TITLE: &str = "5. HMAC verification";
 

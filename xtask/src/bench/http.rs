@@ -13,7 +13,7 @@ use super::{
     configs::{
         KEY_ID, LIMITER_RULES, LIMITER_SIGNED, SECRET, WRK_DONE, limiter_conf, nginx_limit_req_conf, upstream_conf,
     },
-    markdown::num,
+    format::num,
     process::{Server, free_port},
     svg::bar_chart,
 };

@@ -22,11 +22,6 @@ pub fn summary_table(report: &Report) -> String {
     s
 }
 
-/// A figure with `digits` decimals, or a dash when it was not measured.
-pub fn num(v: Option<f64>, digits: usize) -> String {
-    v.map_or("—".into(), |x| format!("{x:.digits$}"))
-}
-
 /// A group's section, or a line saying why it has none.
 fn section<T>(m: &mut String, title: &str, outcome: &Outcome<T>, write: fn(&mut String, &T)) {
     match outcome {
@@ -63,6 +58,7 @@ pub fn markdown(report: &Report) -> String {
     let _ = writeln!(m, "## Targets\n\n{}", summary_table(report));
     section(&mut m, xdp::TITLE, &report.xdp_cost, xdp::markdown);
     section(&mut m, flood::TITLE, &report.flood, flood::markdown);
+    section(&mut m, flood::RANDOM_TITLE, &report.random_flood, flood::markdown);
     section(&mut m, http::TITLE, &report.http, http::markdown);
     section(&mut m, algorithms::TITLE, &report.algorithms, algorithms::markdown);
     section(&mut m, hmac::TITLE, &report.hmac, hmac::markdown);

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use limiter_lab::report::{Memory, Outcome};
 
-use super::{Bench, markdown::num};
+use super::{Bench, format::num};
 
 pub const TITLE: &str = "6. Memory";
 

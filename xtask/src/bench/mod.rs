@@ -13,6 +13,7 @@ mod algorithms;
 mod configs;
 mod environment;
 mod flood;
+mod format;
 mod hmac;
 mod http;
 mod markdown;
@@ -152,6 +153,7 @@ impl Bench {
         let started = Instant::now();
         let xdp_cost = xdp::run(&mut self);
         let flood = flood::run(&mut self);
+        let random_flood = flood::run_random(&mut self);
         let http = http::run(&mut self);
         let http = self.outcome("http", http);
         let algorithms = algorithms::run(&mut self);
@@ -163,6 +165,7 @@ impl Bench {
             seconds: started.elapsed().as_secs_f64(),
             xdp_cost,
             flood,
+            random_flood,
             http,
             algorithms,
             hmac,
@@ -253,9 +256,10 @@ mod tests {
         }
         let xdp = report.xdp_cost.measured().expect("xdp group");
         assert!(xdp.known_source_ns > 0.0, "{xdp:?}");
-        assert_eq!(report.flood.measured().map(|f| f.rows.len()), Some(3));
+        assert_eq!(report.flood.measured().map(|f| f.rows.len()), Some(4));
+        assert_eq!(report.random_flood.measured().map(|f| f.spoofed_sources), Some(0));
         assert_eq!(report.http.measured().map(|h| h.rows.len()), Some(5));
-        assert_eq!(report.targets.len(), 7);
+        assert_eq!(report.targets.len(), 9);
         // The report reads back as what was written.
         let written = fs::read_to_string(out.join("report.json")).expect("report.json");
         let read: Report = serde_json::from_str(&written).expect("report.json parses as a Report");

@@ -30,6 +30,40 @@ pub fn targets(report: &Report) -> Vec<Target> {
         fresh.map(|n| n < 400.0),
     ));
 
+    let refused = xdp.map(|x| x.unknown_refused_vs_known);
+    list.push(target(
+        "XDP unknown source refused by the new-source budget",
+        "≤ 2 × known source",
+        xdp.map_or("—".into(), |x| {
+            format!(
+                "{:.2} × ({:.0} ns vs {:.0} ns)",
+                x.unknown_refused_vs_known, x.unknown_refused_by_budget_ns, x.known_source_ns
+            )
+        }),
+        refused.map(|r| r <= 2.0),
+    ));
+    let budgeted = report
+        .random_flood
+        .measured()
+        .and_then(|f| f.rows.iter().find(|r| r.filter == "limiter+budget").map(|r| (f, r)));
+    // The budget's burst, plus its rate over the flood, plus one second of slack.
+    let allowed = budgeted.map(|(f, r)| f64::from(f.new_source_budget) * (r.flood_seconds + 2.0));
+    let admitted = budgeted.map(|(_, r)| r.flood_packets.saturating_sub(r.dropped) as f64);
+    list.push(target(
+        "Random-source flood with the new-source budget",
+        "admitted within the budget, well-behaved flow ≥ 99 % delivered",
+        budgeted.map_or("—".into(), |(_, r)| {
+            format!(
+                "{:.0} admitted ({:.2} %, budget allows {:.0}), delivery {:.1} %",
+                admitted.unwrap_or(0.0),
+                r.admitted_share * 100.0,
+                allowed.unwrap_or(0.0),
+                r.good_delivery * 100.0
+            )
+        }),
+        budgeted.map(|(_, r)| admitted <= allowed && r.good_delivery >= 0.99),
+    ));
+
     let flood = |name: &str| report.flood.measured().and_then(|f| f.rows.iter().find(|r| r.filter == name));
     let per_m = |name| flood(name).map(|r| r.softirq_ms_per_million_packets);
     // Zero means the flood was too short for the tick-based accounting to see it.

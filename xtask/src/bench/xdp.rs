@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use limiter_lab::report::{Outcome, XdpCost};
 
-use super::{Bench, markdown::num, svg::bar_chart};
+use super::{Bench, format::num, svg::bar_chart};
 
 pub const TITLE: &str = "1. XDP cost per packet";
 
@@ -15,12 +15,18 @@ pub fn run(bench: &mut Bench) -> Outcome<XdpCost> {
 }
 
 /// The cases in report order, with their labels.
-fn cases(x: &XdpCost) -> [(&'static str, &'static str, f64); 4] {
+fn cases(x: &XdpCost) -> [(&'static str, &'static str, f64); 6] {
     [
         ("XDP_PASS only (floor)", "XDP_PASS floor", x.xdp_pass_floor_ns),
         ("limiter, known source", "known source", x.known_source_ns),
         ("limiter, new source, full map", "new source, full map", x.new_source_full_map_ns),
         ("limiter, known source, 10 000 CIDRs", "known source, 10k CIDRs", x.known_source_10k_cidrs_ns),
+        (
+            "limiter, unknown source refused by the new-source budget",
+            "unknown, budget empty",
+            x.unknown_refused_by_budget_ns,
+        ),
+        ("limiter, known source with a /24 aggregate", "known source + aggregate", x.known_source_with_aggregate_ns),
     ]
 }
 

@@ -1,7 +1,7 @@
 //! Bucket state in the fleet's Redis (`proxy.store = "redis"`): limits that hold
 //! across every agent sharing the server.
 //!
-//! Each step of the [`Store`](super::Store) contract (check every bucket, then charge)
+//! Each step of the [`Store`](limiter_core::limits::Store) contract (check every bucket, then charge)
 //! is one script call, so one atomic round trip: the script (`apply.lua` after one
 //! file per algorithm, loaded once and called by its SHA, reloaded when the server
 //! answers NOSCRIPT) runs the same arithmetic as the in-memory algorithms, which stay
@@ -70,7 +70,7 @@ impl RedisStore {
         Self { fleet, script: Script::new(SCRIPT), time }
     }
 
-    /// [`Store::apply`](super::Store::apply) in one round trip; `now` is used only
+    /// [`Store::apply`](limiter_core::limits::Store::apply) in one round trip; `now` is used only
     /// with [`TimeSource::Caller`].
     pub async fn apply(
         &self,

@@ -1,0 +1,249 @@
+//! The time and connection bounds, against clients that open connections and stall
+//! them: `body_timeout`, `idle_timeout`, `max_connections`, `max_connections_per_ip`,
+//! and the metrics endpoint's bound on scrapers.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use limiter::{config::Config, escalation::Escalator};
+use limiter_lab::support::proxy::{
+    PATIENCE, PROXY_HEAD, RunningProxy, Upstream, raw_exchange, read_to_close, signed_route_config,
+};
+use tokio::{
+    io::AsyncWriteExt,
+    net::{TcpSocket, TcpStream},
+    sync::mpsc,
+};
+
+const BODY_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A connection from `local` (any 127.0.0.0/8 address is ours on loopback).
+async fn connect_from(local: [u8; 4], proxy: SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket.bind(SocketAddr::from((local, 0))).expect("bind a loopback address");
+    socket.connect(proxy).await.expect("connect to proxy")
+}
+
+/// Sends `request` on a connection from `local` and reads until the proxy closes it.
+/// A connection closed at accept may be reset while the request is being written.
+async fn exchange_from(local: [u8; 4], proxy: SocketAddr, request: &[u8]) -> String {
+    let mut stream = connect_from(local, proxy).await;
+    let _ = stream.write_all(request).await;
+    read_to_close(&mut stream).await
+}
+
+const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+
+/// The head of a chunked upload and its first chunk; the rest never comes.
+const STALLED_CHUNKED: &[u8] = b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n";
+
+fn status_line(response: &str) -> &str {
+    response.lines().next().unwrap_or("")
+}
+
+/// Waits for the 408 on a stalled connection; returns when it came.
+async fn expect_408(stream: &mut TcpStream) -> Instant {
+    let response = read_to_close(stream).await;
+    assert_eq!(status_line(&response), "HTTP/1.1 408 Request Timeout", "{response}");
+    assert!(response.contains("#request-timeout") && response.contains("connection: close"), "{response}");
+    Instant::now()
+}
+
+#[tokio::test]
+async fn stalled_chunked_bodies_hold_at_most_max_connections_and_only_for_body_timeout() {
+    let upstream = Upstream::start().await;
+    let config = format!("{PROXY_HEAD}max_connections = 20\nbody_timeout = \"500ms\"\n");
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let start = Instant::now();
+    let mut stalled = Vec::new();
+    for _ in 0..20 {
+        let mut stream = TcpStream::connect(proxy.addr).await.expect("connect");
+        stream.write_all(STALLED_CHUNKED).await.expect("write head");
+        stalled.push(stream);
+    }
+    // Accepted in order: the 21st finds every place taken and is closed unanswered.
+    assert_eq!(exchange_from([127, 0, 0, 1], proxy.addr, GET).await, "");
+    let stats = proxy.proxy.stats();
+    assert_eq!((stats.connections_refused, stats.connections_refused_reasons["max_connections"]), (1, 1));
+
+    for stream in &mut stalled {
+        let answered = expect_408(stream).await;
+        let after = answered - start;
+        assert!(after >= BODY_TIMEOUT && after < BODY_TIMEOUT + PATIENCE, "408 after {after:?}");
+    }
+    assert_eq!(proxy.proxy.stats().body_timeouts, 20);
+    assert_eq!(upstream.count(), 0, "a chunked body is read whole before forwarding");
+
+    // The places are free again once the proxy has closed its ends.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let response = exchange_from([127, 0, 0, 1], proxy.addr, GET).await;
+        if status_line(&response) == "HTTP/1.1 200 OK" {
+            break;
+        }
+        assert!(response.is_empty() && Instant::now() < deadline, "{response}");
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_body_of_known_length_gets_408_on_signed_and_forwarded_routes() {
+    let upstream = Upstream::start().await;
+    let secret = std::env::temp_dir().join(format!("limiter-bounds-secret-{}", std::process::id()));
+    std::fs::write(&secret, "a-secret-of-enough-length").expect("write secret");
+    let config = signed_route_config("body_timeout = \"500ms\"", &secret);
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    // The signed route reads the whole body before it can check the MAC; the other
+    // streams it to the upstream as it comes.
+    for (path, reaches_upstream) in [("/api/transfer", 0), ("/upload", 1)] {
+        let start = Instant::now();
+        let mut stream = TcpStream::connect(proxy.addr).await.expect("connect");
+        let head = format!("POST {path} HTTP/1.1\r\nHost: x\r\nX-API-Key: k-pay\r\nContent-Length: 100\r\n\r\nabc");
+        stream.write_all(head.as_bytes()).await.expect("write");
+        let after = expect_408(&mut stream).await - start;
+        assert!(after >= BODY_TIMEOUT && after < BODY_TIMEOUT + PATIENCE, "{path}: 408 after {after:?}");
+        assert_eq!(upstream.count(), reaches_upstream, "{path}");
+    }
+    assert_eq!(proxy.proxy.stats().body_timeouts, 2);
+    // A body that comes in time is not affected.
+    let response = raw_exchange(
+        proxy.addr,
+        b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+    )
+    .await;
+    assert_eq!(status_line(&response), "HTTP/1.1 200 OK", "{response}");
+    let _ = std::fs::remove_file(secret);
+}
+
+#[tokio::test]
+async fn one_peer_gets_max_connections_per_ip_and_its_refusals_escalate() {
+    let upstream = Upstream::start().await;
+    let config = format!("{PROXY_HEAD}max_connections_per_ip = 3\ntrusted_proxies = [\"127.0.0.3/32\"]\n");
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let whole = Config::parse(
+        &format!(
+            "[xdp]\ninterfaces = [\"lo\"]\n[xdp.limit]\npackets_per_second = 10\nburst = 20\n\
+             {PROXY_HEAD}[escalation]\nthreshold = 1\n"
+        )
+        .replace("{upstream}", &upstream.addr.to_string()),
+        Path::new("test.toml"),
+    )
+    .expect("escalation config");
+    let (escalations, mut escalated) = mpsc::channel(8);
+    proxy.proxy.escalate_to(Arc::new(Escalator::new(&whole, escalations)));
+
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(connect_from([127, 0, 0, 1], proxy.addr).await);
+    }
+    for _ in 0..2 {
+        assert_eq!(exchange_from([127, 0, 0, 1], proxy.addr, GET).await, "");
+    }
+    // Another peer, and a trusted proxy with more connections than one client's
+    // share, are served meanwhile.
+    let response = exchange_from([127, 0, 0, 2], proxy.addr, GET).await;
+    assert_eq!(status_line(&response), "HTTP/1.1 200 OK", "{response}");
+    for _ in 0..4 {
+        held.push(connect_from([127, 0, 0, 3], proxy.addr).await);
+    }
+    let response = exchange_from([127, 0, 0, 3], proxy.addr, GET).await;
+    assert_eq!(status_line(&response), "HTTP/1.1 200 OK", "{response}");
+
+    let stats = proxy.proxy.stats();
+    assert_eq!(stats.connections_refused_reasons["max_connections_per_ip"], 2);
+    assert_eq!(stats.connections_refused_reasons["max_connections"], 0);
+    // Threshold 1: the second refusal crosses it.
+    let escalation =
+        tokio::time::timeout(PATIENCE, escalated.recv()).await.expect("escalated in time").expect("escalation");
+    assert_eq!(escalation.cidr.addr(), IpAddr::from([127, 0, 0, 1]));
+    assert_eq!(escalation.cidr.prefix_len(), 32);
+}
+
+#[tokio::test]
+async fn a_keep_alive_connection_waits_idle_timeout_for_its_next_request_not_header_timeout() {
+    let upstream = Upstream::start().await;
+    let idle = Duration::from_millis(1500);
+    let config = format!("{PROXY_HEAD}header_timeout = \"300ms\"\nidle_timeout = \"1500ms\"\n");
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let mut stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    // The proxy starts waiting once it has sent the last response: after that was asked for.
+    let mut asked = Instant::now();
+    for _ in 0..2 {
+        asked = Instant::now();
+        stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
+        let mut response = Vec::new();
+        while !response.ends_with(b"\r\n\r\nok") {
+            let mut buf = [0; 1024];
+            let n = tokio::time::timeout(PATIENCE, tokio::io::AsyncReadExt::read(&mut stream, &mut buf))
+                .await
+                .expect("response in time")
+                .expect("read");
+            assert!(n > 0, "closed before the response: {}", String::from_utf8_lossy(&response));
+            response.extend_from_slice(&buf[..n]);
+        }
+        assert!(response.starts_with(b"HTTP/1.1 200 OK"), "{}", String::from_utf8_lossy(&response));
+    }
+    // Idle for longer than header_timeout, the connection stays; after idle_timeout
+    // it is closed without a word.
+    let rest = read_to_close(&mut stream).await;
+    let after = asked.elapsed();
+    assert_eq!(rest, "");
+    assert!(after >= idle && after < idle + PATIENCE, "closed after {after:?}");
+    assert_eq!(upstream.count(), 2);
+    assert_eq!(proxy.proxy.stats().timeouts, 0);
+}
+
+/// The metrics endpoint of an agent without kernel layer or proxy, serving until
+/// the task is aborted.
+async fn metrics_endpoint() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    use limiter::metrics::{AgentGauges, MetricsSources, serve};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind metrics");
+    let addr = listener.local_addr().expect("metrics address");
+    let sources = MetricsSources { pin_dir: "/nonexistent".into(), agent: AgentGauges::default().into(), proxy: None };
+    (addr, tokio::spawn(serve(listener, sources)))
+}
+
+#[tokio::test]
+async fn the_metrics_endpoint_serves_a_bounded_number_of_scrapers() {
+    let (addr, metrics) = metrics_endpoint().await;
+    let mut stalled = Vec::new();
+    for _ in 0..8 {
+        stalled.push(TcpStream::connect(addr).await.expect("connect"));
+    }
+    let scrape = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    assert_eq!(exchange_from([127, 0, 0, 1], addr, scrape).await, "", "a ninth scraper is closed at accept");
+    drop(stalled.pop());
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let response = exchange_from([127, 0, 0, 1], addr, scrape).await;
+        if response.starts_with("HTTP/1.1 200 OK") {
+            assert!(response.contains("limiter_config_reloads_total"), "{response}");
+            break;
+        }
+        assert!(response.is_empty() && Instant::now() < deadline, "{response}");
+        tokio::task::yield_now().await;
+    }
+    metrics.abort();
+}
+
+/// tokio's clock is paused: whenever every task waits it jumps to the next timer, so
+/// the endpoint's ten-second header timeout passes at once.
+#[tokio::test(start_paused = true)]
+async fn a_scraper_that_stalls_its_request_is_cut_off() {
+    let (addr, metrics) = metrics_endpoint().await;
+    let start = tokio::time::Instant::now();
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").await.expect("write");
+    let mut buf = [0; 1024];
+    let read = tokio::time::timeout(Duration::from_secs(3600), tokio::io::AsyncReadExt::read(&mut stream, &mut buf));
+    let closed = read.await.expect("the stalled scraper was still connected an hour later");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    let after = start.elapsed();
+    assert!(after >= Duration::from_secs(10) && after < Duration::from_secs(60), "closed after {after:?}");
+    metrics.abort();
+}

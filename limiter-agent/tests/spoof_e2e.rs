@@ -1,0 +1,306 @@
+//! Spoofed floods end to end: the agent (kernel layer and proxy) on two veths, a
+//! bounded `hping3 --rand-source` flood from one namespace, a calm UDP source in the
+//! same namespace and an HTTP client in the other. Needs root and hping3.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use limiter::xdp::{KernelMaps, source_key};
+use limiter_common::counters::Counter;
+use limiter_lab::{
+    netns::{VethNamespace, spawn_in_namespace},
+    support::{
+        agent::{AgentProcess, agent_section},
+        proxy::Upstream,
+        unique,
+    },
+    traffic,
+};
+
+/// Packets each flood sends: bounded in count, and in time by `FLOOD_TIMEOUT`.
+const FLOOD: u64 = 40_000;
+const FLOOD_TIMEOUT: &str = "30";
+const BUDGET_RATE: u64 = 100;
+const BUDGET_BURST: u64 = 100;
+
+/// Two namespaces behind two veths, the agent attached to both host sides and its
+/// proxy listening on the second.
+struct Site {
+    flood: VethNamespace,
+    clients: VethNamespace,
+    flood_host: Ipv4Addr,
+    calm: Ipv4Addr,
+    client: Ipv4Addr,
+    proxy: SocketAddr,
+    /// The agent's config text.
+    config: String,
+    agent: AgentProcess,
+}
+
+impl Site {
+    /// The agent with the new-source budget and `xdp_extra` in `[xdp]`.
+    fn start(upstream: SocketAddr, xdp_extra: &str) -> Self {
+        let name = unique("spf");
+        let net = 150 + u8::try_from(std::process::id() % 50).unwrap_or(0);
+        static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+        let subnet = 2 * NEXT.fetch_add(1, Ordering::Relaxed);
+        let (flood_host, calm) = (Ipv4Addr::new(10, net, subnet, 1), Ipv4Addr::new(10, net, subnet, 2));
+        let (client_host, client) = (Ipv4Addr::new(10, net, subnet + 1, 1), Ipv4Addr::new(10, net, subnet + 1, 2));
+        let short = &name[..name.len().min(12)];
+        let flood = VethNamespace::new(
+            &name,
+            &format!("{short}f"),
+            "eth0",
+            &format!("{flood_host}/24"),
+            &[&format!("{calm}/24")],
+        )
+        .expect("flood namespace");
+        let clients_ns = format!("{name}c");
+        let clients = VethNamespace::new(
+            &clients_ns,
+            &format!("{short}c"),
+            "eth0",
+            &format!("{client_host}/24"),
+            &[&format!("{client}/24")],
+        )
+        .expect("client namespace");
+        let port = TcpListener::bind((client_host, 0)).and_then(|l| l.local_addr()).expect("free port").port();
+        let proxy = SocketAddr::from((client_host, port));
+        let config = format!(
+            r#"{agent}
+[xdp]
+interfaces = ["{flood_if}", "{clients_if}"]
+[xdp.limit]
+packets_per_second = 1000
+burst = 1000
+[xdp.new_sources]
+packets_per_second = {BUDGET_RATE}
+burst = {BUDGET_BURST}
+{xdp_extra}
+
+[proxy]
+listen = "{proxy}"
+upstream = "http://{upstream}"
+"#,
+            agent = agent_section(&name, "keep_attached_on_exit = false"),
+            flood_if = flood.host_if,
+            clients_if = clients.host_if,
+        );
+        let agent = AgentProcess::start(&name, &config);
+        Self { flood, clients, flood_host, calm, client, proxy, config, agent }
+    }
+
+    fn maps(&self) -> KernelMaps {
+        KernelMaps::open_pinned(&self.agent.pin_dir).expect("pinned maps")
+    }
+
+    /// Runs `hping3 args` in the flood namespace, bounded by `FLOOD` packets and
+    /// `FLOOD_TIMEOUT` seconds.
+    fn flood(&self, args: &[&str]) -> Duration {
+        // Replies to spoofed sources would leave by the host's default route. Strict
+        // reverse-path filtering on the lab's link drops every packet the program
+        // passes from a source not routed back through it, before the stack can
+        // answer; the strictest of `all` and the link's own value applies, so a host
+        // set to loose (2) cannot be made safe here.
+        let all = std::fs::read_to_string("/proc/sys/net/ipv4/conf/all/rp_filter").expect("rp_filter");
+        assert_ne!(all.trim(), "2", "net.ipv4.conf.all.rp_filter = 2 would let replies to spoofed sources out");
+        for interface in [&self.flood.host_if, &self.clients.host_if] {
+            let path = format!("/proc/sys/net/ipv4/conf/{interface}/rp_filter");
+            std::fs::write(&path, "1").expect("strict reverse-path filter");
+        }
+        let started = Instant::now();
+        let count = FLOOD.to_string();
+        let target = self.flood_host.to_string();
+        let output = self
+            .flood
+            .command("timeout")
+            .args([FLOOD_TIMEOUT, "hping3", "-q", "--rand-source", "-c", &count, "-i", "u20"])
+            .args(args)
+            .arg(&target)
+            .output()
+            .expect("run hping3 (cargo xtask setup installs it)");
+        // hping3 exits 1 when nothing answers, which spoofed sources never do.
+        assert!(
+            output.status.code().is_some_and(|code| code <= 1),
+            "hping3: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        started.elapsed()
+    }
+}
+
+/// One GET through the proxy on a new connection (from the namespace's only
+/// address); whether it got 200.
+fn get(proxy: SocketAddr) -> bool {
+    let attempt = || -> std::io::Result<bool> {
+        let mut stream = TcpStream::connect_timeout(&proxy, Duration::from_secs(3))?;
+        stream.set_read_timeout(Some(Duration::from_secs(3)))?;
+        stream.write_all(b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply)?;
+        Ok(reply.starts_with("HTTP/1.1 200"))
+    };
+    attempt().unwrap_or(false)
+}
+
+/// Requests from the client namespace until `stop`; (successes, attempts).
+fn keep_requesting(
+    ns: &str,
+    proxy: SocketAddr,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<std::io::Result<(u64, u64)>> {
+    spawn_in_namespace(ns, move || {
+        let (mut ok, mut tried) = (0, 0);
+        while !stop.load(Ordering::Relaxed) {
+            tried += 1;
+            ok += u64::from(get(proxy));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (ok, tried)
+    })
+}
+
+fn verdicts(maps: &KernelMaps) -> u64 {
+    let counters = maps.counter_snapshot().expect("counters");
+    [
+        Counter::Passed,
+        Counter::Allowed,
+        Counter::DroppedRateLimit,
+        Counter::DroppedDeny,
+        Counter::DroppedMalformed,
+        Counter::DroppedNewSource,
+        Counter::DroppedAggregate,
+        Counter::DroppedSyn,
+    ]
+    .iter()
+    .map(|c| counters.get(*c))
+    .sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_random_source_flood_is_held_to_the_budget_while_known_and_verified_clients_are_served() {
+    let upstream = Upstream::start().await;
+    let site = Site::start(upstream.addr, "[xdp.aggregate]\npackets_per_second = 2000\nburst = 2000\n");
+    let receiver = traffic::Receiver::bind(site.flood_host).expect("receiver");
+    // Known before the flood: the calm source by its first datagrams, the client by
+    // a completed handshake (which also verifies it).
+    traffic::send(&site.flood.ns, site.calm, receiver.addr, 5, 5).expect("calm source");
+    let proxy = site.proxy;
+    let first = spawn_in_namespace(&site.clients.ns, move || get(proxy));
+    assert_eq!(first.join().expect("client").ok(), Some(true), "the first request");
+    let maps = site.maps();
+    let calm_key = source_key(IpAddr::V4(site.calm), 64);
+    let client_key = source_key(IpAddr::V4(site.client), 64);
+    assert!(maps.is_verified(&client_key), "the proxy marked its client verified");
+    assert!(maps.source(&calm_key).is_some() && maps.source(&client_key).is_some());
+
+    let before = maps.counter_snapshot().expect("counters");
+    let seen_before = verdicts(&maps);
+    let calm_before = maps.source(&calm_key).expect("calm");
+    let client_before = maps.source(&client_key).expect("client");
+    const CALM: u64 = 100;
+    let stop = Arc::new(AtomicBool::new(false));
+    let requests = keep_requesting(&site.clients.ns, site.proxy, stop.clone());
+    let (calm_sent, elapsed) = std::thread::scope(|scope| {
+        let calm = scope.spawn(|| traffic::send(&site.flood.ns, site.calm, receiver.addr, CALM, 1).expect("calm"));
+        let elapsed = site.flood(&["--udp", "-p", "9"]);
+        calm.join().expect("calm source");
+        (CALM, elapsed)
+    });
+    stop.store(true, Ordering::Relaxed);
+    let (ok, tried) = requests.join().expect("client thread").expect("namespace");
+    receiver.settle(Duration::from_millis(200));
+
+    let after = maps.counter_snapshot().expect("counters");
+    let delta = |c: Counter| after.get(c) - before.get(c);
+    let calm_after = maps.source(&calm_key).expect("the calm source is still tracked");
+    let client_after = maps.source(&client_key).expect("the client is still tracked");
+    let admitted_from = |before: limiter_common::maps::SourceState, after: limiter_common::maps::SourceState| {
+        (after.packets - after.dropped) - (before.packets - before.dropped)
+    };
+    // Every packet passed that neither the calm source nor the client sent, and that
+    // is IP: the flood's share (plus the odd link-local packet of the namespaces).
+    let admitted = delta(Counter::Passed)
+        - delta(Counter::NonIp)
+        - admitted_from(calm_before, calm_after)
+        - admitted_from(client_before, client_after);
+    let seen = verdicts(&maps) - seen_before;
+    let calm_received = receiver.from(site.calm).len() as u64 - 5;
+    let allowed = BUDGET_BURST + (elapsed.as_secs_f64() * BUDGET_RATE as f64).ceil() as u64 + 10;
+    eprintln!(
+        "flood: {admitted} of ~{FLOOD} admitted in {elapsed:?} ({} refused as new sources); calm source: \
+         {calm_received} of {calm_sent}; HTTP client: {ok} of {tried}",
+        delta(Counter::DroppedNewSource)
+    );
+    assert!(seen >= FLOOD * 9 / 10, "the flood did not reach the program: {seen} packets seen");
+    assert!(admitted <= allowed, "{admitted} flood packets admitted, the budget allows {allowed}");
+    assert_eq!(calm_received, calm_sent, "the calm source lost packets");
+    assert!(tried >= 3 && ok * 100 >= tried * 99, "HTTP client: {ok} of {tried} requests succeeded");
+    let stats = site.agent.cli_json(&["stats", "--json"]);
+    assert_eq!(stats["xdp"]["packets"]["dropped_new_source"].as_u64(), Some(after.get(Counter::DroppedNewSource)));
+    assert_eq!(stats["xdp"]["new_sources"]["burst"].as_u64(), Some(BUDGET_BURST), "{stats}");
+    assert!(stats["xdp"]["verified"]["tracked"].as_u64() >= Some(1), "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_syn_flood_from_random_sources_leaves_a_verified_client_connecting() {
+    let upstream = Upstream::start().await;
+    let site = Site::start(upstream.addr, "[xdp.syn]\npackets_per_second = 100\nburst = 100\n");
+    let proxy = site.proxy;
+    let first = spawn_in_namespace(&site.clients.ns, move || get(proxy));
+    assert_eq!(first.join().expect("client").ok(), Some(true), "the first request");
+    let before = site.maps().counter_snapshot().expect("counters");
+    let stop = Arc::new(AtomicBool::new(false));
+    let requests = keep_requesting(&site.clients.ns, site.proxy, stop.clone());
+    let port = site.proxy.port().to_string();
+    let elapsed = site.flood(&["-S", "-p", &port]);
+    stop.store(true, Ordering::Relaxed);
+    let (ok, tried) = requests.join().expect("client thread").expect("namespace");
+    let after = site.maps().counter_snapshot().expect("counters");
+    let refused = (after.get(Counter::DroppedNewSource) + after.get(Counter::DroppedSyn))
+        - (before.get(Counter::DroppedNewSource) + before.get(Counter::DroppedSyn));
+    eprintln!("SYN flood: {refused} of ~{FLOOD} refused in {elapsed:?}; client: {ok} of {tried} connected");
+    assert!(refused >= FLOOD * 9 / 10 - BUDGET_BURST, "{refused} SYNs refused");
+    assert!(tried >= 3 && ok == tried, "the client connected {ok} of {tried} times");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_checks_verifies_and_reloads_the_spoofing_defences() {
+    let upstream = Upstream::start().await;
+    let mut site = Site::start(upstream.addr, "");
+    let text = |output: &std::process::Output| {
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+    };
+    let check = text(&site.agent.cli(&["check"]));
+    assert!(check.contains(&format!("xdp.new_sources: {BUDGET_RATE} pps, burst {BUDGET_BURST}")), "{check}");
+    assert!(check.contains("xdp.syn: off"), "{check}");
+    assert!(check.contains("clients that complete a TCP handshake with the proxy"), "{check}");
+
+    let verified = site.agent.cli(&["verify", "192.0.2.0/30", "--ttl", "1m"]);
+    assert!(verified.status.success(), "{}", text(&verified));
+    assert_eq!(String::from_utf8_lossy(&verified.stdout), "verified 192.0.2.0/30 (4 sources) for 1m\n");
+    assert!(site.maps().is_verified(&source_key("192.0.2.3".parse().expect("ip"), 64)));
+    assert_eq!(site.agent.cli_json(&["stats", "--json"])["xdp"]["verified"]["tracked"].as_u64(), Some(4));
+    let unverified = site.agent.cli(&["unverify", "192.0.2.0/24"]);
+    assert_eq!(String::from_utf8_lossy(&unverified.stdout), "unverified 192.0.2.0/24 (4 sources)\n");
+    let again = site.agent.cli(&["unverify", "192.0.2.0/24"]);
+    assert!(!again.status.success() && text(&again).contains("no verified source in 192.0.2.0/24"), "{}", text(&again));
+    let too_wide = site.agent.cli(&["verify", "10.0.0.0/8"]);
+    assert!(!too_wide.status.success() && text(&too_wide).contains("action = \"allow\""), "{}", text(&too_wide));
+
+    let with_xdp = |table: &str| site.config.replace("\n[proxy]\n", &format!("\n{table}\n[proxy]\n"));
+    let with_syn = with_xdp("[xdp.syn]\npackets_per_second = 100\nburst = 100\n");
+    let resized = with_xdp("[xdp.aggregate]\nmax_prefixes = 1024\n");
+    let reloaded = site.agent.reload_with(&with_syn);
+    assert!(text(&reloaded).contains("xdp.syn: off -> 100 pps, burst 100"), "{}", text(&reloaded));
+    let refused = site.agent.reload_with(&resized);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(text(&refused).contains("xdp.aggregate.max_prefixes"), "{}", text(&refused));
+}
