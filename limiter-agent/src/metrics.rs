@@ -37,6 +37,9 @@ pub struct AgentGauges {
     pub reloads_ok: AtomicU64,
     pub reloads_rejected: AtomicU64,
     pub last_reload_unix: AtomicU64,
+    /// Escalated blocks (local or from the fleet) refused as malformed, too wide or
+    /// protected.
+    pub blocks_refused: Arc<AtomicU64>,
     pub attached: Mutex<Vec<Attachment>>,
 }
 
@@ -89,6 +92,13 @@ pub fn render(sources: &MetricsSources) -> String {
         "limiter_config_last_reload_timestamp_seconds {}",
         agent.last_reload_unix.load(Ordering::Relaxed)
     );
+    family(
+        &mut out,
+        "limiter_escalation_blocks_refused_total",
+        "counter",
+        "Escalated blocks refused: wider than one source, or covering an allow CIDR or trusted proxy.",
+    );
+    let _ = writeln!(out, "limiter_escalation_blocks_refused_total {}", agent.blocks_refused.load(Ordering::Relaxed));
     if let Some(proxy) = &sources.proxy {
         render_proxy(&mut out, proxy);
     }

@@ -353,6 +353,306 @@ fn json_logs_are_one_object_per_line() {
     assert_eq!(record["fields"]["mode"], "native");
 }
 
+/// Runs `limiter run -c config` as a second agent; its exit status (within 30 s) and
+/// its stderr.
+fn second_run(config: &Path) -> (Option<i32>, String) {
+    let mut child = Command::new(limiter_lab::support::agent::limiter_bin())
+        .args(["run", "-c"])
+        .arg(config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start limiter run");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().expect("second agent");
+    (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+#[test]
+fn a_second_agent_on_the_same_pins_or_socket_exits_before_touching_a_map() {
+    let lab = XdpLab::start(1, "", &limit(1_234, 100));
+    let enforcing = |pin_dir: &Path| KernelMaps::open_pinned(pin_dir).expect("maps").settings().expect("settings");
+    assert_eq!(enforcing(&lab.agent.pin_dir).enforce, 1);
+
+    // Same pins, same socket, enforcement off: it would turn the running one's off.
+    let dry_run = lab.agent.dir.join("second.toml");
+    std::fs::write(&dry_run, lab.config_with("", &format!("enforce = false\n{}", limit(99, 9)))).expect("config");
+    let (code, stderr) = second_run(&dry_run);
+    let settings = enforcing(&lab.agent.pin_dir);
+    assert_eq!((settings.enforce, settings.default_rate.per_second()), (1, 1_234), "the live settings stay");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("another agent runs on"), "{stderr}");
+
+    // Same socket, other pins: it must not load a program onto the interface.
+    let other_pins = format!("/sys/fs/bpf/{}-second", lab.name);
+    let other = lab.agent.dir.join("other-pins.toml");
+    let text = lab.config_with("", &limit(99, 9)).replace(&lab.agent.pin_dir.display().to_string(), &other_pins);
+    std::fs::write(&other, text).expect("config");
+    let (code, stderr) = second_run(&other);
+    let loaded = Path::new(&other_pins).exists();
+    let _ = limiter::xdp::detach_all(Path::new(&other_pins));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("another agent runs on"), "{stderr}");
+    assert!(!loaded, "the second agent created its pins: {stderr}");
+    assert_eq!(limiter::xdp::attached(&lab.agent.pin_dir).expect("attached").len(), 1);
+    assert_eq!(enforcing(&lab.agent.pin_dir).default_rate.per_second(), 1_234);
+
+    // The running agent still answers.
+    assert!(lab.agent.cli(&["reload"]).status.success());
+}
+
+#[test]
+fn a_reload_that_changes_a_key_read_only_at_start_is_refused_naming_it_and_applies_nothing() {
+    let redis = limiter_lab::support::redis::TestRedis::shared();
+    let prefix = limiter_lab::support::redis::unique_prefix("restart-only");
+    let port = free_port();
+    let body = |xdp: &str, limit_pps: u32, proxy: &str, signature: &str, escalation: &str| {
+        format!(
+            "{xdp}{}[proxy]\nlisten = \"127.0.0.1:{port}\"\nupstream = \"http://127.0.0.1:9\"\n{}{proxy}\n\
+             [proxy.signature]\n{signature}\n[escalation]\nenabled = {escalation}\n",
+            limit(limit_pps, 100),
+            limiter_lab::support::redis::redis_keys(&redis, &prefix, "allow"),
+        )
+    };
+    let lab = XdpLab::start(1, "", &body("", 1_234, "", "", "false"));
+    // Each with a live change too (the rate), which must not be applied either.
+    let refused = [
+        ("agent.log_format", lab.config_with("log_format = \"json\"", &body("", 99, "", "", "false"))),
+        (
+            "agent.metrics",
+            lab.config_with(&format!("metrics = \"127.0.0.1:{}\"", free_port()), &body("", 99, "", "", "false")),
+        ),
+        ("xdp.max_sources", lab.config_with("", &body("max_sources = 5000\n", 99, "", "", "false"))),
+        ("xdp.mode", lab.config_with("", &body("mode = \"generic\"\n", 99, "", "", "false"))),
+        (
+            "proxy.store",
+            lab.config_with("", &body("", 99, "", "", "false")).replace("store = \"redis\"", "store = \"memory\""),
+        ),
+        (
+            "proxy.redis_url",
+            lab.config_with("", &body("", 99, "", "", "false")).replace(redis.url(), "redis://127.0.0.1:1/"),
+        ),
+        ("proxy.redis_prefix", lab.config_with("", &body("", 99, "", "", "false")).replace(&prefix, "other:")),
+        ("proxy.redis_timeout", lab.config_with("", &body("", 99, "redis_timeout = \"250ms\"", "", "false"))),
+        (
+            "proxy.signature.replay_cache_size",
+            lab.config_with("", &body("", 99, "", "replay_cache_size = 10", "false")),
+        ),
+        (
+            "proxy.signature.idempotency_ttl",
+            lab.config_with("", &body("", 99, "", "idempotency_ttl = \"1h\"", "false")),
+        ),
+        (
+            "proxy.signature.idempotency_max_entries",
+            lab.config_with("", &body("", 99, "", "idempotency_max_entries = 10", "false")),
+        ),
+        (
+            "proxy.signature.idempotency_max_body_bytes",
+            lab.config_with("", &body("", 99, "", "idempotency_max_body_bytes = 10", "false")),
+        ),
+        (
+            "proxy.signature.idempotency_max_bytes",
+            lab.config_with("", &body("", 99, "", "idempotency_max_bytes = 100000", "false")),
+        ),
+        ("escalation.enabled", lab.config_with("", &body("", 99, "", "", "true"))),
+        ("[proxy]", lab.config_with("", &limit(99, 100))),
+        (
+            "agent.pin_dir",
+            lab.config_with("", &body("", 99, "", "", "false"))
+                .replace(&lab.agent.pin_dir.display().to_string(), &format!("{}-moved", lab.agent.pin_dir.display())),
+        ),
+    ];
+    for (key, text) in &refused {
+        lab.agent.write_config(text);
+        let output = lab.agent.cli(&["reload"]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{key}: reload must fail: {stderr}");
+        assert!(stderr.contains(key) && stderr.contains("restart"), "{key}: must be named: {stderr}");
+        assert_eq!(default_pps(&lab.agent.pin_dir), 1_234, "{key}: nothing of the file may be applied");
+    }
+    // A moved socket cannot be reached by `limiter reload`: SIGHUP reloads it.
+    let socket = lab.agent.socket.display().to_string();
+    lab.agent
+        .write_config(&lab.config_with("", &body("", 99, "", "", "false")).replace(&socket, &format!("{socket}2")));
+    let pid = i32::try_from(lab.agent.child.as_ref().expect("agent").id()).expect("pid");
+    // SAFETY: plain kill(2) on the test's own child.
+    unsafe { libc::kill(pid, libc::SIGHUP) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !lab.agent.log().contains("agent.admin_socket: cannot change") {
+        assert!(Instant::now() < deadline, "SIGHUP with a moved socket: {}", lab.agent.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(default_pps(&lab.agent.pin_dir), 1_234, "agent.admin_socket: nothing of the file may be applied");
+
+    // Two at once: both named.
+    let both = lab.config_with("log_format = \"json\"", &body("", 1_234, "", "replay_cache_size = 10", "false"));
+    lab.agent.write_config(&both);
+    let stderr = String::from_utf8_lossy(&lab.agent.cli(&["reload"]).stderr).into_owned();
+    assert!(stderr.contains("agent.log_format") && stderr.contains("proxy.signature.replay_cache_size"), "{stderr}");
+
+    lab.agent.write_config(&lab.config_with("", &body("", 99, "", "", "false")));
+    let output = lab.agent.cli(&["reload"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(default_pps(&lab.agent.pin_dir), 99);
+}
+
+#[test]
+fn the_watcher_never_applies_a_file_caught_half_written() {
+    use std::io::Write as _;
+    let lab = XdpLab::start(1, "", &limit(1_234, 100));
+    let deny = "[[xdp.cidr]]\ncidr = \"192.0.2.0/24\"\naction = \"deny\"\n[[xdp.cidr]]\ncidr = \"198.51.100.0/24\"\naction = \"deny\"\n";
+    let full = lab.config_with("", &format!("{}{deny}", limit(777, 100)));
+    // Cut before the deny rules: the half parses, with the new rate and no rule.
+    let (half, rest) = full.split_at(full.find("[[xdp.cidr]]").expect("rules"));
+
+    let mut file = std::fs::File::create(lab.agent.config_path()).expect("config");
+    file.write_all(half.as_bytes()).expect("write");
+    // The writer stalls for longer than two watch intervals.
+    std::thread::sleep(Duration::from_millis(1_200));
+    assert_eq!(default_pps(&lab.agent.pin_dir), 1_234, "the half-written file was applied");
+    file.write_all(rest.as_bytes()).expect("write");
+    drop(file);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while default_pps(&lab.agent.pin_dir) != 777 {
+        assert!(Instant::now() < deadline, "the completed file is not applied: {}", lab.agent.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cidrs = KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps").cidrs().expect("cidrs");
+    assert_eq!(cidrs.len(), 2, "{cidrs:?}");
+    let stats = lab.agent.cli_json(&["stats", "--json"]);
+    assert_eq!(stats["agent"]["reloads"]["ok"], 1, "one reload, of the whole file: {stats}");
+}
+
+#[test]
+fn check_warns_about_a_trusted_proxy_the_kernel_layer_would_limit_as_one_client() {
+    let dir = std::env::temp_dir().join(unique("check-proxies"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("limiter.toml");
+    let config = format!(
+        "[xdp]\ninterfaces = [\"eth0\"]\n{}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\n\
+         [proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:9\"\n\
+         trusted_proxies = [\"10.1.0.0/16\", \"192.0.2.10/32\"]\n",
+        limit(100, 100)
+    );
+    std::fs::write(&path, config).expect("config");
+    let output = Command::new(limiter_lab::support::agent::limiter_bin())
+        .arg("check")
+        .arg("-c")
+        .arg(&path)
+        .output()
+        .expect("check");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("proxy.trusted_proxies 192.0.2.10/32 is not covered"), "{stderr}");
+    assert!(!stderr.contains("10.1.0.0/16"), "covered by the allow rule: {stderr}");
+}
+
+fn ip(args: &[&str]) -> String {
+    let output = Command::new("ip").args(args).output().expect("ip");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn a_reload_whose_kernel_step_fails_rolls_back_its_interfaces_settings_and_rules() {
+    use limiter::config::xdp::{CidrAction, CidrRule};
+    let mut lab = XdpLab::start(1, "", &limit(1_234, 100));
+    let (dummy, peer) =
+        (format!("{}d", &lab.name[..lab.name.len().min(13)]), format!("{}p", &lab.name[..lab.name.len().min(13)]));
+    ip(&["link", "add", &dummy, "type", "veth", "peer", "name", &peer]);
+    ip(&["link", "set", &dummy, "up"]);
+    ip(&["link", "set", &peer, "up"]);
+    // The IPv4 rules trie is full, so that the reload's new rule cannot go in.
+    let filler: Vec<CidrRule> = (0..limiter_common::maps::MAX_CIDRS)
+        .map(|i| CidrRule {
+            cidr: ipnet::IpNet::from(std::net::IpAddr::from(std::net::Ipv4Addr::from(0xac10_0000 + i))),
+            action: CidrAction::Deny,
+            aggregate: None,
+        })
+        .collect();
+    KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps").sync_cidrs(&filler).expect("fill the trie");
+
+    let two_interfaces = format!("interfaces = [\"{}\", \"{dummy}\"]", lab.net.host_if);
+    let text = lab
+        .config_with(
+            "",
+            &format!("enforce = false\n{}[[xdp.cidr]]\ncidr = \"192.0.2.0/24\"\naction = \"deny\"\n", limit(99, 9)),
+        )
+        .replace(&format!("interfaces = [\"{}\"]", lab.net.host_if), &two_interfaces);
+    // From another file: the agent's watcher keeps to its own, unchanged one.
+    let output = lab.agent.reload_with(&text);
+    let dummy_link = ip(&["-d", "link", "show", &dummy]);
+    ip(&["link", "del", &dummy]);
+
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("applying the kernel layer failed"), "{stderr}");
+    assert!(!stderr.contains("attaching"), "the rules failed, after the attach: {stderr}");
+    assert!(!dummy_link.contains("xdp"), "the interface attached by the failed reload stays attached: {dummy_link}");
+    let attached = limiter::xdp::attached(&lab.agent.pin_dir).expect("attached");
+    assert_eq!(attached.iter().map(|a| a.interface.as_str()).collect::<Vec<_>>(), [lab.net.host_if.as_str()]);
+    let maps = KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps");
+    let settings = maps.settings().expect("settings");
+    assert_eq!((settings.enforce, settings.default_rate.per_second()), (1, 1_234), "settings flipped back");
+    let cidrs = maps.cidrs().expect("cidrs");
+    assert!(
+        cidrs.is_empty(),
+        "the trie holds the running config's rules (none), not {}: {}",
+        cidrs.len(),
+        lab.agent.log()
+    );
+    assert!(lab.agent.log().contains("the running config stays in force"), "{}", lab.agent.log());
+}
+
+#[test]
+fn escalation_added_by_a_reload_to_an_agent_started_without_the_kernel_layer_is_refused() {
+    let name = unique("esc-late");
+    let proxy = format!("[proxy]\nlisten = \"127.0.0.1:{}\"\nupstream = \"http://127.0.0.1:9\"\n", free_port());
+    let mut agent = limiter_lab::support::agent::AgentProcess::start(
+        &name,
+        &format!("{}{proxy}", limiter_lab::support::agent::agent_section(&name, "")),
+    );
+    // The interface does not exist: were the refusal missing, the attach would fail
+    // with another message.
+    let text = format!(
+        "{}[xdp]\ninterfaces = [\"nosuch0\"]\n{}{proxy}[escalation]\nthreshold = 3\n",
+        limiter_lab::support::agent::agent_section(&name, ""),
+        limit(100, 100)
+    );
+    let output = agent.reload_with(&text);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("escalation (the agent started without [xdp])"), "{stderr}");
+}
+
+#[test]
+fn a_reload_that_adds_the_kernel_layer_on_pins_another_agent_holds_is_refused() {
+    use limiter_lab::support::agent::{AgentProcess, agent_section};
+    let lab = XdpLab::start(1, "", &limit(1_234, 100));
+    // A proxy-only agent on the same pin dir (it holds no lock on it yet).
+    let name = unique("pins-late");
+    let pins = lab.agent.pin_dir.display().to_string();
+    let section = agent_section(&name, "").replace(&format!("/sys/fs/bpf/{name}"), &pins);
+    let proxy = format!("[proxy]\nlisten = \"127.0.0.1:{}\"\nupstream = \"http://127.0.0.1:9\"\n", free_port());
+    let mut agent = AgentProcess::start(&name, &format!("{section}{proxy}"));
+    let text =
+        format!("{section}[xdp]\ninterfaces = [\"{}\"]\nenforce = false\n{}{proxy}", lab.net.host_if, limit(99, 9));
+    let output = agent.reload_with(&text);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let settings = KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps").settings().expect("settings");
+    assert_eq!((settings.enforce, settings.default_rate.per_second()), (1, 1_234), "the live settings stay");
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("another agent runs on {pins}")), "{stderr}");
+}
+
 /// CPU time the process `pid` has used, in clock ticks (1/100 s on Linux).
 fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");

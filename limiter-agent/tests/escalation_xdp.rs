@@ -30,6 +30,11 @@ struct Site {
 
 impl Site {
     fn start(subnet: u8, redis: &str, upstream: SocketAddr) -> Self {
+        Self::start_with(subnet, redis, upstream, "")
+    }
+
+    /// With `xdp_rules` (`[[xdp.cidr]]` tables) in the config.
+    fn start_with(subnet: u8, redis: &str, upstream: SocketAddr, xdp_rules: &str) -> Self {
         let name = unique("esc");
         let net = 200 + (std::process::id() % 50) as u8;
         let host = Ipv4Addr::new(10, net, subnet, 1);
@@ -52,7 +57,7 @@ mode = "auto"
 [xdp.limit]
 packets_per_second = 100000
 burst = 100000
-
+{xdp_rules}
 [proxy]
 listen = "{proxy}"
 upstream = "http://{upstream}"
@@ -166,6 +171,82 @@ async fn an_agent_that_starts_later_learns_the_active_blocks() {
             "a late agent learns the block: {}",
             later.agent.log()
         );
+    })
+    .await
+    .expect("test thread");
+}
+
+/// Sends `command` to the Redis at `url`.
+fn redis_command<T: redis::FromRedisValue>(url: &str, command: &redis::Cmd) -> T {
+    let mut connection = redis::Client::open(url).and_then(|c| c.get_connection()).expect("redis connection");
+    command.query(&mut connection).expect("redis command")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_fleet_blocks_malformed_wider_than_one_source_or_covering_an_allow_cidr_are_refused_and_counted() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("escalation-forged");
+    let keys = redis_keys(&redis, &prefix, "allow");
+    let url = redis.url().to_owned();
+    let upstream = Upstream::start().await;
+    let upstream_addr = upstream.addr;
+
+    tokio::task::spawn_blocking(move || {
+        let (set, channel) = (format!("{prefix}blocks"), format!("{prefix}escalations"));
+        // Forged into the set of active blocks before the agent starts (it learns them
+        // at start), and published on the channel once it follows it.
+        let (server_secs, _): (u64, u64) = redis_command(&url, &redis::cmd("TIME"));
+        let expiry = server_secs * 1000 + 60_000;
+        let recorded = ["0.0.0.0/0", "::/0"];
+        for cidr in recorded {
+            let _: i64 = redis_command(&url, redis::cmd("ZADD").arg(&set).arg(expiry).arg(cidr));
+        }
+        let rules = r#"
+[[xdp.cidr]]
+cidr = "192.0.2.0/24"
+action = "allow"
+[[xdp.cidr]]
+cidr = "2001:db8:1::5/128"
+action = "allow"
+"#;
+        let site = Site::start_with(12, &keys, upstream_addr, rules);
+        let subscribed = eventually(Duration::from_secs(5), || {
+            let numsub: (String, i64) = redis_command(&url, redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel));
+            numsub.1 > 0
+        });
+        assert!(subscribed.is_some(), "the agent follows the channel: {}", site.agent.log());
+        let wide = format!("{}/16", Ipv4Addr::from(site.client.to_bits() & 0xffff_0000));
+        let published = [
+            "0.0.0.0/0",
+            &wide,
+            "192.0.2.7/32",      // inside an allow CIDR
+            "192.0.2.0/23",      // around one
+            "2001:db8:1::/64",   // the prefix of an allow CIDR narrower than it
+            "2001:db8:2::/48",   // wider than xdp.ipv6_prefix
+            "::ffff:0.0.0.0/96", // every IPv4 source, mapped
+            "203.0.113.9/32",    // one source: blocked
+        ];
+        let malformed = ["10.0.0.1/33 60000", "203.0.113.10/32 0", "203.0.113.11/32", "garbage"];
+        let messages = published.iter().map(|cidr| format!("{cidr} 60000"));
+        for message in malformed.iter().map(|m| (*m).to_owned()).chain(messages) {
+            let _: i64 = redis_command(&url, redis::cmd("PUBLISH").arg(&channel).arg(message));
+        }
+
+        // Messages are applied in order, so once the valid one is in place every
+        // forged one was dealt with.
+        assert!(
+            eventually(Duration::from_secs(5), || site.blocks("203.0.113.9/32")).is_some(),
+            "a valid fleet block is applied: {}",
+            site.agent.log()
+        );
+        for cidr in recorded.iter().chain(&published[..published.len() - 1]) {
+            assert!(!site.blocks(cidr), "{cidr} must not be blocked: {}", site.agent.log());
+        }
+        let stats = site.agent.cli_json(&["stats", "--json"]);
+        let refused = recorded.len() + malformed.len() + published.len() - 1;
+        assert_eq!(stats["agent"]["escalation"]["blocks_refused"], refused);
+        assert!(!site.blocks("203.0.113.10/32") && !site.blocks("203.0.113.11/32"));
+        assert_eq!(site.get(), Some(200), "the client still reaches the proxy");
     })
     .await
     .expect("test thread");

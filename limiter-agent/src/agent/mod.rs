@@ -3,7 +3,9 @@
 //! stops cleanly on SIGTERM.
 
 pub mod admin;
+pub mod lock;
 mod reload;
+mod watch;
 mod xdp;
 
 use std::{
@@ -79,6 +81,8 @@ pub enum AgentError {
     #[error("signal handler: {0}")]
     Signal(#[source] std::io::Error),
     #[error(transparent)]
+    Lock(#[from] lock::LockError),
+    #[error(transparent)]
     Proxy(#[from] crate::proxy::ProxyError),
     #[error("escalation: {0}")]
     Fleet(#[from] crate::fleet::FleetError),
@@ -136,6 +140,7 @@ pub struct Agent {
     gauges: Arc<AgentGauges>,
     /// With both the proxy and the kernel layer: the proxy's rejections escalate.
     escalation: Option<EscalationRuntime>,
+    lock: lock::AgentLock,
     /// With both: the proxy marks every peer it accepts verified.
     verifier: Option<Arc<crate::xdp::Verifier>>,
 }
@@ -155,7 +160,7 @@ const ESCALATION_QUEUE: usize = 1024;
 
 impl Agent {
     /// Puts `config` in force: loads and attaches the kernel layer, binds the proxy.
-    pub async fn start(config_path: PathBuf, loaded: LoadedConfig) -> Result<Self, AgentError> {
+    pub async fn start(config_path: PathBuf, loaded: LoadedConfig, lock: lock::AgentLock) -> Result<Self, AgentError> {
         let LoadedConfig { config, secrets } = loaded;
         let xdp = match &config.xdp {
             Some(xdp) => Some(XdpRuntime::start(&config, xdp)?),
@@ -165,24 +170,16 @@ impl Agent {
             Some(proxy) => Some(ProxyRuntime::start(proxy, &secrets).await?),
             None => None,
         };
+        let gauges = Arc::<AgentGauges>::default();
         let escalation = match (&proxy, &config.proxy, &xdp) {
             (Some(runtime), Some(proxy_config), Some(_)) => {
-                Some(EscalationRuntime::start(&config, proxy_config, &runtime.proxy)?)
+                Some(EscalationRuntime::start(&config, proxy_config, &runtime.proxy, &gauges)?)
             }
             _ => None,
         };
         let applied_text = std::fs::read_to_string(&config_path).ok();
-        let mut agent = Self {
-            config_path,
-            config,
-            secrets,
-            applied_text,
-            xdp,
-            proxy,
-            gauges: Arc::default(),
-            escalation,
-            verifier: None,
-        };
+        let mut agent =
+            Self { config_path, config, secrets, applied_text, xdp, proxy, gauges, escalation, verifier: None, lock };
         agent.connect_verifier()?;
         agent.publish_attachments();
         Ok(agent)
@@ -229,7 +226,12 @@ impl Agent {
     /// Re-reads the config (from `path`, or the agent's own file) and applies it.
     /// On error nothing changed and the running config stays in force.
     pub fn reload(&mut self, path: Option<&Path>) -> Result<Vec<String>, ReloadError> {
-        let result = self.try_reload(path.unwrap_or(&self.config_path.clone()));
+        self.reload_text(path, None)
+    }
+
+    /// Reloads `text` when given (what the watcher saw settle), else the file.
+    fn reload_text(&mut self, path: Option<&Path>, text: Option<String>) -> Result<Vec<String>, ReloadError> {
+        let result = self.try_reload(path.unwrap_or(&self.config_path.clone()), text);
         match &result {
             Ok(changes) => {
                 self.gauges.reloads_ok.fetch_add(1, Ordering::Relaxed);
@@ -237,7 +239,7 @@ impl Agent {
             }
             Err(error) => {
                 self.gauges.reloads_rejected.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(%error, "config rejected; the running config stays in force");
+                tracing::error!(%error, in_force = %self.config_path.display(), "config rejected; the running config stays in force");
             }
         }
         self.gauges.last_reload_unix.store(SystemClock.now().as_secs(), Ordering::Relaxed);
@@ -245,13 +247,20 @@ impl Agent {
         result
     }
 
-    fn try_reload(&mut self, path: &Path) -> Result<Vec<String>, ReloadError> {
-        let text = std::fs::read_to_string(path).map_err(|source| {
-            ReloadError::Invalid(crate::config::ConfigError::Read { path: path.to_owned(), source })
-        })?;
+    fn try_reload(&mut self, path: &Path, text: Option<String>) -> Result<Vec<String>, ReloadError> {
+        let text = match text {
+            Some(text) => text,
+            None => std::fs::read_to_string(path).map_err(|source| {
+                ReloadError::Invalid(crate::config::ConfigError::Read { path: path.to_owned(), source })
+            })?,
+        };
         // Secrets are read here, in the agent's environment, not the CLI's.
         let LoadedConfig { config: new, secrets } = LoadedConfig::parse(&text, path)?;
         reload::check_restartless(&self.config, &new)?;
+        // Escalation is wired to the proxy and the kernel layer when the agent starts.
+        if self.escalation.is_none() && new.proxy.is_some() && new.escalation.as_ref().is_some_and(|e| e.enabled) {
+            return Err(ReloadError::NeedsRestart("escalation (the agent started without [xdp])".to_owned()));
+        }
         let mut changes = Vec::new();
         // The proxy first: its reconfigure is all or nothing, and it is undone below
         // if the kernel layer then fails.
@@ -298,7 +307,22 @@ impl Agent {
         match (&mut self.xdp, &new.xdp) {
             (Some(runtime), Some(xdp)) => {
                 let added = runtime.attach_all(&xdp.interfaces, xdp.mode)?;
-                let cidrs = runtime.kernel.maps_mut().apply(xdp)?;
+                let cidrs = match runtime.kernel.maps_mut().apply(xdp) {
+                    Ok(cidrs) => cidrs,
+                    Err(error) => {
+                        // Back to the running config: this reload's interfaces off, its
+                        // settings and rules replaced by the old ones.
+                        for attachment in &added {
+                            runtime.detach(&attachment.interface);
+                        }
+                        if let Some(old) = &self.config.xdp
+                            && let Err(undo) = runtime.kernel.maps_mut().apply(old)
+                        {
+                            tracing::error!(%undo, "restoring the running [xdp] settings and rules failed: the kernel layer may hold part of the rejected config");
+                        }
+                        return Err(error.into());
+                    }
+                };
                 changes.extend(reload::describe_xdp(self.config.xdp.as_ref(), Some(xdp), &cidrs));
                 changes.extend(added.iter().map(|a| format!("xdp.interfaces attached {} ({})", a.interface, a.mode)));
                 let removed: Vec<String> = runtime
@@ -313,6 +337,7 @@ impl Agent {
                 }
             }
             (None, Some(xdp)) => {
+                self.lock.pin_dir(&new.agent.pin_dir)?;
                 let runtime = XdpRuntime::start(new, xdp)?;
                 changes.extend(reload::describe_xdp(None, Some(xdp), &Default::default()));
                 changes.extend(
@@ -340,6 +365,11 @@ impl Agent {
     fn escalate(&mut self, escalation: Escalation) {
         let Some(xdp) = &mut self.xdp else { return };
         let Escalation { cidr, ttl, local } = escalation;
+        if let Some(Err(refused)) = self.escalation.as_ref().map(|e| e.escalator.check(cidr)) {
+            self.gauges.blocks_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%refused, local, "escalated block refused");
+            return;
+        }
         match xdp.kernel.maps_mut().block(cidr, Some(ttl)) {
             Ok(()) if local => tracing::warn!(%cidr, ?ttl, "source blocked: too many rejections"),
             Ok(()) => tracing::info!(%cidr, ?ttl, "source blocked: escalated by another agent"),
@@ -354,9 +384,10 @@ impl Agent {
         }
     }
 
-    /// Whether the config file differs from what was last applied.
-    fn file_changed(&self) -> bool {
-        std::fs::read_to_string(&self.config_path).ok() != self.applied_text
+    /// Reads the config file for the watcher: its text once an edit has settled.
+    fn settled_edit(&self, settle: &mut watch::Settle) -> Option<String> {
+        let current = std::fs::read_to_string(&self.config_path).ok();
+        settle.observe(current, self.applied_text.as_deref(), std::time::Instant::now())
     }
 
     /// Agent-side figures for `limiter stats` (the kernel counters come from the pins).
@@ -370,6 +401,7 @@ impl Agent {
                 "rejected": gauges.reloads_rejected.load(Ordering::Relaxed),
                 "last_unix": gauges.last_reload_unix.load(Ordering::Relaxed),
             },
+            "escalation": { "blocks_refused": gauges.blocks_refused.load(Ordering::Relaxed) },
             "proxy": self.proxy.as_ref().map(|p| p.proxy.stats()),
         })
     }
@@ -392,14 +424,15 @@ impl Agent {
     }
 }
 
-/// How often the config file is checked for edits.
-const WATCH_INTERVAL: Duration = Duration::from_secs(1);
-
 /// Runs the agent until SIGTERM/SIGINT (or `limiter detach`).
 pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), AgentError> {
     let socket_path = loaded.config.agent.admin_socket.clone();
     let metrics_addr = loaded.config.agent.metrics;
-    let mut agent = Agent::start(config_path, loaded).await?;
+    let lock = lock::AgentLock::acquire(&loaded.config)?;
+    for proxy in escalation::unshielded_trusted_proxies(&loaded.config) {
+        tracing::warn!(%proxy, "trusted proxy not covered by an [[xdp.cidr]] rule: XDP limits it as one client");
+    }
+    let mut agent = Agent::start(config_path, loaded, lock).await?;
     if let Some(logger) = agent.xdp.as_mut().and_then(|x| x.kernel.take_logger()) {
         spawn_log_reader(logger);
     }
@@ -414,7 +447,8 @@ pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), Agent
     let mut hangup = signal(SignalKind::hangup()).map_err(AgentError::Signal)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(AgentError::Signal)?;
-    let mut watch = tokio::time::interval(WATCH_INTERVAL);
+    let mut watch = tokio::time::interval(watch::WATCH_INTERVAL);
+    let mut settle = watch::Settle::default();
     let mut escalations = agent.escalation.as_mut().and_then(|e| e.requests.take());
     tracing::info!(admin_socket = %socket_path.display(), "agent running");
     let detach = loop {
@@ -423,9 +457,9 @@ pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), Agent
             _ = terminate.recv() => break false,
             _ = interrupt.recv() => break false,
             _ = watch.tick() => {
-                if agent.file_changed() {
+                if let Some(text) = agent.settled_edit(&mut settle) {
                     tracing::info!("config file changed");
-                    let _ = agent.reload(None);
+                    let _ = agent.reload_text(None, Some(text));
                 }
             }
             Some(escalation) = next(&mut escalations) => agent.escalate(escalation),
@@ -460,7 +494,12 @@ async fn next(escalations: &mut Option<mpsc::Receiver<Escalation>>) -> Option<Es
 impl EscalationRuntime {
     /// Hands the proxy its escalator and, with a shared store and escalation on,
     /// follows the fleet's blocks.
-    fn start(config: &Config, proxy_config: &crate::config::ProxyConfig, proxy: &Proxy) -> Result<Self, AgentError> {
+    fn start(
+        config: &Config,
+        proxy_config: &crate::config::ProxyConfig,
+        proxy: &Proxy,
+        gauges: &AgentGauges,
+    ) -> Result<Self, AgentError> {
         let (sender, requests) = mpsc::channel(ESCALATION_QUEUE);
         let escalator = Arc::new(Escalator::new(config, sender.clone()));
         proxy.escalate_to(escalator.clone());
@@ -469,7 +508,7 @@ impl EscalationRuntime {
             StoreKind::Redis if enabled => {
                 let fleet =
                     Fleet::connect(&proxy_config.redis_url, &proxy_config.redis_prefix, proxy_config.redis_timeout.0)?;
-                tokio::spawn(escalation::follow(fleet.clone(), sender));
+                tokio::spawn(escalation::follow(fleet.clone(), sender, gauges.blocks_refused.clone()));
                 Some(fleet)
             }
             StoreKind::Redis | StoreKind::Memory => None,

@@ -8,6 +8,7 @@ use limiter_core::LimitSpec;
 use crate::{
     config::{
         Config, ProxyConfig,
+        proxy::StoreKind,
         xdp::{PacketLimit, XdpConfig},
     },
     xdp::CidrChanges,
@@ -18,49 +19,69 @@ use crate::{
 pub enum ReloadError {
     #[error(transparent)]
     Invalid(#[from] crate::config::ConfigError),
-    #[error("{0} cannot change while the agent runs; restart it to apply")]
-    NeedsRestart(&'static str),
+    #[error("{0}: cannot change while the agent runs; restart it to apply")]
+    NeedsRestart(String),
     #[error("applying the kernel layer failed: {0}")]
     Xdp(#[from] crate::xdp::XdpError),
     #[error("applying the proxy failed: {0}")]
     Proxy(String),
+    #[error(transparent)]
+    Lock(#[from] super::lock::LockError),
 }
 
-/// Refuses changes that only a restart can make.
+/// Refuses changes that only a restart can make, naming every such key: a reload
+/// never reports success while one of them is silently left as it was.
 pub fn check_restartless(old: &Config, new: &Config) -> Result<(), ReloadError> {
-    if old.agent.pin_dir != new.agent.pin_dir {
-        return Err(ReloadError::NeedsRestart("agent.pin_dir"));
+    let changed: Vec<&str> =
+        restart_only(old, new).into_iter().filter_map(|(key, differs)| differs.then_some(key)).collect();
+    if changed.is_empty() { Ok(()) } else { Err(ReloadError::NeedsRestart(changed.join(", "))) }
+}
+
+/// Every key read only when the agent starts, and whether it differs. The rest
+/// apply live: `[xdp]` settings and rules (and interfaces) through the maps, the
+/// proxy's through its snapshot and engine, `keep_attached_on_exit` at stop.
+fn restart_only(old: &Config, new: &Config) -> Vec<(&'static str, bool)> {
+    let (a, b) = (&old.agent, &new.agent);
+    let mut keys = vec![
+        ("agent.pin_dir", a.pin_dir != b.pin_dir),
+        ("agent.admin_socket", a.admin_socket != b.admin_socket),
+        ("agent.metrics", a.metrics != b.metrics),
+        ("agent.log_format (the logger is set up at start)", a.log_format != b.log_format),
+        ("[proxy] (adding or removing the proxy)", old.proxy.is_some() != new.proxy.is_some()),
+    ];
+    if let (Some(a), Some(b)) = (&old.xdp, &new.xdp) {
+        keys.push(("xdp.max_sources (the sources map is sized when created)", a.max_sources != b.max_sources));
+        keys.push(("xdp.mode (attached interfaces keep theirs)", a.mode != b.mode));
+        keys.push((
+            "xdp.aggregate.max_prefixes (the map is sized when created)",
+            a.aggregate.max_prefixes != b.aggregate.max_prefixes,
+        ));
+        keys.push(("xdp.verified.max (the map is sized when created)", a.verified.max != b.verified.max));
     }
-    if old.agent.admin_socket != new.agent.admin_socket {
-        return Err(ReloadError::NeedsRestart("agent.admin_socket"));
+    if let (Some(a), Some(b)) = (&old.proxy, &new.proxy) {
+        let (sa, sb) = (&a.signature, &b.signature);
+        keys.extend([
+            ("proxy.listen", a.listen != b.listen),
+            ("proxy.store", a.store != b.store),
+            ("proxy.redis_url", a.redis_url != b.redis_url),
+            ("proxy.redis_prefix", a.redis_prefix != b.redis_prefix),
+            ("proxy.redis_timeout", a.redis_timeout != b.redis_timeout),
+            ("proxy.signature.replay_cache_size", sa.replay_cache_size != sb.replay_cache_size),
+            ("proxy.signature.idempotency_ttl", sa.idempotency_ttl != sb.idempotency_ttl),
+            ("proxy.signature.idempotency_max_entries", sa.idempotency_max_entries != sb.idempotency_max_entries),
+            (
+                "proxy.signature.idempotency_max_body_bytes",
+                sa.idempotency_max_body_bytes != sb.idempotency_max_body_bytes,
+            ),
+            ("proxy.signature.idempotency_max_bytes", sa.idempotency_max_bytes != sb.idempotency_max_bytes),
+        ]);
+        // The fleet's blocks are followed (or not) from the start.
+        let follows = |c: &Config, p: &ProxyConfig| {
+            p.store == StoreKind::Redis && c.escalation.as_ref().is_some_and(|e| e.enabled)
+        };
+        keys.push(("escalation.enabled (with store = \"redis\")", follows(old, a) != follows(new, b)));
     }
-    if old.agent.metrics != new.agent.metrics {
-        return Err(ReloadError::NeedsRestart("agent.metrics"));
-    }
-    if let (Some(old), Some(new)) = (&old.xdp, &new.xdp)
-        && old.max_sources != new.max_sources
-    {
-        return Err(ReloadError::NeedsRestart("xdp.max_sources (the sources map is sized when created)"));
-    }
-    if let (Some(old), Some(new)) = (&old.xdp, &new.xdp)
-        && old.aggregate.max_prefixes != new.aggregate.max_prefixes
-    {
-        return Err(ReloadError::NeedsRestart("xdp.aggregate.max_prefixes (the map is sized when created)"));
-    }
-    if let (Some(old), Some(new)) = (&old.xdp, &new.xdp)
-        && old.verified.max != new.verified.max
-    {
-        return Err(ReloadError::NeedsRestart("xdp.verified.max (the map is sized when created)"));
-    }
-    if let (Some(old), Some(new)) = (&old.proxy, &new.proxy)
-        && old.listen != new.listen
-    {
-        return Err(ReloadError::NeedsRestart("proxy.listen"));
-    }
-    if old.proxy.is_some() != new.proxy.is_some() {
-        return Err(ReloadError::NeedsRestart("[proxy] (adding or removing the proxy)"));
-    }
-    Ok(())
+    keys
 }
 
 /// Human lines for what changed in `[xdp]`, besides interfaces.

@@ -11,6 +11,13 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
             for warning in secrets.warnings() {
                 eprintln!("warning: {warning}");
             }
+            for proxy in crate::escalation::unshielded_trusted_proxies(&config) {
+                eprintln!(
+                    "warning: proxy.trusted_proxies {proxy} is not covered by an [[xdp.cidr]] rule: the kernel layer \
+                     limits it as one client, with all of its clients' traffic; give it a rule with action = \"allow\" \
+                     or a \"limit\" sized for it"
+                );
+            }
             let layers = [config.xdp.is_some().then_some("xdp"), config.proxy.is_some().then_some("proxy")];
             let layers: Vec<&str> = layers.into_iter().flatten().collect();
             println!(

@@ -36,7 +36,7 @@ pub fn collect(config: &Config) -> Result<Value, CliError> {
     let proxy = agent.as_ref().map_or(Value::Null, |a| a["proxy"].clone());
     let mut stats = json!({ "xdp": xdp, "proxy": proxy });
     if let Some(agent) = agent {
-        stats["agent"] = json!({ "running": true, "reloads": agent["reloads"] });
+        stats["agent"] = json!({ "running": true, "reloads": agent["reloads"], "escalation": agent["escalation"] });
     } else {
         stats["agent"] = json!({ "running": false });
     }

@@ -13,11 +13,20 @@
 //! every agent of the fleet follows the channel ([`follow`]) and blocks the source
 //! too, and an agent that starts (or reconnects) later learns the blocks still active
 //! from a sorted set kept beside the channel.
+//!
+//! Every block, crossed here or learnt from the fleet, is checked against this
+//! agent's config before it reaches the kernel ([`Escalator::check`]): exactly one
+//! source wide (IPv4 /32, IPv6 `/ipv6_prefix`), and covering no `allow` CIDR and no
+//! trusted proxy. Whoever can publish on the channel could otherwise drop all
+//! traffic of every agent with one `0.0.0.0/0`.
 
 use std::{
     net::IpAddr,
     num::NonZeroUsize,
-    sync::{Arc, PoisonError, RwLock},
+    sync::{
+        Arc, PoisonError, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -64,8 +73,18 @@ struct Settings {
     /// The counting policy's identity: a new window or threshold starts over.
     identity: Arc<str>,
     block_ttl: Duration,
-    allowed: Vec<IpNet>,
+    /// `allow` CIDRs and trusted proxies: never blocked, not even in part.
+    protected: Vec<IpNet>,
     ipv6_prefix: u8,
+}
+
+/// Why a block was not put in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BlockRefused {
+    #[error("{0} is not one source wide (IPv4 /32, IPv6 /xdp.ipv6_prefix)")]
+    NotOneSource(IpNet),
+    #[error("{0} overlaps {1}, an allow CIDR or trusted proxy")]
+    Protected(IpNet, IpNet),
 }
 
 impl Settings {
@@ -85,9 +104,11 @@ impl Settings {
             limit,
             identity: identity.into(),
             block_ttl: escalation.map_or(Duration::ZERO, |e| e.block_ttl),
-            allowed: xdp
-                .map(|x| x.cidr.iter().filter(|c| c.action == CidrAction::Allow).map(|c| c.cidr).collect())
-                .unwrap_or_default(),
+            protected: xdp
+                .iter()
+                .flat_map(|x| x.cidr.iter().filter(|c| c.action == CidrAction::Allow).map(|c| c.cidr))
+                .chain(config.proxy.iter().flat_map(|p| p.trusted_proxies.iter().copied()))
+                .collect(),
             ipv6_prefix: xdp.map_or(64, |x| x.ipv6_prefix.0),
         }
     }
@@ -97,6 +118,18 @@ impl Settings {
         let source = source.to_canonical();
         let prefix = if source.is_ipv4() { 32 } else { self.ipv6_prefix };
         IpNet::new(source, prefix).map_or(IpNet::from(source), |net| net.trunc())
+    }
+
+    fn check(&self, cidr: IpNet) -> Result<(), BlockRefused> {
+        if self.cidr(cidr.addr()) != cidr {
+            return Err(BlockRefused::NotOneSource(cidr));
+        }
+        // Either way round: an allow CIDR narrower than the IPv6 prefix lies inside
+        // the block.
+        match self.protected.iter().find(|p| p.contains(&cidr) || cidr.contains(*p)) {
+            Some(protected) => Err(BlockRefused::Protected(cidr, *protected)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -116,12 +149,17 @@ impl Escalator {
         *self.settings.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Settings::new(config));
     }
 
+    /// Whether `cidr` may be blocked under the current config.
+    pub fn check(&self, cidr: IpNet) -> Result<(), BlockRefused> {
+        self.settings.read().unwrap_or_else(PoisonError::into_inner).check(cidr)
+    }
+
     /// Counts one rejection of a directly connected `source`.
     pub fn record(&self, source: IpAddr) {
         let settings = Arc::clone(&self.settings.read().unwrap_or_else(PoisonError::into_inner));
         let Some(limit) = &settings.limit else { return };
         let cidr = settings.cidr(source);
-        if settings.allowed.iter().any(|allowed| allowed.contains(&cidr.addr())) {
+        if settings.check(cidr).is_err() {
             return;
         }
         let key = cidr.to_string();
@@ -133,6 +171,14 @@ impl Escalator {
             let _ = self.sender.try_send(Escalation { cidr, ttl: settings.block_ttl, local: true });
         }
     }
+}
+
+/// Trusted proxies no `[[xdp.cidr]]` rule covers: the kernel layer limits each as
+/// one ordinary client, though it carries all of its clients' traffic.
+#[must_use]
+pub fn unshielded_trusted_proxies(config: &Config) -> Vec<IpNet> {
+    let (Some(xdp), Some(proxy)) = (&config.xdp, &config.proxy) else { return Vec::new() };
+    proxy.trusted_proxies.iter().filter(|t| !xdp.cidr.iter().any(|rule| rule.cidr.contains(*t))).copied().collect()
 }
 
 /// The fleet's names for escalations.
@@ -168,10 +214,11 @@ pub async fn publish(fleet: &Fleet, escalation: Escalation) -> Result<(), FleetE
 /// Follows the fleet's escalations for as long as `sender` is open: the blocks still
 /// active first, then each one published. Reconnects with backoff, learning the
 /// active blocks again each time, so that none published meanwhile is missed.
-pub async fn follow(fleet: Fleet, sender: mpsc::Sender<Escalation>) {
+/// Malformed entries are counted in `refused`.
+pub async fn follow(fleet: Fleet, sender: mpsc::Sender<Escalation>, refused: Arc<AtomicU64>) {
     let mut backoff = MIN_BACKOFF;
     while !sender.is_closed() {
-        match follow_once(&fleet, &sender).await {
+        match follow_once(&fleet, &sender, &refused).await {
             Ok(()) => backoff = MIN_BACKOFF,
             Err(error) => {
                 tracing::debug!(%error, "following the fleet's escalations");
@@ -182,7 +229,7 @@ pub async fn follow(fleet: Fleet, sender: mpsc::Sender<Escalation>) {
     }
 }
 
-async fn follow_once(fleet: &Fleet, sender: &mpsc::Sender<Escalation>) -> Result<(), FleetError> {
+async fn follow_once(fleet: &Fleet, sender: &mpsc::Sender<Escalation>, refused: &AtomicU64) -> Result<(), FleetError> {
     let mut pubsub = fleet.pubsub().await?;
     // Subscribed before listing, so that a block published in between is not lost.
     pubsub.subscribe(channel(fleet)).await?;
@@ -196,23 +243,29 @@ async fn follow_once(fleet: &Fleet, sender: &mpsc::Sender<Escalation>) -> Result
         })
         .await?;
     for pair in active.chunks_exact(2) {
-        if let Some(escalation) = parse(&format!("{} {}", pair[0], pair[1])) {
+        if let Some(escalation) = parse_counted(&format!("{} {}", pair[0], pair[1]), refused) {
             let _ = sender.send(escalation).await;
         }
     }
     let mut messages = pubsub.on_message();
     while let Some(message) = messages.next().await {
-        let Ok(text) = message.get_payload::<String>() else { continue };
-        match parse(&text) {
-            Some(escalation) => {
-                if sender.send(escalation).await.is_err() {
-                    return Ok(());
-                }
-            }
-            None => tracing::warn!(message = %text, "ignoring a malformed fleet escalation"),
+        let text = message.get_payload::<String>().unwrap_or_default();
+        if let Some(escalation) = parse_counted(&text, refused)
+            && sender.send(escalation).await.is_err()
+        {
+            return Ok(());
         }
     }
     Err(FleetError::Down)
+}
+
+fn parse_counted(text: &str, refused: &AtomicU64) -> Option<Escalation> {
+    let escalation = parse(text);
+    if escalation.is_none() {
+        refused.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(message = %text, "ignoring a malformed fleet escalation");
+    }
+    escalation
 }
 
 /// `CIDR TTL_MS`, as published.
@@ -221,3 +274,6 @@ fn parse(text: &str) -> Option<Escalation> {
     let ttl = ttl.parse::<u64>().ok().filter(|&ms| ms > 0)?;
     Some(Escalation { cidr: cidr.parse().ok()?, ttl: Duration::from_millis(ttl), local: false })
 }
+
+#[cfg(test)]
+mod tests;
