@@ -23,6 +23,7 @@ window = "1m"
 [[proxy.keys]]
 id = "k-pay"
 plan = "basic"
+auth = "bearer"
 [[proxy.rules]]
 name = "transfer"
 path = "/api/transfer"

@@ -15,7 +15,12 @@ use limiter_common::{
     },
 };
 
-use super::{XdpError, tries::CidrTries, verified::VerifiedMap};
+use super::{
+    XdpError,
+    map_access::{capacity, map_error, monotonic_now_ns},
+    tries::CidrTries,
+    verified::VerifiedMap,
+};
 use crate::config::xdp::{CidrAction, CidrRule, MalformedAction, PacketLimit, XdpConfig};
 
 /// The program's maps, opened from a loaded program or from their pins.
@@ -61,27 +66,6 @@ impl CidrChanges {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
-    }
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
-#[must_use]
-pub fn monotonic_now_ns() -> u64 {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: an out-pointer to a timespec we own; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut now) };
-    u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
-}
-
-pub(super) fn map_error(name: &'static str) -> impl Fn(aya::maps::MapError) -> XdpError {
-    move |source| XdpError::Map { name, source }
-}
-
-/// `max_entries` of an LRU hash (0 for any other kind).
-pub(super) fn capacity(map: &Map, name: &'static str) -> Result<u32, XdpError> {
-    match map {
-        Map::LruHashMap(data) => Ok(data.info().map_err(map_error(name))?.max_entries()),
-        _ => Ok(0),
     }
 }
 

@@ -7,6 +7,7 @@
 mod attach;
 mod bpffs;
 mod load;
+mod map_access;
 mod maps;
 mod stats;
 mod tries;
@@ -16,7 +17,8 @@ pub use self::{
     attach::{AttachedMode, Attachment, attach, attached, detach, detach_all},
     bpffs::ensure_mounted,
     load::{Kernel, LoadOptions, Logger},
-    maps::{BlockEntry, CidrChanges, KernelMaps, monotonic_now_ns, settings_for},
+    map_access::monotonic_now_ns,
+    maps::{BlockEntry, CidrChanges, KernelMaps, settings_for},
     stats::{CounterSnapshot, SourceRow, XdpStats},
     verified::{Verifier, source_key},
 };

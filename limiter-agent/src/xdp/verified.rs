@@ -22,7 +22,7 @@ use limiter_common::{
 
 use super::{
     XdpError,
-    maps::{capacity, map_error, monotonic_now_ns},
+    map_access::{capacity, map_error, monotonic_now_ns},
 };
 use crate::config::xdp::XdpConfig;
 

@@ -1,0 +1,28 @@
+//! What every typed map wrapper needs: the kernel's clock, an error naming the map,
+//! and an LRU map's size. Apart from `maps.rs` so that the wrappers it holds
+//! (`verified.rs`) need nothing back from it.
+
+use aya::maps::Map;
+
+use super::XdpError;
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
+#[must_use]
+pub fn monotonic_now_ns() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: an out-pointer to a timespec we own; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut now) };
+    u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
+}
+
+pub(super) fn map_error(name: &'static str) -> impl Fn(aya::maps::MapError) -> XdpError {
+    move |source| XdpError::Map { name, source }
+}
+
+/// `max_entries` of an LRU hash (0 for any other kind).
+pub(super) fn capacity(map: &Map, name: &'static str) -> Result<u32, XdpError> {
+    match map {
+        Map::LruHashMap(data) => Ok(data.info().map_err(map_error(name))?.max_entries()),
+        _ => Ok(0),
+    }
+}
