@@ -14,7 +14,7 @@ use limiter_core::{
     signature::{Canonical, sha256, sign_hex},
 };
 use limiter_lab::support::{
-    proxy::{PATIENCE, PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, signed_route_config},
+    proxy::{PATIENCE, PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, secret_file, signed_route_config},
     redis::{TestRedis, redis_keys, unique_prefix},
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -220,9 +220,7 @@ async fn redis_down_denies_while_it_is_away_and_limits_resume() {
 const SECRET: &[u8] = b"k-pay-fleet-secret";
 
 fn signed_config(keys: &str) -> String {
-    let path = std::env::temp_dir().join(format!("limiter-fleet-secret-{}", std::process::id()));
-    std::fs::write(&path, SECRET).expect("secret file");
-    signed_route_config(keys, &path)
+    signed_route_config(keys, &secret_file(SECRET))
 }
 
 async fn send_signed(
@@ -310,8 +308,7 @@ const OTHER: &[u8] = b"k-other-fleet-secret";
 
 /// `signed_config` with a second key, `k-other`, and `extra` in `[proxy]`.
 fn two_keys_config(keys: &str, extra: &str) -> String {
-    let path = std::env::temp_dir().join(format!("limiter-fleet-other-{}", std::process::id()));
-    std::fs::write(&path, OTHER).expect("secret file");
+    let path = secret_file(OTHER);
     let other =
         format!("[[proxy.keys]]\nid = \"k-other\"\nplan = \"basic\"\nsecrets = [\"file:{}\"]\n", path.display());
     format!("{}{other}", signed_config(&format!("{keys}{extra}")))

@@ -11,7 +11,7 @@ use std::{
 
 use limiter::{config::Config, escalation::Escalator};
 use limiter_lab::support::proxy::{
-    PATIENCE, PROXY_HEAD, RunningProxy, Upstream, raw_exchange, read_to_close, signed_route_config,
+    PATIENCE, PROXY_HEAD, RunningProxy, Upstream, raw_exchange, read_to_close, secret_file, signed_route_config,
 };
 use tokio::{
     io::AsyncWriteExt,
@@ -93,8 +93,7 @@ async fn stalled_chunked_bodies_hold_at_most_max_connections_and_only_for_body_t
 #[tokio::test]
 async fn a_stalled_body_of_known_length_gets_408_on_signed_and_forwarded_routes() {
     let upstream = Upstream::start().await;
-    let secret = std::env::temp_dir().join(format!("limiter-bounds-secret-{}", std::process::id()));
-    std::fs::write(&secret, "a-secret-of-enough-length").expect("write secret");
+    let secret = secret_file(b"a-secret-of-enough-length");
     let config = signed_route_config("body_timeout = \"500ms\"", &secret);
     let proxy = RunningProxy::start(&config, upstream.addr).await;
     // The signed route reads the whole body before it can check the MAC; the other

@@ -3,7 +3,9 @@
 //! the upstream receives the path that was matched.
 
 use http::{Method, StatusCode};
-use limiter_lab::support::proxy::{PROXY_HEAD, RunningProxy, TestClient, Upstream, raw_exchange};
+use limiter_lab::support::proxy::{
+    PROXY_HEAD, RunningProxy, TestClient, Upstream, raw_exchange, secret_file, signed_route_config,
+};
 
 const LOGIN: &str = r#"
 [[proxy.rules]]
@@ -16,22 +18,11 @@ limit = 5
 window = "1m"
 "#;
 
-const TRANSFER: &str = r#"
-[proxy.plans.basic]
-limit = 1000
-window = "1m"
-[[proxy.keys]]
-id = "k-pay"
-plan = "basic"
-auth = "bearer"
-[[proxy.rules]]
-name = "transfer"
-path = "/api/transfer"
-require_signature = true
-key = "api_key"
-limit = 100
-window = "1s"
-"#;
+/// The signed route `/api/transfer` of key `k-pay`, with `extra` in `[proxy]`. The
+/// tests send no valid signature: any spelling of the route must be refused unsigned.
+fn transfer(extra: &str) -> String {
+    signed_route_config(extra, &secret_file(b"k-pay-paths-secret"))
+}
 
 fn status_line(response: &str) -> &str {
     response.lines().next().unwrap_or("")
@@ -83,7 +74,7 @@ async fn no_spelling_of_a_path_gets_a_route_bucket_of_its_own() {
 #[tokio::test]
 async fn no_spelling_of_a_signed_route_reaches_the_upstream_unsigned() {
     let upstream = Upstream::start().await;
-    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{TRANSFER}"), upstream.addr).await;
+    let proxy = RunningProxy::start(&transfer(""), upstream.addr).await;
     let client = TestClient::default();
     for variant in [
         "/api/%74ransfer",
@@ -105,9 +96,8 @@ async fn no_spelling_of_a_signed_route_reaches_the_upstream_unsigned() {
 #[tokio::test]
 async fn case_insensitive_paths_fold_case_for_upstreams_that_do() {
     let upstream = Upstream::start().await;
-    let sensitive = RunningProxy::start(&format!("{PROXY_HEAD}{TRANSFER}"), upstream.addr).await;
-    let insensitive =
-        RunningProxy::start(&format!("{PROXY_HEAD}case_insensitive_paths = true\n{TRANSFER}"), upstream.addr).await;
+    let sensitive = RunningProxy::start(&transfer(""), upstream.addr).await;
+    let insensitive = RunningProxy::start(&transfer("case_insensitive_paths = true"), upstream.addr).await;
     let client = TestClient::default();
     // By default another case is another path: the upstream must not fold it.
     let reply = client.request(Method::POST, &sensitive.url("/API/Transfer"), &[], b"").await;
@@ -135,7 +125,7 @@ async fn the_upstream_receives_the_canonical_path_with_the_query_as_sent() {
 #[tokio::test]
 async fn escaped_separators_and_bad_escapes_are_refused_with_400() {
     let upstream = Upstream::start().await;
-    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{TRANSFER}"), upstream.addr).await;
+    let proxy = RunningProxy::start(&transfer(""), upstream.addr).await;
     let targets = ["/api%2Ftransfer", "/api%2ftransfer", "/api%5ctransfer", "/api\\transfer", "/a%00b", "/a%zz", "/a%"];
     for target in targets {
         let request = format!("POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
@@ -151,7 +141,7 @@ async fn escaped_separators_and_bad_escapes_are_refused_with_400() {
 #[tokio::test]
 async fn escaped_slashes_keep_forwards_them_encoded_and_never_as_separators() {
     let upstream = Upstream::start().await;
-    let config = format!("{PROXY_HEAD}escaped_slashes = \"keep\"\n{TRANSFER}");
+    let config = transfer("escaped_slashes = \"keep\"");
     let proxy = RunningProxy::start(&config, upstream.addr).await;
     for target in ["/files/a%2fb", "/files/a\\b", "/files/%2e%2e%5c..%5cx"] {
         let request = format!("GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");

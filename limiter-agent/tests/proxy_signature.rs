@@ -1,17 +1,12 @@
 //! Signed routes through the proxy: verification, replays, rotation, the per-IP
 //! charge for failures, and idempotency keys.
 
-use std::{
-    path::PathBuf,
-    sync::atomic::{AtomicUsize, Ordering},
-};
-
 use http::{Method, StatusCode};
 use limiter_core::{
     Clock as _, SystemClock,
     signature::{Canonical, sha256, sign_hex},
 };
-use limiter_lab::support::proxy::{PATIENCE, PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream};
+use limiter_lab::support::proxy::{PATIENCE, PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, secret_file};
 
 fn unix_now() -> u64 {
     SystemClock.now().as_secs()
@@ -19,15 +14,6 @@ fn unix_now() -> u64 {
 
 const SECRET: &[u8] = b"k-pay-secret";
 const NEW_SECRET: &[u8] = b"k-pay-secret-2";
-
-/// A fresh secret file: tests run concurrently, so none may rewrite another's.
-fn secret_file(secret: &[u8]) -> PathBuf {
-    static FILES: AtomicUsize = AtomicUsize::new(0);
-    let n = FILES.fetch_add(1, Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!("limiter-proxy-test-{}-{n}", std::process::id()));
-    std::fs::write(&path, secret).expect("write secret file");
-    path
-}
 
 fn config(secrets: &[&[u8]], extra: &str) -> String {
     config_with("", 1000, secrets, extra)

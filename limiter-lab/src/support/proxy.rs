@@ -5,8 +5,11 @@
 use std::{
     convert::Infallible,
     net::SocketAddr,
-    path::Path,
-    sync::{Arc, Mutex, PoisonError},
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -174,6 +177,15 @@ pub fn proxy_config(text: &str, upstream: SocketAddr) -> Arc<limiter::config::Pr
 
 /// The head of a test config: `[proxy]` with the listen and upstream keys set.
 pub const PROXY_HEAD: &str = "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\n";
+
+/// A fresh secret file: tests run concurrently, so none may rewrite another's.
+pub fn secret_file(secret: &[u8]) -> PathBuf {
+    static FILES: AtomicUsize = AtomicUsize::new(0);
+    let n = FILES.fetch_add(1, Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("limiter-proxy-test-{}-{n}", std::process::id()));
+    std::fs::write(&path, secret).expect("write secret file");
+    path
+}
 
 /// A config with one signed route: key `k-pay` (plan `basic`, 1000 a minute) signing
 /// with the secret in `secret_file`, and rule `transfer` (`/api/transfer`, 100 a
