@@ -1,0 +1,68 @@
+//! The XDP program's packet parser, built for the host from its own source over an
+//! arbitrary frame (and an arbitrary amount of it in fragments): never a panic or an
+//! overflow, never a read past `data_end` (the frame ends at an unreadable page), and
+//! a verdict that agrees with the bytes it came from.
+
+#![no_main]
+
+// The parser's source names aya-ebpf; on the host that is this stand-in.
+extern crate xdp_host as aya_ebpf;
+
+#[path = "../../limiter-ebpf/src/parse.rs"]
+mod parse;
+
+use libfuzzer_sys::fuzz_target;
+use limiter_common::addr::{as_v4, mask_v6, v4_mapped};
+use parse::{Frame, Packet};
+
+const ETH_HLEN: usize = 14;
+const VLAN_TPIDS: [[u8; 2]; 2] = [[0x81, 0x00], [0x88, 0xa8]];
+
+fuzz_target!(|input: (u8, u16, &[u8])| {
+    let (ipv6_prefix, fragments, frame) = input;
+    let verdict = xdp_host::with_frame(frame, u64::from(fragments), |ctx| parse::parse(ctx, ipv6_prefix));
+    match verdict {
+        Frame::Malformed => {}
+        Frame::NonIp => {
+            let (ether_type, _) = network_header(frame).expect("a frame too short for its tags is malformed");
+            assert!(!matches!(ether_type, [0x08, 0x00] | [0x86, 0xdd]), "an IP frame read as non-IP");
+        }
+        Frame::Ip(packet) => check_packet(frame, ipv6_prefix, &packet),
+    }
+});
+
+/// The EtherType after at most two VLAN tags, and where the network header starts.
+fn network_header(frame: &[u8]) -> Option<([u8; 2], usize)> {
+    let mut offset = ETH_HLEN;
+    let mut ether_type: [u8; 2] = frame.get(12..ETH_HLEN)?.try_into().ok()?;
+    while VLAN_TPIDS.contains(&ether_type) && offset < ETH_HLEN + 8 {
+        ether_type = frame.get(offset + 2..offset + 4)?.try_into().ok()?;
+        offset += 4;
+    }
+    Some((ether_type, offset))
+}
+
+/// The source the parser reports is the one in the frame's IP header.
+fn check_packet(frame: &[u8], ipv6_prefix: u8, packet: &Packet) {
+    let (ether_type, l3) = network_header(frame).expect("an IP verdict on a frame without an IP header");
+    let ip = &frame[l3..];
+    match ether_type {
+        [0x08, 0x00] => {
+            assert_eq!(ip[0] >> 4, 4);
+            let source: [u8; 4] = ip[12..16].try_into().expect("4 bytes");
+            assert_eq!(packet.v4, Some(source));
+            assert_eq!(packet.source, v4_mapped(source));
+            assert!(!packet.link_control, "neighbour discovery is IPv6 only");
+        }
+        [0x86, 0xdd] => {
+            assert_eq!(ip[0] >> 4, 6);
+            let source: [u8; 16] = ip[8..24].try_into().expect("16 bytes");
+            assert_eq!(packet.v6, source);
+            assert_eq!(packet.v4, as_v4(&source));
+            let key = if packet.v4.is_some() { source } else { mask_v6(source, ipv6_prefix) };
+            assert_eq!(packet.source, key);
+            assert!(!packet.link_control || ip[7] == 255, "link control from a routed packet");
+        }
+        other => panic!("an IP verdict for EtherType {other:02x?}"),
+    }
+}
