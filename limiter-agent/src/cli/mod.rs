@@ -4,7 +4,9 @@
 
 pub mod block;
 pub mod check;
+pub mod completions;
 pub mod detach;
+pub mod man;
 pub mod reload;
 pub mod run;
 pub mod sign;
@@ -57,6 +59,10 @@ pub enum Command {
     Detach,
     /// Produce the signature headers for a request.
     Sign(sign::SignArgs),
+    /// Print the shell completion script for SHELL.
+    Completions(completions::CompletionsArgs),
+    /// Print the manual page (or write every page into a directory).
+    Man(man::ManArgs),
 }
 
 /// Why a command could not do its work. Refusals a command reports itself (an invalid
@@ -96,6 +102,8 @@ pub fn dispatch(cli: Cli) -> Result<std::process::ExitCode, CliError> {
         Command::Unverify(args) => verify::unverify(&cli.config, &args),
         Command::Detach => detach::run(&cli.config),
         Command::Sign(args) => Ok(sign::run(args).map(|()| std::process::ExitCode::SUCCESS)?),
+        Command::Completions(args) => Ok(completions::run(&args).map(|()| std::process::ExitCode::SUCCESS)?),
+        Command::Man(args) => Ok(man::run(&args).map(|()| std::process::ExitCode::SUCCESS)?),
     }
 }
 

@@ -138,6 +138,8 @@ fn render(stats: &Value, previous: Option<&Value>, secs: f64) -> String {
                 out += &format!("  {name:<20} {value:>14}\n");
             }
         }
+        // An agent that answers without proxy counters runs without `[proxy]`.
+        _ if stats["agent"]["running"].as_bool() == Some(true) => out += "proxy: not configured\n",
         _ => out += "proxy: agent not reachable\n",
     }
     out
@@ -164,7 +166,8 @@ mod tests {
                     "verified": {"tracked": 1, "capacity": 65536},
                     "blocks": [{"cidr": "192.0.2.7/32", "expires_in_secs": 30}, {"cidr": "2001:db8::/48", "expires_in_secs": null}]
                 },
-                "proxy": null
+                "proxy": null,
+                "agent": {"running": false}
             })
         };
         let table = render(&stats(3_000), Some(&stats(1_000)), 2.0);
@@ -185,5 +188,9 @@ mod tests {
         assert!(table.ends_with("proxy: agent not reachable\n"), "{table}");
         let once = render(&stats(5), None, 0.0);
         assert!(once.contains("dropped_rate_limit                5\n"), "{once}");
+        let mut without_proxy = stats(5);
+        without_proxy["agent"] = json!({"running": true, "reloads": {"ok": 0, "rejected": 0}});
+        let table = render(&without_proxy, None, 0.0);
+        assert!(table.ends_with("proxy: not configured\n"), "{table}");
     }
 }

@@ -24,7 +24,11 @@ pub fn run(path: &Path, args: &TopArgs) -> Result<ExitCode, CliError> {
     } else {
         println!("{:<45} {:>14} {:>14} {:>10}", "source", "packets", "dropped", "tokens");
         for row in rows {
-            println!("{:<45} {:>14} {:>14} {:>10}", row.source, row.packets, row.dropped, row.tokens);
+            let source = match row.note {
+                Some(note) => format!("{} ({note})", row.source),
+                None => row.source,
+            };
+            println!("{:<45} {:>14} {:>14} {:>10}", source, row.packets, row.dropped, row.tokens);
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -74,6 +74,23 @@ pub struct SourceRow {
     pub packets: u64,
     pub dropped: u64,
     pub tokens: u64,
+    /// `link-local` or `unspecified` for a source that is the link's own chatter
+    /// (neighbour discovery, duplicate address detection, DHCP), not a client.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<&'static str>,
+}
+
+/// Why a source is not a remote client, if it is not: such addresses cannot be
+/// routed, so they come from the local link's own protocols.
+fn local_chatter(addr: IpAddr) -> Option<&'static str> {
+    if addr.is_unspecified() {
+        return Some("unspecified");
+    }
+    let link_local = match addr {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    };
+    link_local.then_some("link-local")
 }
 
 impl KernelMaps {
@@ -149,7 +166,13 @@ impl KernelMaps {
             };
             let rate = rate_for(addr, &cidrs, settings.default_rate);
             let tokens = if rate.interval_ns == 0 { 0 } else { bucket::tokens(state.tat_ns, now, rate) };
-            rows.push(SourceRow { source, packets: state.packets, dropped: state.dropped, tokens });
+            rows.push(SourceRow {
+                source,
+                packets: state.packets,
+                dropped: state.dropped,
+                tokens,
+                note: local_chatter(addr),
+            });
         }
         rows.sort_by(|a, b| b.packets.cmp(&a.packets).then_with(|| a.source.cmp(&b.source)));
         rows.truncate(n);
@@ -165,4 +188,27 @@ fn rate_for(addr: IpAddr, cidrs: &std::collections::BTreeMap<IpNet, CidrPolicy>,
         .filter(|(net, _)| net.contains(&addr))
         .max_by_key(|(net, _)| net.prefix_len())
         .map_or(default, |(_, policy)| if policy.action == Action::Limit as u32 { policy.rate } else { default })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_chatter;
+
+    #[test]
+    fn the_links_own_sources_are_marked_and_clients_are_not() {
+        for (addr, note) in [
+            ("fe80::/64", Some("link-local")),
+            ("fe80::1", Some("link-local")),
+            ("::", Some("unspecified")),
+            ("0.0.0.0", Some("unspecified")),
+            ("169.254.3.4", Some("link-local")),
+            ("2001:db8::", None),
+            ("fec0::", None),
+            ("192.0.2.7", None),
+            ("::ffff:192.0.2.7", None),
+        ] {
+            let ip = addr.split('/').next().and_then(|a| a.parse().ok()).expect("address");
+            assert_eq!(local_chatter(ip), note, "{addr}");
+        }
+    }
 }
