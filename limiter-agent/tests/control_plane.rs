@@ -226,6 +226,63 @@ fn metrics_parse_as_prometheus_text() {
     drop(lab);
 }
 
+/// Metric names in `text`: every `limiter_…` token.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|token| token.starts_with("limiter_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn promtool(args: &[&str], dir: &Path) {
+    let output = Command::new("promtool").args(args).current_dir(dir).output().expect("promtool");
+    assert!(
+        output.status.success(),
+        "promtool {args:?}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn the_dashboard_and_alerts_query_only_metrics_the_agent_exports() {
+    let packaging = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging");
+    let dashboard = std::fs::read_to_string(packaging.join("grafana/limiter.json")).expect("dashboard");
+    let rules = std::fs::read_to_string(packaging.join("prometheus/limiter-rules.yml")).expect("rules");
+    promtool(&["check", "rules", "limiter-rules.yml"], &packaging.join("prometheus"));
+    promtool(&["test", "rules", "limiter-rules.test.yml"], &packaging.join("prometheus"));
+
+    let panels: serde_json::Value = serde_json::from_str(&dashboard).expect("dashboard JSON");
+    let panels = panels["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 10, "{} panels", panels.len());
+    for panel in panels {
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty() && targets.iter().all(|t| t["expr"].is_string()), "{}", panel["title"]);
+    }
+
+    // Every optional family on: the budgets, verified sources, the proxy.
+    let port = free_port();
+    let lab = XdpLab::start(
+        1,
+        &format!("metrics = \"127.0.0.1:{port}\""),
+        &format!(
+            "{}\n[xdp.new_sources]\npackets_per_second = 100\nburst = 100\n[xdp.syn]\npackets_per_second = 100\n\
+             burst = 100\n[xdp.verified]\nttl = \"1m\"\n[proxy]\nlisten = \"127.0.0.1:0\"\n\
+             upstream = \"http://127.0.0.1:9\"\n",
+            limit(100, 10)
+        ),
+    );
+    let response = http_get(&format!("127.0.0.1:{port}"), "/metrics");
+    let exported = metric_names(response.split_once("\r\n\r\n").map(|(_, b)| b).expect("HTTP body"));
+    for (file, text) in [("grafana/limiter.json", &dashboard), ("prometheus/limiter-rules.yml", &rules)] {
+        let queried = metric_names(text);
+        assert!(queried.len() >= 5, "{file} queries {queried:?}");
+        let missing: Vec<&String> = queried.difference(&exported).collect();
+        assert!(missing.is_empty(), "{file} queries metrics the agent does not export: {missing:?}");
+    }
+    drop(lab);
+}
+
 /// The agent's open files, ignoring ones open for a moment (a config read, an
 /// admin connection closing): the fewest seen over a few looks.
 fn fd_count(pid: u32) -> usize {
