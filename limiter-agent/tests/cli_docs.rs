@@ -77,7 +77,12 @@ fn the_manual_pages_format_without_warnings_and_cover_every_command() {
         let page = dir.join(format!("limiter-{command}.1"));
         // -ww: every warning; -z: format, print nothing. A warning means a broken page.
         let formatted = Command::new("groff").args(["-man", "-Tutf8", "-ww", "-z"]).arg(&page).output().expect("groff");
-        assert!(formatted.status.success() && formatted.stderr.is_empty(), "{}: {}", page.display(), String::from_utf8_lossy(&formatted.stderr));
+        assert!(
+            formatted.status.success() && formatted.stderr.is_empty(),
+            "{}: {}",
+            page.display(),
+            String::from_utf8_lossy(&formatted.stderr)
+        );
     }
     let page = ok(Command::new(limiter_bin()).arg("man").output().expect("limiter"));
     let text = ok(Command::new("groff")

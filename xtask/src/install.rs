@@ -159,7 +159,8 @@ fn put(dry_run: bool, from: &Path, to: &Path, mode: u32, write: impl FnOnce(&Pat
 mod tests {
     use super::*;
 
-    const FAKE_BINARY: &[u8] = b"#!/bin/sh\nif [ \"$1\" = man ]; then mkdir -p \"$3\" && echo page > \"$3/limiter.1\"; else echo \"$*\"; fi\n";
+    const FAKE_BINARY: &[u8] =
+        b"#!/bin/sh\nif [ \"$1\" = man ]; then mkdir -p \"$3\" && echo page > \"$3/limiter.1\"; else echo \"$*\"; fi\n";
 
     fn mode(p: &Path) -> u32 {
         fs::metadata(p).expect("stat").permissions().mode() & 0o7777

@@ -126,16 +126,18 @@ pub struct Engine<C: Clock> {
 
 /// A limit with a name and the identity its state is stored under.
 #[derive(Debug)]
-struct Policy {
-    name: String,
+pub(super) struct Policy {
+    /// `rule` or `plan`.
+    pub(super) kind: &'static str,
+    pub(super) name: String,
     /// Name, key spec, algorithm and window: what must stay the same for the state
     /// to carry over a reload (a changed `limit` keeps the counts).
     identity: Arc<str>,
-    spec: LimitSpec,
+    pub(super) spec: LimitSpec,
 }
 
 impl Policy {
-    fn new(kind: &str, name: &str, key: &KeySpec, spec: &LimitSpec) -> Self {
+    fn new(kind: &'static str, name: &str, key: &KeySpec, spec: &LimitSpec) -> Self {
         let route = if key.per_route { "+route" } else { "" };
         let identity = format!(
             "{kind} {name:?} by {}{route} {:?} {}ns",
@@ -143,7 +145,7 @@ impl Policy {
             spec.algorithm,
             spec.window.as_nanos()
         );
-        Self { name: name.to_owned(), identity: identity.into(), spec: spec.clone() }
+        Self { kind, name: name.to_owned(), identity: identity.into(), spec: spec.clone() }
     }
 
     fn status(&self, quota: Quota) -> PolicyStatus {
@@ -159,7 +161,7 @@ impl Policy {
 
 /// One compiled config.
 #[derive(Debug)]
-struct Policies {
+pub(super) struct Policies {
     rules: Vec<(Rule, Policy)>,
     plans: HashMap<String, Policy>,
     /// API key id → plan name.
@@ -186,6 +188,24 @@ impl Policies {
             missing_key: config.missing_key,
             store_failure: config.store_failure,
         }
+    }
+
+    /// The buckets `request` is counted in (or the verdict that stops it first), and
+    /// whether a matching rule requires a signature.
+    pub(super) fn count(&self, request: &RequestInfo<'_>) -> (Counted<'_>, bool) {
+        let matching: Vec<&(Rule, Policy)> =
+            self.rules.iter().filter(|(rule, _)| rule.matches(request.method, request.path)).collect();
+        let require_signature = matching.iter().any(|(rule, _)| rule.require_signature);
+        (count_in(self, &matching, request), require_signature)
+    }
+
+    /// The decision while the store cannot be reached: `store_failure`'s.
+    pub(super) fn store_failed(&self, require_signature: bool) -> Decision {
+        let verdict = match self.store_failure {
+            StoreFailure::Allow => Verdict::Forward,
+            StoreFailure::Deny => Verdict::StoreUnavailable,
+        };
+        Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature }
     }
 
     fn identities(&self) -> HashSet<Arc<str>> {
@@ -237,7 +257,7 @@ impl Policies {
 }
 
 /// Either the counted buckets or the verdict that stops a request before counting.
-type Counted<'p> = Result<Vec<(&'p Policy, String)>, Verdict>;
+pub(super) type Counted<'p> = Result<Vec<(&'p Policy, String)>, Verdict>;
 
 impl<C: Clock> Engine<C> {
     /// An engine keeping its buckets in `stores.limits`; while a Redis store is
@@ -264,39 +284,14 @@ impl<C: Clock> Engine<C> {
     /// charged to nothing.
     pub async fn decide(&self, request: &RequestInfo<'_>) -> Decision {
         let policies = self.snapshot();
-        let matching: Vec<&(Rule, Policy)> =
-            policies.rules.iter().filter(|(rule, _)| rule.matches(request.method, request.path)).collect();
-        let require_signature = matching.iter().any(|(rule, _)| rule.require_signature);
-        let counted = match count_in(&policies, &matching, request) {
+        let (counted, require_signature) = policies.count(request);
+        let counted = match counted {
             Ok(counted) => counted,
             Err(verdict) => return Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature },
         };
-        let Some(outcomes) = self.apply(&counted, Charge::AllOrNothing).await else {
-            let verdict = match policies.store_failure {
-                StoreFailure::Allow => Verdict::Forward,
-                StoreFailure::Deny => Verdict::StoreUnavailable,
-            };
-            return Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature };
-        };
-
-        let rejecting = || counted.iter().zip(&outcomes).filter(|(_, outcome)| !outcome.admitted);
-        if let Some(retry_after) = rejecting().map(|(_, outcome)| outcome.retry_after).max() {
-            return Decision {
-                verdict: Verdict::Reject { retry_after },
-                policies: counted.iter().zip(&outcomes).map(|((p, _), o)| p.status(o.before)).collect(),
-                violated: rejecting().map(|((policy, _), _)| policy.name.clone()).collect(),
-                require_signature,
-            };
-        }
-        let delay = counted.iter().zip(&outcomes).map(|((p, _), o)| o.delay(p.spec.throttle)).max();
-        Decision {
-            verdict: match delay {
-                Some(delay) if !delay.is_zero() => Verdict::Delay(delay),
-                _ => Verdict::Forward,
-            },
-            policies: counted.iter().zip(&outcomes).map(|((p, _), o)| p.status(o.after)).collect(),
-            violated: Vec::new(),
-            require_signature,
+        match self.apply(&counted, Charge::AllOrNothing).await {
+            Some(outcomes) => decision(&counted, &outcomes, require_signature),
+            None => policies.store_failed(require_signature),
         }
     }
 
@@ -333,13 +328,13 @@ impl<C: Clock> Engine<C> {
         self.stores.limits.evictions()
     }
 
-    fn snapshot(&self) -> Arc<Policies> {
+    pub(super) fn snapshot(&self) -> Arc<Policies> {
         Arc::clone(&self.policies.read().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// The outcome of each bucket; `None` if the store could not be reached (counted,
     /// and logged once per outage by the connection).
-    async fn apply(&self, counted: &[(&Policy, String)], charge: Charge) -> Option<Vec<Outcome>> {
+    pub(super) async fn apply(&self, counted: &[(&Policy, String)], charge: Charge) -> Option<Vec<Outcome>> {
         let buckets: Vec<Bucket<'_>> =
             counted.iter().map(|(policy, key)| Bucket { policy: &policy.identity, key, spec: &policy.spec }).collect();
         match self.stores.limits.apply(&buckets, self.clock.now(), charge).await {
@@ -350,6 +345,29 @@ impl<C: Clock> Engine<C> {
                 None
             }
         }
+    }
+}
+
+/// The decision from each counted bucket's outcome: the strictest verdict wins.
+pub(super) fn decision(counted: &[(&Policy, String)], outcomes: &[Outcome], require_signature: bool) -> Decision {
+    let rejecting = || counted.iter().zip(outcomes).filter(|(_, outcome)| !outcome.admitted);
+    if let Some(retry_after) = rejecting().map(|(_, outcome)| outcome.retry_after).max() {
+        return Decision {
+            verdict: Verdict::Reject { retry_after },
+            policies: counted.iter().zip(outcomes).map(|((p, _), o)| p.status(o.before)).collect(),
+            violated: rejecting().map(|((policy, _), _)| policy.name.clone()).collect(),
+            require_signature,
+        };
+    }
+    let delay = counted.iter().zip(outcomes).map(|((p, _), o)| o.delay(p.spec.throttle)).max();
+    Decision {
+        verdict: match delay {
+            Some(delay) if !delay.is_zero() => Verdict::Delay(delay),
+            _ => Verdict::Forward,
+        },
+        policies: counted.iter().zip(outcomes).map(|((p, _), o)| p.status(o.after)).collect(),
+        violated: Vec::new(),
+        require_signature,
     }
 }
 

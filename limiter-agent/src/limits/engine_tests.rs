@@ -527,3 +527,51 @@ burst = 20
     assert!(get("/api/transfer").key("k-pro-1").to(&engine).require_signature);
     assert!(!get("/api/other").key("k-pro-1").to(&engine).require_signature);
 }
+
+#[test]
+fn explain_shows_every_matching_bucket_and_its_quota_without_charging_it() {
+    let (engine, _clock) = engine(
+        r#"
+[[proxy.rules]]
+name = "login"
+path = "/login"
+methods = ["POST"]
+limit = 5
+window = "1m"
+key = "ip"
+
+[[proxy.rules]]
+name = "elsewhere"
+path = "/other"
+limit = 1
+window = "1m"
+key = "ip"
+"#,
+    );
+    let login = get("/login").post().key("k-free-1");
+    for _ in 0..3 {
+        assert!(is_forward(&login.to(&engine)));
+    }
+    for _ in 0..4 {
+        let explained = ready(engine.explain(&login.info(), true));
+        assert_eq!(explained.verdict, Some("forward"));
+        let names: Vec<(&str, &str, &str)> =
+            explained.policies.iter().map(|p| (p.kind, p.name.as_str(), p.key.as_str())).collect();
+        assert_eq!(names, [("rule", "login", "ip=192.0.2.7"), ("plan", "free", "api_key=k-free-1")]);
+        assert_eq!(explained.policies[0].remaining, Some(2), "3 of 5 spent, explaining spends none");
+        assert_eq!(explained.policies[1].remaining, Some(97));
+        assert_eq!((explained.policies[0].algorithm, explained.policies[0].limit), ("sliding_window_counter", 5));
+    }
+    assert_eq!((0..5).filter(|_| is_forward(&login.to(&engine))).count(), 2, "exactly the 2 explain showed");
+    let refused = ready(engine.explain(&login.info(), true));
+    assert_eq!(
+        (refused.verdict, refused.policies[0].admits, refused.policies[1].admits),
+        (Some("reject"), Some(false), Some(true))
+    );
+    assert!(refused.wait_ms.is_some_and(|ms| ms > 0), "{refused:?}");
+
+    let from_config = ready(engine.explain(&login.info(), false));
+    assert_eq!(from_config.verdict, None);
+    assert!(from_config.policies.iter().all(|p| p.remaining.is_none() && p.admits.is_none()));
+    assert_eq!(from_config.policies.len(), 2);
+}

@@ -79,6 +79,7 @@
 //! ```
 
 pub mod engine;
+pub mod explain;
 pub mod redis;
 
 #[cfg(test)]
@@ -86,5 +87,6 @@ mod engine_tests;
 
 pub use self::{
     engine::{Decision, Engine, PolicyStatus, RequestInfo, Verdict},
+    explain::{ExplainedPolicy, Explanation},
     redis::{RedisStore, TimeSource},
 };

@@ -47,6 +47,21 @@ pub enum Charge {
     AllOrNothing,
     /// Each one that admits: a penalty, which cannot push a bucket past full.
     EachAdmitting,
+    /// None: the outcomes a request would have now, for `limiter explain`.
+    Nothing,
+}
+
+impl Charge {
+    /// Whether a bucket that `admitted` is charged, when `all_admit` say all of the
+    /// request's buckets admit.
+    #[must_use]
+    pub fn charges(self, admitted: bool, all_admit: bool) -> bool {
+        match self {
+            Self::AllOrNothing => admitted && all_admit,
+            Self::EachAdmitting => admitted,
+            Self::Nothing => false,
+        }
+    }
 }
 
 /// Per-key limiter state.
@@ -243,13 +258,12 @@ impl MemoryStore {
     }
 
     /// One bucket: one hash, one lock, one lookup.
-    fn apply_one(&self, bucket: &Bucket<'_>, now: Duration) -> Outcome {
+    fn apply_one(&self, bucket: &Bucket<'_>, now: Duration, charge: Charge) -> Outcome {
         let hash = self.hash(bucket);
         let mut shard = lock(&self.shards[self.shard_of(hash)]);
         let found = shard.find(hash, bucket);
         let outcome = bucket::check(bucket.spec, found.map(|i| &shard.entries[i].state), now);
-        // With one bucket both charges are the same: charge it if it admits.
-        if outcome.admitted {
+        if charge.charges(outcome.admitted, outcome.admitted) {
             let change = match found {
                 Some(index) => shard.update(index, bucket, &outcome, now),
                 None => shard.insert(hash, bucket, &outcome, now, slice::from_ref(bucket)),
@@ -285,7 +299,7 @@ impl fmt::Debug for MemoryStore {
 impl Store for MemoryStore {
     fn apply(&self, buckets: &[Bucket<'_>], now: Duration, charge: Charge) -> Vec<Outcome> {
         if let [bucket] = buckets {
-            return vec![self.apply_one(bucket, now)];
+            return vec![self.apply_one(bucket, now, charge)];
         }
         let hashes: Few<u64> = buckets.iter().map(|b| self.hash(b)).collect();
         let shard_of: Few<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
@@ -308,7 +322,7 @@ impl Store for MemoryStore {
             .collect();
         let all_admit = outcomes.iter().all(|o| o.admitted);
         for (((b, &g), &h), outcome) in buckets.iter().zip(&guard_of).zip(&hashes).zip(&outcomes) {
-            if outcome.admitted && (all_admit || charge == Charge::EachAdmitting) {
+            if charge.charges(outcome.admitted, all_admit) {
                 // Looked up again: an earlier bucket's eviction may have moved it.
                 let shard = &mut guards[g];
                 let change = match shard.find(h, b) {

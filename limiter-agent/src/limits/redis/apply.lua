@@ -1,7 +1,8 @@
 -- One request against every bucket: check them all, then charge all of them if
--- every one admits ("all"), or each one that admits ("each"), as Store::apply.
+-- every one admits ("all"), or each one that admits ("each"), or none ("none": what
+-- `limiter explain` shows), as Store::apply.
 --
--- KEYS: the buckets. ARGV[1]: "all" | "each"; ARGV[2]: now in us, or "" for the
+-- KEYS: the buckets. ARGV[1]: "all" | "each" | "none"; ARGV[2]: now in us, or "" for the
 -- server's clock; then per bucket: algorithm, limit, window (us), capacity, shaper
 -- (1 | 0). Reply: per bucket, admitted, before remaining, before reset (ns), after
 -- remaining, after reset (ns), retry after (ns), used, wait (ns).
@@ -29,7 +30,7 @@ end
 local reply = {}
 for i, b in ipairs(buckets) do
   local o = b.outcome
-  if o.admitted == 1 and (all_admit or ARGV[1] == 'each') then
+  if o.admitted == 1 and ((all_admit and ARGV[1] == 'all') or ARGV[1] == 'each') then
     -- The state is dropped when the bucket is back to full: a missing bucket is full.
     b.algorithm.charge(KEYS[i], b.spec, b.state, now, o, math.max(ceil_div(o.after_reset, 1000000), 1))
   end

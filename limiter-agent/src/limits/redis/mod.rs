@@ -85,6 +85,7 @@ impl RedisStore {
         invocation.arg(match charge {
             Charge::AllOrNothing => "all",
             Charge::EachAdmitting => "each",
+            Charge::Nothing => "none",
         });
         invocation.arg(match self.time {
             TimeSource::Server => String::new(),

@@ -104,3 +104,26 @@ fn a_smaller_bound_and_dropped_policies_shrink_the_store() {
     store.set_capacity(bound(20));
     assert_eq!((store.tracked_keys(), store.evictions()), (20, 30));
 }
+
+#[test]
+fn checking_without_charging_changes_no_bucket_and_tracks_none() {
+    let policy: Arc<str> = "p".into();
+    for algorithm in Algorithm::ALL {
+        let store = MemoryStore::new(bound(100));
+        let spec = spec(algorithm, 3, secs(60));
+        let one = [Bucket { policy: &policy, key: algorithm.name(), spec: &spec }];
+        for _ in 0..5 {
+            let looked = store.apply(&one, T0, Charge::Nothing);
+            assert!(looked[0].admitted, "{algorithm:?}");
+            assert_eq!(looked[0].before.remaining, 3, "{algorithm:?}");
+        }
+        assert_eq!(store.tracked_keys(), 0, "{algorithm:?}: a new bucket is not stored by a look");
+        assert!(hit(&store, &policy, &spec, algorithm.name(), T0));
+        let two = [one[0], Bucket { policy: &policy, key: "other", spec: &spec }];
+        for _ in 0..5 {
+            assert_eq!(store.apply(&two, T0, Charge::Nothing)[0].before.remaining, 2, "{algorithm:?}");
+        }
+        let charged = (0..5).filter(|_| hit(&store, &policy, &spec, algorithm.name(), T0)).count();
+        assert_eq!(charged, 2, "{algorithm:?}: looks spent nothing");
+    }
+}
