@@ -125,6 +125,13 @@ fn run(limiter: &Path, config_source: &Path, dir: &Path) -> anyhow::Result<()> {
     println!("\n$ limiter stats");
     let output = Command::new(limiter).args(["stats", "-c"]).arg(&config_path).output()?;
     print!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+
+    println!("\n$ limiter explain --method POST --path /login --ip 127.0.0.1   # why the 6th login got 429");
+    let output = Command::new(limiter)
+        .args(["explain", "--method", "POST", "--path", "/login", "--ip", "127.0.0.1", "-c"])
+        .arg(&config_path)
+        .output()?;
+    print!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     // A clean stop: with keep_attached_on_exit = false the agent detaches itself.
     // SAFETY: kill(2) on the agent we started.
     unsafe { libc::kill(i32::try_from(agent.id()).unwrap_or(0), libc::SIGTERM) };

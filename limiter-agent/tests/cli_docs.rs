@@ -5,7 +5,8 @@ use std::process::{Command, Output};
 
 use limiter_lab::support::{agent::limiter_bin, unique};
 
-const COMMANDS: [&str; 15] = [
+const COMMANDS: [&str; 16] = [
+    "explain",
     "run",
     "check",
     "reload",

@@ -48,5 +48,8 @@ mod tests {
             shown.contains("valid 200, same request again (replay) 401, body changed after signing 401"),
             "{shown}"
         );
+        let explained = shown.split("$ limiter explain").nth(1).expect("the demo ends with an explain");
+        assert!(explained.contains("proxy: /login from 127.0.0.1 (no key)\n  now: reject (retry after "), "{shown}");
+        assert!(explained.lines().any(|l| l.contains("login") && l.ends_with("remaining 0  refuses")), "{shown}");
     }
 }

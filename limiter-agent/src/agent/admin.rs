@@ -20,6 +20,8 @@ pub enum Request {
     Stats,
     /// Detach the XDP program and stop.
     Detach,
+    /// What the proxy would do with a request now, charging nothing.
+    Explain { request: crate::proxy::explain::ExplainRequest },
 }
 
 /// The agent's answer.
@@ -30,6 +32,7 @@ pub enum Response {
     Rejected { error: String },
     Stats { stats: serde_json::Value },
     Detaching,
+    Explained { explanation: serde_json::Value },
 }
 
 /// Why the agent could not be asked.

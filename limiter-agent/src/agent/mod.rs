@@ -406,6 +406,24 @@ impl Agent {
         })
     }
 
+    /// Answers `limiter explain` for the proxy.
+    fn explain(&self, request: crate::proxy::explain::ExplainRequest, reply: oneshot::Sender<Response>) {
+        let Some(proxy) = self.proxy.as_ref().map(|p| Arc::clone(&p.proxy)) else {
+            let _ = reply.send(Response::Rejected { error: "the proxy is not configured".to_owned() });
+            return;
+        };
+        tokio::spawn(async move {
+            let response = match proxy.explain(&request).await {
+                Ok(explanation) => match serde_json::to_value(explanation) {
+                    Ok(explanation) => Response::Explained { explanation },
+                    Err(error) => Response::Rejected { error: error.to_string() },
+                },
+                Err(error) => Response::Rejected { error: error.to_string() },
+            };
+            let _ = reply.send(response);
+        });
+    }
+
     /// Stops: with `detach` (or `keep_attached_on_exit = false`) the XDP links are
     /// removed; otherwise the pinned links keep the filter in place.
     pub async fn stop(mut self, detach: bool) {
@@ -471,6 +489,11 @@ pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), Agent
                     },
                     Request::Stats => (Response::Stats { stats: agent.stats() }, false),
                     Request::Detach => (Response::Detaching, true),
+                    Request::Explain { request } => {
+                        // Off the loop: with Redis, the look-up waits up to redis_timeout.
+                        agent.explain(request, reply);
+                        continue;
+                    }
                 };
                 let _ = reply.send(response);
                 if stop { break true; }

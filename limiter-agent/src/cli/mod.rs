@@ -6,6 +6,7 @@ pub mod block;
 pub mod check;
 pub mod completions;
 pub mod detach;
+pub mod explain;
 pub mod man;
 pub mod reload;
 pub mod run;
@@ -47,6 +48,8 @@ pub enum Command {
     Stats(stats::StatsArgs),
     /// Heaviest sources: packets, drops, current tokens.
     Top(top::TopArgs),
+    /// Which rules, plan and kernel buckets a request or source meets, and their quotas now.
+    Explain(explain::ExplainArgs),
     /// Block a CIDR in the kernel layer.
     Block(block::BlockArgs),
     /// Remove a runtime block.
@@ -84,6 +87,10 @@ pub enum CliError {
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Fleet(#[from] crate::fleet::FleetError),
+    #[error("{0}")]
+    Usage(String),
     #[error("unexpected answer from the agent: {0}")]
     UnexpectedAnswer(String),
 }
@@ -96,6 +103,7 @@ pub fn dispatch(cli: Cli) -> Result<std::process::ExitCode, CliError> {
         Command::Reload => reload::run(&cli.config),
         Command::Stats(args) => stats::run(&cli.config, &args),
         Command::Top(args) => top::run(&cli.config, &args),
+        Command::Explain(args) => explain::run(&cli.config, &args),
         Command::Block(args) => block::block(&cli.config, &args),
         Command::Unblock(args) => block::unblock(&cli.config, &args),
         Command::Verify(args) => verify::verify(&cli.config, &args),

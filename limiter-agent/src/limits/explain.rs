@@ -71,10 +71,10 @@ impl<C: Clock> Engine<C> {
             None if live => Some(policies.store_failed(require_signature).verdict),
             None => None,
         };
-        let (verdict, wait, missing_key) = verdict.map_or((None, None, None), |v| {
-            let (name, wait, missing) = describe(v);
-            (Some(name), wait, missing)
-        });
+        let (verdict, wait, missing_key) = match verdict.map(describe) {
+            Some((name, wait, missing_key)) => (Some(name), wait, missing_key),
+            None => (None, None, None),
+        };
         let explained = counted.iter().enumerate().map(|(i, (policy, key))| {
             let outcome = outcomes.as_ref().and_then(|o| o.get(i));
             ExplainedPolicy {

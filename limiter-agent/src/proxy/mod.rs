@@ -11,6 +11,7 @@
 
 mod body;
 mod connections;
+pub mod explain;
 mod forward;
 mod headers;
 mod idempotent;
@@ -107,6 +108,14 @@ impl<C: Clock + Clone> Proxy<C> {
     }
 
     /// Counts this proxy's 429 and 401 answers towards escalation to the kernel layer.
+    /// What the proxy would do with `request` now, charging nothing.
+    pub async fn explain(
+        &self,
+        request: &explain::ExplainRequest,
+    ) -> Result<explain::ProxyExplanation, explain::ExplainError> {
+        self.pipeline.explain(request).await
+    }
+
     pub fn escalate_to(&self, escalator: Arc<crate::escalation::Escalator>) {
         self.pipeline.escalate_to(escalator);
     }

@@ -169,6 +169,13 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.counters.snapshot(self.engine.tracked_keys(), self.engine.evictions(), self.stores.failures())
     }
 
+    pub(super) async fn explain(
+        &self,
+        request: &super::explain::ExplainRequest,
+    ) -> Result<super::explain::ProxyExplanation, super::explain::ExplainError> {
+        super::explain::explain(&self.snapshot().config, &self.engine, request, true).await
+    }
+
     /// Sends this proxy's rejections to `escalator`; only the first call counts.
     pub(super) fn escalate_to(&self, escalator: Arc<Escalator>) {
         let _ = self.escalator.set(escalator);

@@ -6,6 +6,7 @@
 
 mod attach;
 mod bpffs;
+mod explain;
 mod load;
 mod map_access;
 mod maps;
@@ -16,6 +17,7 @@ mod verified;
 pub use self::{
     attach::{AttachedMode, Attachment, attach, attached, detach, detach_all},
     bpffs::ensure_mounted,
+    explain::{BucketState, Limit, RuleMatch, SourceExplanation},
     load::{Kernel, LoadOptions, Logger},
     map_access::monotonic_now_ns,
     maps::{BlockEntry, CidrChanges, KernelMaps, settings_for},

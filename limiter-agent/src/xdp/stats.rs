@@ -82,7 +82,7 @@ pub struct SourceRow {
 
 /// Why a source is not a remote client, if it is not: such addresses cannot be
 /// routed, so they come from the local link's own protocols.
-fn local_chatter(addr: IpAddr) -> Option<&'static str> {
+pub(super) fn local_chatter(addr: IpAddr) -> Option<&'static str> {
     if addr.is_unspecified() {
         return Some("unspecified");
     }
@@ -165,7 +165,7 @@ impl KernelMaps {
                 IpAddr::V6(_) => format!("{addr}/{}", settings.ipv6_prefix),
             };
             let rate = rate_for(addr, &cidrs, settings.default_rate);
-            let tokens = if rate.interval_ns == 0 { 0 } else { bucket::tokens(state.tat_ns, now, rate) };
+            let tokens = tokens(state.tat_ns, now, rate);
             rows.push(SourceRow {
                 source,
                 packets: state.packets,
@@ -178,6 +178,11 @@ impl KernelMaps {
         rows.truncate(n);
         Ok(rows)
     }
+}
+
+/// Tokens left at `now` in a bucket at `tat_ns` (none for a rate that admits nothing).
+pub(super) fn tokens(tat_ns: u64, now: u64, rate: Rate) -> u64 {
+    if rate.interval_ns == 0 { 0 } else { bucket::tokens(tat_ns, now, rate) }
 }
 
 /// The bucket the program applies to `addr`: the longest matching limit rule's, or

@@ -1,0 +1,99 @@
+//! `limiter explain` at the proxy: a described request taken through the steps that
+//! come before the limits (the canonical path, the client address through trusted
+//! proxies, the key the request would prove), then explained by the engine.
+
+use std::net::IpAddr;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use limiter_core::{Clock, path::CanonicalPath, signature::verify::API_KEY_HEADER};
+use serde::{Deserialize, Serialize};
+
+use super::keys;
+use crate::{
+    config::{ProxyConfig, proxy::KeyAuth},
+    limits::{Engine, Explanation, RequestInfo},
+};
+
+/// A request as the operator describes it to `limiter explain`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExplainRequest {
+    pub method: String,
+    pub path: String,
+    /// `(name, value)` pairs, in order.
+    pub headers: Vec<(String, String)>,
+    /// The TCP peer the request would come from.
+    pub peer: IpAddr,
+}
+
+/// What the proxy would do with an [`ExplainRequest`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProxyExplanation {
+    /// The path rules see (canonical, without the query).
+    pub route: String,
+    /// The client the limits key by: the peer, or the address a trusted proxy names.
+    pub client: IpAddr,
+    /// The key the request would prove, if any.
+    pub key: Option<String>,
+    /// How: `bearer` (its id in `X-API-Key`) or `signature` (assumed valid: explain
+    /// cannot check a signature it is not given).
+    pub proof: Option<&'static str>,
+    #[serde(flatten)]
+    pub limits: Explanation,
+}
+
+/// A described request the proxy would refuse before its limits, or could not read.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    #[error("method {0:?}: not an HTTP method")]
+    Method(String),
+    #[error("header {0:?}: not a valid header name and value")]
+    Header(String),
+    #[error("path {path:?} is refused with 400 before any limit: {reason}")]
+    Path { path: String, reason: String },
+}
+
+/// Explains `request` under `config`; with `live`, with each bucket's quota now.
+pub async fn explain<C: Clock>(
+    config: &ProxyConfig,
+    engine: &Engine<C>,
+    request: &ExplainRequest,
+    live: bool,
+) -> Result<ProxyExplanation, ExplainError> {
+    let method =
+        Method::from_bytes(request.method.as_bytes()).map_err(|_| ExplainError::Method(request.method.clone()))?;
+    let mut headers = HeaderMap::new();
+    for (name, value) in &request.headers {
+        let header = || ExplainError::Header(name.clone());
+        headers.append(
+            HeaderName::from_bytes(name.as_bytes()).map_err(|_| header())?,
+            HeaderValue::from_str(value).map_err(|_| header())?,
+        );
+    }
+    let path = request.path.split('?').next().unwrap_or_default();
+    let path = CanonicalPath::parse(path, config.path_options())
+        .map_err(|reason| ExplainError::Path { path: request.path.clone(), reason: reason.to_string() })?;
+    let client = keys::client_ip(request.peer, &headers, &config.trusted_proxies);
+    let (key, proof) = match proven_key(config, &headers) {
+        Some((id, auth)) => (Some(id), Some(auth)),
+        None => (None, None),
+    };
+    let info = RequestInfo { method: &method, path: path.route(), client, api_key: key.as_deref(), headers: &headers };
+    let limits = engine.explain(&info, live).await;
+    Ok(ProxyExplanation { route: path.route().to_owned(), client, key, proof, limits })
+}
+
+/// The configured key `X-API-Key` names (one value only, as the pipeline takes it),
+/// and how the request would prove it.
+fn proven_key(config: &ProxyConfig, headers: &HeaderMap) -> Option<(String, &'static str)> {
+    let mut values = headers.get_all(API_KEY_HEADER).iter();
+    let id = values.next()?.to_str().ok()?;
+    if values.next().is_some() {
+        return None;
+    }
+    let key = config.keys.iter().find(|key| key.id == id)?;
+    let proof = match key.auth {
+        KeyAuth::Bearer => "bearer",
+        KeyAuth::Signature => "signature",
+    };
+    Some((key.id.clone(), proof))
+}
