@@ -17,8 +17,8 @@ use governor::{Quota, RateLimiter};
 use limiter_core::{
     Algorithm, Clock as _, LimitSpec, SystemClock,
     limits::{
-        Bucket, Charge, MemoryStore, Store as _, fixed_window, leaky_bucket, sliding_window_counter,
-        sliding_window_log, token_bucket,
+        Bucket, Charge, MemoryStore, fixed_window, leaky_bucket, sliding_window_counter, sliding_window_log,
+        token_bucket,
     },
 };
 use limiter_lab::report::{AlgorithmRow, Algorithms};

@@ -20,7 +20,7 @@ use anyhow::Context as _;
 use limiter::xdp::{Kernel, LoadOptions};
 use limiter_core::{
     Algorithm, LimitSpec,
-    limits::{Bucket, Charge, MemoryStore, Store as _},
+    limits::{Bucket, Charge, MemoryStore},
 };
 use limiter_lab::report::{KernelMemory, Memory, ProxyMemory};
 

@@ -5,12 +5,12 @@ use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
 use http::{Method, StatusCode};
 use limiter::{
+    backend::{RedisStore, TimeSource},
     fleet::Fleet,
-    limits::{RedisStore, TimeSource},
 };
 use limiter_core::{
     Algorithm, Clock as _, LimitSpec, SystemClock,
-    limits::{Bucket, Charge, MemoryStore, Outcome, Store as _},
+    limits::{Bucket, Charge, MemoryStore, Outcome},
     signature::{Canonical, sha256, sign_hex},
 };
 use limiter_lab::support::{

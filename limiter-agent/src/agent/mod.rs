@@ -30,7 +30,7 @@ pub use self::{
 use limiter_core::{Clock as _, SystemClock};
 
 use crate::{
-    config::{self, Config, ConfigError, proxy::StoreKind},
+    config::{self, Config, ConfigError},
     escalation::{self, Escalation, Escalator},
     fleet::Fleet,
     metrics::{AgentGauges, MetricsSources},
@@ -171,10 +171,8 @@ impl Agent {
             None => None,
         };
         let gauges = Arc::<AgentGauges>::default();
-        let escalation = match (&proxy, &config.proxy, &xdp) {
-            (Some(runtime), Some(proxy_config), Some(_)) => {
-                Some(EscalationRuntime::start(&config, proxy_config, &runtime.proxy, &gauges)?)
-            }
+        let escalation = match (&proxy, &xdp) {
+            (Some(runtime), Some(_)) => Some(EscalationRuntime::start(&config, &runtime.proxy, &gauges)),
             _ => None,
         };
         let applied_text = std::fs::read_to_string(&config_path).ok();
@@ -448,7 +446,7 @@ pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), Agent
     let metrics_addr = loaded.config.agent.metrics;
     let lock = lock::AgentLock::acquire(&loaded.config)?;
     for proxy in escalation::unshielded_trusted_proxies(&loaded.config) {
-        tracing::warn!(%proxy, "trusted proxy not covered by an [[xdp.cidr]] rule: XDP limits it as one client");
+        tracing::warn!(%proxy, "trusted proxy not covered by an [[xdp.cidr]] allow or limit rule: XDP limits it as one client");
     }
     let mut agent = Agent::start(config_path, loaded, lock).await?;
     if let Some(logger) = agent.xdp.as_mut().and_then(|x| x.kernel.take_logger()) {
@@ -517,26 +515,17 @@ async fn next(escalations: &mut Option<mpsc::Receiver<Escalation>>) -> Option<Es
 impl EscalationRuntime {
     /// Hands the proxy its escalator and, with a shared store and escalation on,
     /// follows the fleet's blocks.
-    fn start(
-        config: &Config,
-        proxy_config: &crate::config::ProxyConfig,
-        proxy: &Proxy,
-        gauges: &AgentGauges,
-    ) -> Result<Self, AgentError> {
+    fn start(config: &Config, proxy: &Proxy, gauges: &AgentGauges) -> Self {
         let (sender, requests) = mpsc::channel(ESCALATION_QUEUE);
         let escalator = Arc::new(Escalator::new(config, sender.clone()));
         proxy.escalate_to(escalator.clone());
         let enabled = config.escalation.as_ref().is_some_and(|e| e.enabled);
-        let fleet = match proxy_config.store {
-            StoreKind::Redis if enabled => {
-                let fleet =
-                    Fleet::connect(&proxy_config.redis_url, &proxy_config.redis_prefix, proxy_config.redis_timeout.0)?;
-                tokio::spawn(escalation::follow(fleet.clone(), sender, gauges.blocks_refused.clone()));
-                Some(fleet)
-            }
-            StoreKind::Redis | StoreKind::Memory => None,
-        };
-        Ok(Self { escalator, requests: Some(requests), fleet })
+        // The proxy's own connection: the store is chosen once, in `backend`.
+        let fleet = proxy.fleet().filter(|_| enabled).cloned();
+        if let Some(fleet) = &fleet {
+            tokio::spawn(escalation::follow(fleet.clone(), sender, gauges.blocks_refused.clone()));
+        }
+        Self { escalator, requests: Some(requests), fleet }
     }
 }
 

@@ -13,9 +13,9 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
             }
             for proxy in crate::escalation::unshielded_trusted_proxies(&config) {
                 eprintln!(
-                    "warning: proxy.trusted_proxies {proxy} is not covered by an [[xdp.cidr]] rule: the kernel layer \
-                     limits it as one client, with all of its clients' traffic; give it a rule with action = \"allow\" \
-                     or a \"limit\" sized for it"
+                    "warning: proxy.trusted_proxies {proxy} is not covered by an [[xdp.cidr]] allow or limit rule: \
+                     the kernel layer limits it as one client (or a deny rule drops it), with all of its clients' \
+                     traffic; give it a rule with action = \"allow\" or a \"limit\" sized for it"
                 );
             }
             let layers = [config.xdp.is_some().then_some("xdp"), config.proxy.is_some().then_some("proxy")];

@@ -1,13 +1,13 @@
 //! Per-key request limits for the proxy: the engine that turns rules and plans into
-//! one decision, over the algorithms and the memory store of `limiter_core`, or over
-//! the fleet's Redis.
+//! one decision, over the algorithms of `limiter_core` and the buckets of
+//! [`crate::backend::Limits`] (memory or the fleet's Redis).
 //!
 //! Deviations from the interface below, kept minimal:
 //! - `plan_of` returns `Option<String>`: the config sits behind a lock that a reload
 //!   swaps, so a borrow of it cannot outlive the call.
 //! - Additions: `Engine` is `Debug`; `MISSING_KEY`, `MAX_KEY_VALUE`; the algorithm
-//!   modules with `Outcome`/`Quota`, the `Store` trait and `MemoryStore` (in
-//!   `limiter_core::limits`).
+//!   modules with `Outcome`/`Quota` and `MemoryStore` (in `limiter_core::limits`);
+//!   `explain`.
 //!
 //! Meanings the interface leaves open (details in `engine.rs` and each algorithm):
 //! - On `Reject`, `policies` carry each quota as it stands (nothing was charged); on
@@ -37,17 +37,17 @@
 //!
 //! pub struct Engine<C: Clock> { .. }
 //! impl<C: Clock> Engine<C> {
-//!     pub fn new(config: &ProxyConfig, clock: C) -> Self;
+//!     pub fn new(config: &ProxyConfig, clock: C, stores: Arc<Stores>) -> Self;
 //!     /// Swap rules/plans; state of rules and plans whose identity (name + key spec
 //!     /// + algorithm + window) is unchanged is kept (a changed `limit` keeps counts).
 //!     pub fn reconfigure(&self, config: &ProxyConfig);
 //!     /// Check every matching rule and the key's plan; if none rejects, charge all of
 //!     /// them, atomically with respect to concurrent calls. A rejected request is
 //!     /// charged to nothing.
-//!     pub fn decide(&self, request: &RequestInfo<'_>) -> Decision;
+//!     pub async fn decide(&self, request: &RequestInfo<'_>) -> Decision;
 //!     /// Charge the IP-keyed rules matching this request whatever their verdict
 //!     /// (used for failed signatures, so guessing is rate limited).
-//!     pub fn penalize(&self, request: &RequestInfo<'_>);
+//!     pub async fn penalize(&self, request: &RequestInfo<'_>);
 //!     /// The key's plan name if the API key is known.
 //!     pub fn plan_of(&self, api_key: &str) -> Option<String>;
 //!     pub fn tracked_keys(&self) -> usize;
@@ -68,6 +68,7 @@
 //!     Delay(Duration),                 // throttle band or leaky-bucket queue
 //!     Reject { retry_after: Duration },// 429
 //!     MissingKey { rule: String },     // missing_key = "reject": 401 (api_key) / 400 (header)
+//!     StoreUnavailable,                // store_failure = "deny" while Redis is down: 503
 //! }
 //! pub struct PolicyStatus {
 //!     pub name: String,        // rule name, or plan name for a plan
@@ -80,7 +81,6 @@
 
 pub mod engine;
 pub mod explain;
-pub mod redis;
 
 #[cfg(test)]
 mod engine_tests;
@@ -88,5 +88,4 @@ mod engine_tests;
 pub use self::{
     engine::{Decision, Engine, PolicyStatus, RequestInfo, Verdict},
     explain::{ExplainedPolicy, Explanation},
-    redis::{RedisStore, TimeSource},
 };

@@ -131,4 +131,10 @@ impl<C: Clock + Clone> Proxy<C> {
     pub fn stats(&self) -> ProxyStats {
         self.pipeline.stats()
     }
+
+    /// The connection to the fleet's Redis its stores share; `None` in memory.
+    #[must_use]
+    pub fn fleet(&self) -> Option<&crate::fleet::Fleet> {
+        self.pipeline.fleet()
+    }
 }

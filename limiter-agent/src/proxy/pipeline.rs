@@ -169,6 +169,10 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.counters.snapshot(self.engine.tracked_keys(), self.engine.evictions(), self.stores.failures())
     }
 
+    pub(super) fn fleet(&self) -> Option<&crate::fleet::Fleet> {
+        self.stores.fleet()
+    }
+
     pub(super) async fn explain(
         &self,
         request: &super::explain::ExplainRequest,

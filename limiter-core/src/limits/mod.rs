@@ -1,6 +1,7 @@
 //! Per-key request limits: one module per algorithm, each a pure function of a
 //! [`LimitSpec`](crate::LimitSpec), a bucket's state and the time, and the
-//! [`Store`] that keeps the buckets.
+//! [`MemoryStore`] that keeps the buckets in memory (the agent keeps them in Redis
+//! for a fleet, behind the same calls).
 //!
 //! Meanings every algorithm keeps (details in each module):
 //! - `remaining` is always the number of requests that would pass back to back now
@@ -25,5 +26,5 @@ mod tests;
 
 pub use self::{
     outcome::{Outcome, Quota},
-    store::{Bucket, Charge, MemoryStore, Store},
+    store::{Bucket, Charge, MemoryStore},
 };

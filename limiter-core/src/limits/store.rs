@@ -64,27 +64,6 @@ impl Charge {
     }
 }
 
-/// Per-key limiter state.
-pub trait Store: Send + Sync + fmt::Debug {
-    /// Checks every bucket at `now`, then charges them as `charge` says, atomically
-    /// with respect to every other call touching any of the same buckets. Returns
-    /// the outcome of each bucket, in order, as checked. The buckets must be
-    /// distinct.
-    fn apply(&self, buckets: &[Bucket<'_>], now: Duration, charge: Charge) -> Vec<Outcome>;
-
-    /// Drops the state of every policy whose identity `keep` refuses.
-    fn retain_policies(&self, keep: &dyn Fn(&str) -> bool);
-
-    /// Sets the bound on tracked buckets, evicting down to it.
-    fn set_capacity(&self, max_tracked_keys: NonZeroUsize);
-
-    /// Buckets holding state.
-    fn tracked_keys(&self) -> usize;
-
-    /// Buckets dropped to make room, since the start.
-    fn evictions(&self) -> u64;
-}
-
 /// Most shards; fewer for a bound below this, so that each shard holds at least one.
 const MAX_SHARDS: usize = 64;
 
@@ -296,8 +275,12 @@ impl fmt::Debug for MemoryStore {
     }
 }
 
-impl Store for MemoryStore {
-    fn apply(&self, buckets: &[Bucket<'_>], now: Duration, charge: Charge) -> Vec<Outcome> {
+impl MemoryStore {
+    /// Checks every bucket at `now`, then charges them as `charge` says, atomically
+    /// with respect to every other call touching any of the same buckets. Returns
+    /// the outcome of each bucket, in order, as checked. The buckets must be
+    /// distinct.
+    pub fn apply(&self, buckets: &[Bucket<'_>], now: Duration, charge: Charge) -> Vec<Outcome> {
         if let [bucket] = buckets {
             return vec![self.apply_one(bucket, now, charge)];
         }
@@ -335,7 +318,8 @@ impl Store for MemoryStore {
         outcomes
     }
 
-    fn retain_policies(&self, keep: &dyn Fn(&str) -> bool) {
+    /// Drops the state of every policy whose identity `keep` refuses.
+    pub fn retain_policies(&self, keep: &dyn Fn(&str) -> bool) {
         for shard in &self.shards {
             let mut shard = lock(shard);
             let before = shard.entries.len();
@@ -344,7 +328,8 @@ impl Store for MemoryStore {
         }
     }
 
-    fn set_capacity(&self, max_tracked_keys: NonZeroUsize) {
+    /// Sets the bound on tracked buckets, evicting down to it.
+    pub fn set_capacity(&self, max_tracked_keys: NonZeroUsize) {
         let (share, extra) = (max_tracked_keys.get() / self.shards.len(), max_tracked_keys.get() % self.shards.len());
         for (i, shard) in self.shards.iter().enumerate() {
             let mut shard = lock(shard);
@@ -359,11 +344,13 @@ impl Store for MemoryStore {
         }
     }
 
-    fn tracked_keys(&self) -> usize {
+    /// Buckets holding state.
+    pub fn tracked_keys(&self) -> usize {
         self.tracked.load(Ordering::Relaxed)
     }
 
-    fn evictions(&self) -> u64 {
+    /// Buckets dropped to make room, since the start.
+    pub fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)
     }
 }

@@ -5,7 +5,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use super::{T0, secs, spec};
 use crate::{
     Algorithm, LimitSpec,
-    limits::store::{Bucket, Charge, MemoryStore, Store},
+    limits::store::{Bucket, Charge, MemoryStore},
 };
 
 fn bound(n: usize) -> NonZeroUsize {
@@ -13,7 +13,7 @@ fn bound(n: usize) -> NonZeroUsize {
 }
 
 /// Charges one request to `key` alone; whether it was admitted.
-fn hit(store: &dyn Store, policy: &Arc<str>, spec: &LimitSpec, key: &str, at: std::time::Duration) -> bool {
+fn hit(store: &MemoryStore, policy: &Arc<str>, spec: &LimitSpec, key: &str, at: std::time::Duration) -> bool {
     store.apply(&[Bucket { policy, key, spec }], at, Charge::AllOrNothing)[0].admitted
 }
 

@@ -1,8 +1,9 @@
 //! Bucket state in the fleet's Redis (`proxy.store = "redis"`): limits that hold
 //! across every agent sharing the server.
 //!
-//! Each step of the [`Store`](limiter_core::limits::Store) contract (check every bucket, then charge)
-//! is one script call, so one atomic round trip: the script (`apply.lua` after one
+//! Each step of the [`MemoryStore::apply`](limiter_core::limits::MemoryStore::apply)
+//! contract (check every bucket, then charge) is one script call, so one atomic round
+//! trip: the script (`apply.lua` after one
 //! file per algorithm, loaded once and called by its SHA, reloaded when the server
 //! answers NOSCRIPT) runs the same arithmetic as the in-memory algorithms, which stay
 //! the reference. Differences, all deliberate:
@@ -70,8 +71,8 @@ impl RedisStore {
         Self { fleet, script: Script::new(SCRIPT), time }
     }
 
-    /// [`Store::apply`](limiter_core::limits::Store::apply) in one round trip; `now` is used only
-    /// with [`TimeSource::Caller`].
+    /// [`MemoryStore::apply`](limiter_core::limits::MemoryStore::apply) in one round
+    /// trip; `now` is used only with [`TimeSource::Caller`].
     pub async fn apply(
         &self,
         buckets: &[Bucket<'_>],

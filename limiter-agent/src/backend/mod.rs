@@ -6,10 +6,12 @@
 //! side fails with a [`FleetError`] when the server cannot be reached, and the caller
 //! then follows `store_failure` and counts the decision ([`Stores::count_failure`]).
 
+mod redis;
+
 use std::time::Duration;
 
 use limiter_core::{
-    limits::{Bucket, Charge, MemoryStore, Outcome, Store as _},
+    limits::{Bucket, Charge, MemoryStore, Outcome},
     signature::{
         Authenticated, Begin, Guard, IdempotencyConfig, IdempotencyStore, ReplayCache, ReplayError, StoredResponse,
     },
@@ -18,9 +20,10 @@ use limiter_core::{
 use crate::{
     config::{ProxyConfig, proxy::StoreKind},
     fleet::{Fleet, FleetError},
-    limits::{RedisStore, TimeSource},
     signature::{SharedGuard, SharedIdempotency, SharedReplay},
 };
+
+pub use self::redis::{RedisStore, TimeSource};
 
 /// One store, in memory or in Redis.
 #[derive(Debug)]
@@ -97,6 +100,12 @@ impl Stores {
         }
     }
 
+    /// The connection the Redis stores share; `None` in memory.
+    #[must_use]
+    pub fn fleet(&self) -> Option<&Fleet> {
+        self.fleet.as_ref()
+    }
+
     /// Counts one decision taken without the store (by `store_failure`).
     pub fn count_failure(&self) {
         if let Some(fleet) = &self.fleet {
@@ -112,7 +121,7 @@ impl Stores {
 }
 
 impl Limits {
-    /// [`limiter_core::limits::Store::apply`], wherever the buckets are; `now` is
+    /// [`limiter_core::limits::MemoryStore::apply`], wherever the buckets are; `now` is
     /// used in memory (Redis measures with its own clock, see [`TimeSource`]).
     pub async fn apply(
         &self,
