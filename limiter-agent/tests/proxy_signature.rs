@@ -421,6 +421,55 @@ async fn an_idempotency_key_over_255_bytes_is_refused() {
     assert_eq!(upstream.count(), 1);
 }
 
+/// A signed request refused with 409 while its idempotency key was in flight used to
+/// burn its signature: the client's retry of the very same request was a 401 replay.
+/// Now the retry is answered from the store once the first one has completed.
+#[tokio::test]
+async fn a_signature_refused_for_an_idempotency_key_in_flight_is_not_burnt() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
+    let client = TestClient::default();
+    let held = idempotent("1", "/api/transfer/hold", "idem-retry");
+    let (held_client, url, signature) = (client.clone(), proxy.url(held.target), held.signature(SECRET));
+    let timestamp = held.timestamp.to_string();
+    let in_flight = tokio::spawn(async move {
+        let headers = [
+            ("x-api-key", "k-pay"),
+            ("x-timestamp", timestamp.as_str()),
+            ("x-signature", signature.as_str()),
+            ("x-nonce", "1"),
+            ("idempotency-key", "idem-retry"),
+        ];
+        held_client.request(Method::POST, &url, &headers, b"pay 10").await
+    });
+    upstream.arrived(1).await;
+    let retry = idempotent("2", "/api/transfer/hold", "idem-retry");
+    assert_eq!(retry.send(&client, &proxy).await.status, StatusCode::CONFLICT);
+    upstream.release(1);
+    assert_eq!(in_flight.await.expect("held request").status, StatusCode::OK);
+    let again = retry.send(&client, &proxy).await;
+    assert_eq!((again.status, again.header("idempotency-replayed")), (StatusCode::OK, "true"));
+    assert_eq!(upstream.count(), 1);
+    // Answered from the store, it has now been used.
+    assert_eq!(retry.send(&client, &proxy).await.status, StatusCode::UNAUTHORIZED);
+}
+
+/// A malformed `Idempotency-Key` is refused before the signature is recorded.
+#[tokio::test]
+async fn a_signature_refused_for_a_malformed_idempotency_key_is_not_burnt() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
+    let client = TestClient::default();
+    let too_long = "k".repeat(256);
+    let request = idempotent("1", "/api/transfer", &too_long);
+    let signature = request.signature(SECRET);
+    assert_eq!(request.send_with(&client, &proxy, &signature).await.status, StatusCode::BAD_REQUEST);
+    let fixed = Signed { idempotency_key: None, ..request };
+    // The key is not signed, so the client can drop it and send the same signature.
+    assert_eq!(fixed.send_with(&client, &proxy, &signature).await.status, StatusCode::OK);
+    assert_eq!(upstream.count(), 1);
+}
+
 /// Twenty identical requests at once: exactly one reaches the upstream, the others
 /// get 409 while it runs.
 #[tokio::test]

@@ -12,8 +12,9 @@
 //! rules count it, so a client that only knows a key id cannot spend that key.
 //!
 //! A signature is recorded as used before the limits decide (so that concurrent
-//! copies are replays) and forgotten again if a limit refuses the request: a 429
-//! does not burn it.
+//! copies are replays) and forgotten again if the request is refused before it is
+//! forwarded (a 429, or a 409/422/503 from its idempotency key): only a request that
+//! reached the upstream, or was answered from the idempotency store, burns it.
 
 use std::{
     collections::HashSet,
@@ -109,6 +110,14 @@ enum Admission {
         claim: Option<Claim>,
         proof: Proof,
     },
+}
+
+/// What a request's idempotency key gave it.
+enum Taken {
+    /// Its hold on the key (none without the store, under `store_failure = "allow"`).
+    Claim(Option<Claim>),
+    /// The response stored for an earlier identical request.
+    Replay(Response<ProxyBody>),
 }
 
 /// Everything requests share, across connections and reloads.
@@ -300,7 +309,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         Ok(response)
     }
 
-    /// Forgets the signature of a request a limit refused, so that it can be sent again.
+    /// Forgets the signature of a request refused before it was forwarded, so that it can be sent again.
     async fn unrecord(&self, authenticated: &Authenticated) {
         if let Err(error) = self.stores.replay.forget(authenticated).await {
             // The signature stays used until it expires: the sender signs anew.
@@ -394,6 +403,8 @@ impl<C: Clock + Clone> Pipeline<C> {
                 BodyError::Read(_) => Refusal::BodyUnreadable,
             },
         )?;
+        // Checked before the signature is recorded, so a malformed key burns nothing.
+        let idempotency_key = idempotency_key(parts)?;
         let target = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
         let signed =
             SignedRequest { method: &parts.method, target, headers: &parts.headers, body_sha256: &body_sha256 };
@@ -407,31 +418,43 @@ impl<C: Clock + Clone> Pipeline<C> {
                 return Err(Refusal::Unauthorized);
             }
         };
-        let claim = match idempotency_key(parts)? {
-            None => None,
-            Some(key) => {
-                let fingerprint = idempotency::fingerprint(&parts.method, target, &body_sha256);
-                match self.stores.idempotency.begin(&authenticated.key_id, key, fingerprint, self.clock.now()).await {
-                    Ok(Begin::Proceed(claim)) => Some(claim),
-                    Ok(Begin::Replay(stored)) => {
-                        self.counters.add(Event::IdempotentReplay);
-                        return Ok(Admission::Answered(idempotent::replay(stored)));
-                    }
-                    Ok(Begin::Conflict) => return Err(Refusal::IdempotencyKeyReused),
-                    Ok(Begin::InFlight | Begin::NotReplayable) => {
-                        return Err(Refusal::IdempotencyConflict);
-                    }
-                    Ok(Begin::OutcomeUnknown) => return Err(Refusal::IdempotencyOutcomeUnknown),
-                    Ok(Begin::Full) => return Err(Refusal::IdempotencyStoreFull),
-                    // Without the store the request goes on unprotected, or not at all.
-                    Err(error) => {
-                        self.store_unreachable(config, &error)?;
-                        None
-                    }
-                }
+        let Some(key) = idempotency_key else {
+            return Ok(Admission::Forward { body: full_body(bytes), claim: None, proof: Proof::Signed(authenticated) });
+        };
+        let fingerprint = idempotency::fingerprint(&parts.method, target, &body_sha256);
+        let claim = match self.claim(config, &authenticated.key_id, key, fingerprint).await {
+            Ok(Taken::Claim(claim)) => claim,
+            Ok(Taken::Replay(response)) => return Ok(Admission::Answered(response)),
+            Err(refusal) => {
+                // Refused before it ran: the same request may be sent again.
+                self.unrecord(&authenticated).await;
+                return Err(refusal);
             }
         };
         Ok(Admission::Forward { body: full_body(bytes), claim, proof: Proof::Signed(authenticated) })
+    }
+
+    /// Takes the idempotency key of an authenticated request.
+    async fn claim(
+        &self,
+        config: &ProxyConfig,
+        key_id: &str,
+        key: &str,
+        fingerprint: [u8; 32],
+    ) -> Result<Taken, Refusal> {
+        match self.stores.idempotency.begin(key_id, key, fingerprint, self.clock.now()).await {
+            Ok(Begin::Proceed(claim)) => Ok(Taken::Claim(Some(claim))),
+            Ok(Begin::Replay(stored)) => {
+                self.counters.add(Event::IdempotentReplay);
+                Ok(Taken::Replay(idempotent::replay(stored)))
+            }
+            Ok(Begin::Conflict) => Err(Refusal::IdempotencyKeyReused),
+            Ok(Begin::InFlight | Begin::NotReplayable) => Err(Refusal::IdempotencyConflict),
+            Ok(Begin::OutcomeUnknown) => Err(Refusal::IdempotencyOutcomeUnknown),
+            Ok(Begin::Full) => Err(Refusal::IdempotencyStoreFull),
+            // Without the store the request goes on unprotected, or not at all.
+            Err(error) => self.store_unreachable(config, &error).map(|()| Taken::Claim(None)),
+        }
     }
 
     /// Verifies a signed request and records its signature as used.
