@@ -38,7 +38,7 @@ enum Cmd {
         #[arg(last = true)]
         test_args: Vec<String>,
     },
-    /// Run the cargo-fuzz targets of `fuzz/` (config, signature, path), each for a bounded time.
+    /// Run the cargo-fuzz targets of `fuzz/` (config, signature, path, packet), each for a bounded time.
     Fuzz(fuzz::Opts),
     /// Build and run `target/debug/limiter` with the given arguments.
     Run {
