@@ -118,10 +118,14 @@ fn rejected_configs_leave_the_running_limits_in_force() {
 
 #[test]
 fn a_killed_agent_keeps_dropping_and_its_successor_continues_the_counts() {
-    let mut lab = XdpLab::start(1, "keep_attached_on_exit = true", &limit(500, 50));
+    let spoofing = "[xdp.new_sources]\npackets_per_second = 100\nburst = 100\n\
+                    [xdp.aggregate]\npackets_per_second = 100000\nburst = 100000\n";
+    let mut lab = XdpLab::start(1, "keep_attached_on_exit = true", &format!("{}{spoofing}", limit(500, 50)));
     let source = lab.sources[0];
     let receiver = traffic::Receiver::bind(lab.host_ip).expect("receiver");
     traffic::send(&lab.net.ns, source, receiver.addr, 2_000, 200).expect("send");
+    let verified = lab.agent.cli(&["verify", "192.0.2.0/30", "--ttl", "10m"]);
+    assert!(verified.status.success(), "{}", String::from_utf8_lossy(&verified.stderr));
     let dropped_before_kill = counter(&lab.agent.pin_dir, Counter::DroppedRateLimit);
     assert!(dropped_before_kill > 0);
     let status = lab.agent.stop_with(libc::SIGKILL);
@@ -135,13 +139,28 @@ fn a_killed_agent_keeps_dropping_and_its_successor_continues_the_counts() {
     assert!(dropped_after_kill >= dropped_before_kill + 1_500, "{dropped_before_kill} -> {dropped_after_kill}");
     assert!(got_through <= 500, "{got_through} of 2000 passed with the agent dead");
     let source_key = limiter_common::maps::SourceKey { addr: limiter_common::addr::v4_mapped(source.octets()) };
-    let packets_before =
-        KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps").source(&source_key).expect("tracked").packets;
+    let prefix_key = limiter_common::maps::SourceKey { addr: limiter_common::addr::mask_v6(source_key.addr, 96 + 24) };
+    let verified_key = limiter::xdp::source_key("192.0.2.1".parse().expect("ip"), 64);
+    let (packets_before, budget_before, aggregate_before) = {
+        let maps = KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps");
+        let budget = maps.budget(limiter_common::maps::BUDGET_NEW_SOURCES).expect("budget");
+        (maps.source(&source_key).expect("tracked").packets, budget, maps.aggregate(&prefix_key).expect("aggregate"))
+    };
 
     lab.agent.spawn();
     assert!(counter(&lab.agent.pin_dir, Counter::DroppedRateLimit) >= dropped_after_kill, "counters must not reset");
-    let state = KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps").source(&source_key).expect("bucket kept");
+    let maps = KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps");
+    let state = maps.source(&source_key).expect("bucket kept");
     assert_eq!(state.packets, packets_before, "the source's bucket survives the restart");
+    // The defences against spoofed sources too: a refilled budget or aggregate would
+    // hand a flood a fresh burst at every restart. (The link's own chatter may have
+    // charged them since, so they can only have moved on.)
+    let budget = maps.budget(limiter_common::maps::BUDGET_NEW_SOURCES).expect("budget");
+    assert!(budget.tat_ns >= budget_before.tat_ns && budget.packets >= budget_before.packets, "the budget was reset");
+    let aggregate = maps.aggregate(&prefix_key).expect("the aggregate is kept");
+    assert!(aggregate.tat_ns >= aggregate_before.tat_ns && aggregate.packets >= aggregate_before.packets);
+    assert!(maps.is_verified(&verified_key), "a verified source stays verified");
+    drop(maps);
     traffic::send(&lab.net.ns, source, receiver.addr, 1_000, 200).expect("send");
     assert!(counter(&lab.agent.pin_dir, Counter::DroppedRateLimit) > dropped_after_kill);
     let attached = limiter::xdp::attached(&lab.agent.pin_dir).expect("attached");
@@ -595,8 +614,9 @@ fn check_warns_about_a_trusted_proxy_the_kernel_layer_would_limit_as_one_client(
     let path = dir.join("limiter.toml");
     let config = format!(
         "[xdp]\ninterfaces = [\"eth0\"]\n{}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\n\
+         [[xdp.cidr]]\ncidr = \"10.9.0.0/16\"\naction = \"deny\"\n\
          [proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:9\"\n\
-         trusted_proxies = [\"10.1.0.0/16\", \"192.0.2.10/32\"]\n",
+         trusted_proxies = [\"10.1.0.0/16\", \"192.0.2.10/32\", \"10.9.0.1/32\"]\n",
         limit(100, 100)
     );
     std::fs::write(&path, config).expect("config");
@@ -610,6 +630,8 @@ fn check_warns_about_a_trusted_proxy_the_kernel_layer_would_limit_as_one_client(
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     assert!(stderr.contains("proxy.trusted_proxies 192.0.2.10/32 is not covered"), "{stderr}");
+    // Inside the allow rule, but the narrower deny rule is the one the kernel applies.
+    assert!(stderr.contains("proxy.trusted_proxies 10.9.0.1/32 is not covered"), "{stderr}");
     assert!(!stderr.contains("10.1.0.0/16"), "covered by the allow rule: {stderr}");
 }
 

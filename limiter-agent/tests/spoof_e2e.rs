@@ -29,6 +29,10 @@ const FLOOD: u64 = 40_000;
 const FLOOD_TIMEOUT: &str = "30";
 const BUDGET_RATE: u64 = 100;
 const BUDGET_BURST: u64 = 100;
+const SYN_RATE: u64 = 100;
+const SYN_BURST: u64 = 100;
+/// The sources map of the random-source flood's agent.
+const MAX_SOURCES: u64 = 1024;
 
 /// Two namespaces behind two veths, the agent attached to both host sides and its
 /// proxy listening on the second.
@@ -45,8 +49,9 @@ struct Site {
 }
 
 impl Site {
-    /// The agent with the new-source budget and `xdp_extra` in `[xdp]`.
-    fn start(upstream: SocketAddr, xdp_extra: &str) -> Self {
+    /// The agent with the new-source budget, `xdp_keys` in `[xdp]` and the tables
+    /// `xdp_extra` under it.
+    fn start(upstream: SocketAddr, xdp_keys: &str, xdp_extra: &str) -> Self {
         let name = unique("spf");
         let net = 150 + u8::try_from(std::process::id() % 50).unwrap_or(0);
         static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
@@ -77,6 +82,7 @@ impl Site {
             r#"{agent}
 [xdp]
 interfaces = ["{flood_if}", "{clients_if}"]
+{xdp_keys}
 [xdp.limit]
 packets_per_second = 1000
 burst = 1000
@@ -101,9 +107,14 @@ upstream = "http://{upstream}"
         KernelMaps::open_pinned(&self.agent.pin_dir).expect("pinned maps")
     }
 
-    /// Runs `hping3 args` in the flood namespace, bounded by `FLOOD` packets and
-    /// `FLOOD_TIMEOUT` seconds.
+    /// Runs `hping3 args` in the flood namespace at the host's address on its link.
     fn flood(&self, args: &[&str]) -> Duration {
+        self.flood_at(IpAddr::V4(self.flood_host), args)
+    }
+
+    /// Runs `hping3 args` in the flood namespace at `target`, bounded by `FLOOD`
+    /// packets and `FLOOD_TIMEOUT` seconds.
+    fn flood_at(&self, target: IpAddr, args: &[&str]) -> Duration {
         // Replies to spoofed sources would leave by the host's default route. Strict
         // reverse-path filtering on the lab's link drops every packet the program
         // passes from a source not routed back through it, before the stack can
@@ -117,7 +128,7 @@ upstream = "http://{upstream}"
         }
         let started = Instant::now();
         let count = FLOOD.to_string();
-        let target = self.flood_host.to_string();
+        let target = target.to_string();
         let output = self
             .flood
             .command("timeout")
@@ -187,7 +198,13 @@ fn verdicts(maps: &KernelMaps) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_random_source_flood_is_held_to_the_budget_while_known_and_verified_clients_are_served() {
     let upstream = Upstream::start().await;
-    let site = Site::start(upstream.addr, "[xdp.aggregate]\npackets_per_second = 2000\nburst = 2000\n");
+    // Room for far fewer sources than the flood forges: without the budget its churn
+    // would push the calm source and the client out of the map.
+    let site = Site::start(
+        upstream.addr,
+        &format!("max_sources = {MAX_SOURCES}"),
+        "[xdp.aggregate]\npackets_per_second = 2000\nburst = 2000\n",
+    );
     let receiver = traffic::Receiver::bind(site.flood_host).expect("receiver");
     // Known before the flood: the calm source by its first datagrams, the client by
     // a completed handshake (which also verifies it).
@@ -244,37 +261,55 @@ async fn a_random_source_flood_is_held_to_the_budget_while_known_and_verified_cl
     assert_eq!(calm_received, calm_sent, "the calm source lost packets");
     assert!(tried >= 3 && ok * 100 >= tried * 99, "HTTP client: {ok} of {tried} requests succeeded");
     let stats = site.agent.cli_json(&["stats", "--json"]);
+    let tracked = stats["xdp"]["sources"]["tracked"].as_u64().expect("tracked sources");
+    assert!(tracked < MAX_SOURCES, "{tracked} sources tracked: the flood filled the map");
     assert_eq!(stats["xdp"]["packets"]["dropped_new_source"].as_u64(), Some(after.get(Counter::DroppedNewSource)));
     assert_eq!(stats["xdp"]["new_sources"]["burst"].as_u64(), Some(BUDGET_BURST), "{stats}");
     assert!(stats["xdp"]["verified"]["tracked"].as_u64() >= Some(1), "{stats}");
 }
 
+/// SYNs from random sources at the proxy's own address and port, while a client the
+/// proxy verified keeps connecting: the SYNs the stack is handed stay within the SYN
+/// budget, and every one of the client's connects succeeds.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_syn_flood_from_random_sources_leaves_a_verified_client_connecting() {
     let upstream = Upstream::start().await;
-    let site = Site::start(upstream.addr, "[xdp.syn]\npackets_per_second = 100\nburst = 100\n");
+    let site =
+        Site::start(upstream.addr, "", &format!("[xdp.syn]\npackets_per_second = {SYN_RATE}\nburst = {SYN_BURST}\n"));
     let proxy = site.proxy;
     let first = spawn_in_namespace(&site.clients.ns, move || get(proxy));
     assert_eq!(first.join().expect("client").ok(), Some(true), "the first request");
-    let before = site.maps().counter_snapshot().expect("counters");
+    let maps = site.maps();
+    let client_key = source_key(IpAddr::V4(site.client), 64);
+    let before = maps.counter_snapshot().expect("counters");
+    let (seen_before, client_before) = (verdicts(&maps), maps.source(&client_key).expect("client").packets);
     let stop = Arc::new(AtomicBool::new(false));
     let requests = keep_requesting(&site.clients.ns, site.proxy, stop.clone());
-    let port = site.proxy.port().to_string();
-    let elapsed = site.flood(&["-S", "-p", &port]);
+    // The proxy's address is the host's on the other link: route it over the flood's.
+    let route = site.flood.command("ip").args(["route", "add", &proxy.ip().to_string(), "dev", "eth0"]).status();
+    assert!(route.is_ok_and(|status| status.success()), "a route to the proxy from the flood namespace");
+    let elapsed = site.flood_at(proxy.ip(), &["-S", "-p", &proxy.port().to_string()]);
     stop.store(true, Ordering::Relaxed);
     let (ok, tried) = requests.join().expect("client thread").expect("namespace");
-    let after = site.maps().counter_snapshot().expect("counters");
-    let refused = (after.get(Counter::DroppedNewSource) + after.get(Counter::DroppedSyn))
-        - (before.get(Counter::DroppedNewSource) + before.get(Counter::DroppedSyn));
-    eprintln!("SYN flood: {refused} of ~{FLOOD} refused in {elapsed:?}; client: {ok} of {tried} connected");
-    assert!(refused >= FLOOD * 9 / 10 - BUDGET_BURST, "{refused} SYNs refused");
+    let after = maps.counter_snapshot().expect("counters");
+    let client_packets = maps.source(&client_key).expect("client").packets - client_before;
+    let flood_seen = verdicts(&maps) - seen_before - client_packets;
+    let refused_syn = after.get(Counter::DroppedSyn) - before.get(Counter::DroppedSyn);
+    let handed_on = flood_seen - refused_syn;
+    let allowed = SYN_BURST + (elapsed.as_secs_f64() * SYN_RATE as f64).ceil() as u64 + 10;
+    eprintln!(
+        "SYN flood: {handed_on} of {flood_seen} SYNs passed the SYN budget in {elapsed:?}; client: {ok} of {tried} \
+         connected"
+    );
+    assert!(flood_seen >= FLOOD * 9 / 10, "the flood did not reach the program: {flood_seen} packets seen");
+    assert!(handed_on <= allowed, "{handed_on} SYNs passed the SYN budget, which allows {allowed}");
     assert!(tried >= 3 && ok == tried, "the client connected {ok} of {tried} times");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cli_checks_verifies_and_reloads_the_spoofing_defences() {
     let upstream = Upstream::start().await;
-    let mut site = Site::start(upstream.addr, "");
+    let mut site = Site::start(upstream.addr, "", "");
     let text = |output: &std::process::Output| {
         format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
     };

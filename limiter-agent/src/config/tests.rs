@@ -214,6 +214,37 @@ fn bad_spoofing_settings_name_key_and_line() {
     assert!(refusal(&text).2.contains("an aggregate only goes with action = \"limit\""));
 }
 
+/// Aggregate buckets are keyed by prefix: a rule's own aggregate on less than a whole
+/// /24 (or a narrower limit rule carving into such a rule) would charge one /24's
+/// bucket at two rates.
+#[test]
+fn a_rule_aggregate_must_cover_whole_prefixes() {
+    let limit = "action = \"limit\"\npackets_per_second = 5\nburst = 5\n";
+    let own = "aggregate_packets_per_second = 50\naggregate_burst = 100\n";
+    let narrow = format!("{XDP}[[xdp.cidr]]\ncidr = \"10.1.2.0/25\"\n{limit}{own}");
+    let (line, key, message) = refusal(&narrow);
+    assert_eq!((line, key.as_str()), (7, "xdp.cidr[0].cidr"), "{message}");
+    assert!(message.contains("narrower than the /24 prefixes"), "{message}");
+    let v6 = format!("{XDP}[[xdp.cidr]]\ncidr = \"2001:db8::/56\"\n{limit}{own}");
+    assert!(refusal(&v6).2.contains("narrower than the /48 prefixes"));
+    let inside = format!(
+        "{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\n{limit}{own}[[xdp.cidr]]\ncidr = \"10.1.2.128/25\"\n{limit}"
+    );
+    let (_, key, message) = refusal(&inside);
+    assert_eq!(key, "xdp.cidr[1].cidr", "{message}");
+    assert!(message.contains("inside 10.0.0.0/8"), "{message}");
+    // Whole prefixes, a narrower deny (which charges no aggregate), or a shorter
+    // aggregate prefix are all consistent.
+    parse(&format!(
+        "{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\n{limit}{own}[[xdp.cidr]]\ncidr = \"10.1.2.0/24\"\n{limit}"
+    ))
+    .expect("a whole /24 inside");
+    parse(&format!("{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\n{limit}{own}[[xdp.cidr]]\ncidr = \"10.1.2.128/25\"\naction = \"deny\"\n"))
+        .expect("a narrower deny");
+    parse(&format!("{XDP}[xdp.aggregate]\nipv4_prefix = 25\n[[xdp.cidr]]\ncidr = \"10.1.2.0/25\"\n{limit}{own}"))
+        .expect("a /25 aggregate");
+}
+
 #[test]
 fn a_signature_key_without_secrets_is_refused_at_its_line() {
     let text = EXAMPLE.replace("secrets = [\"file:/etc/limiter/keys/k-free-1\"]", "");

@@ -349,6 +349,39 @@ impl XdpConfig {
         ]
     }
 
+    /// The aggregate buckets are keyed by prefix alone, so every source of one prefix
+    /// must charge it at one rate: a rule that sets its own aggregate covers whole
+    /// prefixes, and no narrower `limit` rule inside it splits one.
+    fn check_aggregate_prefixes(&self, rule: &CidrRule) -> Result<(), String> {
+        let length = match rule.cidr {
+            IpNet::V4(_) => self.aggregate.ipv4_prefix.0,
+            IpNet::V6(_) => self.aggregate.ipv6_prefix.0,
+        };
+        if rule.cidr.prefix_len() <= length {
+            return Ok(());
+        }
+        if rule.aggregate.is_some() {
+            return Err(format!(
+                "{} sets its own aggregate but is narrower than the /{length} prefixes aggregates are kept for: \
+                 the rest of its /{length} would share the bucket at another rate; widen it to /{length} or \
+                 shorten xdp.aggregate's prefix",
+                rule.cidr
+            ));
+        }
+        let splits = |outer: &&CidrRule| outer.aggregate.is_some() && outer.cidr.contains(&rule.cidr);
+        if matches!(rule.action, CidrAction::Limit(_))
+            && let Some(outer) = self.cidr.iter().find(splits)
+        {
+            return Err(format!(
+                "{} is a limit rule narrower than /{length} inside {}, which sets its own aggregate: its sources \
+                 would charge their /{length} at another rate than their neighbours; widen it to /{length} or \
+                 shorten xdp.aggregate's prefix",
+                rule.cidr, outer.cidr
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks across rules that serde cannot see one record at a time.
     pub(super) fn validate(&self) -> Result<(), (String, String)> {
         if self.verified.ttl.0.is_zero() {
@@ -361,6 +394,7 @@ impl XdpConfig {
             if self.cidr[..i].iter().any(|r| r.cidr == rule.cidr) {
                 return Err((format!("xdp.cidr[{i}].cidr"), format!("{} appears twice", rule.cidr)));
             }
+            self.check_aggregate_prefixes(rule).map_err(|message| (format!("xdp.cidr[{i}].cidr"), message))?;
         }
         for (i, interface) in self.interfaces.iter().enumerate() {
             let problem = if interface.is_empty() || interface.len() > 15 {
