@@ -116,31 +116,43 @@ pub enum MissingKey {
     Reject,
 }
 
-/// A limit as written in the config: a plan's whole record, and the limit part of
-/// a rule; checked into a [`LimitSpec`].
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawLimit {
-    #[serde(default, deserialize_with = "algorithm")]
-    algorithm: Algorithm,
-    limit: NonZeroU32,
-    window: HumanDuration,
-    burst: Option<NonZeroU32>,
-    throttle_from: Option<u32>,
-    throttle_delay: Option<HumanDuration>,
-    queue: Option<NonZeroU32>,
+/// A record that holds a limit as written in the config, with `$extra` fields before
+/// it; `limit_spec` checks it into a [`LimitSpec`]. A macro rather than
+/// `#[serde(flatten)]`, which would drop `deny_unknown_fields` and the lines of errors.
+macro_rules! with_limit {
+    ($(#[$meta:meta])* struct $name:ident { $($(#[$field_meta:meta])* $field:ident: $ty:ty,)* }) => {
+        $(#[$meta])*
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct $name {
+            $($(#[$field_meta])* $field: $ty,)*
+            #[serde(default, deserialize_with = "algorithm")]
+            algorithm: Algorithm,
+            limit: NonZeroU32,
+            window: HumanDuration,
+            burst: Option<NonZeroU32>,
+            throttle_from: Option<u32>,
+            throttle_delay: Option<HumanDuration>,
+            queue: Option<NonZeroU32>,
+        }
+
+        impl $name {
+            fn limit_spec(&self) -> Result<LimitSpec, SpecError> {
+                let options = LimitOptions {
+                    burst: self.burst,
+                    throttle_from: self.throttle_from,
+                    throttle_delay: self.throttle_delay.map(|d| d.0),
+                    queue: self.queue,
+                };
+                LimitSpec::new(self.algorithm, self.limit, self.window.0, options)
+            }
+        }
+    };
 }
 
-impl RawLimit {
-    fn into_spec(self) -> Result<LimitSpec, SpecError> {
-        let options = LimitOptions {
-            burst: self.burst,
-            throttle_from: self.throttle_from,
-            throttle_delay: self.throttle_delay.map(|d| d.0),
-            queue: self.queue,
-        };
-        LimitSpec::new(self.algorithm, self.limit, self.window.0, options)
-    }
+with_limit! {
+    /// A plan's whole record.
+    struct RawLimit {}
 }
 
 /// One `[proxy.plans.NAME]` record; serde needs a type of the config's own to hang
@@ -153,7 +165,7 @@ impl TryFrom<RawLimit> for Plan {
     type Error = SpecError;
 
     fn try_from(raw: RawLimit) -> Result<Self, SpecError> {
-        raw.into_spec().map(Self)
+        raw.limit_spec().map(Self)
     }
 }
 
@@ -256,24 +268,17 @@ pub struct Rule {
     pub require_signature: bool,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRule {
-    name: String,
-    path: Option<String>,
-    #[serde(default)]
-    methods: Vec<String>,
-    key: KeySpec,
-    #[serde(default)]
-    require_signature: bool,
-    #[serde(default, deserialize_with = "algorithm")]
-    algorithm: Algorithm,
-    limit: NonZeroU32,
-    window: HumanDuration,
-    burst: Option<NonZeroU32>,
-    throttle_from: Option<u32>,
-    throttle_delay: Option<HumanDuration>,
-    queue: Option<NonZeroU32>,
+with_limit! {
+    /// One `[[proxy.rules]]` record.
+    struct RawRule {
+        name: String,
+        path: Option<String>,
+        #[serde(default)]
+        methods: Vec<String>,
+        key: KeySpec,
+        #[serde(default)]
+        require_signature: bool,
+    }
 }
 
 impl TryFrom<RawRule> for Rule {
@@ -297,17 +302,7 @@ impl TryFrom<RawRule> for Rule {
                     .map_err(|_| in_rule(format!("`{m}` is not an HTTP method")))
             })
             .collect::<Result<_, _>>()?;
-        let limit = RawLimit {
-            algorithm: raw.algorithm,
-            limit: raw.limit,
-            window: raw.window,
-            burst: raw.burst,
-            throttle_from: raw.throttle_from,
-            throttle_delay: raw.throttle_delay,
-            queue: raw.queue,
-        }
-        .into_spec()
-        .map_err(|error| in_rule(error.to_string()))?;
+        let limit = raw.limit_spec().map_err(|error| in_rule(error.to_string()))?;
         if raw.require_signature && raw.key.by != KeyKind::ApiKey {
             return Err(in_rule("require_signature needs key = \"api_key\" (or \"api_key+route\")".to_owned()));
         }
