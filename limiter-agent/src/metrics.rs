@@ -164,6 +164,33 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
     {
         let _ = writeln!(out, "limiter_proxy_requests_total{{decision=\"{decision}\"}} {value}");
     }
+    family(
+        out,
+        "limiter_proxy_policy_decisions_total",
+        "counter",
+        "Requests each rule or plan let through, delayed or refused (a request refused by another counts for none).",
+    );
+    for policy in &stats.policies {
+        let (kind, name) = (policy.kind.as_str(), escape(&policy.name));
+        for (decision, value) in
+            [("forwarded", policy.forwarded), ("throttled", policy.throttled), ("rejected", policy.rejected)]
+        {
+            let _ = writeln!(
+                out,
+                "limiter_proxy_policy_decisions_total{{kind=\"{kind}\",name=\"{name}\",decision=\"{decision}\"}} {value}"
+            );
+        }
+    }
+    family(
+        out,
+        "limiter_proxy_decision_log_lines_total",
+        "counter",
+        "Sampled decisions written to proxy.decision_log, or dropped.",
+    );
+    let _ =
+        writeln!(out, "limiter_proxy_decision_log_lines_total{{result=\"written\"}} {}", stats.decision_log_written);
+    let _ =
+        writeln!(out, "limiter_proxy_decision_log_lines_total{{result=\"dropped\"}} {}", stats.decision_log_dropped);
     family(out, "limiter_proxy_received_total", "counter", "Requests that reached the proxy's handler.");
     let _ = writeln!(out, "limiter_proxy_received_total {}", stats.requests);
     family(out, "limiter_signature_failures_total", "counter", "Signed requests refused, by reason.");
@@ -205,15 +232,22 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
     }
     family(out, "limiter_proxy_tracked_keys", "gauge", "Per-key limiter states held.");
     let _ = writeln!(out, "limiter_proxy_tracked_keys {}", stats.tracked_keys);
-    family(out, "limiter_proxy_decision_seconds", "histogram", "Time to decide a request against its rules and plan.");
+    family(
+        out,
+        "limiter_proxy_decision_seconds",
+        "histogram",
+        "Time to decide a request against its rules and plan, by store.",
+    );
+    let store = &stats.store;
     let mut cumulative = 0u64;
     for (i, count) in stats.decision_seconds.counts.iter().enumerate() {
         cumulative += count;
         let bound = DECISION_BUCKETS.get(i).map_or("+Inf".to_owned(), |b| format!("{b}"));
-        let _ = writeln!(out, "limiter_proxy_decision_seconds_bucket{{le=\"{bound}\"}} {cumulative}");
+        let _ = writeln!(out, "limiter_proxy_decision_seconds_bucket{{store=\"{store}\",le=\"{bound}\"}} {cumulative}");
     }
-    let _ = writeln!(out, "limiter_proxy_decision_seconds_sum {}", stats.decision_seconds.sum_seconds);
-    let _ = writeln!(out, "limiter_proxy_decision_seconds_count {cumulative}");
+    let _ =
+        writeln!(out, "limiter_proxy_decision_seconds_sum{{store=\"{store}\"}} {}", stats.decision_seconds.sum_seconds);
+    let _ = writeln!(out, "limiter_proxy_decision_seconds_count{{store=\"{store}\"}} {cumulative}");
 }
 
 /// Scrapers connected at once; more are closed at accept. Prometheus keeps one.

@@ -211,7 +211,11 @@ fn metrics_parse_as_prometheus_text() {
     let lab = XdpLab::start(
         1,
         &format!("metrics = \"127.0.0.1:{port}\""),
-        &format!("{}\n[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:9\"\n", limit(100, 10)),
+        &format!(
+            "{}\n[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:9\"\n\
+             [[proxy.rules]]\nname = \"per \\\"ip\\\"\"\nkey = \"ip\"\nlimit = 100\nwindow = \"1m\"\n",
+            limit(100, 10)
+        ),
     );
     let response = http_get(&format!("127.0.0.1:{port}"), "/metrics");
     let body = response.split_once("\r\n\r\n").map(|(_, b)| b).expect("HTTP body");
@@ -220,7 +224,10 @@ fn metrics_parse_as_prometheus_text() {
         "limiter_xdp_attached{interface=",
         "limiter_config_reloads_total{result=\"ok\"}",
         "limiter_proxy_requests_total{decision=\"forwarded\"}",
-        "limiter_proxy_decision_seconds_bucket{le=\"+Inf\"}",
+        "limiter_proxy_decision_seconds_bucket{store=\"memory\",le=\"+Inf\"}",
+        // A rule's name is the operator's text: escaped as a label value.
+        "limiter_proxy_policy_decisions_total{kind=\"rule\",name=\"per \\\"ip\\\"\",decision=\"rejected\"} 0",
+        "limiter_proxy_decision_log_lines_total{result=\"dropped\"} 0",
         "limiter_proxy_connections_refused_total{reason=\"max_connections_per_ip\"} 0",
         "limiter_proxy_body_timeouts_total 0",
     ] {
@@ -538,6 +545,10 @@ fn a_reload_that_changes_a_key_read_only_at_start_is_refused_naming_it_and_appli
             lab.config_with("", &body("", 99, "", "idempotency_max_bytes = 100000", "false")),
         ),
         ("escalation.enabled", lab.config_with("", &body("", 99, "", "", "true"))),
+        (
+            "proxy.decision_log.path",
+            lab.config_with("", &body("", 99, "decision_log = { path = \"/dev/null\" }", "", "false")),
+        ),
         ("[proxy]", lab.config_with("", &limit(99, 100))),
         (
             "agent.pin_dir",

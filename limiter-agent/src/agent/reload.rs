@@ -74,6 +74,10 @@ fn restart_only(old: &Config, new: &Config) -> Vec<(&'static str, bool)> {
                 sa.idempotency_max_body_bytes != sb.idempotency_max_body_bytes,
             ),
             ("proxy.signature.idempotency_max_bytes", sa.idempotency_max_bytes != sb.idempotency_max_bytes),
+            (
+                "proxy.decision_log.path (the file is opened at start)",
+                a.decision_log.as_ref().map(|log| &log.path) != b.decision_log.as_ref().map(|log| &log.path),
+            ),
         ]);
         // The fleet's blocks are followed (or not) from the start.
         let follows = |c: &Config, p: &ProxyConfig| {

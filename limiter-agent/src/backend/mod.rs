@@ -100,6 +100,12 @@ impl Stores {
         }
     }
 
+    /// `memory` or `redis`, as `proxy.store` says.
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        if self.fleet.is_some() { "redis" } else { "memory" }
+    }
+
     /// The connection the Redis stores share; `None` in memory.
     #[must_use]
     pub fn fleet(&self) -> Option<&Fleet> {

@@ -135,7 +135,17 @@ fn render(stats: &Value, previous: Option<&Value>, secs: f64) -> String {
         Value::Object(proxy) => {
             out += "proxy:\n";
             for (name, value) in proxy.iter().filter(|(_, v)| v.is_number()) {
-                out += &format!("  {name:<20} {value:>14}\n");
+                // A JSON value ignores the width; its text does not.
+                out += &format!("  {name:<20} {:>14}\n", value.to_string());
+            }
+            let policies = proxy.get("policies").and_then(Value::as_array).into_iter().flatten();
+            for policy in policies {
+                let name =
+                    format!("{} {}", policy["kind"].as_str().unwrap_or("?"), policy["name"].as_str().unwrap_or("?"));
+                out += &format!(
+                    "  {name:<28} forwarded {} · throttled {} · rejected {}\n",
+                    policy["forwarded"], policy["throttled"], policy["rejected"]
+                );
             }
         }
         // An agent that answers without proxy counters runs without `[proxy]`.
@@ -188,6 +198,13 @@ mod tests {
         assert!(table.ends_with("proxy: agent not reachable\n"), "{table}");
         let once = render(&stats(5), None, 0.0);
         assert!(once.contains("dropped_rate_limit                5\n"), "{once}");
+        let mut with_proxy = stats(5);
+        with_proxy["proxy"] = json!({"requests": 12, "store": "memory", "policies": [
+            {"kind": "rule", "name": "login", "forwarded": 5, "throttled": 0, "rejected": 7},
+        ]});
+        let table = render(&with_proxy, None, 0.0);
+        assert!(table.contains("  requests                         12\n"), "{table}");
+        assert!(table.ends_with("  rule login                   forwarded 5 · throttled 0 · rejected 7\n"), "{table}");
         let mut without_proxy = stats(5);
         without_proxy["agent"] = json!({"running": true, "reloads": {"ok": 0, "rejected": 0}});
         let table = render(&without_proxy, None, 0.0);

@@ -85,6 +85,32 @@ pub struct ProxyConfig {
     pub rules: Vec<Rule>,
     #[serde(default)]
     pub signature: SignatureConfig,
+    /// A JSON line for a sample of the limits' decisions; `None`: none.
+    pub decision_log: Option<DecisionLogConfig>,
+}
+
+/// `proxy.decision_log = { path, sample }`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionLogConfig {
+    /// The file lines are appended to; opened at start.
+    pub path: std::path::PathBuf,
+    /// Share of decisions written: 1 writes every one, 0.01 one in a hundred.
+    #[serde(default = "every_decision", deserialize_with = "sample")]
+    pub sample: f64,
+}
+
+fn every_decision() -> f64 {
+    1.0
+}
+
+fn sample<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+    let share = f64::deserialize(deserializer)?;
+    if share > 0.0 && share <= 1.0 {
+        Ok(share)
+    } else {
+        Err(de::Error::custom(format!("{share} is not a share of decisions: more than 0, at most 1")))
+    }
 }
 
 /// Where per-key state lives.

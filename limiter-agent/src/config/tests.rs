@@ -315,3 +315,17 @@ fn path_keys_default_to_reject_and_case_sensitive_and_name_their_mistakes() {
     assert!(message.contains("lower case") && message.contains("write `/api`"), "{message}");
     parse(&format!("{PROXY}{}", rule("/API"))).expect("case-sensitive, any case is canonical");
 }
+
+#[test]
+fn a_decision_log_takes_a_path_and_a_share_of_decisions() {
+    let text = format!("{PROXY}decision_log = {{ path = \"/var/log/limiter/decisions.jsonl\" }}\n");
+    let log = parse(&text).expect("a path alone").proxy.expect("proxy").decision_log.expect("decision log");
+    assert_eq!((log.path.to_str(), log.sample), (Some("/var/log/limiter/decisions.jsonl"), 1.0));
+    for bad in ["0", "1.5", "-0.1"] {
+        let text = format!("{PROXY}decision_log = {{ path = \"/tmp/d\", sample = {bad} }}\n");
+        let (_, key, message) = refusal(&text);
+        assert!(key.starts_with("proxy.decision_log"), "{bad}: {key}");
+        assert!(message.contains("more than 0, at most 1"), "{bad}: {message}");
+    }
+    assert!(refusal(&format!("{PROXY}decision_log = {{ file = \"/tmp/d\" }}\n")).2.contains("unknown field"));
+}

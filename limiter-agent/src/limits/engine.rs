@@ -30,7 +30,10 @@
 use std::{
     collections::{HashMap, HashSet},
     net::IpAddr,
-    sync::{Arc, PoisonError, RwLock},
+    sync::{
+        Arc, PoisonError, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -134,6 +137,36 @@ pub(super) struct Policy {
     /// to carry over a reload (a changed `limit` keeps the counts).
     identity: Arc<str>,
     pub(super) spec: LimitSpec,
+    /// What this policy decided, kept across reloads while its kind and name stay.
+    decisions: Arc<PolicyDecisions>,
+}
+
+/// Requests one policy let through at once, delayed, and refused.
+#[derive(Debug, Default)]
+struct PolicyDecisions([AtomicU64; 3]);
+
+/// What one rule or plan decided since the start, for `limiter stats` and the metrics.
+/// A request another policy refused counts for none of the others.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PolicyCounts {
+    /// `rule` or `plan`.
+    pub kind: String,
+    pub name: String,
+    /// Requests it let through without delaying them.
+    pub forwarded: u64,
+    /// Requests it delayed (its throttle band or queue).
+    pub throttled: u64,
+    /// Requests it refused: over its limit, or (a rule with `missing_key = "reject"`)
+    /// without the key it counts by.
+    pub rejected: u64,
+}
+
+/// Which of [`PolicyDecisions`]' counters.
+#[derive(Clone, Copy)]
+enum Decided {
+    Forwarded,
+    Throttled,
+    Rejected,
 }
 
 impl Policy {
@@ -145,7 +178,16 @@ impl Policy {
             spec.algorithm,
             spec.window.as_nanos()
         );
-        Self { kind, name: name.to_owned(), identity: identity.into(), spec: spec.clone() }
+        Self { kind, name: name.to_owned(), identity: identity.into(), spec: spec.clone(), decisions: Arc::default() }
+    }
+
+    fn record(&self, decided: Decided) {
+        self.decisions.0[decided as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn counts(&self) -> PolicyCounts {
+        let [forwarded, throttled, rejected] = self.decisions.0.each_ref().map(|n| n.load(Ordering::Relaxed));
+        PolicyCounts { kind: self.kind.to_owned(), name: self.name.clone(), forwarded, throttled, rejected }
     }
 
     fn status(&self, quota: Quota) -> PolicyStatus {
@@ -208,9 +250,24 @@ impl Policies {
         Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature }
     }
 
+    fn all(&self) -> impl Iterator<Item = &Policy> {
+        self.rules.iter().map(|(_, policy)| policy).chain(self.plans.values())
+    }
+
+    /// Takes over `old`'s decision counts for the policies of the same kind and name.
+    fn keep_decisions(&mut self, old: &Self) {
+        let kept: HashMap<(&str, &str), &Arc<PolicyDecisions>> =
+            old.all().map(|p| ((p.kind, p.name.as_str()), &p.decisions)).collect();
+        let rules = self.rules.iter_mut().map(|(_, policy)| policy);
+        for policy in rules.chain(self.plans.values_mut()) {
+            if let Some(decisions) = kept.get(&(policy.kind, policy.name.as_str())) {
+                policy.decisions = Arc::clone(decisions);
+            }
+        }
+    }
+
     fn identities(&self) -> HashSet<Arc<str>> {
-        let rules = self.rules.iter().map(|(_, policy)| policy);
-        rules.chain(self.plans.values()).map(|policy| Arc::clone(&policy.identity)).collect()
+        self.all().map(|policy| Arc::clone(&policy.identity)).collect()
     }
 
     fn known_key<'r>(&self, request: &RequestInfo<'r>) -> Option<&'r str> {
@@ -271,7 +328,9 @@ impl<C: Clock> Engine<C> {
     /// spec, algorithm and window) is unchanged is kept, so a changed `limit` keeps
     /// its counts; the state of the others is dropped.
     pub fn reconfigure(&self, config: &ProxyConfig) {
-        let policies = Arc::new(Policies::new(config));
+        let mut policies = Policies::new(config);
+        policies.keep_decisions(&self.snapshot());
+        let policies = Arc::new(policies);
         let live = policies.identities();
         *self.policies.write().unwrap_or_else(PoisonError::into_inner) = policies;
         // A request still deciding on the old policies may recreate a dropped bucket
@@ -287,10 +346,20 @@ impl<C: Clock> Engine<C> {
         let (counted, require_signature) = policies.count(request);
         let counted = match counted {
             Ok(counted) => counted,
-            Err(verdict) => return Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature },
+            Err(verdict) => {
+                if let Verdict::MissingKey { rule } = &verdict
+                    && let Some((_, policy)) = policies.rules.iter().find(|(r, _)| r.name == *rule)
+                {
+                    policy.record(Decided::Rejected);
+                }
+                return Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature };
+            }
         };
         match self.apply(&counted, Charge::AllOrNothing).await {
-            Some(outcomes) => decision(&counted, &outcomes, require_signature),
+            Some(outcomes) => {
+                record(&counted, &outcomes);
+                decision(&counted, &outcomes, require_signature)
+            }
             None => policies.store_failed(require_signature),
         }
     }
@@ -314,6 +383,15 @@ impl<C: Clock> Engine<C> {
     #[must_use]
     pub fn plan_of(&self, api_key: &str) -> Option<String> {
         self.snapshot().keys.get(api_key).cloned()
+    }
+
+    /// What each configured rule and plan decided, rules first, plans by name.
+    #[must_use]
+    pub fn policy_counts(&self) -> Vec<PolicyCounts> {
+        let policies = self.snapshot();
+        let mut plans: Vec<&Policy> = policies.plans.values().collect();
+        plans.sort_by(|a, b| a.name.cmp(&b.name));
+        policies.rules.iter().map(|(_, policy)| policy).chain(plans).map(Policy::counts).collect()
     }
 
     /// Buckets holding state (see [`crate::backend::Limits::tracked_keys`]).
@@ -344,6 +422,20 @@ impl<C: Clock> Engine<C> {
                 tracing::debug!(%error, "limits store unreachable");
                 None
             }
+        }
+    }
+}
+
+/// Counts each policy's part in a decision: a refused request only for the policies
+/// that refused it.
+fn record(counted: &[(&Policy, String)], outcomes: &[Outcome]) {
+    let refused = outcomes.iter().any(|outcome| !outcome.admitted);
+    for ((policy, _), outcome) in counted.iter().zip(outcomes) {
+        match (outcome.admitted, refused) {
+            (false, _) => policy.record(Decided::Rejected),
+            (true, true) => {}
+            (true, false) if outcome.delay(policy.spec.throttle).is_zero() => policy.record(Decided::Forwarded),
+            (true, false) => policy.record(Decided::Throttled),
         }
     }
 }

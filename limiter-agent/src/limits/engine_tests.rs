@@ -575,3 +575,47 @@ key = "ip"
     assert!(from_config.policies.iter().all(|p| p.remaining.is_none() && p.admits.is_none()));
     assert_eq!(from_config.policies.len(), 2);
 }
+
+fn counts_of(engine: &Engine<FakeClock>, name: &str) -> (u64, u64, u64) {
+    let counts = engine.policy_counts();
+    let policy = counts.iter().find(|p| p.name == name).expect("policy counts");
+    (policy.forwarded, policy.throttled, policy.rejected)
+}
+
+/// Each rule and plan counts its own part: the plan delays from its 81st request,
+/// the rule refuses from its 91st, and a request the rule refused counts for no
+/// other policy.
+#[test]
+fn each_rule_and_plan_counts_what_it_forwarded_throttled_and_refused() {
+    let rule = "[[proxy.rules]]\nname = \"per-ip\"\npath = \"/api\"\nkey = \"ip\"\nlimit = 90\nwindow = \"1m\"\n";
+    let (engine, clock) = engine(rule);
+    let request = get("/api/items").key("k-free-1");
+    for _ in 0..95 {
+        request.to(&engine);
+        clock.advance(millis(100));
+    }
+    assert_eq!(counts_of(&engine, "per-ip"), (90, 0, 5));
+    assert_eq!(counts_of(&engine, "free"), (80, 10, 0));
+    assert_eq!(counts_of(&engine, "pro"), (0, 0, 0));
+    let kinds: Vec<(String, String)> = engine.policy_counts().into_iter().map(|p| (p.kind, p.name)).collect();
+    let expected = [("rule", "per-ip"), ("plan", "free"), ("plan", "pro")].map(|(k, n)| (k.to_owned(), n.to_owned()));
+    assert_eq!(kinds, expected, "rules first, then plans by name");
+
+    // A reload that keeps the names keeps the counts, whatever else changed.
+    engine.reconfigure(&config(&rule.replace("limit = 90", "limit = 10")));
+    assert_eq!(counts_of(&engine, "per-ip"), (90, 0, 5));
+    request.to(&engine);
+    assert_eq!(counts_of(&engine, "per-ip"), (90, 0, 6));
+    engine.reconfigure(&config(&rule.replace("per-ip", "per-client")));
+    assert_eq!(counts_of(&engine, "per-client"), (0, 0, 0), "a new name starts from zero");
+}
+
+#[test]
+fn a_request_refused_for_a_missing_key_counts_as_its_rules_refusal() {
+    let engine = in_memory(&config_with("missing_key = \"reject\"", BY_KEY), FakeClock::new(T0));
+    get("/").to(&engine);
+    get("/tenant").key("k-free-1").to(&engine);
+    assert_eq!(counts_of(&engine, "by-key"), (0, 0, 1));
+    assert_eq!(counts_of(&engine, "by-tenant"), (0, 0, 1));
+    assert_eq!(counts_of(&engine, "free"), (0, 0, 0));
+}

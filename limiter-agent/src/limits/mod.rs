@@ -7,7 +7,7 @@
 //!   swaps, so a borrow of it cannot outlive the call.
 //! - Additions: `Engine` is `Debug`; `MISSING_KEY`, `MAX_KEY_VALUE`; the algorithm
 //!   modules with `Outcome`/`Quota` and `MemoryStore` (in `limiter_core::limits`);
-//!   `explain`.
+//!   `explain`, `policy_counts`.
 //!
 //! Meanings the interface leaves open (details in `engine.rs` and each algorithm):
 //! - On `Reject`, `policies` carry each quota as it stands (nothing was charged); on
@@ -86,6 +86,6 @@ pub mod explain;
 mod engine_tests;
 
 pub use self::{
-    engine::{Decision, Engine, PolicyStatus, RequestInfo, Verdict},
+    engine::{Decision, Engine, PolicyCounts, PolicyStatus, RequestInfo, Verdict},
     explain::{ExplainedPolicy, Explanation},
 };

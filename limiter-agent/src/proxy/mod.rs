@@ -11,6 +11,7 @@
 
 mod body;
 mod connections;
+mod decision_log;
 pub mod explain;
 mod forward;
 mod headers;
@@ -58,6 +59,12 @@ pub enum ProxyError {
     },
     #[error("proxy.redis_url: {0}")]
     Store(#[from] crate::fleet::FleetError),
+    #[error("proxy.decision_log.path: cannot open {path}: {source}")]
+    DecisionLog {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("proxy.listen changed from {running} to {requested}: the agent must restart the proxy to move it")]
     ListenChanged { running: SocketAddr, requested: SocketAddr },
 }

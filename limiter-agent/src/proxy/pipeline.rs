@@ -30,6 +30,7 @@ use super::{
     ProxyBody, ProxyError,
     body::{self, TimedBody},
     connections::{Connections, Refused, Slot},
+    decision_log::{self, DecisionLog, Entry},
     forward::{Origin, Upstream},
     full_body, headers, idempotent, keys,
     problem::Refusal,
@@ -137,12 +138,22 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     max_stored_body: usize,
     counters: Counters,
     connections: Arc<Connections>,
+    /// `proxy.decision_log`, opened at start.
+    decision_log: Option<DecisionLog>,
 }
 
 impl<C: Clock + Clone> Pipeline<C> {
     pub(super) fn new(config: Arc<ProxyConfig>, secrets: KeySecrets, clock: C) -> Result<Self, ProxyError> {
         let stores = Arc::new(Stores::new(&config)?);
+        let decision_log = match &config.decision_log {
+            Some(log) => Some(
+                DecisionLog::open(&log.path)
+                    .map_err(|source| ProxyError::DecisionLog { path: log.path.clone(), source })?,
+            ),
+            None => None,
+        };
         Ok(Self {
+            decision_log,
             engine: Engine::new(&config, clock.clone(), Arc::clone(&stores)),
             stores,
             clock,
@@ -175,7 +186,15 @@ impl<C: Clock + Clone> Pipeline<C> {
     }
 
     pub(super) fn stats(&self) -> ProxyStats {
-        self.counters.snapshot(self.engine.tracked_keys(), self.engine.evictions(), self.stores.failures())
+        let (decision_log_written, decision_log_dropped) =
+            self.decision_log.as_ref().map_or((0, 0), DecisionLog::counts);
+        ProxyStats {
+            store: self.stores.kind().to_owned(),
+            policies: self.engine.policy_counts(),
+            decision_log_written,
+            decision_log_dropped,
+            ..self.counters.snapshot(self.engine.tracked_keys(), self.engine.evictions(), self.stores.failures())
+        }
     }
 
     pub(super) fn fleet(&self) -> Option<&crate::fleet::Fleet> {
@@ -293,6 +312,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         let deciding = Instant::now();
         let Decision { verdict, policies, violated, .. } = self.engine.decide(&info).await;
         self.counters.observe_decision(deciding.elapsed());
+        self.log_decision(config, &parts.method, &info, &verdict, &policies, &violated);
         let peer = peer.to_canonical();
         let origin = Origin { peer, peer_trusted: keys::is_trusted(peer, &config.trusted_proxies) };
         let outcome = match self.act(config, verdict, violated).await {
@@ -307,6 +327,40 @@ impl<C: Clock + Clone> Pipeline<C> {
         let mut response = outcome.unwrap_or_else(|refusal| self.refuse(config, refusal, peer));
         headers::add_rate_limit_headers(response.headers_mut(), &policies, self.clock.now());
         Ok(response)
+    }
+
+    /// Writes the decision to `proxy.decision_log` if it is in the sample.
+    fn log_decision(
+        &self,
+        config: &ProxyConfig,
+        method: &Method,
+        info: &RequestInfo<'_>,
+        verdict: &Verdict,
+        policies: &[crate::limits::PolicyStatus],
+        violated: &[String],
+    ) {
+        let (Some(log), Some(log_config)) = (&self.decision_log, &config.decision_log) else { return };
+        if !log.sampled(log_config.sample) {
+            return;
+        }
+        let plan = info.api_key.and_then(|key| config.keys.iter().find(|k| k.id == key)).map(|key| key.plan.as_str());
+        let (verdict_name, wait) = decision_log::verdict_name(verdict);
+        let missing = match verdict {
+            Verdict::MissingKey { rule } => std::slice::from_ref(rule),
+            _ => violated,
+        };
+        log.write(&Entry {
+            time: (self.clock.now().as_millis() as f64) / 1000.0,
+            client: info.client,
+            method: method.as_str(),
+            path: info.path,
+            verdict: verdict_name,
+            wait_ms: wait.map(|wait| u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
+            policies: policies.iter().map(|policy| policy.name.as_str()).collect(),
+            plan,
+            violated: missing,
+            enforced: config.enforce,
+        });
     }
 
     /// Forgets the signature of a request refused before it was forwarded, so that it can be sent again.

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use limiter_core::signature::FailureReason;
 
 use super::connections::Refused;
+use crate::limits::PolicyCounts;
 
 /// One event the proxy counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,6 +146,10 @@ impl Counters {
             },
             evictions,
             store_failures,
+            store: String::new(),
+            policies: Vec::new(),
+            decision_log_written: 0,
+            decision_log_dropped: 0,
         }
     }
 }
@@ -201,4 +206,16 @@ pub struct ProxyStats {
     pub store_failures: u64,
     /// Time spent deciding (rules, plans, store), for the metrics.
     pub decision_seconds: DecisionHistogram,
+    /// Where the decisions were taken: `memory` or `redis` (`proxy.store`).
+    #[serde(default)]
+    pub store: String,
+    /// What each configured rule and plan decided.
+    #[serde(default)]
+    pub policies: Vec<PolicyCounts>,
+    /// Lines written to `proxy.decision_log`.
+    #[serde(default)]
+    pub decision_log_written: u64,
+    /// Sampled lines not written: the queue was full, or the disk refused them.
+    #[serde(default)]
+    pub decision_log_dropped: u64,
 }

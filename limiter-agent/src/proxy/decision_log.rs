@@ -1,0 +1,125 @@
+//! `proxy.decision_log`: one JSON line for a sample of the limits' decisions, for
+//! finding out afterwards who was refused by what. Lines go through a bounded queue
+//! to a task of their own, so a slow disk never holds a request: a line that finds the
+//! queue full is dropped and counted.
+//!
+//! A line names the client address, the method, the canonical path, the verdict and
+//! the rules and plan that counted the request, never a key or any other header: a
+//! bearer key's id is its secret.
+
+use std::{
+    net::IpAddr,
+    os::unix::fs::OpenOptionsExt as _,
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use serde::Serialize;
+use tokio::{io::AsyncWriteExt as _, sync::mpsc};
+
+use crate::limits::Verdict;
+
+/// Lines waiting for the disk; past this they are dropped.
+const QUEUE: usize = 4096;
+
+/// The writer's handle; dropping it ends the task once the queue is written.
+#[derive(Debug)]
+pub(super) struct DecisionLog {
+    lines: mpsc::Sender<String>,
+    /// Decisions offered for sampling since the start.
+    offered: AtomicU64,
+    counts: Arc<LogCounts>,
+}
+
+/// Lines written and dropped since the start.
+#[derive(Debug, Default)]
+pub(super) struct LogCounts {
+    pub(super) written: AtomicU64,
+    pub(super) dropped: AtomicU64,
+}
+
+/// One decision as logged.
+#[derive(Debug, Serialize)]
+pub(super) struct Entry<'a> {
+    /// Unix time, in seconds with milliseconds.
+    pub(super) time: f64,
+    pub(super) client: IpAddr,
+    pub(super) method: &'a str,
+    /// The canonical path, without the query.
+    pub(super) path: &'a str,
+    /// `forward`, `delay`, `reject`, `missing_key` or `store_unavailable`.
+    pub(super) verdict: &'static str,
+    /// For `delay`, and for `reject` (its `Retry-After`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) wait_ms: Option<u64>,
+    /// The rules and the plan that counted the request.
+    pub(super) policies: Vec<&'a str>,
+    /// The plan of the key the request proved.
+    pub(super) plan: Option<&'a str>,
+    /// The policies that refused it.
+    pub(super) violated: &'a [String],
+    /// `false` in shadow mode: the verdict was counted, not carried out.
+    pub(super) enforced: bool,
+}
+
+impl DecisionLog {
+    /// Opens `path` for appending (created 0640) and starts the writer.
+    pub(super) fn open(path: &Path) -> std::io::Result<Self> {
+        let file = std::fs::OpenOptions::new().create(true).append(true).mode(0o640).open(path)?;
+        let (lines, queue) = mpsc::channel(QUEUE);
+        let counts = Arc::<LogCounts>::default();
+        tokio::spawn(write_lines(tokio::fs::File::from_std(file), queue, Arc::clone(&counts)));
+        Ok(Self { lines, offered: AtomicU64::new(0), counts })
+    }
+
+    /// Whether this decision is in the sample: exactly one in every `1 / share`,
+    /// spread evenly, so that a test (and an operator) can count on the share.
+    pub(super) fn sampled(&self, share: f64) -> bool {
+        let n = self.offered.fetch_add(1, Ordering::Relaxed) as f64;
+        ((n + 1.0) * share).floor() > (n * share).floor()
+    }
+
+    pub(super) fn write(&self, entry: &Entry<'_>) {
+        let Ok(mut line) = serde_json::to_string(entry) else { return };
+        line.push('\n');
+        if self.lines.try_send(line).is_err() {
+            self.counts.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn counts(&self) -> (u64, u64) {
+        (self.counts.written.load(Ordering::Relaxed), self.counts.dropped.load(Ordering::Relaxed))
+    }
+}
+
+/// `verdict`'s name in the log and its wait, if it has one.
+pub(super) fn verdict_name(verdict: &Verdict) -> (&'static str, Option<Duration>) {
+    match verdict {
+        Verdict::Forward => ("forward", None),
+        Verdict::Delay(delay) => ("delay", Some(*delay)),
+        Verdict::Reject { retry_after } => ("reject", Some(*retry_after)),
+        Verdict::MissingKey { .. } => ("missing_key", None),
+        Verdict::StoreUnavailable => ("store_unavailable", None),
+    }
+}
+
+/// Writes each line as it comes, flushing whenever the queue is empty, until every
+/// sender is gone.
+async fn write_lines(file: tokio::fs::File, mut queue: mpsc::Receiver<String>, counts: Arc<LogCounts>) {
+    let mut file = tokio::io::BufWriter::new(file);
+    while let Some(line) = queue.recv().await {
+        let written = file.write_all(line.as_bytes()).await;
+        let flushed = if queue.is_empty() { file.flush().await } else { Ok(()) };
+        match written.and(flushed) {
+            Ok(()) => counts.written.fetch_add(1, Ordering::Relaxed),
+            Err(error) => {
+                tracing::warn!(%error, "decision log: cannot write");
+                counts.dropped.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+    }
+}

@@ -1,0 +1,90 @@
+//! What the operator sees of the proxy's decisions: counts by rule and plan, and the
+//! sampled decision log, through real sockets.
+
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+use limiter_core::Clock as _;
+use limiter_lab::support::{
+    proxy::{PATIENCE, PROXY_HEAD, RunningProxy, TestClient, Upstream},
+    unique,
+};
+
+/// A 3-a-minute login rule by IP, and a bearer key whose id must never be logged.
+const LIMITS: &str = r#"
+[proxy.plans.basic]
+limit = 1000
+window = "1m"
+[[proxy.keys]]
+id = "bearer-id-is-a-secret"
+plan = "basic"
+auth = "bearer"
+[[proxy.rules]]
+name = "login"
+path = "/login"
+methods = ["POST"]
+key = "ip"
+algorithm = "fixed_window"
+limit = 3
+window = "1m"
+"#;
+
+/// The lines of `path` once it has `count` of them.
+async fn lines(path: &std::path::Path, count: usize) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.lines().count() >= count || Instant::now() > deadline {
+            return text.lines().map(|line| serde_json::from_str(line).expect("a JSON line")).collect();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn decisions_are_counted_by_rule_and_plan_and_a_sample_is_logged_without_keys() {
+    let log = std::env::temp_dir().join(format!("{}.jsonl", unique("decisions")));
+    let head = format!("{PROXY_HEAD}decision_log = {{ path = \"{}\", sample = 0.5 }}\n", log.display());
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&format!("{head}{LIMITS}"), upstream.addr).await;
+    let client = TestClient::default();
+    let key = [("x-api-key", "bearer-id-is-a-secret")];
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(client.request(Method::POST, &proxy.url("/login?user=a"), &key, b"").await.status);
+    }
+    for _ in 0..3 {
+        statuses.push(client.request(Method::GET, &proxy.url("/items"), &key, b"").await.status);
+    }
+    let too_many = StatusCode::TOO_MANY_REQUESTS;
+    assert_eq!(statuses, [[StatusCode::OK; 3].as_slice(), &[too_many; 2], &[StatusCode::OK; 3]].concat());
+
+    let stats = proxy.proxy.stats();
+    let counts: Vec<(&str, &str, u64, u64, u64)> = stats
+        .policies
+        .iter()
+        .map(|p| (p.kind.as_str(), p.name.as_str(), p.forwarded, p.throttled, p.rejected))
+        .collect();
+    // The two refused logins count for the rule only: the plan let 6 through.
+    assert_eq!(counts, [("rule", "login", 3, 0, 2), ("plan", "basic", 6, 0, 0)]);
+    assert_eq!(stats.store, "memory");
+
+    // One decision in two, evenly: the 2nd, 4th, 6th and 8th.
+    let logged = lines(&log, 4).await;
+    let _ = std::fs::remove_file(&log);
+    assert_eq!(logged.len(), 4, "{logged:?}");
+    let verdicts: Vec<&str> = logged.iter().map(|line| line["verdict"].as_str().expect("verdict")).collect();
+    assert_eq!(verdicts, ["forward", "reject", "forward", "forward"]);
+    let refused = &logged[1];
+    assert_eq!((refused["method"].as_str(), refused["path"].as_str()), (Some("POST"), Some("/login")));
+    assert_eq!(refused["client"], "127.0.0.1");
+    assert_eq!(refused["violated"], serde_json::json!(["login"]));
+    assert_eq!(refused["policies"], serde_json::json!(["login", "basic"]));
+    assert_eq!(refused["plan"], "basic");
+    assert!(refused["wait_ms"].as_u64().is_some_and(|ms| ms > 0 && ms <= 60_000), "{refused}");
+    let expected_time = proxy.clock.now().as_secs_f64();
+    assert!((refused["time"].as_f64().expect("time") - expected_time).abs() < 1.0, "{refused}");
+    let text = serde_json::to_string(&logged).expect("lines");
+    assert!(!text.contains("bearer-id-is-a-secret"), "a key reached the log: {text}");
+    assert_eq!((stats.decision_log_dropped, proxy.proxy.stats().decision_log_written), (0, 4));
+}
