@@ -52,3 +52,79 @@ fn flood_is_held_to_its_rate_while_a_slow_flow_loses_nothing() {
     let polite_row = row(polite).expect("polite source in top");
     assert_eq!((polite_row["packets"].as_u64(), polite_row["dropped"].as_u64()), (Some(POLITE), Some(0)));
 }
+
+/// `limiter top --watch` with its output going to a pipe, not a terminal: plain
+/// tables every interval, with the rates of a source flooding the kernel layer and of
+/// a client the proxy refuses, and the rule refusing it.
+#[tokio::test(flavor = "multi_thread")]
+async fn top_watch_prints_plain_frames_with_both_layers_rates_when_not_on_a_terminal() {
+    use limiter_lab::support::proxy::{PATIENCE, TestClient, Upstream};
+    use std::io::BufRead as _;
+
+    let upstream = Upstream::start().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    let proxy = format!(
+        "[proxy]\nlisten = \"127.0.0.1:{port}\"\nupstream = \"http://{}\"\n[[proxy.rules]]\nname = \"login\"\n\
+         path = \"/login\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"\n",
+        upstream.addr
+    );
+    let lab = XdpLab::start(
+        1,
+        "keep_attached_on_exit = false",
+        &format!("[xdp.limit]\npackets_per_second = {RATE}\nburst = {BURST}\n{proxy}"),
+    );
+    let mut top = std::process::Command::new(limiter_lab::support::agent::limiter_bin())
+        .args(["top", "--watch", "1", "-n", "5", "-c"])
+        .arg(&lab.agent.config_path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("limiter top --watch");
+    let (lines, output) = std::sync::mpsc::channel();
+    let stdout = top.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+
+    let source = lab.sources[0];
+    let receiver = traffic::Receiver::bind(lab.host_ip).expect("receiver");
+    let client = TestClient::default();
+    let url = format!("http://127.0.0.1:{port}/login");
+    let (mut source_seen, mut client_seen, mut frames) = (None, None, 0);
+    let deadline = std::time::Instant::now() + PATIENCE * 4;
+    while (source_seen.is_none() || client_seen.is_none() || frames < 2) && std::time::Instant::now() < deadline {
+        // Every round: more packets than the bucket passes, and requests over the rule.
+        traffic::send(&lab.net.ns, source, receiver.addr, 2_000, 500).expect("send");
+        for _ in 0..3 {
+            client.request(http::Method::POST, &url, &[], b"").await;
+        }
+        while let Ok(line) = output.recv_timeout(Duration::from_millis(100)) {
+            frames += usize::from(line.starts_with("limiter top · every 1 s · sorted by rate"));
+            let cells: Vec<&str> = line.split_whitespace().collect();
+            match cells.as_slice() {
+                [name, pps, drops, _tokens] if *name == source.to_string() => {
+                    let (pps, drops): (f64, f64) = (pps.parse().expect("pps"), drops.parse().expect("drops"));
+                    if pps > 0.0 && drops > 0.0 {
+                        source_seen = Some(line.clone());
+                    }
+                }
+                ["ip", "127.0.0.1", rps, refused, "login"] => {
+                    let (rps, refused): (f64, f64) = (rps.parse().expect("rps"), refused.parse().expect("refused"));
+                    if rps > 0.0 && refused > 0.0 {
+                        client_seen = Some(line.clone());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let _ = top.kill();
+    let _ = top.wait();
+    eprintln!("{frames} frames; source: {source_seen:?}; client: {client_seen:?}");
+    assert!(frames >= 2, "repeated frames: {frames}");
+    assert!(source_seen.is_some(), "the flooding source with packets/s and drops/s");
+    assert!(client_seen.is_some(), "the refused client with its rule");
+}

@@ -1,6 +1,6 @@
 //! The admin socket: one JSON request line in, one JSON response line out, on the
-//! Unix socket `agent.admin_socket`. `limiter reload`, `limiter stats` and
-//! `limiter detach` are its clients.
+//! Unix socket `agent.admin_socket`. `limiter reload`, `limiter stats`, `limiter
+//! explain`, `limiter top --watch` and `limiter detach` are its clients.
 
 use std::{path::Path, time::Duration};
 
@@ -22,17 +22,31 @@ pub enum Request {
     Detach,
     /// What the proxy would do with a request now, charging nothing.
     Explain { request: crate::proxy::explain::ExplainRequest },
+    /// The proxy's `n` heaviest clients.
+    Top { n: usize },
 }
 
 /// The agent's answer.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Response {
-    Reloaded { changes: Vec<String> },
-    Rejected { error: String },
-    Stats { stats: serde_json::Value },
+    Reloaded {
+        changes: Vec<String>,
+    },
+    Rejected {
+        error: String,
+    },
+    Stats {
+        stats: serde_json::Value,
+    },
     Detaching,
-    Explained { explanation: serde_json::Value },
+    Explained {
+        explanation: serde_json::Value,
+    },
+    /// `None`: the agent runs without `[proxy]`.
+    Top {
+        clients: Option<Vec<crate::proxy::ClientRow>>,
+    },
 }
 
 /// Why the agent could not be asked.

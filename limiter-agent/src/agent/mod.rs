@@ -486,6 +486,10 @@ pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), Agent
                         Err(error) => (Response::Rejected { error: error.to_string() }, false),
                     },
                     Request::Stats => (Response::Stats { stats: agent.stats() }, false),
+                    Request::Top { n } => {
+                        let clients = agent.proxy.as_ref().map(|p| p.proxy.top_clients(n));
+                        (Response::Top { clients }, false)
+                    }
                     Request::Detach => (Response::Detaching, true),
                     Request::Explain { request } => {
                         // Off the loop: with Redis, the look-up waits up to redis_timeout.

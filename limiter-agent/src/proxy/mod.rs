@@ -15,6 +15,7 @@ mod decision_log;
 pub mod explain;
 mod forward;
 mod headers;
+mod heavy;
 mod idempotent;
 mod idle;
 mod keys;
@@ -35,7 +36,10 @@ use tokio::net::TcpListener;
 use limiter_core::{Clock, SystemClock};
 
 use self::pipeline::Pipeline;
-pub use self::stats::{DECISION_BUCKETS, DecisionHistogram, ProxyStats};
+pub use self::{
+    heavy::ClientRow,
+    stats::{DECISION_BUCKETS, DecisionHistogram, ProxyStats},
+};
 use crate::{config::ProxyConfig, signature::KeySecrets};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -137,6 +141,12 @@ impl<C: Clock + Clone> Proxy<C> {
     #[must_use]
     pub fn stats(&self) -> ProxyStats {
         self.pipeline.stats()
+    }
+
+    /// The `n` clients with the most requests lately (see [`ClientRow`]).
+    #[must_use]
+    pub fn top_clients(&self, n: usize) -> Vec<ClientRow> {
+        self.pipeline.top_clients(n)
     }
 
     /// The connection to the fleet's Redis its stores share; `None` in memory.

@@ -32,7 +32,9 @@ use super::{
     connections::{Connections, Refused, Slot},
     decision_log::{self, DecisionLog, Entry},
     forward::{Origin, Upstream},
-    full_body, headers, idempotent, keys,
+    full_body, headers,
+    heavy::{Client, ClientRow, HeavyClients},
+    idempotent, keys,
     problem::Refusal,
     stats::{Counters, Event, ProxyStats},
 };
@@ -92,6 +94,15 @@ enum Proof {
 }
 
 impl Proof {
+    /// Whom `limiter top` counts the request for.
+    fn client(&self, address: IpAddr) -> Client<'_> {
+        match self {
+            Self::None => Client::Address(address),
+            Self::Signed(authenticated) => Client::Signed(&authenticated.key_id),
+            Self::Bearer(id) => Client::Bearer(id),
+        }
+    }
+
     fn key_id(&self) -> Option<&str> {
         match self {
             Self::None => None,
@@ -140,6 +151,7 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     connections: Arc<Connections>,
     /// `proxy.decision_log`, opened at start.
     decision_log: Option<DecisionLog>,
+    heavy: HeavyClients,
 }
 
 impl<C: Clock + Clone> Pipeline<C> {
@@ -154,6 +166,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         };
         Ok(Self {
             decision_log,
+            heavy: HeavyClients::default(),
             engine: Engine::new(&config, clock.clone(), Arc::clone(&stores)),
             stores,
             clock,
@@ -195,6 +208,10 @@ impl<C: Clock + Clone> Pipeline<C> {
             decision_log_dropped,
             ..self.counters.snapshot(self.engine.tracked_keys(), self.engine.evictions(), self.stores.failures())
         }
+    }
+
+    pub(super) fn top_clients(&self, n: usize) -> Vec<ClientRow> {
+        self.heavy.top(n)
     }
 
     pub(super) fn fleet(&self) -> Option<&crate::fleet::Fleet> {
@@ -313,6 +330,12 @@ impl<C: Clock + Clone> Pipeline<C> {
         let Decision { verdict, policies, violated, .. } = self.engine.decide(&info).await;
         self.counters.observe_decision(deciding.elapsed());
         self.log_decision(config, &parts.method, &info, &verdict, &policies, &violated);
+        let refused_by = match &verdict {
+            Verdict::Reject { .. } => violated.first().map(String::as_str),
+            Verdict::MissingKey { rule } => Some(rule.as_str()),
+            Verdict::Forward | Verdict::Delay(_) | Verdict::StoreUnavailable => None,
+        };
+        self.heavy.record(proof.client(info.client), refused_by);
         let peer = peer.to_canonical();
         let origin = Origin { peer, peer_trusted: keys::is_trusted(peer, &config.trusted_proxies) };
         let outcome = match self.act(config, verdict, violated).await {

@@ -150,6 +150,14 @@ impl KernelMaps {
 
     /// The `n` sources with the most packets.
     pub fn top(&self, n: usize) -> Result<Vec<SourceRow>, XdpError> {
+        let mut rows = self.source_rows()?;
+        rows.sort_by(|a, b| b.packets.cmp(&a.packets).then_with(|| a.source.cmp(&b.source)));
+        rows.truncate(n);
+        Ok(rows)
+    }
+
+    /// Every tracked source, in the map's order.
+    pub fn source_rows(&self) -> Result<Vec<SourceRow>, XdpError> {
         let settings = self.settings()?;
         let cidrs = self.cidrs()?;
         let now = monotonic_now_ns();
@@ -174,8 +182,6 @@ impl KernelMaps {
                 note: local_chatter(addr),
             });
         }
-        rows.sort_by(|a, b| b.packets.cmp(&a.packets).then_with(|| a.source.cmp(&b.source)));
-        rows.truncate(n);
         Ok(rows)
     }
 }
