@@ -191,6 +191,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("openssl", "openssl"),
     ("curl", "curl"),
     ("python3", "python3"),
+    // Drives `limiter top --watch`'s screen in the tests, as a terminal would.
+    ("tmux", "tmux"),
 ];
 
 /// The first python3 that imports scapy: the one on PATH may be a pyenv build that
