@@ -72,7 +72,8 @@ fn spec(algorithm: Algorithm, limit: u32, window_ms: u64, burst: Option<u32>, qu
 }
 
 /// Runs one schedule through both stores, step by step, and demands the same
-/// outcomes (admission, quotas, retry, wait) from each.
+/// outcomes (admission, quotas, retry, wait) from each, for `charge` and for checks
+/// that charge nothing.
 async fn same_outcomes(redis: &RedisStore, name: &str, specs: &[LimitSpec], charge: Charge, seed: u64) {
     let memory = MemoryStore::new(1000.try_into().expect("nonzero"));
     let mut rng = StdRng::seed_from_u64(seed);
@@ -92,6 +93,13 @@ async fn same_outcomes(redis: &RedisStore, name: &str, specs: &[LimitSpec], char
         };
         let buckets: Vec<Bucket<'_>> =
             specs.iter().zip(&policies).map(|(spec, policy)| Bucket { policy, key: "client", spec }).collect();
+        // Now and then a look that charges nothing (`limiter explain`'s): the same
+        // answer from both, and the next charged step shows it changed no bucket.
+        if step % 4 == 3 {
+            let expected = memory.apply(&buckets, now, Charge::Nothing);
+            let actual = redis.apply(&buckets, now, Charge::Nothing).await.expect("redis");
+            assert_eq!(actual, expected, "{name}: check at step {step}");
+        }
         let expected = memory.apply(&buckets, now, charge);
         let actual: Vec<Outcome> = redis.apply(&buckets, now, charge).await.expect("redis");
         assert_eq!(actual, expected, "{name}: step {step} at {now:?}");
