@@ -4,9 +4,10 @@
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
+use limiter::signature::KeySecrets;
 use limiter_core::Clock as _;
 use limiter_lab::support::{
-    proxy::{PATIENCE, PROXY_HEAD, RunningProxy, TestClient, Upstream},
+    proxy::{PATIENCE, PROXY_HEAD, RunningProxy, TestClient, Upstream, proxy_config},
     unique,
 };
 
@@ -71,7 +72,6 @@ async fn decisions_are_counted_by_rule_and_plan_and_a_sample_is_logged_without_k
 
     // One decision in two, evenly: the 2nd, 4th, 6th and 8th.
     let logged = lines(&log, 4).await;
-    let _ = std::fs::remove_file(&log);
     assert_eq!(logged.len(), 4, "{logged:?}");
     let verdicts: Vec<&str> = logged.iter().map(|line| line["verdict"].as_str().expect("verdict")).collect();
     assert_eq!(verdicts, ["forward", "reject", "forward", "forward"]);
@@ -87,4 +87,13 @@ async fn decisions_are_counted_by_rule_and_plan_and_a_sample_is_logged_without_k
     let text = serde_json::to_string(&logged).expect("lines");
     assert!(!text.contains("bearer-id-is-a-secret"), "a key reached the log: {text}");
     assert_eq!((stats.decision_log_dropped, proxy.proxy.stats().decision_log_written), (0, 4));
+
+    // The share reloads live: every decision from here on.
+    let every = format!("{head}{LIMITS}").replace("sample = 0.5", "sample = 1");
+    proxy.proxy.reconfigure(proxy_config(&every, upstream.addr), KeySecrets::default()).expect("reload");
+    for _ in 0..2 {
+        client.request(Method::GET, &proxy.url("/items"), &key, b"").await;
+    }
+    assert_eq!(lines(&log, 6).await.len(), 6);
+    let _ = std::fs::remove_file(&log);
 }
