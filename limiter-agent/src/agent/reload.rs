@@ -141,11 +141,17 @@ pub fn describe_proxy(old: &ProxyConfig, new: &ProxyConfig) -> Vec<String> {
     if old.enforce != new.enforce {
         lines.push(format!("proxy.enforce: {} -> {}", old.enforce, new.enforce));
     }
-    for (name, spec) in &new.plans {
+    if old.disclose != new.disclose {
+        lines.push(format!("proxy.disclose: {:?} -> {:?}", old.disclose, new.disclose));
+    }
+    for (name, plan) in &new.plans {
         match old.plans.get(name) {
-            None => lines.push(format!("proxy.plans.{name} added: {}", limit(spec))),
-            Some(before) if before != spec => {
-                lines.push(format!("proxy.plans.{name}: {} -> {}", limit(before), limit(spec)))
+            None => lines.push(format!("proxy.plans.{name} added: {}", limit(&plan.spec))),
+            Some(before) if before.spec != plan.spec => {
+                lines.push(format!("proxy.plans.{name}: {} -> {}", limit(&before.spec), limit(&plan.spec)))
+            }
+            Some(before) if before.disclose != plan.disclose => {
+                lines.push(format!("proxy.plans.{name}.disclose: {:?} -> {:?}", before.disclose, plan.disclose))
             }
             Some(_) => {}
         }

@@ -77,8 +77,11 @@ pub struct ProxyConfig {
     /// Rules and `+route` keys see the path in lower case, for upstreams that fold case.
     #[serde(default)]
     pub case_insensitive_paths: bool,
-    #[serde(default, deserialize_with = "plans")]
-    pub plans: BTreeMap<String, LimitSpec>,
+    /// What clients are told of the policies (a plan may say otherwise for its keys).
+    #[serde(default)]
+    pub disclose: Disclose,
+    #[serde(default)]
+    pub plans: BTreeMap<String, Plan>,
     #[serde(default)]
     pub keys: Vec<ApiKey>,
     #[serde(default)]
@@ -178,26 +181,40 @@ macro_rules! with_limit {
 
 with_limit! {
     /// A plan's whole record.
-    struct RawLimit {}
-}
-
-/// One `[proxy.plans.NAME]` record; serde needs a type of the config's own to hang
-/// the check on, so that a refusal keeps the plan's line.
-#[derive(Deserialize)]
-#[serde(try_from = "RawLimit")]
-struct Plan(LimitSpec);
-
-impl TryFrom<RawLimit> for Plan {
-    type Error = SpecError;
-
-    fn try_from(raw: RawLimit) -> Result<Self, SpecError> {
-        raw.limit_spec().map(Self)
+    struct RawPlan {
+        disclose: Option<Disclose>,
     }
 }
 
-fn plans<'de, D: Deserializer<'de>>(deserializer: D) -> Result<BTreeMap<String, LimitSpec>, D::Error> {
-    let plans = BTreeMap::<String, Plan>::deserialize(deserializer)?;
-    Ok(plans.into_iter().map(|(name, Plan(spec))| (name, spec)).collect())
+/// One `[proxy.plans.NAME]`: the limit every request of its keys is counted in.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(try_from = "RawPlan")]
+pub struct Plan {
+    pub spec: LimitSpec,
+    /// What the rate-limit headers tell this plan's clients, instead of `proxy.disclose`.
+    pub disclose: Option<Disclose>,
+}
+
+impl TryFrom<RawPlan> for Plan {
+    type Error = SpecError;
+
+    fn try_from(raw: RawPlan) -> Result<Self, SpecError> {
+        Ok(Self { spec: raw.limit_spec()?, disclose: raw.disclose })
+    }
+}
+
+/// How much the rate-limit headers and refusals tell a client about the policies.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Disclose {
+    /// Every policy that counted the request, by name, with its quota; the names of
+    /// the ones that refused it.
+    Full,
+    /// The most restrictive policy only, under a neutral name; no names in refusals.
+    #[default]
+    Minimal,
+    /// `Retry-After` on a 429 and nothing else.
+    None,
 }
 
 fn algorithm<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Algorithm, D::Error> {
@@ -447,7 +464,7 @@ impl ProxyConfig {
                 return Err(("proxy.redis_timeout".to_owned(), "must be longer than 0".to_owned()));
             }
             let rules = self.rules.iter().enumerate().map(|(i, rule)| (format!("proxy.rules[{i}].limit"), &rule.limit));
-            let plans = self.plans.iter().map(|(name, spec)| (format!("proxy.plans.{name}.limit"), spec));
+            let plans = self.plans.iter().map(|(name, plan)| (format!("proxy.plans.{name}.limit"), &plan.spec));
             for (key, spec) in rules.chain(plans) {
                 spec.check_exact_in_doubles().map_err(|error| (key, error.to_string()))?;
             }

@@ -28,9 +28,14 @@ fn example_config_parses_with_its_documented_values() {
     assert_eq!(xdp.cidr.len(), 2);
     assert!(matches!(xdp.cidr[1].action, CidrAction::Limit(l) if l.burst.get() == 200));
     let proxy = config.proxy.expect("proxy");
-    assert_eq!(proxy.plans["free"].limit, NonZeroU32::new(100).expect("nonzero"));
-    assert_eq!(proxy.plans["free"].algorithm, Algorithm::SlidingWindowCounter);
-    assert_eq!(proxy.plans["pro"].throttle.map(|t| (t.from, t.delay)), Some((900, Duration::from_millis(50))));
+    assert_eq!(proxy.plans["free"].spec.limit, NonZeroU32::new(100).expect("nonzero"));
+    assert_eq!(proxy.plans["free"].spec.algorithm, Algorithm::SlidingWindowCounter);
+    assert_eq!(proxy.plans["pro"].spec.throttle.map(|t| (t.from, t.delay)), Some((900, Duration::from_millis(50))));
+    use crate::config::proxy::Disclose;
+    assert_eq!(
+        (proxy.disclose, proxy.plans["pro"].disclose, proxy.plans["free"].disclose),
+        (Disclose::Minimal, Some(Disclose::Full), None)
+    );
     assert_eq!(proxy.rules[2].limit.burst.map(NonZeroU32::get), Some(20));
     assert_eq!(proxy.signature.max_skew.0, Duration::from_secs(300));
 }

@@ -224,7 +224,7 @@ impl Policies {
             plans: config
                 .plans
                 .iter()
-                .map(|(name, spec)| (name.clone(), Policy::new("plan", name, &api_key, spec)))
+                .map(|(name, plan)| (name.clone(), Policy::new("plan", name, &api_key, &plan.spec)))
                 .collect(),
             keys: config.keys.iter().map(|key| (key.id.clone(), key.plan.clone())).collect(),
             missing_key: config.missing_key,

@@ -424,7 +424,7 @@ fn a_reload_keeps_counts_when_only_the_limit_changes() {
     }
     clock.advance(secs(1));
     let mut lower = config("");
-    lower.plans.get_mut("free").expect("free plan").limit = std::num::NonZeroU32::new(60).expect("nonzero");
+    lower.plans.get_mut("free").expect("free plan").spec.limit = std::num::NonZeroU32::new(60).expect("nonzero");
     engine.reconfigure(&lower);
     let d = request.to(&engine);
     assert_eq!(status(&d, "free").limit, 60);

@@ -1,12 +1,17 @@
 //! The rate-limit headers of every counted response (interface.md section 6):
 //! `X-RateLimit-*` from the most restrictive policy, and `RateLimit-Policy` /
-//! `RateLimit` per draft-ietf-httpapi-ratelimit-headers-11 listing every policy.
+//! `RateLimit` per draft-ietf-httpapi-ratelimit-headers-11, as much as `disclose`
+//! allows: every policy by name (`full`), the most restrictive one under the neutral
+//! name [`NEUTRAL_NAME`] (`minimal`), or nothing (`none`).
 
 use std::{cmp::Reverse, fmt::Write as _, time::Duration};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::limits::PolicyStatus;
+use crate::{config::proxy::Disclose, limits::PolicyStatus};
+
+/// The one policy `disclose = "minimal"` lists, whatever it is called.
+pub(super) const NEUTRAL_NAME: &str = "limit";
 
 static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
@@ -21,11 +26,25 @@ pub(super) fn ceil_secs(duration: Duration) -> u64 {
 
 /// Adds the headers for the policies that counted a request; none if none did.
 /// `now` is the limiter's clock, time since the UNIX epoch.
-pub(super) fn add_rate_limit_headers(headers: &mut HeaderMap, policies: &[PolicyStatus], now: Duration) {
+pub(super) fn add_rate_limit_headers(
+    headers: &mut HeaderMap,
+    policies: &[PolicyStatus],
+    now: Duration,
+    disclose: Disclose,
+) {
     // Lowest remaining is what the client runs into first; on a tie, the one that
     // takes longer to recover.
     let Some(tightest) = policies.iter().min_by_key(|p| (p.remaining, Reverse(p.reset_after))) else {
         return;
+    };
+    let neutral;
+    let listed = match disclose {
+        Disclose::None => return,
+        Disclose::Minimal => {
+            neutral = [PolicyStatus { name: NEUTRAL_NAME.to_owned(), ..tightest.clone() }];
+            &neutral[..]
+        }
+        Disclose::Full => policies,
     };
     let now_secs = now.as_secs();
     headers.insert(X_LIMIT.clone(), HeaderValue::from(tightest.limit));
@@ -34,7 +53,7 @@ pub(super) fn add_rate_limit_headers(headers: &mut HeaderMap, policies: &[Policy
 
     let mut policy = String::new();
     let mut state = String::new();
-    for (i, status) in policies.iter().enumerate() {
+    for (i, status) in listed.iter().enumerate() {
         let separator = if i == 0 { "" } else { ", " };
         let name = sf_string(&status.name);
         // Writing to a String cannot fail.
@@ -90,7 +109,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         let now = Duration::from_secs(1_700_000_000);
         let policies = [policy("free", 100, 17, 41_200), policy("per-ip", 10, 3, 5_000)];
-        add_rate_limit_headers(&mut headers, &policies, now);
+        add_rate_limit_headers(&mut headers, &policies, now, Disclose::Full);
         assert_eq!(header(&headers, "ratelimit-policy"), r#""free";q=100;w=60, "per-ip";q=10;w=60"#);
         assert_eq!(header(&headers, "ratelimit"), r#""free";r=17;t=42, "per-ip";r=3;t=5"#);
         assert_eq!(header(&headers, "x-ratelimit-limit"), "10");
@@ -101,7 +120,25 @@ mod tests {
     #[test]
     fn no_policies_no_headers() {
         let mut headers = HeaderMap::new();
-        add_rate_limit_headers(&mut headers, &[], Duration::from_secs(1_700_000_000));
+        add_rate_limit_headers(&mut headers, &[], Duration::from_secs(1_700_000_000), Disclose::Full);
+        assert!(headers.is_empty());
+    }
+
+    /// `minimal`: the tightest policy alone, its name replaced; `none`: nothing.
+    #[test]
+    fn minimal_shows_the_tightest_policy_unnamed_and_none_shows_nothing() {
+        let now = Duration::from_secs(1_700_000_000);
+        let policies = [policy("free", 100, 17, 41_200), policy("per-ip", 10, 3, 5_000)];
+        let mut headers = HeaderMap::new();
+        add_rate_limit_headers(&mut headers, &policies, now, Disclose::Minimal);
+        assert_eq!(header(&headers, "ratelimit-policy"), r#""limit";q=10;w=60"#);
+        assert_eq!(header(&headers, "ratelimit"), r#""limit";r=3;t=5"#);
+        assert_eq!(header(&headers, "x-ratelimit-limit"), "10");
+        assert_eq!(header(&headers, "x-ratelimit-remaining"), "3");
+        assert_eq!(header(&headers, "x-ratelimit-reset"), "1700000005");
+        assert_eq!(headers.len(), 5);
+        let mut headers = HeaderMap::new();
+        add_rate_limit_headers(&mut headers, &policies, now, Disclose::None);
         assert!(headers.is_empty());
     }
 

@@ -17,7 +17,7 @@
 //! reached the upstream, or was answered from the idempotency store, burns it.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     net::IpAddr,
     sync::{Arc, OnceLock, PoisonError, RwLock},
     time::{Duration, Instant},
@@ -52,7 +52,7 @@ use crate::{
     backend::{Claim, Stores},
     config::{
         ProxyConfig,
-        proxy::{KeyAuth, KeyKind, StoreFailure},
+        proxy::{Disclose, KeyAuth, KeyKind, StoreFailure},
     },
     escalation::Escalator,
     fleet::FleetError,
@@ -67,12 +67,24 @@ struct Snapshot {
     verifier: Verifier,
     /// Ids of the keys with `auth = "bearer"`.
     bearer: HashSet<String>,
+    /// Keys whose plan sets its own `disclose`.
+    disclose_of: HashMap<String, Disclose>,
 }
 
 impl Snapshot {
     fn new(config: Arc<ProxyConfig>, secrets: KeySecrets) -> Self {
         let bearer = config.keys.iter().filter(|key| key.auth == KeyAuth::Bearer).map(|key| key.id.clone()).collect();
-        Self { verifier: Verifier::new(secrets.into_keys()), config, bearer }
+        let disclose_of = config
+            .keys
+            .iter()
+            .filter_map(|key| Some((key.id.clone(), config.plans.get(&key.plan)?.disclose?)))
+            .collect();
+        Self { verifier: Verifier::new(secrets.into_keys()), config, bearer, disclose_of }
+    }
+
+    /// What the rate-limit headers and refusals may tell a client that proved `key`.
+    fn disclose(&self, key: Option<&str>) -> Disclose {
+        key.and_then(|key| self.disclose_of.get(key)).copied().unwrap_or(self.config.disclose)
     }
 
     /// The bearer key `X-API-Key` names, if it names one (and only one).
@@ -338,7 +350,8 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.heavy.record(proof.client(info.client), refused_by);
         let peer = peer.to_canonical();
         let origin = Origin { peer, peer_trusted: keys::is_trusted(peer, &config.trusted_proxies) };
-        let outcome = match self.act(config, verdict, violated).await {
+        let disclose = snapshot.disclose(info.api_key);
+        let outcome = match self.act(config, verdict, violated, disclose).await {
             Ok(()) => self.forward(config, parts, path.forward(), body, origin, claim).await,
             Err(refusal) => {
                 if let Proof::Signed(authenticated) = &proof {
@@ -348,7 +361,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             }
         };
         let mut response = outcome.unwrap_or_else(|refusal| self.refuse(config, refusal, peer));
-        headers::add_rate_limit_headers(response.headers_mut(), &policies, self.clock.now());
+        headers::add_rate_limit_headers(response.headers_mut(), &policies, self.clock.now(), disclose);
         Ok(response)
     }
 
@@ -395,9 +408,17 @@ impl<C: Clock + Clone> Pipeline<C> {
         }
     }
 
-    /// Carries out a decision up to forwarding: waits out a delay, or refuses. In
-    /// shadow mode only counts what it would have done.
-    async fn act(&self, config: &ProxyConfig, verdict: Verdict, violated: Vec<String>) -> Result<(), Refusal> {
+    /// Carries out a decision up to forwarding: waits out a delay, or refuses, naming
+    /// the policies only if `disclose` is `full`. In shadow mode only counts what it
+    /// would have done.
+    async fn act(
+        &self,
+        config: &ProxyConfig,
+        verdict: Verdict,
+        violated: Vec<String>,
+        disclose: Disclose,
+    ) -> Result<(), Refusal> {
+        let named = disclose == Disclose::Full;
         match verdict {
             Verdict::Forward => Ok(()),
             Verdict::Delay(delay) => {
@@ -407,13 +428,15 @@ impl<C: Clock + Clone> Pipeline<C> {
                 }
                 Ok(())
             }
-            Verdict::Reject { retry_after } if config.enforce => Err(Refusal::QuotaExceeded { violated, retry_after }),
+            Verdict::Reject { retry_after } if config.enforce => {
+                Err(Refusal::QuotaExceeded { violated: if named { violated } else { Vec::new() }, retry_after })
+            }
             Verdict::MissingKey { rule } if config.enforce => {
                 let status = match config.rules.iter().find(|r| r.name == rule).map(|r| &r.key.by) {
                     Some(KeyKind::ApiKey) => StatusCode::UNAUTHORIZED,
                     _ => StatusCode::BAD_REQUEST,
                 };
-                Err(Refusal::MissingKey { rule, status })
+                Err(Refusal::MissingKey { rule: named.then_some(rule), status })
             }
             Verdict::StoreUnavailable if config.enforce => Err(Refusal::StoreUnavailable),
             Verdict::Reject { .. } | Verdict::MissingKey { .. } | Verdict::StoreUnavailable => {

@@ -18,9 +18,10 @@ const TYPE_BASE: &str = "https://limiter.dev/problems#";
 pub(super) enum Refusal {
     #[error("over the limit of {violated:?}")]
     QuotaExceeded { violated: Vec<String>, retry_after: Duration },
-    /// A rule with `missing_key = "reject"` counts by a key the request lacks.
-    #[error("rule `{rule}` needs a key the request lacks")]
-    MissingKey { rule: String, status: StatusCode },
+    /// A rule with `missing_key = "reject"` counts by a key the request lacks; named
+    /// only where `disclose = "full"`.
+    #[error("rule {rule:?} needs a key the request lacks")]
+    MissingKey { rule: Option<String>, status: StatusCode },
     /// Every signature failure looks the same from outside; the reason is counted.
     #[error("signature not accepted")]
     Unauthorized,
@@ -98,17 +99,19 @@ impl Refusal {
                     StatusCode::TOO_MANY_REQUESTS,
                     "quota-exceeded",
                     "The request exceeds a rate limit; retry after the time in Retry-After.",
-                    Some(&violated),
+                    // Empty where `disclose` hides the names.
+                    (!violated.is_empty()).then_some(&violated[..]),
                 );
                 response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(ceil_secs(retry_after)));
                 response
             }
-            Self::MissingKey { rule, status } => problem(
-                status,
-                "missing-key",
-                &format!("Rule `{rule}` requires a key this request does not carry."),
-                None,
-            ),
+            Self::MissingKey { rule, status } => {
+                let detail = match rule {
+                    Some(rule) => format!("Rule `{rule}` requires a key this request does not carry."),
+                    None => "A rule requires a key this request does not carry.".to_owned(),
+                };
+                problem(status, "missing-key", &detail, None)
+            }
             Self::Unauthorized => problem(
                 StatusCode::UNAUTHORIZED,
                 "invalid-signature",

@@ -176,7 +176,9 @@ pub fn proxy_config(text: &str, upstream: SocketAddr) -> Arc<limiter::config::Pr
 }
 
 /// The head of a test config: `[proxy]` with the listen and upstream keys set.
-pub const PROXY_HEAD: &str = "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\n";
+/// `disclose = "full"`: most tests check the policies the headers name.
+pub const PROXY_HEAD: &str =
+    "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\ndisclose = \"full\"\n";
 
 /// A fresh secret file: tests run concurrently, so none may rewrite another's.
 pub fn secret_file(secret: &[u8]) -> PathBuf {
