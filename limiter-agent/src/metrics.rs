@@ -159,9 +159,12 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
         "counter",
         "Proxy requests by decision (shadow mode counts would-be decisions).",
     );
-    for (decision, value) in
-        [("forwarded", stats.forwarded), ("throttled", stats.throttled), ("rejected", stats.rejected)]
-    {
+    for (decision, value) in [
+        ("forwarded", stats.forwarded),
+        ("throttled", stats.throttled),
+        ("rejected", stats.rejected),
+        ("denied", stats.denied),
+    ] {
         let _ = writeln!(out, "limiter_proxy_requests_total{{decision=\"{decision}\"}} {value}");
     }
     family(
@@ -172,9 +175,13 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
     );
     for policy in &stats.policies {
         let (kind, name) = (policy.kind.as_str(), escape(&policy.name));
-        for (decision, value) in
-            [("forwarded", policy.forwarded), ("throttled", policy.throttled), ("rejected", policy.rejected)]
-        {
+        for (decision, value) in [
+            ("forwarded", policy.forwarded),
+            ("throttled", policy.throttled),
+            ("rejected", policy.rejected),
+            ("denied", policy.denied),
+            ("tagged", policy.tagged),
+        ] {
             let _ = writeln!(
                 out,
                 "limiter_proxy_policy_decisions_total{{kind=\"{kind}\",name=\"{name}\",decision=\"{decision}\"}} {value}"

@@ -8,7 +8,7 @@ use limiter_core::LimitSpec;
 use crate::{
     config::{
         Config, ProxyConfig,
-        proxy::StoreKind,
+        proxy::{Rule, RuleAction, StoreKind},
         xdp::{PacketLimit, XdpConfig},
     },
     xdp::CidrChanges,
@@ -137,6 +137,11 @@ pub fn describe_proxy(old: &ProxyConfig, new: &ProxyConfig) -> Vec<String> {
         let throttle = spec.throttle.map_or(String::new(), |t| format!(", throttle from {} by {:?}", t.from, t.delay));
         format!("{} per {:?} ({:?}{throttle})", spec.limit, spec.window, spec.algorithm)
     };
+    let rule_does = |rule: &Rule| match &rule.action {
+        RuleAction::Limit(spec) => limit(spec),
+        RuleAction::Deny => "deny".to_owned(),
+        RuleAction::Tag => "tag".to_owned(),
+    };
     let mut lines = Vec::new();
     if old.enforce != new.enforce {
         lines.push(format!("proxy.enforce: {} -> {}", old.enforce, new.enforce));
@@ -159,9 +164,9 @@ pub fn describe_proxy(old: &ProxyConfig, new: &ProxyConfig) -> Vec<String> {
     lines.extend(old.plans.keys().filter(|n| !new.plans.contains_key(*n)).map(|n| format!("proxy.plans.{n} removed")));
     for rule in &new.rules {
         match old.rules.iter().find(|r| r.name == rule.name) {
-            None => lines.push(format!("proxy.rules.{} added: {}", rule.name, limit(&rule.limit))),
+            None => lines.push(format!("proxy.rules.{} added: {}", rule.name, rule_does(rule))),
             Some(before) if before != rule => {
-                lines.push(format!("proxy.rules.{}: {} -> {}", rule.name, limit(&before.limit), limit(&rule.limit)));
+                lines.push(format!("proxy.rules.{}: {} -> {}", rule.name, rule_does(before), rule_does(rule)));
             }
             Some(_) => {}
         }

@@ -122,6 +122,12 @@ fn render(explained: &Value) -> String {
             _ => "no key".to_owned(),
         };
         out += &format!("proxy: {} from {} ({key})\n", proxy["route"].as_str().unwrap_or("?"), text(&proxy["client"]));
+        if let Some(rule) = proxy["denied_by"].as_str() {
+            out += &format!("  denied (403) by rule {rule}, before the limits\n");
+        }
+        for rule in proxy["tagged"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+            out += &format!("  tagged by rule {rule}\n");
+        }
         match proxy["verdict"].as_str() {
             Some(verdict) => {
                 let wait = match (verdict, proxy["wait_ms"].as_u64()) {

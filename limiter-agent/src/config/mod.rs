@@ -6,6 +6,7 @@
 //! the raw records, which keeps the error attached to the right table and line.
 
 pub mod agent;
+pub mod conditions;
 pub mod escalation;
 pub mod proxy;
 pub mod units;

@@ -9,13 +9,17 @@ use std::{
 
 use ipnet::IpNet;
 use limiter_core::{
-    Algorithm, LimitSpec, SpecError,
+    Algorithm, LimitSpec,
     path::{CanonicalPath, EscapedSlashes, PathOptions},
     spec::LimitOptions,
 };
 use serde::{Deserialize, Deserializer, de};
 
-use super::{units::HumanDuration, xdp::parse_cidr};
+use super::{
+    conditions::{Conditions, RawConditions, Seen},
+    units::HumanDuration,
+    xdp::parse_cidr,
+};
 
 /// `[proxy]`.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -155,10 +159,10 @@ macro_rules! with_limit {
         #[serde(deny_unknown_fields)]
         struct $name {
             $($(#[$field_meta])* $field: $ty,)*
-            #[serde(default, deserialize_with = "algorithm")]
-            algorithm: Algorithm,
-            limit: NonZeroU32,
-            window: HumanDuration,
+            #[serde(default, deserialize_with = "some_algorithm")]
+            algorithm: Option<Algorithm>,
+            limit: Option<NonZeroU32>,
+            window: Option<HumanDuration>,
             burst: Option<NonZeroU32>,
             throttle_from: Option<u32>,
             throttle_delay: Option<HumanDuration>,
@@ -166,14 +170,26 @@ macro_rules! with_limit {
         }
 
         impl $name {
-            fn limit_spec(&self) -> Result<LimitSpec, SpecError> {
+            /// The limit written, `None` if the record sets none of its fields.
+            fn limit_spec(&self) -> Result<Option<LimitSpec>, String> {
+                let (Some(limit), Some(window)) = (self.limit, self.window) else {
+                    let any = self.algorithm.is_some()
+                        || self.limit.is_some()
+                        || self.window.is_some()
+                        || self.burst.is_some()
+                        || self.throttle_from.is_some()
+                        || self.throttle_delay.is_some()
+                        || self.queue.is_some();
+                    return if any { Err("a limit needs both limit and window".to_owned()) } else { Ok(None) };
+                };
+                let algorithm = self.algorithm.unwrap_or_default();
                 let options = LimitOptions {
                     burst: self.burst,
                     throttle_from: self.throttle_from,
                     throttle_delay: self.throttle_delay.map(|d| d.0),
                     queue: self.queue,
                 };
-                LimitSpec::new(self.algorithm, self.limit, self.window.0, options)
+                LimitSpec::new(algorithm, limit, window.0, options).map(Some).map_err(|error| error.to_string())
             }
         }
     };
@@ -196,10 +212,11 @@ pub struct Plan {
 }
 
 impl TryFrom<RawPlan> for Plan {
-    type Error = SpecError;
+    type Error = String;
 
-    fn try_from(raw: RawPlan) -> Result<Self, SpecError> {
-        Ok(Self { spec: raw.limit_spec()?, disclose: raw.disclose })
+    fn try_from(raw: RawPlan) -> Result<Self, String> {
+        let spec = raw.limit_spec()?.ok_or("a plan needs limit and window")?;
+        Ok(Self { spec, disclose: raw.disclose })
     }
 }
 
@@ -217,8 +234,8 @@ pub enum Disclose {
     None,
 }
 
-fn algorithm<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Algorithm, D::Error> {
-    String::deserialize(deserializer)?.parse().map_err(de::Error::custom)
+fn some_algorithm<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Algorithm>, D::Error> {
+    String::deserialize(deserializer)?.parse().map(Some).map_err(de::Error::custom)
 }
 
 fn escaped_slashes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<EscapedSlashes, D::Error> {
@@ -306,9 +323,23 @@ pub struct Rule {
     pub path: Option<String>,
     /// Methods the rule applies to (all if empty).
     pub methods: Vec<http::Method>,
+    /// `when`: what else a request must show for the rule to apply.
+    pub when: Conditions,
+    pub action: RuleAction,
+    /// What a limit counts by (`ip` for `deny` and `tag`, which count nothing).
     pub key: KeySpec,
-    pub limit: LimitSpec,
     pub require_signature: bool,
+}
+
+/// What a rule does with the requests it applies to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RuleAction {
+    /// Counts them in a bucket per key.
+    Limit(LimitSpec),
+    /// Refuses them with 403.
+    Deny,
+    /// Counts and logs them, and lets them through (to try a deny rule out).
+    Tag,
 }
 
 with_limit! {
@@ -318,7 +349,10 @@ with_limit! {
         path: Option<String>,
         #[serde(default)]
         methods: Vec<String>,
-        key: KeySpec,
+        action: Option<String>,
+        #[serde(default)]
+        when: RawConditions,
+        key: Option<KeySpec>,
         #[serde(default)]
         require_signature: bool,
     }
@@ -345,27 +379,60 @@ impl TryFrom<RawRule> for Rule {
                     .map_err(|_| in_rule(format!("`{m}` is not an HTTP method")))
             })
             .collect::<Result<_, _>>()?;
-        let limit = raw.limit_spec().map_err(|error| in_rule(error.to_string()))?;
-        if raw.require_signature && raw.key.by != KeyKind::ApiKey {
-            return Err(in_rule("require_signature needs key = \"api_key\" (or \"api_key+route\")".to_owned()));
+        let limit = raw.limit_spec().map_err(in_rule)?;
+        let (action, key) = match (raw.action.as_deref(), limit, raw.key.clone()) {
+            (None | Some("limit"), Some(spec), Some(key)) => (RuleAction::Limit(spec), key),
+            (None | Some("limit"), None, _) => {
+                return Err(in_rule(
+                    "a limit rule needs limit and window (or action = \"deny\" or \"tag\")".to_owned(),
+                ));
+            }
+            (None | Some("limit"), Some(_), None) => return Err(in_rule("a limit rule needs a key".to_owned())),
+            (Some(action @ ("deny" | "tag")), None, None) => {
+                let action = if action == "deny" { RuleAction::Deny } else { RuleAction::Tag };
+                (action, KeySpec { by: KeyKind::Ip, per_route: false })
+            }
+            (Some(action @ ("deny" | "tag")), _, _) => {
+                return Err(in_rule(format!("action = \"{action}\" counts nothing: it takes no limit and no key")));
+            }
+            (Some(other), _, _) => {
+                return Err(in_rule(format!("action `{other}` is not limit, deny or tag")));
+            }
+        };
+        if raw.require_signature && (key.by != KeyKind::ApiKey || !matches!(action, RuleAction::Limit(_))) {
+            return Err(in_rule(
+                "require_signature needs a limit rule with key = \"api_key\" (or \"api_key+route\")".to_owned(),
+            ));
         }
+        let when = Conditions::try_from(raw.when).map_err(in_rule)?;
         Ok(Self {
             name: raw.name,
             path: raw.path,
             methods,
-            key: raw.key,
-            limit,
+            when,
+            action,
+            key,
             require_signature: raw.require_signature,
         })
     }
 }
 
 impl Rule {
-    /// Whether the rule applies to a request.
+    /// Whether the rule applies to a request: its path, methods and `when`.
     #[must_use]
-    pub fn matches(&self, method: &http::Method, path: &str) -> bool {
-        self.path.as_deref().is_none_or(|prefix| path_has_prefix(path, prefix))
-            && (self.methods.is_empty() || self.methods.contains(method))
+    pub fn applies(&self, seen: &Seen<'_>) -> bool {
+        self.path.as_deref().is_none_or(|prefix| path_has_prefix(seen.path, prefix))
+            && (self.methods.is_empty() || self.methods.contains(seen.method))
+            && self.when.hold(seen)
+    }
+
+    /// The limit of a `limit` rule.
+    #[must_use]
+    pub fn limit(&self) -> Option<&LimitSpec> {
+        match &self.action {
+            RuleAction::Limit(spec) => Some(spec),
+            RuleAction::Deny | RuleAction::Tag => None,
+        }
     }
 }
 
@@ -463,7 +530,11 @@ impl ProxyConfig {
             if self.redis_timeout.0.is_zero() {
                 return Err(("proxy.redis_timeout".to_owned(), "must be longer than 0".to_owned()));
             }
-            let rules = self.rules.iter().enumerate().map(|(i, rule)| (format!("proxy.rules[{i}].limit"), &rule.limit));
+            let rules = self
+                .rules
+                .iter()
+                .enumerate()
+                .filter_map(|(i, rule)| Some((format!("proxy.rules[{i}].limit"), rule.limit()?)));
             let plans = self.plans.iter().map(|(name, plan)| (format!("proxy.plans.{name}.limit"), &plan.spec));
             for (key, spec) in rules.chain(plans) {
                 spec.check_exact_in_doubles().map_err(|error| (key, error.to_string()))?;

@@ -36,7 +36,7 @@ fn example_config_parses_with_its_documented_values() {
         (proxy.disclose, proxy.plans["pro"].disclose, proxy.plans["free"].disclose),
         (Disclose::Minimal, Some(Disclose::Full), None)
     );
-    assert_eq!(proxy.rules[2].limit.burst.map(NonZeroU32::get), Some(20));
+    assert_eq!(proxy.rules[2].limit().expect("a limit rule").burst.map(NonZeroU32::get), Some(20));
     assert_eq!(proxy.signature.max_skew.0, Duration::from_secs(300));
 }
 
@@ -333,4 +333,39 @@ fn a_decision_log_takes_a_path_and_a_share_of_decisions() {
         assert!(message.contains("more than 0, at most 1"), "{bad}: {message}");
     }
     assert!(refusal(&format!("{PROXY}decision_log = {{ file = \"/tmp/d\" }}\n")).2.contains("unknown field"));
+}
+
+#[test]
+fn pattern_rules_refuse_bad_patterns_and_mixed_actions_by_key_and_line() {
+    let rule = |body: &str| format!("{PROXY}[[proxy.rules]]\nname = \"r\"\n{body}");
+    let (line, key, message) = refusal(&rule("action = \"deny\"\n[proxy.rules.when]\npath_matches = '(unclosed'\n"));
+    assert!(key.starts_with("proxy.rules[0]"), "{key}");
+    assert_eq!(line, 4, "{message}");
+    assert!(message.contains("pattern `(unclosed`"), "{message}");
+    let huge = rule("action = \"deny\"\n[proxy.rules.when]\nheader_matches = { \"x\" = '\\w{1000}{1000}' }\n");
+    assert!(refusal(&huge).2.contains("size limit"), "{}", refusal(&huge).2);
+    let long = rule(&format!("action = \"deny\"\n[proxy.rules.when]\npath_matches = '{}'\n", "a".repeat(1025)));
+    assert!(refusal(&long).2.contains("at most 1024 bytes"));
+    let mixed = rule("action = \"deny\"\nkey = \"ip\"\nlimit = 5\nwindow = \"1m\"\n");
+    assert!(refusal(&mixed).2.contains("counts nothing: it takes no limit and no key"));
+    assert!(refusal(&rule("action = \"block\"\n")).2.contains("not limit, deny or tag"));
+    assert!(refusal(&rule("key = \"ip\"\n")).2.contains("a limit rule needs limit and window"));
+    let unknown = rule("action = \"tag\"\n[proxy.rules.when]\nuser_agent = \"x\"\n");
+    let (_, key, message) = refusal(&unknown);
+    assert!(key.contains("user_agent") && message.contains("unknown field"), "{key}: {message}");
+    let bad_cidr = rule("action = \"deny\"\n[proxy.rules.when]\nclients = [\"10.0.0.0/33\"]\n");
+    assert!(refusal(&bad_cidr).1.starts_with("proxy.rules[0]"));
+
+    let parsed =
+        parse(&rule("action = \"tag\"\n[proxy.rules.when]\nheaders_absent = [\"User-Agent\"]\n")).expect("tag");
+    let tag = &parsed.proxy.expect("proxy").rules[0];
+    assert_eq!((tag.action.clone(), tag.limit()), (crate::config::proxy::RuleAction::Tag, None));
+    assert_eq!(tag.when.headers_absent, [http::HeaderName::from_static("user-agent")]);
+}
+
+#[test]
+fn the_shipped_patterns_parse() {
+    let text = format!("{PROXY}{}", include_str!("../../../config/patterns.toml"));
+    let proxy = parse(&text).expect("config/patterns.toml").proxy.expect("proxy");
+    assert!(proxy.rules.len() >= 9 && proxy.rules.iter().all(|rule| rule.limit().is_none()));
 }

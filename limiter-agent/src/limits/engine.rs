@@ -46,7 +46,10 @@ use limiter_core::{
 
 use crate::{
     backend::Stores,
-    config::proxy::{KeyKind, KeySpec, MissingKey, ProxyConfig, Rule, StoreFailure},
+    config::{
+        conditions::Seen,
+        proxy::{KeyKind, KeySpec, MissingKey, ProxyConfig, Rule, RuleAction, StoreFailure},
+    },
 };
 
 /// The key of a rule's shared bucket for requests without its key.
@@ -68,6 +71,25 @@ pub struct RequestInfo<'a> {
     /// `X-API-Key` says.
     pub api_key: Option<&'a str>,
     pub headers: &'a http::HeaderMap,
+    /// The query as sent, without `?`.
+    pub query: Option<&'a str>,
+}
+
+impl RequestInfo<'_> {
+    /// What rule conditions look at.
+    #[must_use]
+    pub fn seen(&self) -> Seen<'_> {
+        Seen { method: self.method, path: self.path, query: self.query, client: self.client, headers: self.headers }
+    }
+}
+
+/// What the `deny` and `tag` rules made of a request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Screened {
+    /// The first `deny` rule that applies.
+    pub denied_by: Option<String>,
+    /// The `tag` rules that apply.
+    pub tagged: Vec<String>,
 }
 
 /// The engine's answer for one request.
@@ -141,9 +163,9 @@ pub(super) struct Policy {
     decisions: Arc<PolicyDecisions>,
 }
 
-/// Requests one policy let through at once, delayed, and refused.
+/// Requests one policy let through at once, delayed, refused, denied and tagged.
 #[derive(Debug, Default)]
-struct PolicyDecisions([AtomicU64; 3]);
+struct PolicyDecisions([AtomicU64; 5]);
 
 /// What one rule or plan decided since the start, for `limiter stats` and the metrics.
 /// A request another policy refused counts for none of the others.
@@ -159,6 +181,12 @@ pub struct PolicyCounts {
     /// Requests it refused: over its limit, or (a rule with `missing_key = "reject"`)
     /// without the key it counts by.
     pub rejected: u64,
+    /// Requests a `deny` rule refused (403).
+    #[serde(default)]
+    pub denied: u64,
+    /// Requests a `tag` rule marked.
+    #[serde(default)]
+    pub tagged: u64,
 }
 
 /// Which of [`PolicyDecisions`]' counters.
@@ -167,6 +195,19 @@ enum Decided {
     Forwarded,
     Throttled,
     Rejected,
+    Denied,
+    Tagged,
+}
+
+impl PolicyDecisions {
+    fn record(&self, decided: Decided) {
+        self.0[decided as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn counts(&self, kind: &str, name: &str) -> PolicyCounts {
+        let [forwarded, throttled, rejected, denied, tagged] = self.0.each_ref().map(|n| n.load(Ordering::Relaxed));
+        PolicyCounts { kind: kind.to_owned(), name: name.to_owned(), forwarded, throttled, rejected, denied, tagged }
+    }
 }
 
 impl Policy {
@@ -182,12 +223,11 @@ impl Policy {
     }
 
     fn record(&self, decided: Decided) {
-        self.decisions.0[decided as usize].fetch_add(1, Ordering::Relaxed);
+        self.decisions.record(decided);
     }
 
     fn counts(&self) -> PolicyCounts {
-        let [forwarded, throttled, rejected] = self.decisions.0.each_ref().map(|n| n.load(Ordering::Relaxed));
-        PolicyCounts { kind: self.kind.to_owned(), name: self.name.clone(), forwarded, throttled, rejected }
+        self.decisions.counts(self.kind, &self.name)
     }
 
     fn status(&self, quota: Quota) -> PolicyStatus {
@@ -204,7 +244,10 @@ impl Policy {
 /// One compiled config.
 #[derive(Debug)]
 pub(super) struct Policies {
+    /// The `limit` rules.
     rules: Vec<(Rule, Policy)>,
+    /// The `deny` and `tag` rules, in the config's order.
+    screens: Vec<(Rule, Arc<PolicyDecisions>)>,
     plans: HashMap<String, Policy>,
     /// API key id → plan name.
     keys: HashMap<String, String>,
@@ -219,7 +262,13 @@ impl Policies {
             rules: config
                 .rules
                 .iter()
-                .map(|rule| (rule.clone(), Policy::new("rule", &rule.name, &rule.key, &rule.limit)))
+                .filter_map(|rule| Some((rule.clone(), Policy::new("rule", &rule.name, &rule.key, rule.limit()?))))
+                .collect(),
+            screens: config
+                .rules
+                .iter()
+                .filter(|rule| rule.limit().is_none())
+                .map(|rule| (rule.clone(), Arc::default()))
                 .collect(),
             plans: config
                 .plans
@@ -235,8 +284,8 @@ impl Policies {
     /// The buckets `request` is counted in (or the verdict that stops it first), and
     /// whether a matching rule requires a signature.
     pub(super) fn count(&self, request: &RequestInfo<'_>) -> (Counted<'_>, bool) {
-        let matching: Vec<&(Rule, Policy)> =
-            self.rules.iter().filter(|(rule, _)| rule.matches(request.method, request.path)).collect();
+        let seen = request.seen();
+        let matching: Vec<&(Rule, Policy)> = self.rules.iter().filter(|(rule, _)| rule.applies(&seen)).collect();
         let require_signature = matching.iter().any(|(rule, _)| rule.require_signature);
         (count_in(self, &matching, request), require_signature)
     }
@@ -256,12 +305,15 @@ impl Policies {
 
     /// Takes over `old`'s decision counts for the policies of the same kind and name.
     fn keep_decisions(&mut self, old: &Self) {
+        let screens = old.screens.iter().map(|(rule, decisions)| (("rule", rule.name.as_str()), decisions));
         let kept: HashMap<(&str, &str), &Arc<PolicyDecisions>> =
-            old.all().map(|p| ((p.kind, p.name.as_str()), &p.decisions)).collect();
-        let rules = self.rules.iter_mut().map(|(_, policy)| policy);
-        for policy in rules.chain(self.plans.values_mut()) {
-            if let Some(decisions) = kept.get(&(policy.kind, policy.name.as_str())) {
-                policy.decisions = Arc::clone(decisions);
+            old.all().map(|p| ((p.kind, p.name.as_str()), &p.decisions)).chain(screens).collect();
+        let rules = self.rules.iter_mut().map(|(_, policy)| (policy.kind, policy.name.as_str(), &mut policy.decisions));
+        let plans = self.plans.values_mut().map(|policy| (policy.kind, policy.name.as_str(), &mut policy.decisions));
+        let screens = self.screens.iter_mut().map(|(rule, decisions)| ("rule", rule.name.as_str(), decisions));
+        for (kind, name, decisions) in rules.chain(screens).chain(plans) {
+            if let Some(kept) = kept.get(&(kind, name)) {
+                *decisions = Arc::clone(kept);
             }
         }
     }
@@ -372,7 +424,7 @@ impl<C: Clock> Engine<C> {
         let counted: Vec<(&Policy, String)> = policies
             .rules
             .iter()
-            .filter(|(rule, _)| rule.key.by == KeyKind::Ip && rule.matches(request.method, request.path))
+            .filter(|(rule, _)| rule.key.by == KeyKind::Ip && rule.applies(&request.seen()))
             .filter_map(|(rule, policy)| Some((policy, policies.key(rule, request)?)))
             .collect();
         // Without the store a penalty is lost: the signature was refused anyway.
@@ -385,13 +437,45 @@ impl<C: Clock> Engine<C> {
         self.snapshot().keys.get(api_key).cloned()
     }
 
-    /// What each configured rule and plan decided, rules first, plans by name.
+    /// What each configured rule and plan decided: limit rules, then deny and tag
+    /// rules, in the config's order, then plans by name.
     #[must_use]
     pub fn policy_counts(&self) -> Vec<PolicyCounts> {
         let policies = self.snapshot();
         let mut plans: Vec<&Policy> = policies.plans.values().collect();
         plans.sort_by(|a, b| a.name.cmp(&b.name));
-        policies.rules.iter().map(|(_, policy)| policy).chain(plans).map(Policy::counts).collect()
+        let rules = policies.rules.iter().map(|(_, policy)| policy.counts());
+        let screens = policies.screens.iter().map(|(rule, decisions)| decisions.counts("rule", &rule.name));
+        rules.chain(screens).chain(plans.into_iter().map(Policy::counts)).collect()
+    }
+
+    /// Applies the `deny` and `tag` rules to `request`, counting what they do: every
+    /// tag rule that applies, up to the first deny rule that does.
+    pub fn screen(&self, request: &RequestInfo<'_>) -> Screened {
+        self.screened(request, true)
+    }
+
+    /// What [`Self::screen`] would do, counting nothing (`limiter explain`).
+    pub fn would_screen(&self, request: &RequestInfo<'_>) -> Screened {
+        self.screened(request, false)
+    }
+
+    fn screened(&self, request: &RequestInfo<'_>, count: bool) -> Screened {
+        let policies = self.snapshot();
+        let seen = request.seen();
+        let mut screened = Screened::default();
+        for (rule, decisions) in policies.screens.iter().filter(|(rule, _)| rule.applies(&seen)) {
+            let denies = rule.action == RuleAction::Deny;
+            if count {
+                decisions.record(if denies { Decided::Denied } else { Decided::Tagged });
+            }
+            if denies {
+                screened.denied_by = Some(rule.name.clone());
+                break;
+            }
+            screened.tagged.push(rule.name.clone());
+        }
+        screened
     }
 
     /// Buckets holding state (see [`crate::backend::Limits::tracked_keys`]).

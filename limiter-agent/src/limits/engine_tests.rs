@@ -118,6 +118,7 @@ impl Req {
             client: self.client,
             api_key: self.api_key,
             headers: &self.headers,
+            query: None,
         }
     }
 

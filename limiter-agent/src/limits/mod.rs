@@ -86,6 +86,6 @@ pub mod explain;
 mod engine_tests;
 
 pub use self::{
-    engine::{Decision, Engine, PolicyCounts, PolicyStatus, RequestInfo, Verdict},
+    engine::{Decision, Engine, PolicyCounts, PolicyStatus, RequestInfo, Screened, Verdict},
     explain::{ExplainedPolicy, Explanation},
 };

@@ -21,7 +21,7 @@ use std::{
 use serde::Serialize;
 use tokio::{io::AsyncWriteExt as _, sync::mpsc};
 
-use crate::limits::Verdict;
+use crate::limits::{RequestInfo, Verdict};
 
 /// Lines waiting for the disk; past this they are dropped.
 const QUEUE: usize = 4096;
@@ -51,7 +51,7 @@ pub(super) struct Entry<'a> {
     pub(super) method: &'a str,
     /// The canonical path, without the query.
     pub(super) path: &'a str,
-    /// `forward`, `delay`, `reject`, `missing_key` or `store_unavailable`.
+    /// `forward`, `delay`, `reject`, `missing_key`, `store_unavailable` or `deny`.
     pub(super) verdict: &'static str,
     /// For `delay`, and for `reject` (its `Retry-After`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -62,8 +62,30 @@ pub(super) struct Entry<'a> {
     pub(super) plan: Option<&'a str>,
     /// The policies that refused it.
     pub(super) violated: &'a [String],
+    /// The `tag` rules that applied.
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    pub(super) tagged: &'a [String],
     /// `false` in shadow mode: the verdict was counted, not carried out.
     pub(super) enforced: bool,
+}
+
+impl<'a> Entry<'a> {
+    /// `request` at `now`, forwarded, with nothing counted yet.
+    pub(super) fn new(now: Duration, method: &'a http::Method, request: &RequestInfo<'a>, enforced: bool) -> Self {
+        Self {
+            time: (now.as_millis() as f64) / 1000.0,
+            client: request.client,
+            method: method.as_str(),
+            path: request.path,
+            verdict: "forward",
+            wait_ms: None,
+            policies: Vec::new(),
+            plan: None,
+            violated: &[],
+            tagged: &[],
+            enforced,
+        }
+    }
 }
 
 impl DecisionLog {

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::keys;
 use crate::{
     config::{ProxyConfig, proxy::KeyAuth},
-    limits::{Engine, Explanation, RequestInfo},
+    limits::{Engine, Explanation, RequestInfo, Screened},
 };
 
 /// A request as the operator describes it to `limiter explain`.
@@ -37,6 +37,10 @@ pub struct ProxyExplanation {
     /// How: `bearer` (its id in `X-API-Key`) or `signature` (assumed valid: explain
     /// cannot check a signature it is not given).
     pub proof: Option<&'static str>,
+    /// The `deny` rule that would refuse it (403) before the limits.
+    pub denied_by: Option<String>,
+    /// The `tag` rules that would mark it.
+    pub tagged: Vec<String>,
     #[serde(flatten)]
     pub limits: Explanation,
 }
@@ -69,7 +73,10 @@ pub async fn explain<C: Clock>(
             HeaderValue::from_str(value).map_err(|_| header())?,
         );
     }
-    let path = request.path.split('?').next().unwrap_or_default();
+    let (path, query) = match request.path.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (request.path.as_str(), None),
+    };
     let path = CanonicalPath::parse(path, config.path_options())
         .map_err(|reason| ExplainError::Path { path: request.path.clone(), reason: reason.to_string() })?;
     let client = keys::client_ip(request.peer, &headers, &config.trusted_proxies);
@@ -77,9 +84,11 @@ pub async fn explain<C: Clock>(
         Some((id, auth)) => (Some(id), Some(auth)),
         None => (None, None),
     };
-    let info = RequestInfo { method: &method, path: path.route(), client, api_key: key.as_deref(), headers: &headers };
+    let info =
+        RequestInfo { method: &method, path: path.route(), client, api_key: key.as_deref(), headers: &headers, query };
+    let Screened { denied_by, tagged } = engine.would_screen(&info);
     let limits = engine.explain(&info, live).await;
-    Ok(ProxyExplanation { route: path.route().to_owned(), client, key, proof, limits })
+    Ok(ProxyExplanation { route: path.route().to_owned(), client, key, proof, denied_by, tagged, limits })
 }
 
 /// The configured key `X-API-Key` names (one value only, as the pipeline takes it),

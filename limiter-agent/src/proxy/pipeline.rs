@@ -283,10 +283,10 @@ impl<C: Clock + Clone> Pipeline<C> {
         }
     }
 
-    /// Answers a refusal; a 429 or 401 to a directly connected client counts
-    /// towards its escalation.
+    /// Answers a refusal; a 429, 401 or 403 (a deny rule) to a directly connected
+    /// client counts towards its escalation.
     fn refuse(&self, config: &ProxyConfig, refusal: Refusal, peer: IpAddr) -> Response<ProxyBody> {
-        if matches!(refusal, Refusal::QuotaExceeded { .. } | Refusal::Unauthorized)
+        if matches!(refusal, Refusal::QuotaExceeded { .. } | Refusal::Unauthorized | Refusal::Denied { .. })
             && let Some(escalator) = self.escalator.get()
             && !keys::is_trusted(peer.to_canonical(), &config.trusted_proxies)
         {
@@ -323,10 +323,33 @@ impl<C: Clock + Clone> Pipeline<C> {
         // covers the target as sent.
         let path = CanonicalPath::parse(parts.uri.path(), config.path_options()).map_err(Refusal::BadPath)?;
         let client = keys::client_ip(peer, &parts.headers, &config.trusted_proxies);
-        let keyless =
-            RequestInfo { method: &parts.method, path: path.route(), client, api_key: None, headers: &parts.headers };
+        let keyless = RequestInfo {
+            method: &parts.method,
+            path: path.route(),
+            client,
+            api_key: None,
+            headers: &parts.headers,
+            query: parts.uri.query(),
+        };
+        // Before anything costly (reading the body, checking a MAC): a scanner's
+        // request is refused on its face.
+        let screened = self.engine.screen(&keyless);
+        if let Some(rule) = &screened.denied_by {
+            self.counters.add(Event::Denied);
+            self.log_decision(config, || Entry {
+                verdict: "deny",
+                violated: std::slice::from_ref(rule),
+                tagged: &screened.tagged,
+                ..Entry::new(self.clock.now(), &parts.method, &keyless, config.enforce)
+            });
+            self.heavy.record(Client::Address(client), Some(rule));
+            if config.enforce {
+                let named = snapshot.disclose(None) == Disclose::Full;
+                return Err(Refusal::Denied { rule: named.then(|| rule.clone()) });
+            }
+        }
         let signed = parts.headers.contains_key(SIGNATURE_HEADER);
-        let admission = if signed || requires_signature(config, &parts.method, path.route()) {
+        let admission = if signed || requires_signature(config, &keyless) {
             self.admit_signed(snapshot, &parts, &keyless, body).await?
         } else {
             let body = body::forwardable(body, config.max_body_bytes).await?;
@@ -339,9 +362,10 @@ impl<C: Clock + Clone> Pipeline<C> {
         };
         let info = RequestInfo { api_key: proof.key_id(), ..keyless };
         let deciding = Instant::now();
-        let Decision { verdict, policies, violated, .. } = self.engine.decide(&info).await;
+        let decision = self.engine.decide(&info).await;
         self.counters.observe_decision(deciding.elapsed());
-        self.log_decision(config, &parts.method, &info, &verdict, &policies, &violated);
+        self.log_decision(config, || self.limits_entry(config, &parts.method, &info, &decision, &screened.tagged));
+        let Decision { verdict, policies, violated, .. } = decision;
         let refused_by = match &verdict {
             Verdict::Reject { .. } => violated.first().map(String::as_str),
             Verdict::MissingKey { rule } => Some(rule.as_str()),
@@ -365,38 +389,39 @@ impl<C: Clock + Clone> Pipeline<C> {
         Ok(response)
     }
 
-    /// Writes the decision to `proxy.decision_log` if it is in the sample.
-    fn log_decision(
-        &self,
-        config: &ProxyConfig,
-        method: &Method,
-        info: &RequestInfo<'_>,
-        verdict: &Verdict,
-        policies: &[crate::limits::PolicyStatus],
-        violated: &[String],
-    ) {
+    /// Writes the entry `entry` makes to `proxy.decision_log`, if this decision is in
+    /// the sample (the entry is only made then).
+    fn log_decision<'e>(&self, config: &ProxyConfig, entry: impl FnOnce() -> Entry<'e>) {
         let (Some(log), Some(log_config)) = (&self.decision_log, &config.decision_log) else { return };
-        if !log.sampled(log_config.sample) {
-            return;
+        if log.sampled(log_config.sample) {
+            log.write(&entry());
         }
+    }
+
+    /// The decision log's entry for a request the limits decided.
+    fn limits_entry<'e>(
+        &self,
+        config: &'e ProxyConfig,
+        method: &'e Method,
+        info: &RequestInfo<'e>,
+        decision: &'e Decision,
+        tagged: &'e [String],
+    ) -> Entry<'e> {
         let plan = info.api_key.and_then(|key| config.keys.iter().find(|k| k.id == key)).map(|key| key.plan.as_str());
-        let (verdict_name, wait) = decision_log::verdict_name(verdict);
-        let missing = match verdict {
+        let (verdict, wait) = decision_log::verdict_name(&decision.verdict);
+        let violated = match &decision.verdict {
             Verdict::MissingKey { rule } => std::slice::from_ref(rule),
-            _ => violated,
+            _ => &decision.violated,
         };
-        log.write(&Entry {
-            time: (self.clock.now().as_millis() as f64) / 1000.0,
-            client: info.client,
-            method: method.as_str(),
-            path: info.path,
-            verdict: verdict_name,
+        Entry {
+            verdict,
             wait_ms: wait.map(|wait| u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
-            policies: policies.iter().map(|policy| policy.name.as_str()).collect(),
+            policies: decision.policies.iter().map(|policy| policy.name.as_str()).collect(),
             plan,
-            violated: missing,
-            enforced: config.enforce,
-        });
+            violated,
+            tagged,
+            ..Entry::new(self.clock.now(), method, info, config.enforce)
+        }
     }
 
     /// Forgets the signature of a request refused before it was forwarded, so that it can be sent again.
@@ -592,8 +617,9 @@ impl<C: Clock + Clone> Pipeline<C> {
     }
 }
 
-fn requires_signature(config: &ProxyConfig, method: &Method, path: &str) -> bool {
-    config.rules.iter().any(|rule| rule.require_signature && rule.matches(method, path))
+fn requires_signature(config: &ProxyConfig, request: &RequestInfo<'_>) -> bool {
+    let seen = request.seen();
+    config.rules.iter().any(|rule| rule.require_signature && rule.applies(&seen))
 }
 
 /// The `Idempotency-Key` of a state-changing request. Only signed requests get here:

@@ -22,6 +22,9 @@ pub(super) enum Refusal {
     /// only where `disclose = "full"`.
     #[error("rule {rule:?} needs a key the request lacks")]
     MissingKey { rule: Option<String>, status: StatusCode },
+    /// A `deny` rule applies; named only where `disclose = "full"`.
+    #[error("denied by rule {rule:?}")]
+    Denied { rule: Option<String> },
     /// Every signature failure looks the same from outside; the reason is counted.
     #[error("signature not accepted")]
     Unauthorized,
@@ -111,6 +114,13 @@ impl Refusal {
                     None => "A rule requires a key this request does not carry.".to_owned(),
                 };
                 problem(status, "missing-key", &detail, None)
+            }
+            Self::Denied { rule } => {
+                let detail = match rule {
+                    Some(rule) => format!("The request is refused by rule `{rule}`."),
+                    None => "The request is refused.".to_owned(),
+                };
+                problem(StatusCode::FORBIDDEN, "denied", &detail, None)
             }
             Self::Unauthorized => problem(
                 StatusCode::UNAUTHORIZED,

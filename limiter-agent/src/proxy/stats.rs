@@ -23,6 +23,8 @@ pub(super) enum Event {
     Throttled,
     /// Over a limit or missing its key: refused (in shadow mode: would have been).
     Rejected,
+    /// A `deny` rule applies: refused with 403 (in shadow mode: would have been).
+    Denied,
     /// Answered from the idempotency store without reaching the upstream.
     IdempotentReplay,
     BodyTooLarge,
@@ -44,6 +46,7 @@ pub(super) struct Counters {
     forwarded: AtomicU64,
     throttled: AtomicU64,
     rejected: AtomicU64,
+    denied: AtomicU64,
     idempotent_replays: AtomicU64,
     body_too_large: AtomicU64,
     paths_refused: AtomicU64,
@@ -76,6 +79,7 @@ impl Counters {
             Event::Forwarded => &self.forwarded,
             Event::Throttled => &self.throttled,
             Event::Rejected => &self.rejected,
+            Event::Denied => &self.denied,
             Event::IdempotentReplay => &self.idempotent_replays,
             Event::BodyTooLarge => &self.body_too_large,
             Event::PathRefused => &self.paths_refused,
@@ -128,6 +132,7 @@ impl Counters {
             forwarded: load(&self.forwarded),
             throttled: load(&self.throttled),
             rejected: load(&self.rejected),
+            denied: load(&self.denied),
             signature_failures: by_reason.values().sum(),
             replays: by_reason.get(FailureReason::Replay.as_str()).copied().unwrap_or(0),
             signature_failure_reasons: by_reason,
@@ -169,6 +174,9 @@ pub struct ProxyStats {
     pub throttled: u64,
     /// Requests refused by a limit (429) or for lacking a rule's key (401/400).
     pub rejected: u64,
+    /// Requests a `deny` rule refused (403).
+    #[serde(default)]
+    pub denied: u64,
     /// Signed requests refused (401), whatever the reason; includes `replays`.
     pub signature_failures: u64,
     /// Signed requests refused because their signature was already used.

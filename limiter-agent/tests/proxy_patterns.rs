@@ -1,0 +1,195 @@
+//! Suspicious-pattern rules through real sockets: the shipped `config/patterns.toml`
+//! against scanner and probe requests and against ordinary ones, `tag` rules, a
+//! pathological input for a pattern, escalation of denials, and a reload of the set.
+
+use std::{path::Path, sync::Arc, time::Instant};
+
+use http::{Method, StatusCode};
+use limiter::{config::Config, escalation::Escalator, signature::KeySecrets};
+use limiter_lab::support::proxy::{PATIENCE, PROXY_HEAD, RunningProxy, TestClient, Upstream, proxy_config};
+use tokio::sync::mpsc;
+
+const PATTERNS: &str = include_str!("../../config/patterns.toml");
+const BROWSER: &str = "Mozilla/5.0 (X11; Linux x86_64) Firefox/133.0";
+
+async fn status(client: &TestClient, proxy: &RunningProxy, path: &str, user_agent: Option<&str>) -> StatusCode {
+    let headers: Vec<(&str, &str)> = user_agent.map(|ua| ("user-agent", ua)).into_iter().collect();
+    client.request(Method::GET, &proxy.url(path), &headers, b"").await.status
+}
+
+#[tokio::test]
+async fn the_shipped_patterns_deny_scanners_and_probes_and_pass_ordinary_requests() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{PATTERNS}"), upstream.addr).await;
+    let client = TestClient::default();
+    let denied = [
+        ("/api/items", None, "no-user-agent"),
+        ("/api/items", Some("   "), "empty-user-agent"),
+        ("/api/items", Some("sqlmap/1.7.2#stable (https://sqlmap.org)"), "scanner-user-agents"),
+        ("/", Some("Mozilla/5.00 (Nikto/2.5.0) (Evasions:None)"), "scanner-user-agents"),
+        (
+            "/api/items",
+            Some("Nuclei - Open-source project (github.com/projectdiscovery/nuclei)"),
+            "scanner-user-agents",
+        ),
+        ("/.env", Some(BROWSER), "dotenv-probe"),
+        ("/%2eenv", Some(BROWSER), "dotenv-probe"),
+        ("/static/../.env", Some(BROWSER), "dotenv-probe"),
+        ("/.git/config", Some(BROWSER), "dotfile-probe"),
+        ("/wp-login.php", Some(BROWSER), "wordpress-probe"),
+        ("/WP-ADMIN/install.php", Some(BROWSER), "wordpress-probe"),
+        ("/index.php", Some(BROWSER), "php-probe"),
+        ("/download?file=../../etc/passwd", Some(BROWSER), "traversal-probe"),
+        ("/download?file=%2E%2E%2F%2E%2E%2Fwin.ini", Some(BROWSER), "traversal-probe"),
+        ("/a/b/../../etc/passwd", Some(BROWSER), "passwd-probe"),
+    ];
+    for (path, user_agent, rule) in denied {
+        let headers: Vec<(&str, &str)> = user_agent.map(|ua| ("user-agent", ua)).into_iter().collect();
+        let reply = client.request(Method::GET, &proxy.url(path), &headers, b"").await;
+        assert_eq!(reply.status, StatusCode::FORBIDDEN, "{path} {user_agent:?}");
+        assert_eq!(reply.json()["type"], "https://limiter.dev/problems#denied", "{path}");
+        assert_eq!(reply.json()["detail"], format!("The request is refused by rule `{rule}`."), "{path}");
+    }
+    let passed = [
+        ("/api/items", BROWSER),
+        ("/api/items?sort=name&page=2", "curl/8.5.0"),
+        ("/envelope", BROWSER),
+        ("/api/environment", "python-requests/2.31"),
+        ("/docs/php-vs-rust.html", BROWSER),
+        ("/download?file=report..2024.pdf", BROWSER),
+        ("/api/items", "Go-http-client/1.1"),
+    ];
+    for (path, user_agent) in passed {
+        assert_eq!(status(&client, &proxy, path, Some(user_agent)).await, StatusCode::OK, "{path} {user_agent}");
+    }
+    assert_eq!(upstream.count(), passed.len());
+    let stats = proxy.proxy.stats();
+    assert_eq!(stats.denied, denied.len() as u64);
+    let denied_by = |name: &str| stats.policies.iter().find(|p| p.name == name).map(|p| p.denied);
+    assert_eq!(denied_by("scanner-user-agents"), Some(3));
+    assert_eq!(denied_by("dotenv-probe"), Some(3));
+    assert_eq!(denied_by("traversal-probe"), Some(2));
+}
+
+/// Header, query parameter, body size, method and client conditions together; a
+/// `tag` rule counts and lets through; shadow mode counts a denial and forwards.
+#[tokio::test]
+async fn conditions_combine_and_tag_rules_only_count() {
+    let upstream = Upstream::start().await;
+    let rules = r#"
+[[proxy.rules]]
+name = "debug-from-outside"
+action = "deny"
+methods = ["POST"]
+[proxy.rules.when]
+query_params = ["debug"]
+headers_present = ["x-forwarded-host"]
+body_larger_than = 4
+clients = ["127.0.0.0/8"]
+[[proxy.rules]]
+name = "curl-watch"
+action = "tag"
+[proxy.rules.when]
+header_matches = { "user-agent" = '^curl/' }
+"#;
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{rules}"), upstream.addr).await;
+    let client = TestClient::default();
+    let post = |path: &'static str, headers: Vec<(&'static str, &'static str)>, body: &'static [u8]| {
+        let (client, url) = (client.clone(), proxy.url(path));
+        async move { client.request(Method::POST, &url, &headers, body).await.status }
+    };
+    let host = ("x-forwarded-host", "evil.example");
+    assert_eq!(post("/x?debug", vec![host], b"12345").await, StatusCode::FORBIDDEN);
+    assert_eq!(post("/x?a=1&%64ebug=1", vec![host], b"12345").await, StatusCode::FORBIDDEN, "encoded name");
+    // Each condition missing in turn: forwarded.
+    assert_eq!(post("/x", vec![host], b"12345").await, StatusCode::OK);
+    assert_eq!(post("/x?debug", vec![], b"12345").await, StatusCode::OK);
+    assert_eq!(post("/x?debug", vec![host], b"1234").await, StatusCode::OK);
+    let get = client.request(Method::GET, &proxy.url("/x?debug"), &[host], b"").await;
+    assert_eq!(get.status, StatusCode::OK);
+
+    for _ in 0..3 {
+        assert_eq!(status(&client, &proxy, "/x", Some("curl/8.5.0")).await, StatusCode::OK);
+    }
+    let counts = |name: &str| {
+        let stats = proxy.proxy.stats();
+        stats.policies.iter().find(|p| p.name == name).map(|p| (p.denied, p.tagged))
+    };
+    assert_eq!(counts("debug-from-outside"), Some((2, 0)));
+    assert_eq!(counts("curl-watch"), Some((0, 3)));
+
+    let shadow = RunningProxy::start(&format!("{PROXY_HEAD}enforce = false\n{rules}"), upstream.addr).await;
+    let reply = client.request(Method::POST, &shadow.url("/x?debug"), &[host], b"12345").await;
+    assert_eq!(reply.status, StatusCode::OK, "shadow mode counts and forwards");
+    assert_eq!(shadow.proxy.stats().denied, 1);
+}
+
+/// A pattern that a backtracking engine takes exponential time over (`(a|aa)*c` on
+/// a long run of `a`s) costs the regex crate time linear in the input: the request
+/// is answered at once.
+#[tokio::test]
+async fn a_pathological_input_does_not_slow_the_proxy() {
+    let upstream = Upstream::start().await;
+    let rules = "[[proxy.rules]]\nname = \"evil\"\naction = \"deny\"\n[proxy.rules.when]\n\
+                 header_matches = { \"x-probe\" = '^(a|aa)*c$' }\n";
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{rules}"), upstream.addr).await;
+    let client = TestClient::default();
+    let long = "a".repeat(32 * 1024);
+    let started = Instant::now();
+    let reply = tokio::time::timeout(
+        PATIENCE,
+        client.request(Method::GET, &proxy.url("/"), &[("x-probe", long.as_str()), ("user-agent", BROWSER)], b""),
+    )
+    .await
+    .expect("answered while a backtracking engine would still be matching");
+    assert_eq!(reply.status, StatusCode::OK);
+    let matching = format!("{long}c");
+    let reply = client.request(Method::GET, &proxy.url("/"), &[("x-probe", matching.as_str())], b"").await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    eprintln!("32 KiB of a against ^(a|aa)*c$: answered in {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn denials_count_towards_escalation() {
+    let upstream = Upstream::start().await;
+    let head = format!("{PROXY_HEAD}{PATTERNS}");
+    let proxy = RunningProxy::start(&head, upstream.addr).await;
+    let whole = Config::parse(
+        &format!("[xdp]\ninterfaces = [\"lo\"]\n[xdp.limit]\npackets_per_second = 10\nburst = 20\n{head}[escalation]\nthreshold = 2\n")
+            .replace("{upstream}", &upstream.addr.to_string()),
+        Path::new("test.toml"),
+    )
+    .expect("escalation config");
+    let (escalations, mut escalated) = mpsc::channel(8);
+    proxy.proxy.escalate_to(Arc::new(Escalator::new(&whole, escalations)));
+    let client = TestClient::default();
+    for _ in 0..3 {
+        assert_eq!(status(&client, &proxy, "/wp-login.php", Some(BROWSER)).await, StatusCode::FORBIDDEN);
+    }
+    let escalation =
+        tokio::time::timeout(PATIENCE, escalated.recv()).await.expect("escalated in time").expect("escalation");
+    assert_eq!(escalation.cidr.to_string(), "127.0.0.1/32");
+}
+
+/// The pattern set reloads live: a rule added denies at once, one removed stops, and
+/// a rule that stays keeps its counts.
+#[tokio::test]
+async fn the_pattern_set_reloads_live() {
+    let upstream = Upstream::start().await;
+    let dotenv = "[[proxy.rules]]\nname = \"dotenv-probe\"\naction = \"deny\"\npath = \"/.env\"\n";
+    let wordpress = "[[proxy.rules]]\nname = \"wordpress-probe\"\naction = \"deny\"\npath = \"/wp-login.php\"\n";
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{dotenv}"), upstream.addr).await;
+    let client = TestClient::default();
+    assert_eq!(status(&client, &proxy, "/.env", Some(BROWSER)).await, StatusCode::FORBIDDEN);
+    assert_eq!(status(&client, &proxy, "/wp-login.php", Some(BROWSER)).await, StatusCode::OK);
+    let reload = |text: String| proxy.proxy.reconfigure(proxy_config(&text, upstream.addr), KeySecrets::default());
+    reload(format!("{PROXY_HEAD}{dotenv}{wordpress}")).expect("reload");
+    assert_eq!(status(&client, &proxy, "/wp-login.php", Some(BROWSER)).await, StatusCode::FORBIDDEN);
+    assert_eq!(status(&client, &proxy, "/.env", Some(BROWSER)).await, StatusCode::FORBIDDEN);
+    reload(format!("{PROXY_HEAD}{wordpress}")).expect("reload");
+    assert_eq!(status(&client, &proxy, "/.env", Some(BROWSER)).await, StatusCode::OK);
+    let stats = proxy.proxy.stats();
+    let wordpress_denied = stats.policies.iter().find(|p| p.name == "wordpress-probe").map(|p| p.denied);
+    assert_eq!(wordpress_denied, Some(1));
+    assert!(stats.policies.iter().all(|p| p.name != "dotenv-probe"), "a removed rule is gone from the counts");
+}
