@@ -126,6 +126,10 @@ fn run(limiter: &Path, config_source: &Path, dir: &Path) -> anyhow::Result<()> {
     let output = Command::new(limiter).args(["stats", "-c"]).arg(&config_path).output()?;
     print!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
 
+    println!("\n$ limiter suggest --interval 1   # limits from what the agent saw");
+    let output = Command::new(limiter).args(["suggest", "--interval", "1", "-c"]).arg(&config_path).output()?;
+    print!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+
     println!("\n$ limiter explain --method POST --path /login --ip 127.0.0.1   # why the 6th login got 429");
     let output = Command::new(limiter)
         .args(["explain", "--method", "POST", "--path", "/login", "--ip", "127.0.0.1", "-c"])
@@ -366,5 +370,7 @@ fn proxy_phase() -> anyhow::Result<()> {
     println!(
         "signed POST /api/transfer: valid {valid}, same request again (replay) {replay}, body changed after signing {tampered}"
     );
+    let scanner = request("GET", "/api/items", &[("user-agent", "sqlmap/1.7.2#stable".to_owned())], "")?.0;
+    println!("GET /api/items as sqlmap: {scanner} (deny rule scanner-user-agents)");
     Ok(())
 }

@@ -97,3 +97,45 @@ async fn decisions_are_counted_by_rule_and_plan_and_a_sample_is_logged_without_k
     assert_eq!(lines(&log, 6).await.len(), 6);
     let _ = std::fs::remove_file(&log);
 }
+
+/// `limiter suggest`'s figures from a known mix in shadow mode: 90 clients send 2
+/// requests in a minute, 9 send 8 and one sends 30, against a rule of 10.
+#[tokio::test]
+async fn shadow_mode_observes_the_mix_and_suggests_a_limit_that_survives_a_reload() {
+    let rule =
+        "[[proxy.rules]]\nname = \"per-ip\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n";
+    let head = format!("{PROXY_HEAD}enforce = false\ntrusted_proxies = [\"127.0.0.1/32\"]\n");
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&format!("{head}{rule}"), upstream.addr).await;
+    proxy.clock.set(Duration::from_secs(1_800_000_000));
+    let client = TestClient::default();
+    let mut sent = 0;
+    for (clients, each, net) in [(90, 2, 1), (9, 8, 2), (1, 30, 3)] {
+        for host in 0..clients {
+            let address = format!("10.{net}.0.{host}");
+            for _ in 0..each {
+                let reply = client.request(Method::GET, &proxy.url("/"), &[("x-forwarded-for", &address)], b"").await;
+                assert_eq!(reply.status, StatusCode::OK, "shadow mode forwards everything");
+                sent += 1;
+            }
+        }
+    }
+    assert_eq!(upstream.count(), sent);
+    let per_ip = |proxy: &RunningProxy| {
+        proxy.proxy.suggest(1.5).into_iter().find(|s| s.name == "per-ip").expect("the rule's suggestion")
+    };
+    let suggestion = per_ip(&proxy);
+    let peaks = &suggestion.peaks;
+    assert_eq!((peaks.keys, peaks.p50, peaks.p95, peaks.p99, peaks.max), (100, 2, 8, 8, 30));
+    assert_eq!((peaks.keys_over, suggestion.limit, suggestion.suggested_limit), (1, 10, Some(12)));
+    // Shadow mode counted what enforcing would have refused: the 30-request client's
+    // 20 over the limit.
+    let rule_counts = proxy.proxy.stats().policies.into_iter().find(|p| p.name == "per-ip").expect("counts");
+    assert_eq!((rule_counts.forwarded, rule_counts.rejected), (sent as u64 - 20, 20));
+
+    // A reload that changes the limit keeps what was observed.
+    let raised = format!("{head}{rule}").replace("limit = 10", "limit = 20");
+    proxy.proxy.reconfigure(proxy_config(&raised, upstream.addr), KeySecrets::default()).expect("reload");
+    let after = per_ip(&proxy);
+    assert_eq!((after.peaks.keys, after.peaks.max, after.limit, after.peaks.keys_over), (100, 30, 20, 1));
+}

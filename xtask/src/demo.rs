@@ -48,6 +48,12 @@ mod tests {
             shown.contains("valid 200, same request again (replay) 401, body changed after signing 401"),
             "{shown}"
         );
+        assert!(shown.contains("GET /api/items as sqlmap: 403 (deny rule scanner-user-agents)"), "{shown}");
+        let suggested = shown.split("$ limiter suggest").nth(1).expect("a suggest table");
+        let login = suggested.lines().find(|l| l.starts_with("rule login ")).expect("the login rule's row");
+        let cells: Vec<&str> = login.split_whitespace().collect();
+        // One client, 7 POSTs in a minute against 5: over, and 7 × 1.5 suggested.
+        assert_eq!(cells[2..], ["5/60s", "1", "7", "7", "7", "7", "1", "11"], "{login}");
         let explained = shown.split("$ limiter explain").nth(1).expect("the demo ends with an explain");
         assert!(explained.contains("proxy: /login from 127.0.0.1 (no key)\n  now: reject (retry after "), "{shown}");
         assert!(explained.lines().any(|l| l.contains("login") && l.ends_with("remaining 0  refuses")), "{shown}");

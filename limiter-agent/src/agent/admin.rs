@@ -11,7 +11,7 @@ use tokio::{
 };
 
 /// What a client asks.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "command", rename_all = "snake_case")]
 pub enum Request {
     /// Re-read the config (the agent's own path unless `config` names another).
@@ -24,6 +24,8 @@ pub enum Request {
     Explain { request: crate::proxy::explain::ExplainRequest },
     /// The proxy's `n` heaviest clients.
     Top { n: usize },
+    /// What each limit's keys peaked at, and limits `headroom` above.
+    Suggest { headroom: f64 },
 }
 
 /// The agent's answer.
@@ -46,6 +48,10 @@ pub enum Response {
     /// `None`: the agent runs without `[proxy]`.
     Top {
         clients: Option<Vec<crate::proxy::ClientRow>>,
+    },
+    /// `None`: the agent runs without `[proxy]`.
+    Suggested {
+        suggestions: Option<Vec<crate::limits::Suggestion>>,
     },
 }
 

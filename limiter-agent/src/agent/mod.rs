@@ -490,6 +490,10 @@ pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), Agent
                         let clients = agent.proxy.as_ref().map(|p| p.proxy.top_clients(n));
                         (Response::Top { clients }, false)
                     }
+                    Request::Suggest { headroom } => {
+                        let suggestions = agent.proxy.as_ref().map(|p| p.proxy.suggest(headroom));
+                        (Response::Suggested { suggestions }, false)
+                    }
                     Request::Detach => (Response::Detaching, true),
                     Request::Explain { request } => {
                         // Off the loop: with Redis, the look-up waits up to redis_timeout.

@@ -12,6 +12,7 @@ pub mod reload;
 pub mod run;
 pub mod sign;
 pub mod stats;
+pub mod suggest;
 pub mod top;
 pub mod verify;
 
@@ -50,6 +51,8 @@ pub enum Command {
     Top(top::TopArgs),
     /// Which rules, plan and kernel buckets a request or source meets, and their quotas now.
     Explain(explain::ExplainArgs),
+    /// Limits from real traffic: each rule's and plan's per-key peaks, the sources' rates.
+    Suggest(suggest::SuggestArgs),
     /// Block a CIDR in the kernel layer.
     Block(block::BlockArgs),
     /// Remove a runtime block.
@@ -103,6 +106,7 @@ pub fn dispatch(cli: Cli) -> Result<std::process::ExitCode, CliError> {
         Command::Reload => reload::run(&cli.config),
         Command::Stats(args) => stats::run(&cli.config, &args),
         Command::Top(args) => top::run(&cli.config, &args),
+        Command::Suggest(args) => suggest::run(&cli.config, &args),
         Command::Explain(args) => explain::run(&cli.config, &args),
         Command::Block(args) => block::block(&cli.config, &args),
         Command::Unblock(args) => block::unblock(&cli.config, &args),

@@ -142,10 +142,20 @@ fn render(stats: &Value, previous: Option<&Value>, secs: f64) -> String {
             for policy in policies {
                 let name =
                     format!("{} {}", policy["kind"].as_str().unwrap_or("?"), policy["name"].as_str().unwrap_or("?"));
-                out += &format!(
-                    "  {name:<28} forwarded {} · throttled {} · rejected {}\n",
-                    policy["forwarded"], policy["throttled"], policy["rejected"]
+                let count = |field: &str| policy[field].as_u64().unwrap_or(0);
+                let mut counts = format!(
+                    "forwarded {} · throttled {} · rejected {}",
+                    count("forwarded"),
+                    count("throttled"),
+                    count("rejected")
                 );
+                // Only deny and tag rules have these.
+                for field in ["denied", "tagged"] {
+                    if count(field) > 0 {
+                        counts += &format!(" · {field} {}", count(field));
+                    }
+                }
+                out += &format!("  {name:<28} {counts}\n");
             }
         }
         // An agent that answers without proxy counters runs without `[proxy]`.
@@ -201,10 +211,15 @@ mod tests {
         let mut with_proxy = stats(5);
         with_proxy["proxy"] = json!({"requests": 12, "store": "memory", "policies": [
             {"kind": "rule", "name": "login", "forwarded": 5, "throttled": 0, "rejected": 7},
+            {"kind": "rule", "name": "scanners", "forwarded": 0, "throttled": 0, "rejected": 0, "denied": 3, "tagged": 0},
         ]});
         let table = render(&with_proxy, None, 0.0);
         assert!(table.contains("  requests                         12\n"), "{table}");
-        assert!(table.ends_with("  rule login                   forwarded 5 · throttled 0 · rejected 7\n"), "{table}");
+        assert!(table.contains("  rule login                   forwarded 5 · throttled 0 · rejected 7\n"), "{table}");
+        assert!(
+            table.ends_with("  rule scanners                forwarded 0 · throttled 0 · rejected 0 · denied 3\n"),
+            "{table}"
+        );
         let mut without_proxy = stats(5);
         without_proxy["agent"] = json!({"running": true, "reloads": {"ok": 0, "rejected": 0}});
         let table = render(&without_proxy, None, 0.0);

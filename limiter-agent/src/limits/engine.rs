@@ -44,6 +44,7 @@ use limiter_core::{
     limits::{Bucket, Charge, Outcome, Quota},
 };
 
+use super::observe::{Observation, Peaks};
 use crate::{
     backend::Stores,
     config::{
@@ -81,6 +82,21 @@ impl RequestInfo<'_> {
     pub fn seen(&self) -> Seen<'_> {
         Seen { method: self.method, path: self.path, query: self.query, client: self.client, headers: self.headers }
     }
+}
+
+/// What `limiter suggest` says of one policy.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Suggestion {
+    /// `rule` or `plan`.
+    pub kind: String,
+    pub name: String,
+    /// The limit now, per `window_secs`.
+    pub limit: u32,
+    pub window_secs: f64,
+    #[serde(flatten)]
+    pub peaks: Peaks,
+    /// The 99th percentile of the peaks times the headroom; `None` before any request.
+    pub suggested_limit: Option<u32>,
 }
 
 /// What the `deny` and `tag` rules made of a request.
@@ -161,6 +177,8 @@ pub(super) struct Policy {
     pub(super) spec: LimitSpec,
     /// What this policy decided, kept across reloads while its kind and name stay.
     decisions: Arc<PolicyDecisions>,
+    /// What it has seen of its keys, kept across reloads while its identity stays.
+    observation: Arc<Observation>,
 }
 
 /// Requests one policy let through at once, delayed, refused, denied and tagged.
@@ -211,7 +229,7 @@ impl PolicyDecisions {
 }
 
 impl Policy {
-    fn new(kind: &'static str, name: &str, key: &KeySpec, spec: &LimitSpec) -> Self {
+    fn new(kind: &'static str, name: &str, key: &KeySpec, spec: &LimitSpec, now: Duration) -> Self {
         let route = if key.per_route { "+route" } else { "" };
         let identity = format!(
             "{kind} {name:?} by {}{route} {:?} {}ns",
@@ -219,7 +237,27 @@ impl Policy {
             spec.algorithm,
             spec.window.as_nanos()
         );
-        Self { kind, name: name.to_owned(), identity: identity.into(), spec: spec.clone(), decisions: Arc::default() }
+        Self {
+            kind,
+            name: name.to_owned(),
+            identity: identity.into(),
+            spec: spec.clone(),
+            decisions: Arc::default(),
+            observation: Arc::new(Observation::new(spec.window, now)),
+        }
+    }
+
+    fn suggestion(&self, headroom: f64, now: Duration) -> Suggestion {
+        let peaks = self.observation.peaks(self.spec.limit.get(), now);
+        let suggested = (peaks.keys > 0).then(|| (f64::from(peaks.p99) * headroom).ceil().max(1.0) as u32);
+        Suggestion {
+            kind: self.kind.to_owned(),
+            name: self.name.clone(),
+            limit: self.spec.limit.get(),
+            window_secs: self.spec.window.as_secs_f64(),
+            peaks,
+            suggested_limit: suggested,
+        }
     }
 
     fn record(&self, decided: Decided) {
@@ -256,13 +294,14 @@ pub(super) struct Policies {
 }
 
 impl Policies {
-    fn new(config: &ProxyConfig) -> Self {
+    /// The policies of `config`, their observations starting at `now`.
+    fn new(config: &ProxyConfig, now: Duration) -> Self {
         let api_key = KeySpec { by: KeyKind::ApiKey, per_route: false };
         Self {
             rules: config
                 .rules
                 .iter()
-                .filter_map(|rule| Some((rule.clone(), Policy::new("rule", &rule.name, &rule.key, rule.limit()?))))
+                .filter_map(|rule| Some((rule.clone(), Policy::new("rule", &rule.name, &rule.key, rule.limit()?, now))))
                 .collect(),
             screens: config
                 .rules
@@ -273,7 +312,7 @@ impl Policies {
             plans: config
                 .plans
                 .iter()
-                .map(|(name, plan)| (name.clone(), Policy::new("plan", name, &api_key, &plan.spec)))
+                .map(|(name, plan)| (name.clone(), Policy::new("plan", name, &api_key, &plan.spec, now)))
                 .collect(),
             keys: config.keys.iter().map(|key| (key.id.clone(), key.plan.clone())).collect(),
             missing_key: config.missing_key,
@@ -303,8 +342,16 @@ impl Policies {
         self.rules.iter().map(|(_, policy)| policy).chain(self.plans.values())
     }
 
-    /// Takes over `old`'s decision counts for the policies of the same kind and name.
-    fn keep_decisions(&mut self, old: &Self) {
+    /// Takes over `old`'s decision counts for the policies of the same kind and name,
+    /// and its observations for the policies of the same identity.
+    fn keep_history(&mut self, old: &Self) {
+        let observations: HashMap<&str, &Arc<Observation>> =
+            old.all().map(|p| (p.identity.as_ref(), &p.observation)).collect();
+        for policy in self.rules.iter_mut().map(|(_, policy)| policy).chain(self.plans.values_mut()) {
+            if let Some(kept) = observations.get(policy.identity.as_ref()) {
+                policy.observation = Arc::clone(kept);
+            }
+        }
         let screens = old.screens.iter().map(|(rule, decisions)| (("rule", rule.name.as_str()), decisions));
         let kept: HashMap<(&str, &str), &Arc<PolicyDecisions>> =
             old.all().map(|p| ((p.kind, p.name.as_str()), &p.decisions)).chain(screens).collect();
@@ -373,15 +420,16 @@ impl<C: Clock> Engine<C> {
     /// unreachable, decisions follow `store_failure`.
     #[must_use]
     pub fn new(config: &ProxyConfig, clock: C, stores: Arc<Stores>) -> Self {
-        Self { clock, policies: RwLock::new(Arc::new(Policies::new(config))), stores }
+        let policies = Policies::new(config, clock.now());
+        Self { clock, policies: RwLock::new(Arc::new(policies)), stores }
     }
 
     /// Swaps rules and plans. State of the rules and plans whose identity (name, key
     /// spec, algorithm and window) is unchanged is kept, so a changed `limit` keeps
     /// its counts; the state of the others is dropped.
     pub fn reconfigure(&self, config: &ProxyConfig) {
-        let mut policies = Policies::new(config);
-        policies.keep_decisions(&self.snapshot());
+        let mut policies = Policies::new(config, self.clock.now());
+        policies.keep_history(&self.snapshot());
         let policies = Arc::new(policies);
         let live = policies.identities();
         *self.policies.write().unwrap_or_else(PoisonError::into_inner) = policies;
@@ -407,6 +455,10 @@ impl<C: Clock> Engine<C> {
                 return Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature };
             }
         };
+        let now = self.clock.now();
+        for (policy, key) in &counted {
+            policy.observation.observe(key, now);
+        }
         match self.apply(&counted, Charge::AllOrNothing).await {
             Some(outcomes) => {
                 record(&counted, &outcomes);
@@ -447,6 +499,18 @@ impl<C: Clock> Engine<C> {
         let rules = policies.rules.iter().map(|(_, policy)| policy.counts());
         let screens = policies.screens.iter().map(|(rule, decisions)| decisions.counts("rule", &rule.name));
         rules.chain(screens).chain(plans.into_iter().map(Policy::counts)).collect()
+    }
+
+    /// For each limit rule and plan, what its keys' peaks were and the limit
+    /// `headroom` above their 99th percentile.
+    #[must_use]
+    pub fn suggest(&self, headroom: f64) -> Vec<Suggestion> {
+        let policies = self.snapshot();
+        let now = self.clock.now();
+        let mut plans: Vec<&Policy> = policies.plans.values().collect();
+        plans.sort_by(|a, b| a.name.cmp(&b.name));
+        let rules = policies.rules.iter().map(|(_, policy)| policy);
+        rules.chain(plans).map(|policy| policy.suggestion(headroom, now)).collect()
     }
 
     /// Applies the `deny` and `tag` rules to `request`, counting what they do: every

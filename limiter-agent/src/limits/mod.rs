@@ -81,11 +81,12 @@
 
 pub mod engine;
 pub mod explain;
+pub mod observe;
 
 #[cfg(test)]
 mod engine_tests;
 
 pub use self::{
-    engine::{Decision, Engine, PolicyCounts, PolicyStatus, RequestInfo, Screened, Verdict},
+    engine::{Decision, Engine, PolicyCounts, PolicyStatus, RequestInfo, Screened, Suggestion, Verdict},
     explain::{ExplainedPolicy, Explanation},
 };

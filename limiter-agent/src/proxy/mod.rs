@@ -143,6 +143,13 @@ impl<C: Clock + Clone> Proxy<C> {
         self.pipeline.stats()
     }
 
+    /// What each limit's keys have peaked at, and a limit `headroom` above (see
+    /// [`crate::limits::Engine::suggest`]).
+    #[must_use]
+    pub fn suggest(&self, headroom: f64) -> Vec<crate::limits::Suggestion> {
+        self.pipeline.suggest(headroom)
+    }
+
     /// The `n` clients with the most requests lately (see [`ClientRow`]).
     #[must_use]
     pub fn top_clients(&self, n: usize) -> Vec<ClientRow> {

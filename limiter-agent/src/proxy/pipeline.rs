@@ -222,6 +222,10 @@ impl<C: Clock + Clone> Pipeline<C> {
         }
     }
 
+    pub(super) fn suggest(&self, headroom: f64) -> Vec<crate::limits::Suggestion> {
+        self.engine.suggest(headroom)
+    }
+
     pub(super) fn top_clients(&self, n: usize) -> Vec<ClientRow> {
         self.heavy.top(n)
     }
