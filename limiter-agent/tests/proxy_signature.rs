@@ -103,6 +103,27 @@ impl<'a> Signed<'a> {
     async fn send(&self, client: &TestClient, proxy: &RunningProxy) -> Reply {
         self.send_with(client, proxy, &self.signature(SECRET)).await
     }
+
+    /// Sends the request, signed with `SECRET`, on a task of its own: for one the
+    /// upstream holds while the test goes on.
+    fn spawn(&self, client: &TestClient, proxy: &RunningProxy) -> tokio::task::JoinHandle<Reply> {
+        let owned = |(name, value): (&str, &str)| (name.to_owned(), value.to_owned());
+        let mut headers: Vec<(String, String)> = [
+            ("x-api-key", self.key_id),
+            ("x-timestamp", &self.timestamp.to_string()),
+            ("x-signature", &self.signature(SECRET)),
+        ]
+        .map(owned)
+        .to_vec();
+        headers.extend(self.nonce.map(|nonce| owned(("x-nonce", nonce))));
+        headers.extend(self.idempotency_key.map(|key| owned(("idempotency-key", key))));
+        let (client, url, body, method) =
+            (client.clone(), proxy.url(self.target), self.body.to_vec(), self.method.clone());
+        tokio::spawn(async move {
+            let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+            client.request(method, &url, &headers, &body).await
+        })
+    }
 }
 
 #[tokio::test]
@@ -212,19 +233,7 @@ async fn idempotency_key_replays_conflicts_and_in_flight() {
 
     let held =
         Signed { nonce: Some("4"), idempotency_key: Some("idem-2"), ..Signed::post("/api/transfer/hold", b"pay 5") };
-    let (held_client, held_proxy_url) = (client.clone(), proxy.url(""));
-    let signature = held.signature(SECRET);
-    let timestamp = held.timestamp.to_string();
-    let in_flight = tokio::spawn(async move {
-        let headers = [
-            ("x-api-key", "k-pay"),
-            ("x-timestamp", timestamp.as_str()),
-            ("x-signature", signature.as_str()),
-            ("x-nonce", "4"),
-            ("idempotency-key", "idem-2"),
-        ];
-        held_client.request(Method::POST, &format!("{held_proxy_url}/api/transfer/hold"), &headers, b"pay 5").await
-    });
+    let in_flight = held.spawn(&client, &proxy);
     upstream.arrived(2).await;
     let duplicate = Signed { nonce: Some("5"), ..held }.send(&client, &proxy).await;
     assert_eq!(duplicate.status, StatusCode::CONFLICT);
@@ -429,19 +438,7 @@ async fn a_signature_refused_for_an_idempotency_key_in_flight_is_not_burnt() {
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
     let client = TestClient::default();
-    let held = idempotent("1", "/api/transfer/hold", "idem-retry");
-    let (held_client, url, signature) = (client.clone(), proxy.url(held.target), held.signature(SECRET));
-    let timestamp = held.timestamp.to_string();
-    let in_flight = tokio::spawn(async move {
-        let headers = [
-            ("x-api-key", "k-pay"),
-            ("x-timestamp", timestamp.as_str()),
-            ("x-signature", signature.as_str()),
-            ("x-nonce", "1"),
-            ("idempotency-key", "idem-retry"),
-        ];
-        held_client.request(Method::POST, &url, &headers, b"pay 10").await
-    });
+    let in_flight = idempotent("1", "/api/transfer/hold", "idem-retry").spawn(&client, &proxy);
     upstream.arrived(1).await;
     let retry = idempotent("2", "/api/transfer/hold", "idem-retry");
     assert_eq!(retry.send(&client, &proxy).await.status, StatusCode::CONFLICT);
@@ -490,26 +487,15 @@ async fn twenty_at_once(
     request: impl Fn(&str) -> Signed<'_>,
 ) -> Vec<StatusCode> {
     let (done, mut replies) = tokio::sync::mpsc::unbounded_channel();
+    let client = TestClient::default();
     for n in 0..20 {
         let nonce = n.to_string();
-        let request = request(&nonce);
-        let timestamp = request.timestamp.to_string();
-        let signature = request.signature(SECRET);
-        let headers: Vec<(String, String)> = [
-            ("x-api-key", "k-pay"),
-            ("x-timestamp", timestamp.as_str()),
-            ("x-signature", signature.as_str()),
-            ("x-nonce", request.nonce.unwrap_or_default()),
-            ("idempotency-key", request.idempotency_key.unwrap_or_default()),
-        ]
-        .iter()
-        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
-        .collect();
-        let (url, body, done) = (proxy.url(request.target), request.body.to_vec(), done.clone());
+        let sent = request(&nonce).spawn(&client, proxy);
+        let done = done.clone();
         tokio::spawn(async move {
-            let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-            let reply = TestClient::default().request(Method::POST, &url, &headers, &body).await;
-            let _ = done.send(reply.status);
+            if let Ok(reply) = sent.await {
+                let _ = done.send(reply.status);
+            }
         });
     }
     let mut statuses = Vec::new();
