@@ -51,6 +51,8 @@ pub struct KernelSuggestion {
     pub max: f64,
     /// Sources that had a packet dropped by their bucket in the interval.
     pub hit_the_bucket: u64,
+    /// `hit_the_bucket` out of `sources`.
+    pub hit_share: f64,
     /// `xdp.limit.packets_per_second` now.
     pub limit: u32,
     pub suggested_packets_per_second: Option<u64>,
@@ -124,6 +126,7 @@ pub fn kernel_suggestion(
         p99,
         max: rates.last().copied().unwrap_or(0.0),
         hit_the_bucket: hit,
+        hit_share: if rates.is_empty() { 0.0 } else { hit as f64 / rates.len() as f64 },
         limit,
         suggested_packets_per_second: (!rates.is_empty()).then(|| (p99 * headroom).ceil().max(1.0) as u64),
     }
