@@ -181,16 +181,10 @@ fn render(suggestions: &Suggestions) -> String {
                 "sources", "p50", "p95", "p99", "max", "hit the bucket", "limit", "suggested"
             );
             let suggested = kernel.suggested_packets_per_second.map_or_else(|| "-".to_owned(), |n| n.to_string());
+            let hit = format!("{} ({:.0} %)", kernel.hit_the_bucket, kernel.hit_share * 100.0);
             out += &format!(
                 "{:>8} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>15} {:>10} {:>10}\n",
-                kernel.sources,
-                kernel.p50,
-                kernel.p95,
-                kernel.p99,
-                kernel.max,
-                kernel.hit_the_bucket,
-                kernel.limit,
-                suggested
+                kernel.sources, kernel.p50, kernel.p95, kernel.p99, kernel.max, hit, kernel.limit, suggested
             );
         }
         None => out += "kernel layer: not sampled (no pinned maps, or --interval 0)\n",
@@ -219,7 +213,7 @@ mod tests {
         after.push(row("10.9.9.9", 7, 0)); // idle in the interval: not counted
         let before = [before, vec![row("10.9.9.9", 7, 0)]].concat();
         let kernel = kernel_suggestion(&before, &after, 5.0, 1_000, 2.0);
-        assert_eq!((kernel.sources, kernel.hit_the_bucket, kernel.limit), (100, 1, 1_000));
+        assert_eq!((kernel.sources, kernel.hit_the_bucket, kernel.hit_share, kernel.limit), (100, 1, 0.01, 1_000));
         assert_eq!((kernel.p50, kernel.p95, kernel.p99, kernel.max), (10.0, 10.0, 100.0, 1_000.0));
         assert_eq!(kernel.suggested_packets_per_second, Some(200));
     }
