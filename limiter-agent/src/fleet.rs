@@ -127,6 +127,21 @@ impl Fleet {
         self.health.failures.load(Ordering::Relaxed)
     }
 
+    /// Says this agent (`id`) is alive, and returns how many agents of the fleet did
+    /// within `live_for`: one sorted set scored by the server's clock, so that the
+    /// agents' own clocks need not agree.
+    pub async fn heartbeat(&self, id: &str, live_for: Duration) -> Result<u32, FleetError> {
+        let script = redis::Script::new(HEARTBEAT);
+        let key = self.key("agents");
+        let live_ms = u64::try_from(live_for.as_millis()).unwrap_or(u64::MAX);
+        self.call(|mut connection| {
+            let mut invocation = script.key(&key);
+            invocation.arg(id).arg(live_ms);
+            async move { invocation.invoke_async(&mut connection).await }
+        })
+        .await
+    }
+
     /// A dedicated connection for subscriptions (a subscribed connection can do
     /// nothing else).
     pub async fn pubsub(&self) -> Result<redis::aio::PubSub, FleetError> {
@@ -136,6 +151,17 @@ impl Fleet {
         }
     }
 }
+
+/// Records `ARGV[1]` as alive now, forgets members older than `ARGV[2]` ms, and
+/// counts the rest.
+const HEARTBEAT: &str = r"
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return redis.call('ZCARD', KEYS[1])
+";
 
 /// Whether an error means the server is unreachable (rather than refusing one call,
 /// as a script error would).

@@ -233,10 +233,17 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
             "Decisions taken by store_failure while Redis was unreachable.",
             stats.store_failures,
         ),
+        (
+            "limiter_proxy_local_decisions_total",
+            "Decisions taken on this agent's share of each limit while Redis was unreachable (store_failure = local).",
+            stats.local_decisions,
+        ),
     ] {
         family(out, name, "counter", help);
         let _ = writeln!(out, "{name} {value}");
     }
+    family(out, "limiter_fleet_agents", "gauge", "Agents of the fleet the last heartbeat counted (with Redis).");
+    let _ = writeln!(out, "limiter_fleet_agents {}", stats.fleet_agents);
     family(out, "limiter_proxy_tracked_keys", "gauge", "Per-key limiter states held.");
     let _ = writeln!(out, "limiter_proxy_tracked_keys {}", stats.tracked_keys);
     family(

@@ -225,6 +225,41 @@ async fn redis_down_denies_while_it_is_away_and_limits_resume() {
     outage("deny", StatusCode::SERVICE_UNAVAILABLE).await;
 }
 
+/// `store_failure = "local"`: two proxies learn from their heartbeats that the fleet
+/// is two; with Redis gone each enforces half of the 100/min plan, so that the two
+/// together admit exactly 100 of 150, not all of them and not none.
+#[tokio::test]
+async fn redis_down_with_local_fallback_each_agent_enforces_its_share() {
+    let mut redis = TestRedis::private();
+    let keys = redis_keys(&redis, &unique_prefix("local"), "local");
+    let upstream = Upstream::start().await;
+    let config = format!("{PROXY_HEAD}{keys}{FREE}");
+    let proxies =
+        [RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await];
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while proxies.iter().any(|proxy| proxy.proxy.stats().fleet_agents != 2) {
+        assert!(std::time::Instant::now() < deadline, "the heartbeats never counted two agents");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    redis.stop();
+    let client = TestClient::default();
+    let mut admitted = [0, 0];
+    for i in 0..150 {
+        let reply = client.get(&proxies[i % 2].url("/api"), &[("x-api-key", "k-free")]).await;
+        match reply.status {
+            StatusCode::OK => admitted[i % 2] += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("request {i}: {other}"),
+        }
+    }
+    assert_eq!(admitted, [50, 50], "each agent its share: 100 / 2");
+    for proxy in &proxies {
+        let stats = proxy.proxy.stats();
+        assert_eq!((stats.local_decisions, stats.store_failures), (75, 75), "every decision counted as local");
+    }
+}
+
 const SECRET: &[u8] = b"k-pay-fleet-secret";
 
 fn signed_config(keys: &str) -> String {

@@ -149,6 +149,26 @@ impl LimitSpec {
         }
     }
 
+    /// This limit shared out among `agents` that enforce it apart (each its own
+    /// counts, as while the shared store is away): every quota divided, rounded up
+    /// so that none becomes 0. Together they admit at most the limit plus
+    /// `agents - 1` per window.
+    #[must_use]
+    pub fn share(&self, agents: u32) -> Self {
+        let agents = agents.max(1);
+        let part = |n: NonZeroU32| NonZeroU32::new(n.get().div_ceil(agents)).unwrap_or(NonZeroU32::MIN);
+        let limit = part(self.limit);
+        Self {
+            algorithm: self.algorithm,
+            limit,
+            window: self.window,
+            burst: self.burst.map(part),
+            // Still below the limit it bands: `from < limit` held before the division.
+            throttle: self.throttle.map(|t| Throttle { from: (t.from / agents).min(limit.get() - 1), delay: t.delay }),
+            queue: self.queue.map(part),
+        }
+    }
+
     /// The window in whole microseconds (configured windows are whole milliseconds).
     #[must_use]
     pub fn window_micros(&self) -> u64 {
@@ -166,5 +186,50 @@ impl LimitSpec {
             return Err(SpecError::InexactInRedis { limit: self.limit, capacity, window: self.window });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{num::NonZeroU32, time::Duration};
+
+    use super::{Algorithm, LimitOptions, LimitSpec};
+
+    fn nz(n: u32) -> NonZeroU32 {
+        NonZeroU32::new(n).expect("nonzero")
+    }
+
+    #[test]
+    fn a_shared_limit_divides_every_quota_rounding_up() {
+        let options = LimitOptions { burst: Some(nz(30)), throttle_from: None, throttle_delay: None, queue: None };
+        let spec = LimitSpec::new(Algorithm::TokenBucket, nz(101), Duration::from_secs(60), options).expect("spec");
+        let half = spec.share(2);
+        assert_eq!((half.limit.get(), half.burst.map(NonZeroU32::get)), (51, Some(15)));
+        assert_eq!(spec.share(1), spec);
+        assert_eq!(spec.share(0), spec, "no live agent known: the whole limit");
+        assert_eq!(spec.share(1_000).limit.get(), 1, "never 0");
+        let banded = LimitOptions {
+            burst: None,
+            throttle_from: Some(80),
+            throttle_delay: Some(Duration::from_millis(50)),
+            queue: None,
+        };
+        let free =
+            LimitSpec::new(Algorithm::SlidingWindowCounter, nz(100), Duration::from_secs(60), banded).expect("spec");
+        let third = free.share(3);
+        assert_eq!((third.limit.get(), third.throttle.map(|t| t.from)), (34, Some(26)));
+        let tiny = LimitSpec::new(
+            Algorithm::FixedWindow,
+            nz(2),
+            Duration::from_secs(1),
+            LimitOptions {
+                throttle_from: Some(1),
+                throttle_delay: Some(Duration::from_millis(1)),
+                burst: None,
+                queue: None,
+            },
+        )
+        .expect("spec");
+        assert_eq!(tiny.share(4).throttle.map(|t| t.from), Some(0), "a band stays below the limit");
     }
 }

@@ -8,7 +8,16 @@
 
 mod redis;
 
-use std::time::Duration;
+use std::{
+    num::NonZeroUsize,
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicU32, AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use limiter_core::Clock as _;
 
 use limiter_core::{
     limits::{Bucket, Charge, MemoryStore, Outcome},
@@ -52,7 +61,18 @@ pub struct Stores {
     pub idempotency: Idempotency,
     /// The connection the Redis stores share; `None` in memory.
     fleet: Option<Fleet>,
+    /// Agents of the fleet the last heartbeat counted (this one alone until then).
+    agents: Arc<AtomicU32>,
+    /// The limits' buckets while Redis is away under `store_failure = "local"`, made
+    /// on first use, bounded like the memory store.
+    local: OnceLock<MemoryStore>,
+    local_capacity: NonZeroUsize,
+    local_decisions: AtomicU64,
 }
+
+/// How often an agent tells the fleet it is alive; one that has not for three
+/// beats is no longer counted.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
 
 impl Stores {
     /// The stores `config.store` names. A Redis store connects on first use, so that
@@ -71,6 +91,10 @@ impl Stores {
                 replay: Backend::Memory(ReplayCache::new(signature.replay_cache_size.get())),
                 idempotency: Backend::Memory(IdempotencyStore::new(idempotency)),
                 fleet: None,
+                agents: Arc::new(AtomicU32::new(1)),
+                local: OnceLock::new(),
+                local_capacity: config.max_tracked_keys,
+                local_decisions: AtomicU64::new(0),
             },
             StoreKind::Redis => {
                 let fleet = Fleet::connect(&config.redis_url, &config.redis_prefix, config.redis_timeout.0)?;
@@ -79,6 +103,10 @@ impl Stores {
                     replay: Backend::Redis(SharedReplay::new(fleet.clone(), signature.replay_cache_size.get())),
                     idempotency: Backend::Redis(SharedIdempotency::new(fleet.clone(), idempotency)),
                     fleet: Some(fleet),
+                    agents: Arc::new(AtomicU32::new(1)),
+                    local: OnceLock::new(),
+                    local_capacity: config.max_tracked_keys,
+                    local_decisions: AtomicU64::new(0),
                 }
             }
         };
@@ -98,6 +126,46 @@ impl Stores {
             Backend::Memory(store) => store.set_keys(keys),
             Backend::Redis(shared) => shared.set_keys(keys),
         }
+    }
+
+    /// With Redis, counts the fleet's live agents every [`HEARTBEAT`] (and says this
+    /// one is alive) until the stores are dropped. Needs a tokio runtime.
+    pub fn start_heartbeat(&self) {
+        let Some(fleet) = self.fleet.clone() else { return };
+        let agents = Arc::downgrade(&self.agents);
+        let id = format!("{:x}-{:x}", std::process::id(), limiter_core::SystemClock.now().as_nanos());
+        tokio::spawn(async move {
+            let mut beats = tokio::time::interval(HEARTBEAT);
+            beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                beats.tick().await;
+                let Some(agents) = agents.upgrade() else { return };
+                // While Redis is away the last count stands: that is what it is for.
+                if let Ok(live) = fleet.heartbeat(&id, HEARTBEAT * 3).await {
+                    agents.store(live.max(1), Ordering::Relaxed);
+                }
+            }
+        });
+    }
+
+    /// The fleet's live agents, as the heartbeats last counted them.
+    #[must_use]
+    pub fn live_agents(&self) -> u32 {
+        self.agents.load(Ordering::Relaxed)
+    }
+
+    /// The store the limits fall back on under `store_failure = "local"`; `None` in
+    /// memory, where the store never fails. Each call is one local decision.
+    pub fn local_fallback(&self) -> Option<&MemoryStore> {
+        self.fleet.as_ref()?;
+        self.local_decisions.fetch_add(1, Ordering::Relaxed);
+        Some(self.local.get_or_init(|| MemoryStore::new(self.local_capacity)))
+    }
+
+    /// Decisions taken by [`Self::local_fallback`] since the start.
+    #[must_use]
+    pub fn local_decisions(&self) -> u64 {
+        self.local_decisions.load(Ordering::Relaxed)
     }
 
     /// `memory` or `redis`, as `proxy.store` says.

@@ -136,6 +136,9 @@ pub enum StoreFailure {
     #[default]
     Allow,
     Deny,
+    /// Each agent enforces the limits itself, each quota divided by the agents the
+    /// fleet's heartbeats counted while the store was up.
+    Local,
 }
 
 /// Policy for a request that lacks the key a rule counts by.

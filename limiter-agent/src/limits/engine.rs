@@ -329,10 +329,12 @@ impl Policies {
         (count_in(self, &matching, request), require_signature)
     }
 
-    /// The decision while the store cannot be reached: `store_failure`'s.
+    /// The decision while the store cannot be reached: `store_failure`'s (`local`
+    /// decides on the local store instead, see [`Engine::apply`], and gets here only
+    /// without one).
     pub(super) fn store_failed(&self, require_signature: bool) -> Decision {
         let verdict = match self.store_failure {
-            StoreFailure::Allow => Verdict::Forward,
+            StoreFailure::Allow | StoreFailure::Local => Verdict::Forward,
             StoreFailure::Deny => Verdict::StoreUnavailable,
         };
         Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature }
@@ -568,7 +570,20 @@ impl<C: Clock> Engine<C> {
             Err(error) => {
                 self.stores.count_failure();
                 tracing::debug!(%error, "limits store unreachable");
-                None
+                if self.snapshot().store_failure != StoreFailure::Local {
+                    return None;
+                }
+                // Each agent its share of every quota, so that the fleet together
+                // stays near the limit.
+                let local = self.stores.local_fallback()?;
+                let agents = self.stores.live_agents();
+                let shares: Vec<LimitSpec> = counted.iter().map(|(policy, _)| policy.spec.share(agents)).collect();
+                let buckets: Vec<Bucket<'_>> = counted
+                    .iter()
+                    .zip(&shares)
+                    .map(|((policy, key), spec)| Bucket { policy: &policy.identity, key, spec })
+                    .collect();
+                Some(local.apply(&buckets, self.clock.now(), charge))
             }
         }
     }

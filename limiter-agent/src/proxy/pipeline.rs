@@ -169,6 +169,7 @@ pub(super) struct Pipeline<C: Clock + Clone> {
 impl<C: Clock + Clone> Pipeline<C> {
     pub(super) fn new(config: Arc<ProxyConfig>, secrets: KeySecrets, clock: C) -> Result<Self, ProxyError> {
         let stores = Arc::new(Stores::new(&config)?);
+        stores.start_heartbeat();
         let decision_log = match &config.decision_log {
             Some(log) => Some(
                 DecisionLog::open(&log.path)
@@ -215,6 +216,8 @@ impl<C: Clock + Clone> Pipeline<C> {
             self.decision_log.as_ref().map_or((0, 0), DecisionLog::counts);
         ProxyStats {
             store: self.stores.kind().to_owned(),
+            fleet_agents: u64::from(self.stores.live_agents()),
+            local_decisions: self.stores.local_decisions(),
             policies: self.engine.policy_counts(),
             decision_log_written,
             decision_log_dropped,
@@ -615,7 +618,9 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.stores.count_failure();
         tracing::debug!(%error, "shared store unreachable");
         match config.store_failure {
-            StoreFailure::Allow => Ok(()),
+            // There is no local replay cache or idempotency store to fall back on:
+            // `local` lets signed requests go on as `allow` does.
+            StoreFailure::Allow | StoreFailure::Local => Ok(()),
             StoreFailure::Deny => Err(Refusal::StoreUnavailable),
         }
     }

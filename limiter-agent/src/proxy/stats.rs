@@ -152,6 +152,8 @@ impl Counters {
             evictions,
             store_failures,
             store: String::new(),
+            fleet_agents: 0,
+            local_decisions: 0,
             policies: Vec::new(),
             decision_log_written: 0,
             decision_log_dropped: 0,
@@ -217,6 +219,13 @@ pub struct ProxyStats {
     /// Where the decisions were taken: `memory` or `redis` (`proxy.store`).
     #[serde(default)]
     pub store: String,
+    /// With Redis: the fleet's agents the last heartbeat counted (this one included).
+    #[serde(default)]
+    pub fleet_agents: u64,
+    /// Decisions taken on this agent's own share of each limit while Redis was away
+    /// (`store_failure = "local"`); also in `store_failures`.
+    #[serde(default)]
+    pub local_decisions: u64,
     /// What each configured rule and plan decided.
     #[serde(default)]
     pub policies: Vec<PolicyCounts>,
