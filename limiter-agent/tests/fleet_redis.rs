@@ -260,6 +260,60 @@ async fn redis_down_with_local_fallback_each_agent_enforces_its_share() {
     }
 }
 
+/// Rejections are counted fleet-wide: a client refused twice by each of two agents
+/// crosses a threshold of 3 that neither agent alone would see it cross.
+#[tokio::test]
+async fn rejections_spread_over_two_agents_escalate_as_if_on_one() {
+    use limiter::{config::Config, escalation::Escalator};
+    let redis = TestRedis::shared();
+    let upstream = Upstream::start().await;
+    let deny = "[[proxy.rules]]\nname = \"probe\"\naction = \"deny\"\npath = \"/wp-login.php\"\n";
+    let config = format!("{PROXY_HEAD}{deny}");
+    let whole = Config::parse(
+        &format!("[xdp]\ninterfaces = [\"lo\"]\n[xdp.limit]\npackets_per_second = 10\nburst = 20\n{config}[escalation]\nthreshold = 3\n")
+            .replace("{upstream}", &upstream.addr.to_string()),
+        std::path::Path::new("test.toml"),
+    )
+    .expect("escalation config");
+    let client = TestClient::default();
+    for shared in [false, true] {
+        let fleet = Fleet::connect(redis.url(), &unique_prefix("escalation"), Duration::from_secs(2)).expect("fleet");
+        let mut escalated = Vec::new();
+        let mut proxies = Vec::new();
+        for _ in 0..2 {
+            let proxy = RunningProxy::start(&config, upstream.addr).await;
+            let (sender, receiver) = tokio::sync::mpsc::channel(8);
+            let escalator = Escalator::new(&whole, sender);
+            if shared {
+                escalator.share_counts(fleet.clone());
+            }
+            proxy.proxy.escalate_to(Arc::new(escalator));
+            proxies.push(proxy);
+            escalated.push(receiver);
+        }
+        for i in 0..4 {
+            let reply = client.get(&proxies[i % 2].url("/wp-login.php"), &[]).await;
+            assert_eq!(reply.status, StatusCode::FORBIDDEN);
+        }
+        if shared {
+            let [first, second] = &mut escalated[..] else { unreachable!("two agents") };
+            let escalation = tokio::time::timeout(PATIENCE, async {
+                tokio::select! {
+                    escalation = first.recv() => escalation,
+                    escalation = second.recv() => escalation,
+                }
+            })
+            .await
+            .expect("escalated in time")
+            .expect("an escalation");
+            assert_eq!(escalation.cidr.to_string(), "127.0.0.1/32");
+        } else {
+            // Counted on each agent alone, 2 of 3 each: synchronous, so settled now.
+            assert!(escalated.iter_mut().all(|receiver| receiver.try_recv().is_err()), "escalated per agent");
+        }
+    }
+}
+
 const SECRET: &[u8] = b"k-pay-fleet-secret";
 
 fn signed_config(keys: &str) -> String {

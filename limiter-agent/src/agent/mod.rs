@@ -531,6 +531,7 @@ impl EscalationRuntime {
         // The proxy's own connection: the store is chosen once, in `backend`.
         let fleet = proxy.fleet().filter(|_| enabled).cloned();
         if let Some(fleet) = &fleet {
+            escalator.share_counts(fleet.clone());
             tokio::spawn(escalation::follow(fleet.clone(), sender, gauges.blocks_refused.clone()));
         }
         Self { escalator, requests: Some(requests), fleet }

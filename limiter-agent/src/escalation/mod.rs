@@ -24,7 +24,7 @@ use std::{
     net::IpAddr,
     num::NonZeroUsize,
     sync::{
-        Arc, PoisonError, RwLock,
+        Arc, OnceLock, PoisonError, RwLock,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -41,6 +41,7 @@ use limiter_core::{
 };
 
 use crate::{
+    backend::{RedisStore, TimeSource},
     config::{Config, xdp::CidrAction},
     fleet::{Fleet, FleetError, MAX_BACKOFF, MIN_BACKOFF},
 };
@@ -62,7 +63,12 @@ pub struct Escalation {
 #[derive(Debug)]
 pub struct Escalator {
     settings: RwLock<Arc<Settings>>,
-    counts: MemoryStore,
+    /// This agent's counts: all of them in memory, and the fallback while the
+    /// fleet's Redis is away.
+    counts: Arc<MemoryStore>,
+    /// The fleet's counts, when its agents share a Redis: a client spreading its
+    /// abuse over the agents is blocked as soon as one hitting one agent would be.
+    shared: OnceLock<Arc<RedisStore>>,
     sender: mpsc::Sender<Escalation>,
 }
 
@@ -120,6 +126,17 @@ impl Settings {
         IpNet::new(source, prefix).map_or(IpNet::from(source), |net| net.trunc())
     }
 
+    /// The counting bucket of the source `key`; `None` with escalation off.
+    fn bucket<'a>(&'a self, key: &'a str) -> Option<Bucket<'a>> {
+        Some(Bucket { policy: &self.identity, key, spec: self.limit.as_ref()? })
+    }
+
+    /// Counts one rejection of `key` in `counts`; whether it crossed the threshold.
+    fn crossed(&self, counts: &MemoryStore, key: &str) -> bool {
+        let Some(bucket) = self.bucket(key) else { return false };
+        counts.apply(&[bucket], SystemClock.now(), Charge::AllOrNothing).iter().any(|o| !o.admitted)
+    }
+
     fn check(&self, cidr: IpNet) -> Result<(), BlockRefused> {
         if self.cidr(cidr.addr()) != cidr {
             return Err(BlockRefused::NotOneSource(cidr));
@@ -139,9 +156,16 @@ impl Escalator {
     pub fn new(config: &Config, sender: mpsc::Sender<Escalation>) -> Self {
         Self {
             settings: RwLock::new(Arc::new(Settings::new(config))),
-            counts: MemoryStore::new(NonZeroUsize::new(MAX_COUNTED_SOURCES).unwrap_or(NonZeroUsize::MIN)),
+            counts: Arc::new(MemoryStore::new(NonZeroUsize::new(MAX_COUNTED_SOURCES).unwrap_or(NonZeroUsize::MIN))),
+            shared: OnceLock::new(),
             sender,
         }
+    }
+
+    /// Counts rejections in the fleet's Redis from now on (only the first call
+    /// counts). Needs a tokio runtime for [`Self::record`].
+    pub fn share_counts(&self, fleet: Fleet) {
+        let _ = self.shared.set(Arc::new(RedisStore::new(fleet, TimeSource::Server)));
     }
 
     /// Takes a new config's `[escalation]` and allowlist.
@@ -157,19 +181,39 @@ impl Escalator {
     /// Counts one rejection of a directly connected `source`.
     pub fn record(&self, source: IpAddr) {
         let settings = Arc::clone(&self.settings.read().unwrap_or_else(PoisonError::into_inner));
-        let Some(limit) = &settings.limit else { return };
+        if settings.limit.is_none() {
+            return;
+        }
         let cidr = settings.cidr(source);
         if settings.check(cidr).is_err() {
             return;
         }
-        let key = cidr.to_string();
-        let bucket = Bucket { policy: &settings.identity, key: &key, spec: limit };
-        let crossed = self.counts.apply(&[bucket], SystemClock.now(), Charge::AllOrNothing).iter().any(|o| !o.admitted);
-        if crossed {
-            // A full queue means the agent is busy blocking; the source's next
-            // rejection tries again.
-            let _ = self.sender.try_send(Escalation { cidr, ttl: settings.block_ttl, local: true });
-        }
+        let escalation = Escalation { cidr, ttl: settings.block_ttl, local: true };
+        let Some(shared) = self.shared.get() else {
+            if settings.crossed(&self.counts, &cidr.to_string()) {
+                self.escalate(escalation);
+            }
+            return;
+        };
+        let (shared, counts, sender) = (Arc::clone(shared), Arc::clone(&self.counts), self.sender.clone());
+        tokio::spawn(async move {
+            let key = cidr.to_string();
+            let Some(bucket) = settings.bucket(&key) else { return };
+            let crossed = match shared.apply(&[bucket], SystemClock.now(), Charge::AllOrNothing).await {
+                Ok(outcomes) => outcomes.iter().any(|o| !o.admitted),
+                // Without the fleet's Redis, this agent's own count.
+                Err(_) => settings.crossed(&counts, &key),
+            };
+            if crossed {
+                let _ = sender.try_send(escalation);
+            }
+        });
+    }
+
+    fn escalate(&self, escalation: Escalation) {
+        // A full queue means the agent is busy blocking; the source's next
+        // rejection tries again.
+        let _ = self.sender.try_send(escalation);
     }
 }
 
