@@ -116,6 +116,28 @@ impl Fleet {
         result
     }
 
+    /// Whether the server answered the last call (false during an outage).
+    #[must_use]
+    pub fn is_up(&self) -> bool {
+        self.health.lock().is_none()
+    }
+
+    /// Keys in the server's database and keys it has evicted for memory since it
+    /// started: the whole fleet's figures.
+    pub async fn size(&self) -> Result<(u64, u64), FleetError> {
+        let (keys, info): (u64, String) = self
+            .call(|mut connection| async move {
+                redis::pipe().cmd("DBSIZE").cmd("INFO").arg("stats").query_async(&mut connection).await
+            })
+            .await?;
+        let evicted = info
+            .lines()
+            .find_map(|line| line.strip_prefix("evicted_keys:"))
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or_else(|| FleetError::Reply("INFO stats without evicted_keys".to_owned()))?;
+        Ok((keys, evicted))
+    }
+
     /// Counts one decision taken without the store (by `store_failure`).
     pub fn count_failure(&self) {
         self.health.failures.fetch_add(1, Ordering::Relaxed);

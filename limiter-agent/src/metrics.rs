@@ -244,6 +244,8 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
     }
     family(out, "limiter_fleet_agents", "gauge", "Agents of the fleet the last heartbeat counted (with Redis).");
     let _ = writeln!(out, "limiter_fleet_agents {}", stats.fleet_agents);
+    family(out, "limiter_proxy_store_up", "gauge", "1 while the store answers (always in memory).");
+    let _ = writeln!(out, "limiter_proxy_store_up {}", u8::from(stats.store_reachable));
     family(out, "limiter_proxy_tracked_keys", "gauge", "Per-key limiter states held.");
     let _ = writeln!(out, "limiter_proxy_tracked_keys {}", stats.tracked_keys);
     family(

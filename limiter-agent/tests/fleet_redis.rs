@@ -236,10 +236,8 @@ async fn redis_down_with_local_fallback_each_agent_enforces_its_share() {
     let config = format!("{PROXY_HEAD}{keys}{FREE}");
     let proxies =
         [RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await];
-    let deadline = std::time::Instant::now() + PATIENCE;
-    while proxies.iter().any(|proxy| proxy.proxy.stats().fleet_agents != 2) {
-        assert!(std::time::Instant::now() < deadline, "the heartbeats never counted two agents");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    for proxy in &proxies {
+        until(proxy, "the heartbeats count two agents", |stats| stats.fleet_agents == 2).await;
     }
 
     redis.stop();
@@ -312,6 +310,41 @@ async fn rejections_spread_over_two_agents_escalate_as_if_on_one() {
             assert!(escalated.iter_mut().all(|receiver| receiver.try_recv().is_err()), "escalated per agent");
         }
     }
+}
+
+/// Waits (a bounded while) until `done` holds for the proxy's stats.
+async fn until(proxy: &RunningProxy, what: &str, done: impl Fn(&limiter::proxy::ProxyStats) -> bool) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !done(&proxy.proxy.stats()) {
+        assert!(std::time::Instant::now() < deadline, "{what}: {:?}", proxy.proxy.stats());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The heartbeat is the breaker's probe: Redis coming back ends the outage with no
+/// request to notice it, so the first request after it is decided in Redis again.
+/// `tracked_keys` and `evictions` are the server's figures.
+#[tokio::test]
+async fn an_outage_ends_when_redis_is_back_whether_requests_come_or_not() {
+    let mut redis = TestRedis::private();
+    let keys = redis_keys(&redis, &unique_prefix("probe"), "allow");
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{keys}{PER_IP}"), upstream.addr).await;
+    let client = TestClient::default();
+    let url = proxy.url("/");
+    assert_eq!(client.get(&url, &[]).await.status, StatusCode::OK);
+    // The rule's bucket, the fleet's heartbeat set, at least.
+    until(&proxy, "the server's keys", |stats| stats.tracked_keys >= 2).await;
+    assert_eq!(proxy.proxy.stats().evictions, 0);
+
+    redis.stop();
+    assert_eq!(client.get(&url, &[]).await.status, StatusCode::OK);
+    assert!(!proxy.proxy.stats().store_reachable);
+    let failures = proxy.proxy.stats().store_failures;
+    redis.start();
+    until(&proxy, "the outage ends without requests", |stats| stats.store_reachable).await;
+    assert_eq!(client.get(&url, &[]).await.status, StatusCode::OK);
+    assert_eq!(proxy.proxy.stats().store_failures, failures, "decided in Redis again at once");
 }
 
 const SECRET: &[u8] = b"k-pay-fleet-secret";

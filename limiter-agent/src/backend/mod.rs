@@ -68,6 +68,8 @@ pub struct Stores {
     local: OnceLock<MemoryStore>,
     local_capacity: NonZeroUsize,
     local_decisions: AtomicU64,
+    /// With Redis, its keys and evictions as the last heartbeat read them.
+    redis_size: Arc<[AtomicU64; 2]>,
 }
 
 /// How often an agent tells the fleet it is alive; one that has not for three
@@ -95,6 +97,7 @@ impl Stores {
                 local: OnceLock::new(),
                 local_capacity: config.max_tracked_keys,
                 local_decisions: AtomicU64::new(0),
+                redis_size: Arc::default(),
             },
             StoreKind::Redis => {
                 let fleet = Fleet::connect(&config.redis_url, &config.redis_prefix, config.redis_timeout.0)?;
@@ -107,6 +110,7 @@ impl Stores {
                     local: OnceLock::new(),
                     local_capacity: config.max_tracked_keys,
                     local_decisions: AtomicU64::new(0),
+                    redis_size: Arc::default(),
                 }
             }
         };
@@ -128,24 +132,57 @@ impl Stores {
         }
     }
 
-    /// With Redis, counts the fleet's live agents every [`HEARTBEAT`] (and says this
-    /// one is alive) until the stores are dropped. Needs a tokio runtime.
+    /// With Redis, every [`HEARTBEAT`] until the stores are dropped: says this agent
+    /// is alive, counts the fleet's live agents, and reads the server's size. It is
+    /// also the probe that ends an outage as soon as Redis is back, whether requests
+    /// come or not. Needs a tokio runtime.
     pub fn start_heartbeat(&self) {
         let Some(fleet) = self.fleet.clone() else { return };
         let agents = Arc::downgrade(&self.agents);
+        let size = Arc::downgrade(&self.redis_size);
         let id = format!("{:x}-{:x}", std::process::id(), limiter_core::SystemClock.now().as_nanos());
         tokio::spawn(async move {
             let mut beats = tokio::time::interval(HEARTBEAT);
             beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 beats.tick().await;
-                let Some(agents) = agents.upgrade() else { return };
+                let (Some(agents), Some(size)) = (agents.upgrade(), size.upgrade()) else { return };
                 // While Redis is away the last count stands: that is what it is for.
                 if let Ok(live) = fleet.heartbeat(&id, HEARTBEAT * 3).await {
                     agents.store(live.max(1), Ordering::Relaxed);
                 }
+                if let Ok((keys, evicted)) = fleet.size().await {
+                    size[0].store(keys, Ordering::Relaxed);
+                    size[1].store(evicted, Ordering::Relaxed);
+                }
             }
         });
+    }
+
+    /// Buckets held: in memory, this agent's; in Redis, the server's keys (the whole
+    /// fleet's, every store's).
+    #[must_use]
+    pub fn tracked_keys(&self) -> usize {
+        match &self.limits {
+            Backend::Memory(store) => store.tracked_keys(),
+            Backend::Redis(_) => usize::try_from(self.redis_size[0].load(Ordering::Relaxed)).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// Buckets evicted to stay in bounds: in memory, by `max_tracked_keys`; in
+    /// Redis, by the server's `maxmemory`.
+    #[must_use]
+    pub fn evictions(&self) -> u64 {
+        match &self.limits {
+            Backend::Memory(store) => store.evictions(),
+            Backend::Redis(_) => self.redis_size[1].load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether the shared store answers (always, in memory).
+    #[must_use]
+    pub fn reachable(&self) -> bool {
+        self.fleet.as_ref().is_none_or(Fleet::is_up)
     }
 
     /// The fleet's live agents, as the heartbeats last counted them.
@@ -216,25 +253,6 @@ impl Limits {
         if let Self::Memory(store) = self {
             store.set_capacity(max_tracked_keys);
             store.retain_policies(keep);
-        }
-    }
-
-    /// Buckets holding state; 0 in Redis, where counting them would take a scan of
-    /// the shared server.
-    #[must_use]
-    pub fn tracked_keys(&self) -> usize {
-        match self {
-            Self::Memory(store) => store.tracked_keys(),
-            Self::Redis(_) => 0,
-        }
-    }
-
-    /// Buckets evicted to stay within `max_tracked_keys`, since the start.
-    #[must_use]
-    pub fn evictions(&self) -> u64 {
-        match self {
-            Self::Memory(store) => store.evictions(),
-            Self::Redis(_) => 0,
         }
     }
 }

@@ -544,16 +544,16 @@ impl<C: Clock> Engine<C> {
         screened
     }
 
-    /// Buckets holding state (see [`crate::backend::Limits::tracked_keys`]).
+    /// Buckets holding state (see [`crate::backend::Stores::tracked_keys`]).
     #[must_use]
     pub fn tracked_keys(&self) -> usize {
-        self.stores.limits.tracked_keys()
+        self.stores.tracked_keys()
     }
 
     /// Buckets evicted to stay within `max_tracked_keys`, since the start.
     #[must_use]
     pub fn evictions(&self) -> u64 {
-        self.stores.limits.evictions()
+        self.stores.evictions()
     }
 
     pub(super) fn snapshot(&self) -> Arc<Policies> {

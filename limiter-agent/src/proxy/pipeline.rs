@@ -217,6 +217,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         ProxyStats {
             store: self.stores.kind().to_owned(),
             fleet_agents: u64::from(self.stores.live_agents()),
+            store_reachable: self.stores.reachable(),
             local_decisions: self.stores.local_decisions(),
             policies: self.engine.policy_counts(),
             decision_log_written,

@@ -153,6 +153,7 @@ impl Counters {
             store_failures,
             store: String::new(),
             fleet_agents: 0,
+            store_reachable: true,
             local_decisions: 0,
             policies: Vec::new(),
             decision_log_written: 0,
@@ -206,9 +207,10 @@ pub struct ProxyStats {
     pub connections_refused_reasons: BTreeMap<String, u64>,
     /// Upstream failures answered with 502.
     pub upstream_errors: u64,
-    /// Per-key limiter state currently held.
+    /// Per-key limiter state currently held (with Redis: the server's keys).
     pub tracked_keys: u64,
-    /// Per-key state evicted to stay within `max_tracked_keys`.
+    /// Per-key state evicted to stay within `max_tracked_keys` (with Redis: keys
+    /// the server evicted for `maxmemory`).
     pub evictions: u64,
     /// Decisions taken without the shared store (Redis unreachable), by
     /// `store_failure`.
@@ -222,6 +224,9 @@ pub struct ProxyStats {
     /// With Redis: the fleet's agents the last heartbeat counted (this one included).
     #[serde(default)]
     pub fleet_agents: u64,
+    /// Whether the store answers now (always in memory).
+    #[serde(default)]
+    pub store_reachable: bool,
     /// Decisions taken on this agent's own share of each limit while Redis was away
     /// (`store_failure = "local"`); also in `store_failures`.
     #[serde(default)]
