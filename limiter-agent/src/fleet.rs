@@ -2,6 +2,16 @@
 //! multiplexed connection per agent, a short timeout per call, and the health of the
 //! link, so that an outage is logged once and not per request.
 //!
+//! Three topologies, by `redis_url`:
+//! - `redis://host:port/` — one server;
+//! - `redis+sentinel://s1:port,s2:port/MASTER` — the master the Sentinels name, asked
+//!   again after every outage, so that a failover is followed without a restart;
+//! - `redis+cluster://n1:port,n2:port/` — a Redis Cluster, its MOVED and ASK
+//!   redirections followed by the client. Every key of a fleet carries the prefix as
+//!   a hash tag (`{limiter:}…`), so that all the buckets one decision touches live in
+//!   one slot and each decision stays one atomic script call; fleets with other
+//!   prefixes spread over the other masters.
+//!
 //! While the server is unreachable, calls fail at once instead of each waiting for
 //! the timeout: one call per backoff interval (doubling from [`MIN_BACKOFF`] to
 //! [`MAX_BACKOFF`]) is let through to probe it, and the first that succeeds ends the
@@ -16,6 +26,8 @@ use std::{
 };
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use crate::config::proxy::RedisUrl;
 
 /// First wait between probes of an unreachable server.
 pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -45,11 +57,70 @@ pub enum FleetError {
 /// A handle on the shared Redis; clones share the connection and its health.
 #[derive(Clone)]
 pub struct Fleet {
-    client: redis::Client,
-    connection: ConnectionManager,
+    topology: Arc<Topology>,
     prefix: Arc<str>,
     timeout: Duration,
     health: Arc<Health>,
+}
+
+/// Where the fleet's Redis is.
+enum Topology {
+    Single {
+        client: redis::Client,
+        connection: ConnectionManager,
+    },
+    Sentinel {
+        sentinel: tokio::sync::Mutex<redis::sentinel::Sentinel>,
+        master: String,
+        /// The master's client and connection, until an outage drops them.
+        current: Mutex<Option<(redis::Client, ConnectionManager)>>,
+        config: ConnectionManagerConfig,
+    },
+    Cluster {
+        client: redis::cluster::ClusterClient,
+        /// Made on first use, and again after an outage: a connection whose master
+        /// died keeps its slot map until a node tells it otherwise, which the dead
+        /// node never does.
+        connection: Mutex<Option<redis::cluster_async::ClusterConnection>>,
+        /// Any node serves a subscription: a cluster relays every publication.
+        seeds: Vec<redis::Client>,
+    },
+}
+
+/// One call's connection, whatever the topology.
+#[derive(Clone)]
+#[expect(missing_debug_implementations, reason = "the cluster connection has no Debug")]
+pub enum Link {
+    Single(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Single(connection) => connection.req_packed_command(cmd),
+            Self::Cluster(connection) => connection.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Single(connection) => connection.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(connection) => connection.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(connection) => connection.get_db(),
+            Self::Cluster(connection) => connection.get_db(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Fleet {
@@ -81,36 +152,91 @@ impl Fleet {
     /// `prefix`. Must be called within a tokio runtime.
     pub fn connect(url: &str, prefix: &str, timeout: Duration) -> Result<Self, FleetError> {
         let url_error = |source| FleetError::Url { url: url.to_owned(), source };
-        let client = redis::Client::open(url).map_err(url_error)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
             // Retries would hold a decision past its timeout; the probes retry instead.
             .set_number_of_retries(0);
-        let connection = ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(url_error)?;
-        Ok(Self { client, connection, prefix: prefix.into(), timeout, health: Arc::default() })
+        let (topology, prefix) = match RedisUrl::parse(url) {
+            RedisUrl::Single => {
+                let client = redis::Client::open(url).map_err(url_error)?;
+                let connection = ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(url_error)?;
+                (Topology::Single { client, connection }, prefix.to_owned())
+            }
+            RedisUrl::Sentinel { nodes, master } => {
+                let sentinel = redis::sentinel::Sentinel::build(nodes).map_err(url_error)?;
+                let current = Mutex::new(None);
+                (Topology::Sentinel { sentinel: sentinel.into(), master, current, config }, prefix.to_owned())
+            }
+            RedisUrl::Cluster { nodes } => {
+                let client = redis::cluster::ClusterClient::builder(nodes.clone())
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .build()
+                    .map_err(url_error)?;
+                let seeds = nodes.iter().map(|node| redis::Client::open(node.as_str())).collect::<Result<_, _>>();
+                let topology =
+                    Topology::Cluster { client, connection: Default::default(), seeds: seeds.map_err(url_error)? };
+                (topology, format!("{{{prefix}}}"))
+            }
+        };
+        Ok(Self { topology: Arc::new(topology), prefix: prefix.into(), timeout, health: Arc::default() })
     }
 
-    /// `prefix` then `name`: the name of a key in the shared server.
+    /// `prefix` then `name`: the name of a key in the shared server (in a cluster the
+    /// prefix is a hash tag, see the module's docs).
     #[must_use]
     pub fn key(&self, name: &str) -> String {
         format!("{}{name}", self.prefix)
     }
 
+    /// The connection for one call: a clone of the shared one, made on first use
+    /// (and, behind Sentinels, again after an outage).
+    async fn link(&self) -> redis::RedisResult<Link> {
+        match &*self.topology {
+            Topology::Single { connection, .. } => Ok(Link::Single(connection.clone())),
+            Topology::Cluster { client, connection, .. } => {
+                if let Some(known) = connection.lock().unwrap_or_else(PoisonError::into_inner).clone() {
+                    return Ok(Link::Cluster(known));
+                }
+                let made = client.get_async_connection().await?;
+                *connection.lock().unwrap_or_else(PoisonError::into_inner) = Some(made.clone());
+                Ok(Link::Cluster(made))
+            }
+            Topology::Sentinel { sentinel, master, current, config } => {
+                Ok(Link::Single(master_of(sentinel, master, current, config).await?.1))
+            }
+        }
+    }
+
+    /// After an outage the connection is made anew: behind Sentinels from the master
+    /// they name then, in a cluster from the slots its nodes serve then.
+    fn forget_connection(&self) {
+        match &*self.topology {
+            Topology::Sentinel { current, .. } => *current.lock().unwrap_or_else(PoisonError::into_inner) = None,
+            Topology::Cluster { connection, .. } => *connection.lock().unwrap_or_else(PoisonError::into_inner) = None,
+            Topology::Single { .. } => {}
+        }
+    }
+
     /// Runs one call on the connection within the timeout, keeping track of health.
-    pub async fn call<T, F>(&self, call: impl FnOnce(ConnectionManager) -> F) -> Result<T, FleetError>
+    pub async fn call<T, F>(&self, call: impl FnOnce(Link) -> F) -> Result<T, FleetError>
     where
         F: Future<Output = redis::RedisResult<T>>,
     {
         self.health.admit()?;
-        let result = match tokio::time::timeout(self.timeout, call(self.connection.clone())).await {
+        let attempt = async { call(self.link().await?).await };
+        let result = match tokio::time::timeout(self.timeout, attempt).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(FleetError::Redis(error)),
             Err(_) => Err(FleetError::Timeout(self.timeout)),
         };
         match &result {
             Ok(_) => self.health.up(),
-            Err(error) if is_outage(error) => self.health.down(error),
+            Err(error) if is_outage(error) => {
+                self.health.down(error);
+                self.forget_connection();
+            }
             Err(_) => {}
         }
         result
@@ -167,7 +293,25 @@ impl Fleet {
     /// A dedicated connection for subscriptions (a subscribed connection can do
     /// nothing else).
     pub async fn pubsub(&self) -> Result<redis::aio::PubSub, FleetError> {
-        match tokio::time::timeout(self.timeout, self.client.get_async_pubsub()).await {
+        let subscribe = async {
+            match &*self.topology {
+                Topology::Single { client, .. } => client.get_async_pubsub().await,
+                Topology::Sentinel { sentinel, master, current, config } => {
+                    master_of(sentinel, master, current, config).await?.0.get_async_pubsub().await
+                }
+                Topology::Cluster { seeds, .. } => {
+                    let mut last = None;
+                    for seed in seeds {
+                        match seed.get_async_pubsub().await {
+                            Ok(pubsub) => return Ok(pubsub),
+                            Err(error) => last = Some(error),
+                        }
+                    }
+                    Err(last.unwrap_or_else(|| (redis::ErrorKind::InvalidClientConfig, "no seed node").into()))
+                }
+            }
+        };
+        match tokio::time::timeout(self.timeout, subscribe).await {
             Ok(result) => Ok(result?),
             Err(_) => Err(FleetError::Timeout(self.timeout)),
         }
@@ -184,6 +328,23 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return redis.call('ZCARD', KEYS[1])
 ";
+
+/// Behind Sentinels: the master's client and connection, asked of the Sentinels when
+/// none is known (at first, and after an outage).
+async fn master_of(
+    sentinel: &tokio::sync::Mutex<redis::sentinel::Sentinel>,
+    master: &str,
+    current: &Mutex<Option<(redis::Client, ConnectionManager)>>,
+    config: &ConnectionManagerConfig,
+) -> redis::RedisResult<(redis::Client, ConnectionManager)> {
+    if let Some(known) = current.lock().unwrap_or_else(PoisonError::into_inner).clone() {
+        return Ok(known);
+    }
+    let client = sentinel.lock().await.async_master_for(master, None).await?;
+    let connection = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
+    *current.lock().unwrap_or_else(PoisonError::into_inner) = Some((client.clone(), connection.clone()));
+    Ok((client, connection))
+}
 
 /// Whether an error means the server is unreachable (rather than refusing one call,
 /// as a script error would).

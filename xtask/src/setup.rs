@@ -180,6 +180,8 @@ fn cargo_fuzz() -> Result<Outcome> {
 const PACKAGES: &[(&str, &str)] = &[
     ("ip", "iproute2"),
     ("redis-server", "redis-server"),
+    // The fleet tests' Sentinel (redis-cli, for the cluster, comes with redis-server).
+    ("redis-sentinel", "redis-sentinel"),
     ("bpftool", "bpftool"),
     ("nft", "nftables"),
     ("hping3", "hping3"),
@@ -224,7 +226,7 @@ fn packages() -> Result<Outcome> {
             .args(&missing),
     )
     .context(hint.clone())?;
-    for service in ["nginx", "redis-server"].into_iter().filter(|s| missing.contains(s)) {
+    for service in ["nginx", "redis-server", "redis-sentinel"].into_iter().filter(|s| missing.contains(s)) {
         stop_service(service);
     }
     if let Some((c, _)) = PACKAGES.iter().find(|(c, _)| find_program(c).is_none()) {
@@ -245,7 +247,10 @@ fn stop_service(name: &str) {
         let _ = run_cmd(cmd("service").args([name, "stop"]));
         let _ = run_cmd(cmd("update-rc.d").args([name, "disable"]));
     }
-    let pidfile = if name == "nginx" { "/run/nginx.pid" } else { "/run/redis/redis-server.pid" };
+    let pidfile = match name {
+        "nginx" => "/run/nginx.pid".to_owned(),
+        redis => format!("/run/redis/{redis}.pid"),
+    };
     if let Ok(pid) = fs::read_to_string(pidfile) {
         let _ = run_cmd(cmd("kill").arg(pid.trim()));
     }

@@ -245,6 +245,37 @@ fn escaped_slashes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Escaped
     String::deserialize(deserializer)?.parse().map_err(de::Error::custom)
 }
 
+/// `redis_url`'s topology.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RedisUrl {
+    Single,
+    /// `redis+sentinel://host:port,…/MASTER`: the Sentinels' `redis://` URLs.
+    Sentinel {
+        nodes: Vec<String>,
+        master: String,
+    },
+    /// `redis+cluster://host:port,…/`: the seed nodes' `redis://` URLs.
+    Cluster {
+        nodes: Vec<String>,
+    },
+}
+
+impl RedisUrl {
+    /// Which topology `url` names (its hosts are checked when connecting).
+    #[must_use]
+    pub fn parse(url: &str) -> Self {
+        let hosts = |list: &str| list.split(',').filter(|h| !h.is_empty()).map(|h| format!("redis://{h}/")).collect();
+        if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            let (list, master) = rest.split_once('/').unwrap_or((rest, ""));
+            Self::Sentinel { nodes: hosts(list), master: master.trim_end_matches('/').to_owned() }
+        } else if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            Self::Cluster { nodes: hosts(rest.trim_end_matches('/')) }
+        } else {
+            Self::Single
+        }
+    }
+}
+
 /// One `[[proxy.keys]]`: an API key, its plan and its signing secrets.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -527,9 +558,7 @@ impl ProxyConfig {
             }
         }
         if self.store == StoreKind::Redis {
-            if !self.redis_url.starts_with("redis://") {
-                return Err(("proxy.redis_url".to_owned(), format!("`{}` is not a redis:// URL", self.redis_url)));
-            }
+            self.check_redis_url().map_err(|message| ("proxy.redis_url".to_owned(), message))?;
             if self.redis_timeout.0.is_zero() {
                 return Err(("proxy.redis_timeout".to_owned(), "must be longer than 0".to_owned()));
             }
@@ -544,6 +573,27 @@ impl ProxyConfig {
             }
         }
         Ok(())
+    }
+
+    /// A URL of one of the topologies `fleet` connects to.
+    fn check_redis_url(&self) -> Result<(), String> {
+        let url = &self.redis_url;
+        match RedisUrl::parse(url) {
+            RedisUrl::Single if url.starts_with("redis://") || url.starts_with("rediss://") => Ok(()),
+            RedisUrl::Single => Err(format!(
+                "`{url}` is not a redis://, rediss://, redis+sentinel://HOSTS/MASTER or redis+cluster://HOSTS/ URL"
+            )),
+            RedisUrl::Sentinel { nodes, master } if nodes.is_empty() || master.is_empty() => Err(format!(
+                "`{url}`: a Sentinel URL names its Sentinels and the master: redis+sentinel://HOST:PORT,…/MASTER"
+            )),
+            RedisUrl::Cluster { nodes } if nodes.is_empty() => {
+                Err(format!("`{url}`: a cluster URL names its seed nodes: redis+cluster://HOST:PORT,…/"))
+            }
+            RedisUrl::Cluster { .. } if self.redis_prefix.contains(['{', '}']) => Err(format!(
+                "`{url}`: in a cluster redis_prefix is the hash tag of every key, so it cannot hold {{ or }}"
+            )),
+            RedisUrl::Sentinel { .. } | RedisUrl::Cluster { .. } => Ok(()),
+        }
     }
 
     /// Requests are matched on their canonical route, so a rule path in another form

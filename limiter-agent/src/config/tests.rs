@@ -369,3 +369,29 @@ fn the_shipped_patterns_parse() {
     let proxy = parse(&text).expect("config/patterns.toml").proxy.expect("proxy");
     assert!(proxy.rules.len() >= 9 && proxy.rules.iter().all(|rule| rule.limit().is_none()));
 }
+
+#[test]
+fn redis_urls_name_one_server_sentinels_or_a_cluster() {
+    let with = |url: &str, prefix: &str| {
+        format!("{PROXY}store = \"redis\"\nredis_url = \"{url}\"\nredis_prefix = \"{prefix}\"\n")
+    };
+    for url in [
+        "redis://10.0.0.5:6379/",
+        "rediss://r.example:6380/",
+        "redis+sentinel://s1:26379,s2:26379/main",
+        "redis+cluster://n1:7000,n2:7001/",
+    ] {
+        parse(&with(url, "limiter:")).unwrap_or_else(|e| panic!("{url}: {e}"));
+    }
+    for (url, says) in [
+        ("http://r:6379/", "is not a redis://"),
+        ("redis+sentinel://s1:26379/", "names its Sentinels and the master"),
+        ("redis+cluster:///", "names its seed nodes"),
+    ] {
+        let (line, key, message) = refusal(&with(url, "limiter:"));
+        assert_eq!((line, key.as_str()), (5, "proxy.redis_url"), "{url}: {message}");
+        assert!(message.contains(says), "{url}: {message}");
+    }
+    let braces = refusal(&with("redis+cluster://n1:7000/", "{team}:"));
+    assert!(braces.2.contains("cannot hold { or }"), "{}", braces.2);
+}

@@ -85,3 +85,279 @@ pub fn redis_keys(redis: &TestRedis, prefix: &str, store_failure: &str) -> Strin
         redis.url()
     )
 }
+
+/// A free port on the loopback.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
+fn redis_server() -> String {
+    std::env::var("LIMITER_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned())
+}
+
+/// `redis-cli -p port args…`'s output.
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    let output = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli (installed with redis-server)");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Polls `done` every 50 ms for at most `within`.
+fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} did not happen within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Redis servers of one test, killed when dropped.
+#[derive(Debug, Default)]
+struct Servers {
+    children: Vec<(u16, Child)>,
+    dir: Option<std::path::PathBuf>,
+}
+
+impl Servers {
+    fn dir(&mut self) -> std::path::PathBuf {
+        self.dir
+            .get_or_insert_with(|| {
+                let dir = std::env::temp_dir().join(format!("limiter-redis-{}", unique_prefix("").replace(':', "-")));
+                std::fs::create_dir_all(&dir).expect("a directory for the servers");
+                dir
+            })
+            .clone()
+    }
+
+    fn start(&mut self, program: &str, port: u16, args: &[String]) {
+        let child = Command::new(program)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {program}: {e} (cargo xtask setup installs it)"));
+        self.children.push((port, child));
+        wait_for(&format!("{program} listening on {port}"), Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+    }
+
+    /// Kills the server on `port` (a crash).
+    fn kill(&mut self, port: u16) {
+        if let Some(i) = self.children.iter().position(|(p, _)| *p == port) {
+            let (_, mut child) = self.children.remove(i);
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// A free port whose cluster bus port (10 000 above it) is free too: ephemeral ports
+/// are too high for that.
+fn cluster_port() -> u16 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let start = 20_000 + (u64::from(std::process::id()) * 97 + NEXT.fetch_add(1, Ordering::Relaxed) * 13) % 9_000;
+    (0..9_000)
+        .map(|i| u16::try_from(20_000 + (start - 20_000 + i * 7) % 9_000).unwrap_or(20_000))
+        .find(|port| [*port, port + 10_000].iter().all(|p| TcpListener::bind(("127.0.0.1", *p)).is_ok()))
+        .expect("a free port pair below 40 000")
+}
+
+/// A Redis Cluster of three masters and three replicas on the loopback, made with
+/// `redis-cli --cluster create`; a node that stops answering for 1 s is failed over.
+#[derive(Debug)]
+pub struct TestCluster {
+    pub ports: Vec<u16>,
+    servers: Servers,
+}
+
+impl TestCluster {
+    pub fn start() -> Self {
+        let mut servers = Servers::default();
+        let dir = servers.dir();
+        let ports: Vec<u16> = (0..6).map(|_| cluster_port()).collect();
+        for port in &ports {
+            let args = [
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &format!("nodes-{port}.conf"),
+                "--cluster-node-timeout",
+                "1000",
+                // A replica that never synced cannot be promoted; the default waits
+                // 5 s for more replicas before the first transfer.
+                "--repl-diskless-sync-delay",
+                "0",
+                "--dir",
+                &dir.display().to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ]
+            .map(str::to_owned);
+            servers.start(&redis_server(), *port, &args);
+        }
+        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let created = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&nodes)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli --cluster create");
+        assert!(created.success(), "redis-cli --cluster create failed");
+        let cluster = Self { ports, servers };
+        cluster.wait_until_ok();
+        cluster
+    }
+
+    /// `redis+cluster://` with every node as a seed.
+    #[must_use]
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!("redis+cluster://{}/", nodes.join(","))
+    }
+
+    /// Waits until every live node says the cluster is ok, and every replica has
+    /// synced with its master (only a synced replica can be promoted).
+    pub fn wait_until_ok(&self) {
+        wait_for("cluster_state:ok and synced replicas", Duration::from_secs(30), || {
+            self.live_ports().iter().all(|port| {
+                let replication = redis_cli(*port, &["info", "replication"]);
+                redis_cli(*port, &["cluster", "info"]).contains("cluster_state:ok")
+                    && (replication.contains("role:master") || replication.contains("master_link_status:up"))
+            })
+        });
+    }
+
+    fn live_ports(&self) -> Vec<u16> {
+        self.servers.children.iter().map(|(port, _)| *port).collect()
+    }
+
+    /// The port of the master serving `key`'s slot now.
+    #[must_use]
+    pub fn master_of(&self, key: &str) -> u16 {
+        self.serving(key).expect("a master serves the slot")
+    }
+
+    /// The port of the live master that serves `key`'s slot, if one does.
+    fn serving(&self, key: &str) -> Option<u16> {
+        let any = self.live_ports()[0];
+        let slot: u16 = redis_cli(any, &["cluster", "keyslot", key]).trim().parse().expect("a slot");
+        let nodes = redis_cli(any, &["cluster", "nodes"]);
+        nodes
+            .lines()
+            .filter(|line| line.contains("master") && !line.contains("fail"))
+            .find(|line| {
+                line.split_whitespace().skip(8).any(|range| {
+                    let (low, high) = range.split_once('-').unwrap_or((range, range));
+                    matches!((low.parse::<u16>(), high.parse::<u16>()), (Ok(l), Ok(h)) if (l..=h).contains(&slot))
+                })
+            })
+            .and_then(|line| line.split_whitespace().nth(1))
+            .and_then(|address| address.split(['@', ':']).nth(1))
+            .and_then(|port| port.parse().ok())
+    }
+
+    /// Kills the master serving `key` and waits until its replica serves the slot
+    /// and the cluster is whole again.
+    pub fn kill_master_of(&mut self, key: &str) {
+        let master = self.master_of(key);
+        self.servers.kill(master);
+        wait_for("the failover", Duration::from_secs(30), || self.serving(key).is_some_and(|port| port != master));
+        self.wait_until_ok();
+    }
+}
+
+/// A master, its replica and one Sentinel watching them as `limiter-test` (quorum
+/// 1, the master deemed down after 500 ms).
+#[derive(Debug)]
+pub struct TestSentinel {
+    pub master: u16,
+    pub replica: u16,
+    pub sentinel: u16,
+    servers: Servers,
+}
+
+/// The master's name the Sentinel knows.
+pub const SENTINEL_MASTER: &str = "limiter-test";
+
+impl TestSentinel {
+    pub fn start() -> Self {
+        let mut servers = Servers::default();
+        let dir = servers.dir();
+        let (master, replica, sentinel) = (free_port(), free_port(), free_port());
+        let node = |port: u16| {
+            ["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"].map(str::to_owned)
+        };
+        servers.start(&redis_server(), master, &node(master));
+        let mut replica_args = node(replica).to_vec();
+        replica_args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), master.to_string()]);
+        servers.start(&redis_server(), replica, &replica_args);
+        let config = dir.join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "port {sentinel}\nbind 127.0.0.1\ndir {}\nsentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master} 1\n\
+                 sentinel down-after-milliseconds {SENTINEL_MASTER} 500\nsentinel failover-timeout {SENTINEL_MASTER} 2000\n",
+                dir.display()
+            ),
+        )
+        .expect("sentinel.conf");
+        servers.start("redis-sentinel", sentinel, &[config.display().to_string()]);
+        let sentinels = Self { master, replica, sentinel, servers };
+        wait_for("the Sentinel sees the replica", Duration::from_secs(30), || {
+            redis_cli(sentinel, &["sentinel", "replicas", SENTINEL_MASTER]).contains(&replica.to_string())
+        });
+        sentinels
+    }
+
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("redis+sentinel://127.0.0.1:{}/{SENTINEL_MASTER}", self.sentinel)
+    }
+
+    /// Waits until the replica has every write the master has (replication is
+    /// asynchronous: a crash loses what it had not sent).
+    pub fn wait_replicated(&self) {
+        let offset = |port: u16, field: &str| -> Option<u64> {
+            let info = redis_cli(port, &["info", "replication"]);
+            info.lines().find_map(|line| line.strip_prefix(field)).and_then(|n| n.trim().parse().ok())
+        };
+        wait_for("the replica to catch up", Duration::from_secs(10), || {
+            let master = offset(self.master, "master_repl_offset:");
+            master.is_some() && offset(self.replica, "slave_repl_offset:") >= master
+        });
+    }
+
+    /// Kills the master and waits until the Sentinel names the replica instead.
+    pub fn kill_master_and_fail_over(&mut self) {
+        self.servers.kill(self.master);
+        let replica = self.replica.to_string();
+        wait_for("the Sentinel's failover", Duration::from_secs(30), || {
+            redis_cli(self.sentinel, &["sentinel", "get-master-addr-by-name", SENTINEL_MASTER]).contains(&replica)
+        });
+    }
+}

@@ -1,0 +1,105 @@
+//! Fleets beyond one Redis, against real servers the tests start: a Redis Cluster of
+//! three masters and three replicas, and a master with a replica behind a Sentinel.
+//! Each shares exact limits between agents and follows a failover of the master
+//! without restarting them.
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use limiter_lab::support::{
+    proxy::{PATIENCE, PROXY_HEAD, RunningProxy, TestClient, Upstream},
+    redis::{TestCluster, TestSentinel, unique_prefix},
+};
+
+/// A 100-a-minute plan for one bearer key.
+const FREE: &str = r#"
+[proxy.plans.free]
+algorithm = "sliding_window_log"
+limit = 100
+window = "1m"
+[[proxy.keys]]
+id = "k-free"
+plan = "free"
+auth = "bearer"
+"#;
+
+fn fleet_config(url: &str, prefix: &str) -> String {
+    format!(
+        "{PROXY_HEAD}store = \"redis\"\nredis_url = \"{url}\"\nredis_prefix = \"{prefix}\"\nredis_timeout = \"500ms\"\n\
+         store_failure = \"deny\"\n{FREE}"
+    )
+}
+
+/// Sends `count` requests with the key, alternating between `proxies`; the statuses.
+async fn spend(proxies: &[&RunningProxy], count: usize) -> Vec<StatusCode> {
+    let client = TestClient::default();
+    let mut statuses = Vec::with_capacity(count);
+    for i in 0..count {
+        statuses.push(client.get(&proxies[i % proxies.len()].url("/api"), &[("x-api-key", "k-free")]).await.status);
+    }
+    statuses
+}
+
+fn count(statuses: &[StatusCode], status: StatusCode) -> usize {
+    statuses.iter().filter(|s| **s == status).count()
+}
+
+/// Sends requests until one is decided in Redis again (not 503 by `store_failure =
+/// "deny"`), a bounded while; the statuses of the ones that were.
+async fn until_redis_decides(proxy: &RunningProxy) -> Vec<StatusCode> {
+    let deadline = Instant::now() + PATIENCE * 6;
+    loop {
+        let status = spend(&[proxy], 1).await[0];
+        if status != StatusCode::SERVICE_UNAVAILABLE {
+            return vec![status];
+        }
+        assert!(Instant::now() < deadline, "the proxy never reached the new master");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_agents_share_exact_limits_across_a_cluster_and_follow_a_master_failover() {
+    let mut cluster = TestCluster::start();
+    let prefix = unique_prefix("cluster");
+    let upstream = Upstream::start().await;
+    let config = fleet_config(&cluster.url(), &prefix);
+    let (a, b) = (RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await);
+
+    let statuses = spend(&[&a, &b], 150).await;
+    assert_eq!(
+        (count(&statuses, StatusCode::OK), count(&statuses, StatusCode::TOO_MANY_REQUESTS)),
+        (100, 50),
+        "exactly the plan, across both agents"
+    );
+    assert_eq!(upstream.count(), 100);
+
+    // Every key of the fleet is in the slot of its hash tag: kill that slot's master.
+    cluster.kill_master_of(&format!("{{{prefix}}}"));
+    let after = until_redis_decides(&a).await;
+    // The replica had the buckets: the key is still spent.
+    assert_eq!(after, [StatusCode::TOO_MANY_REQUESTS]);
+    let statuses = spend(&[&a, &b], 10).await;
+    assert_eq!(count(&statuses, StatusCode::TOO_MANY_REQUESTS), 10, "{statuses:?}");
+    assert_eq!(upstream.count(), 100, "nothing past the plan after the failover");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn behind_a_sentinel_limits_resume_on_the_promoted_replica() {
+    let mut sentinel = TestSentinel::start();
+    let upstream = Upstream::start().await;
+    let config = fleet_config(&sentinel.url(), &unique_prefix("sentinel"));
+    let (a, b) = (RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await);
+    let before = spend(&[&a, &b], 60).await;
+    assert_eq!(count(&before, StatusCode::OK), 60);
+    sentinel.wait_replicated();
+
+    sentinel.kill_master_and_fail_over();
+    let first = until_redis_decides(&a).await;
+    let statuses = [first, until_redis_decides(&b).await, spend(&[&a, &b], 58).await].concat();
+    let admitted = count(&statuses, StatusCode::OK);
+    // 40 left of the plan, on the replica that had the 60.
+    assert_eq!(admitted, 40, "{statuses:?}");
+    assert_eq!(count(&statuses, StatusCode::TOO_MANY_REQUESTS), 20, "{statuses:?}");
+    assert_eq!(upstream.count(), 100);
+}
