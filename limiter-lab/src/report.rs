@@ -20,10 +20,17 @@ pub struct Report {
     pub algorithms: Outcome<Algorithms>,
     pub hmac: Outcome<Hmac>,
     pub memory: Outcome<Memory>,
+    /// Absent from reports written before the group existed.
+    #[serde(default = "not_run")]
+    pub store: Outcome<Store>,
     pub targets: Vec<Target>,
     /// Every command the run started, in order, to reproduce it by hand.
     pub commands: Vec<String>,
     pub errors: Vec<String>,
+}
+
+fn not_run<T>() -> Outcome<T> {
+    Outcome::Failed { error: "not run".to_owned() }
 }
 
 /// A group's figures, or why it has none: one failed group does not stop the others.
@@ -237,4 +244,23 @@ pub struct KernelMemory {
     pub value_bytes: u64,
     pub bytes_memlock: f64,
     pub bytes_per_source: f64,
+}
+
+/// `bench_store`: decisions per second of the limits' stores, each through its own
+/// client: memory in-process, one Redis, a Redis Cluster.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Store {
+    pub rows: Vec<StoreRow>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StoreRow {
+    /// `memory`, `redis` or `redis cluster`.
+    pub store: String,
+    pub decisions: u64,
+    /// Decisions in flight at once.
+    pub concurrency: usize,
+    pub decisions_per_second: f64,
+    /// 99th percentile of one decision's time, in microseconds.
+    pub p99_us: f64,
 }

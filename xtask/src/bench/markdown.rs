@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use limiter_lab::report::{Outcome, Report};
 
-use super::{algorithms, flood, hmac, http, memory, xdp};
+use super::{algorithms, flood, hmac, http, memory, store, xdp};
 
 fn met_label(met: Option<bool>) -> &'static str {
     match met {
@@ -63,6 +63,7 @@ pub fn markdown(report: &Report) -> String {
     section(&mut m, algorithms::TITLE, &report.algorithms, algorithms::markdown);
     section(&mut m, hmac::TITLE, &report.hmac, hmac::markdown);
     section(&mut m, memory::TITLE, &report.memory, memory::markdown);
+    section(&mut m, store::TITLE, &report.store, store::markdown);
 
     let _ = writeln!(m, "\n## Commands\n\n```");
     for c in &report.commands {

@@ -2,7 +2,8 @@
 //! instead, measured in one run on one machine (issue 7).
 //!
 //! The measurements are example programs of limiter-agent that print one JSON object
-//! each (`xdp_cost`, `bench_flood`, `bench_algorithms`, `bench_hmac`, `bench_memory`),
+//! each (`xdp_cost`, `bench_flood`, `bench_algorithms`, `bench_hmac`, `bench_memory`,
+//! `bench_store`),
 //! typed by `limiter_lab::report`;
 //! the HTTP group is driven from here with nginx, wrk and oha. Everything lands in
 //! `target/bench/`: `report.json`, `report.md`, and one SVG bar chart per group. Every
@@ -19,6 +20,7 @@ mod http;
 mod markdown;
 mod memory;
 mod process;
+mod store;
 mod svg;
 mod targets;
 mod xdp;
@@ -56,6 +58,7 @@ pub struct Sizes {
     pub hmac_bytes: u64,
     pub memory_keys: u64,
     pub memory_sources: u32,
+    pub store_decisions: u64,
     pub http_seconds: u32,
     pub http_connections: u32,
     /// Signed requests pre-made for the signed route (each is used once).
@@ -74,6 +77,7 @@ impl Sizes {
         hmac_bytes: 256 << 20,
         memory_keys: 100_000,
         memory_sources: 1_000_000,
+        store_decisions: 200_000,
         http_seconds: 10,
         http_connections: 32,
         signed_requests: 400_000,
@@ -89,6 +93,7 @@ impl Sizes {
         hmac_bytes: 32 << 20,
         memory_keys: 20_000,
         memory_sources: 100_000,
+        store_decisions: 40_000,
         http_seconds: 3,
         http_connections: 32,
         signed_requests: 150_000,
@@ -106,6 +111,7 @@ impl Sizes {
         hmac_bytes: 1 << 20,
         memory_keys: 100,
         memory_sources: 1_024,
+        store_decisions: 320,
         http_seconds: 1,
         http_connections: 4,
         signed_requests: 2_000,
@@ -159,6 +165,7 @@ impl Bench {
         let algorithms = algorithms::run(&mut self);
         let hmac = hmac::run(&mut self);
         let memory = memory::run(&mut self);
+        let store = store::run(&mut self);
         let mut report = Report {
             run: self.sizes.name.to_owned(),
             environment: environment::environment(),
@@ -170,6 +177,7 @@ impl Bench {
             algorithms,
             hmac,
             memory,
+            store,
             targets: Vec::new(),
             commands: self.commands,
             errors: self.errors,
@@ -239,7 +247,7 @@ mod tests {
     fn bench_harness_smoke() {
         let _lab = crate::util::LAB.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let bin_dir = target_dir().join("debug");
-        let needed = ["xdp_cost", "bench_flood", "bench_algorithms", "bench_hmac", "bench_memory"];
+        let needed = ["xdp_cost", "bench_flood", "bench_algorithms", "bench_hmac", "bench_memory", "bench_store"];
         if let Some(missing) = needed.iter().find(|n| !bin_dir.join("examples").join(n).is_file()) {
             panic!(
                 "{missing} is not built: run through `cargo xtask test` (cargo test --workspace builds the examples)"
@@ -259,6 +267,9 @@ mod tests {
         assert_eq!(report.flood.measured().map(|f| f.rows.len()), Some(4));
         assert_eq!(report.random_flood.measured().map(|f| f.spoofed_sources), Some(0));
         assert_eq!(report.http.measured().map(|h| h.rows.len()), Some(5));
+        let stores: Vec<&str> =
+            report.store.measured().map(|s| s.rows.iter().map(|r| r.store.as_str()).collect()).unwrap_or_default();
+        assert_eq!(stores, ["memory", "redis", "redis cluster"]);
         assert_eq!(report.targets.len(), 9);
         // The report reads back as what was written.
         let written = fs::read_to_string(out.join("report.json")).expect("report.json");
