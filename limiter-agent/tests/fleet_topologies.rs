@@ -84,6 +84,34 @@ async fn two_agents_share_exact_limits_across_a_cluster_and_follow_a_master_fail
     assert_eq!(upstream.count(), 100, "nothing past the plan after the failover");
 }
 
+/// The fleet's slot moves to another master while both agents decide: the client
+/// follows MOVED and ASK, and each decision stays one script on one node, so the plan
+/// holds exactly across the move.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resharding_under_load_keeps_every_decision_atomic() {
+    let cluster = TestCluster::start();
+    let prefix = unique_prefix("reshard");
+    let tag = format!("{{{prefix}}}");
+    let upstream = Upstream::start().await;
+    let config = fleet_config(&cluster.url(), &prefix);
+    let (a, b) = (RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await);
+    let mut statuses = spend(&[&a, &b], 40).await;
+    let source = cluster.master_of(&tag);
+    let moving = tokio::task::spawn_blocking(move || {
+        let target = cluster.migrate_slot_of(&tag);
+        (cluster, tag, target)
+    });
+    statuses.extend(spend(&[&a, &b], 110).await);
+    let (cluster, tag, target) = moving.await.expect("the migration");
+    assert_ne!(source, target);
+    assert_eq!(cluster.master_of(&tag), target, "the slot moved");
+    statuses.extend(spend(&[&a, &b], 10).await);
+    let unavailable = count(&statuses, StatusCode::SERVICE_UNAVAILABLE);
+    eprintln!("resharding: {unavailable} of {} requests found the store unavailable", statuses.len());
+    assert_eq!(count(&statuses, StatusCode::OK), 100, "{statuses:?}");
+    assert_eq!(upstream.count(), 100);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn behind_a_sentinel_limits_resume_on_the_promoted_replica() {
     let mut sentinel = TestSentinel::start();

@@ -281,6 +281,41 @@ impl TestCluster {
             .and_then(|port| port.parse().ok())
     }
 
+    /// Moves `key`'s slot to another master as `redis-cli --cluster reshard` does, one
+    /// step at a time: IMPORTING and MIGRATING, MIGRATE of its keys in batches (clients
+    /// get ASK for the keys gone), then the slot's new owner told to every master.
+    /// The new master's port.
+    pub fn migrate_slot_of(&self, key: &str) -> u16 {
+        let any = self.live_ports()[0];
+        let slot = redis_cli(any, &["cluster", "keyslot", key]).trim().to_owned();
+        let source = self.master_of(key);
+        let masters: Vec<u16> = redis_cli(any, &["cluster", "nodes"])
+            .lines()
+            .filter(|line| line.contains("master") && !line.contains("fail"))
+            .filter_map(|line| line.split_whitespace().nth(1)?.split(['@', ':']).nth(1)?.parse().ok())
+            .collect();
+        let target = *masters.iter().find(|port| **port != source).expect("another master");
+        let id = |port: u16| redis_cli(port, &["cluster", "myid"]).trim().to_owned();
+        let (source_id, target_id) = (id(source), id(target));
+        redis_cli(target, &["cluster", "setslot", &slot, "importing", &source_id]);
+        redis_cli(source, &["cluster", "setslot", &slot, "migrating", &target_id]);
+        loop {
+            let keys = redis_cli(source, &["cluster", "getkeysinslot", &slot, "10"]);
+            let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+            if keys.is_empty() {
+                break;
+            }
+            let port = target.to_string();
+            let mut args = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
+            args.extend(keys);
+            redis_cli(source, &args);
+        }
+        for master in masters {
+            redis_cli(master, &["cluster", "setslot", &slot, "node", &target_id]);
+        }
+        target
+    }
+
     /// Kills the master serving `key` and waits until its replica serves the slot
     /// and the cluster is whole again.
     pub fn kill_master_of(&mut self, key: &str) {
