@@ -45,6 +45,12 @@ pub enum FleetError {
     },
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    #[error("redis_tls_ca {}: {source}", path.display())]
+    Ca {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
     /// The server is known to be down and this call was not the probe.
@@ -151,7 +157,20 @@ impl Fleet {
     /// follows `store_failure`, while Redis is down). Every key it names starts with
     /// `prefix`. Must be called within a tokio runtime.
     pub fn connect(url: &str, prefix: &str, timeout: Duration) -> Result<Self, FleetError> {
+        Self::connect_tls(url, prefix, timeout, None)
+    }
+
+    /// [`Self::connect`], trusting the CA `tls_ca` (PEM) for `rediss://` servers
+    /// instead of the system's roots.
+    pub fn connect_tls(url: &str, prefix: &str, timeout: Duration, tls_ca: Option<&[u8]>) -> Result<Self, FleetError> {
+        // redis' rustls comes without a crypto provider; the first call picks ring.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let url_error = |source| FleetError::Url { url: url.to_owned(), source };
+        let certs = || redis::TlsCertificates { client_tls: None, root_cert: tls_ca.map(<[u8]>::to_vec) };
+        let open = |node: &str| match tls_ca {
+            Some(_) => redis::Client::build_with_tls(node, certs()),
+            None => redis::Client::open(node),
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
@@ -159,7 +178,7 @@ impl Fleet {
             .set_number_of_retries(0);
         let (topology, prefix) = match RedisUrl::parse(url) {
             RedisUrl::Single => {
-                let client = redis::Client::open(url).map_err(url_error)?;
+                let client = open(url).map_err(url_error)?;
                 let connection = ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(url_error)?;
                 (Topology::Single { client, connection }, prefix.to_owned())
             }
@@ -169,12 +188,14 @@ impl Fleet {
                 (Topology::Sentinel { sentinel: sentinel.into(), master, current, config }, prefix.to_owned())
             }
             RedisUrl::Cluster { nodes } => {
-                let client = redis::cluster::ClusterClient::builder(nodes.clone())
+                let mut builder = redis::cluster::ClusterClient::builder(nodes.clone())
                     .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .build()
-                    .map_err(url_error)?;
-                let seeds = nodes.iter().map(|node| redis::Client::open(node.as_str())).collect::<Result<_, _>>();
+                    .response_timeout(timeout);
+                if tls_ca.is_some() {
+                    builder = builder.certs(certs());
+                }
+                let client = builder.build().map_err(url_error)?;
+                let seeds = nodes.iter().map(|node| open(node)).collect::<Result<_, _>>();
                 let topology =
                     Topology::Cluster { client, connection: Default::default(), seeds: seeds.map_err(url_error)? };
                 (topology, format!("{{{prefix}}}"))
@@ -354,7 +375,7 @@ fn is_outage(error: &FleetError) -> bool {
             error.is_io_error() || error.is_connection_dropped() || error.is_timeout() || error.is_unrecoverable_error()
         }
         FleetError::Timeout(_) | FleetError::Down => true,
-        FleetError::Url { .. } | FleetError::Reply(_) => false,
+        FleetError::Url { .. } | FleetError::Reply(_) | FleetError::Ca { .. } => false,
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use limiter_lab::support::{
     proxy::{PATIENCE, PROXY_HEAD, RunningProxy, TestClient, Upstream},
-    redis::{TestCluster, TestSentinel, unique_prefix},
+    redis::{TestCluster, TestSentinel, TestTlsRedis, unique_prefix},
 };
 
 /// A 100-a-minute plan for one bearer key.
@@ -130,4 +130,35 @@ async fn behind_a_sentinel_limits_resume_on_the_promoted_replica() {
     assert_eq!(admitted, 40, "{statuses:?}");
     assert_eq!(count(&statuses, StatusCode::TOO_MANY_REQUESTS), 20, "{statuses:?}");
     assert_eq!(upstream.count(), 100);
+}
+
+/// TLS to the fleet's Redis, one server and a cluster speaking only TLS, trusting
+/// the CA `redis_tls_ca` names; without it the system's roots do not know the
+/// certificate and the store is unreachable (503 under `store_failure = "deny"`).
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_to_one_server_and_to_a_cluster_verifies_the_servers_certificates() {
+    let single = TestTlsRedis::start();
+    let cluster = TestCluster::start_tls();
+    let upstream = Upstream::start().await;
+    for (url, ca) in
+        [(single.url(), single.tls.ca.clone()), (cluster.url(), cluster.ca().expect("a TLS cluster").to_owned())]
+    {
+        let config = fleet_config(&url, &unique_prefix("tls"));
+        let trusting = config.replace("store_failure", &format!("redis_tls_ca = \"{}\"\nstore_failure", ca.display()));
+        let (a, b) =
+            (RunningProxy::start(&trusting, upstream.addr).await, RunningProxy::start(&trusting, upstream.addr).await);
+        let statuses = spend(&[&a, &b], 150).await;
+        assert_eq!(
+            (count(&statuses, StatusCode::OK), count(&statuses, StatusCode::TOO_MANY_REQUESTS)),
+            (100, 50),
+            "{url}: exactly the plan over TLS"
+        );
+        let unverified = RunningProxy::start(&config, upstream.addr).await;
+        assert_eq!(
+            spend(&[&unverified], 1).await,
+            [StatusCode::SERVICE_UNAVAILABLE],
+            "{url}: an unknown CA is refused"
+        );
+    }
+    assert_eq!(upstream.count(), 200);
 }

@@ -66,6 +66,7 @@ fn restart_only(old: &Config, new: &Config) -> Vec<(&'static str, bool)> {
             ("proxy.redis_url", a.redis_url != b.redis_url),
             ("proxy.redis_prefix", a.redis_prefix != b.redis_prefix),
             ("proxy.redis_timeout", a.redis_timeout != b.redis_timeout),
+            ("proxy.redis_tls_ca", a.redis_tls_ca != b.redis_tls_ca),
             ("proxy.signature.replay_cache_size", sa.replay_cache_size != sb.replay_cache_size),
             ("proxy.signature.idempotency_ttl", sa.idempotency_ttl != sb.idempotency_ttl),
             ("proxy.signature.idempotency_max_entries", sa.idempotency_max_entries != sb.idempotency_max_entries),

@@ -100,7 +100,14 @@ impl Stores {
                 redis_size: Arc::default(),
             },
             StoreKind::Redis => {
-                let fleet = Fleet::connect(&config.redis_url, &config.redis_prefix, config.redis_timeout.0)?;
+                let ca = match &config.redis_tls_ca {
+                    Some(path) => {
+                        Some(std::fs::read(path).map_err(|source| FleetError::Ca { path: path.clone(), source })?)
+                    }
+                    None => None,
+                };
+                let fleet =
+                    Fleet::connect_tls(&config.redis_url, &config.redis_prefix, config.redis_timeout.0, ca.as_deref())?;
                 Self {
                     limits: Backend::Redis(RedisStore::new(fleet.clone(), TimeSource::Server)),
                     replay: Backend::Redis(SharedReplay::new(fleet.clone(), signature.replay_cache_size.get())),

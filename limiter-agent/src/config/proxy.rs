@@ -69,6 +69,9 @@ pub struct ProxyConfig {
     /// Longest wait for Redis per decision; past it, `store_failure` decides.
     #[serde(default = "default_redis_timeout")]
     pub redis_timeout: HumanDuration,
+    /// With `rediss://` or `rediss+cluster://`: the CA (PEM) the servers' certificates
+    /// must chain to, instead of the system's roots.
+    pub redis_tls_ca: Option<std::path::PathBuf>,
     /// Verdict while the store is unreachable.
     #[serde(default)]
     pub store_failure: StoreFailure,
@@ -254,7 +257,8 @@ pub enum RedisUrl {
         nodes: Vec<String>,
         master: String,
     },
-    /// `redis+cluster://host:port,…/`: the seed nodes' `redis://` URLs.
+    /// `redis+cluster://host:port,…/` (`rediss+cluster://` with TLS): the seed nodes'
+    /// `redis://` (`rediss://`) URLs.
     Cluster {
         nodes: Vec<String>,
     },
@@ -264,12 +268,16 @@ impl RedisUrl {
     /// Which topology `url` names (its hosts are checked when connecting).
     #[must_use]
     pub fn parse(url: &str) -> Self {
-        let hosts = |list: &str| list.split(',').filter(|h| !h.is_empty()).map(|h| format!("redis://{h}/")).collect();
+        let hosts = |scheme: &str, list: &str| {
+            list.split(',').filter(|h| !h.is_empty()).map(|h| format!("{scheme}://{h}/")).collect()
+        };
         if let Some(rest) = url.strip_prefix("redis+sentinel://") {
             let (list, master) = rest.split_once('/').unwrap_or((rest, ""));
-            Self::Sentinel { nodes: hosts(list), master: master.trim_end_matches('/').to_owned() }
+            Self::Sentinel { nodes: hosts("redis", list), master: master.trim_end_matches('/').to_owned() }
         } else if let Some(rest) = url.strip_prefix("redis+cluster://") {
-            Self::Cluster { nodes: hosts(rest.trim_end_matches('/')) }
+            Self::Cluster { nodes: hosts("redis", rest.trim_end_matches('/')) }
+        } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
+            Self::Cluster { nodes: hosts("rediss", rest.trim_end_matches('/')) }
         } else {
             Self::Single
         }
@@ -578,10 +586,14 @@ impl ProxyConfig {
     /// A URL of one of the topologies `fleet` connects to.
     fn check_redis_url(&self) -> Result<(), String> {
         let url = &self.redis_url;
+        if self.redis_tls_ca.is_some() && !url.starts_with("rediss") {
+            return Err(format!("`{url}`: redis_tls_ca goes with a TLS URL, rediss:// or rediss+cluster://"));
+        }
         match RedisUrl::parse(url) {
             RedisUrl::Single if url.starts_with("redis://") || url.starts_with("rediss://") => Ok(()),
             RedisUrl::Single => Err(format!(
-                "`{url}` is not a redis://, rediss://, redis+sentinel://HOSTS/MASTER or redis+cluster://HOSTS/ URL"
+                "`{url}` is not a redis://, rediss://, redis+sentinel://HOSTS/MASTER, redis+cluster://HOSTS/ or \
+                 rediss+cluster://HOSTS/ URL"
             )),
             RedisUrl::Sentinel { nodes, master } if nodes.is_empty() || master.is_empty() => Err(format!(
                 "`{url}`: a Sentinel URL names its Sentinels and the master: redis+sentinel://HOST:PORT,…/MASTER"

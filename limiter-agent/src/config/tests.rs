@@ -392,6 +392,9 @@ fn redis_urls_name_one_server_sentinels_or_a_cluster() {
         assert_eq!((line, key.as_str()), (5, "proxy.redis_url"), "{url}: {message}");
         assert!(message.contains(says), "{url}: {message}");
     }
+    parse(&with("rediss+cluster://n1:7000/", "limiter:")).expect("a TLS cluster");
+    let ca = format!("{}redis_tls_ca = \"/etc/limiter/redis-ca.pem\"\n", with("redis://r:6379/", "limiter:"));
+    assert!(refusal(&ca).2.contains("redis_tls_ca goes with a TLS URL"));
     let braces = refusal(&with("redis+cluster://n1:7000/", "{team}:"));
     assert!(braces.2.contains("cannot hold { or }"), "{}", braces.2);
 }

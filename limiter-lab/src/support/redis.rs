@@ -184,17 +184,46 @@ fn cluster_port() -> u16 {
 pub struct TestCluster {
     pub ports: Vec<u16>,
     servers: Servers,
+    /// The certificates of a cluster that speaks TLS only (clients and bus).
+    tls: Option<TestTls>,
 }
 
 impl TestCluster {
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// A cluster that speaks only TLS, on clients' links and on its bus, with
+    /// certificates made for the test.
+    pub fn start_tls() -> Self {
+        Self::start_with(Some(TestTls::new()))
+    }
+
+    fn start_with(tls: Option<TestTls>) -> Self {
         let mut servers = Servers::default();
         let dir = servers.dir();
         let ports: Vec<u16> = (0..6).map(|_| cluster_port()).collect();
         for port in &ports {
+            let listen = match &tls {
+                Some(tls) => {
+                    let mut args = [
+                        "--port",
+                        "0",
+                        "--tls-port",
+                        &port.to_string(),
+                        "--tls-cluster",
+                        "yes",
+                        "--tls-replication",
+                        "yes",
+                    ]
+                    .map(str::to_owned)
+                    .to_vec();
+                    args.extend(tls.server_args());
+                    args
+                }
+                None => vec!["--port".to_owned(), port.to_string()],
+            };
             let args = [
-                "--port",
-                &port.to_string(),
                 "--bind",
                 "127.0.0.1",
                 "--cluster-enabled",
@@ -215,10 +244,11 @@ impl TestCluster {
                 "no",
             ]
             .map(str::to_owned);
-            servers.start(&redis_server(), *port, &args);
+            servers.start(&redis_server(), *port, &[listen, args.to_vec()].concat());
         }
         let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let created = Command::new("redis-cli")
+            .args(tls.iter().flat_map(TestTls::client_args))
             .arg("--cluster")
             .arg("create")
             .args(&nodes)
@@ -228,16 +258,29 @@ impl TestCluster {
             .status()
             .expect("redis-cli --cluster create");
         assert!(created.success(), "redis-cli --cluster create failed");
-        let cluster = Self { ports, servers };
+        let cluster = Self { ports, servers, tls };
         cluster.wait_until_ok();
         cluster
     }
 
-    /// `redis+cluster://` with every node as a seed.
+    /// `redis+cluster://` (`rediss+cluster://` with TLS) with every node as a seed.
     #[must_use]
     pub fn url(&self) -> String {
         let nodes: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        format!("redis+cluster://{}/", nodes.join(","))
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}+cluster://{}/", nodes.join(","))
+    }
+
+    /// The CA the nodes' certificates chain to, for a TLS cluster.
+    #[must_use]
+    pub fn ca(&self) -> Option<&std::path::Path> {
+        self.tls.as_ref().map(|tls| tls.ca.as_path())
+    }
+
+    fn cli(&self, port: u16, args: &[&str]) -> String {
+        let tls: Vec<String> = self.tls.iter().flat_map(TestTls::client_args).collect();
+        let tls: Vec<&str> = tls.iter().map(String::as_str).collect();
+        redis_cli(port, &[tls.as_slice(), args].concat())
     }
 
     /// Waits until every live node says the cluster is ok, and every replica has
@@ -245,8 +288,8 @@ impl TestCluster {
     pub fn wait_until_ok(&self) {
         wait_for("cluster_state:ok and synced replicas", Duration::from_secs(30), || {
             self.live_ports().iter().all(|port| {
-                let replication = redis_cli(*port, &["info", "replication"]);
-                redis_cli(*port, &["cluster", "info"]).contains("cluster_state:ok")
+                let replication = self.cli(*port, &["info", "replication"]);
+                self.cli(*port, &["cluster", "info"]).contains("cluster_state:ok")
                     && (replication.contains("role:master") || replication.contains("master_link_status:up"))
             })
         });
@@ -265,8 +308,8 @@ impl TestCluster {
     /// The port of the live master that serves `key`'s slot, if one does.
     fn serving(&self, key: &str) -> Option<u16> {
         let any = self.live_ports()[0];
-        let slot: u16 = redis_cli(any, &["cluster", "keyslot", key]).trim().parse().expect("a slot");
-        let nodes = redis_cli(any, &["cluster", "nodes"]);
+        let slot: u16 = self.cli(any, &["cluster", "keyslot", key]).trim().parse().expect("a slot");
+        let nodes = self.cli(any, &["cluster", "nodes"]);
         nodes
             .lines()
             .filter(|line| line.contains("master") && !line.contains("fail"))
@@ -287,20 +330,21 @@ impl TestCluster {
     /// The new master's port.
     pub fn migrate_slot_of(&self, key: &str) -> u16 {
         let any = self.live_ports()[0];
-        let slot = redis_cli(any, &["cluster", "keyslot", key]).trim().to_owned();
+        let slot = self.cli(any, &["cluster", "keyslot", key]).trim().to_owned();
         let source = self.master_of(key);
-        let masters: Vec<u16> = redis_cli(any, &["cluster", "nodes"])
+        let masters: Vec<u16> = self
+            .cli(any, &["cluster", "nodes"])
             .lines()
             .filter(|line| line.contains("master") && !line.contains("fail"))
             .filter_map(|line| line.split_whitespace().nth(1)?.split(['@', ':']).nth(1)?.parse().ok())
             .collect();
         let target = *masters.iter().find(|port| **port != source).expect("another master");
-        let id = |port: u16| redis_cli(port, &["cluster", "myid"]).trim().to_owned();
+        let id = |port: u16| self.cli(port, &["cluster", "myid"]).trim().to_owned();
         let (source_id, target_id) = (id(source), id(target));
-        redis_cli(target, &["cluster", "setslot", &slot, "importing", &source_id]);
-        redis_cli(source, &["cluster", "setslot", &slot, "migrating", &target_id]);
+        self.cli(target, &["cluster", "setslot", &slot, "importing", &source_id]);
+        self.cli(source, &["cluster", "setslot", &slot, "migrating", &target_id]);
         loop {
-            let keys = redis_cli(source, &["cluster", "getkeysinslot", &slot, "10"]);
+            let keys = self.cli(source, &["cluster", "getkeysinslot", &slot, "10"]);
             let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
             if keys.is_empty() {
                 break;
@@ -308,10 +352,10 @@ impl TestCluster {
             let port = target.to_string();
             let mut args = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
             args.extend(keys);
-            redis_cli(source, &args);
+            self.cli(source, &args);
         }
         for master in masters {
-            redis_cli(master, &["cluster", "setslot", &slot, "node", &target_id]);
+            self.cli(master, &["cluster", "setslot", &slot, "node", &target_id]);
         }
         target
     }
@@ -394,5 +438,136 @@ impl TestSentinel {
         wait_for("the Sentinel's failover", Duration::from_secs(30), || {
             redis_cli(self.sentinel, &["sentinel", "get-master-addr-by-name", SENTINEL_MASTER]).contains(&replica)
         });
+    }
+}
+
+/// A CA and a certificate for 127.0.0.1 signed by it, made with openssl for one test.
+#[derive(Debug)]
+pub struct TestTls {
+    pub ca: std::path::PathBuf,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+    dir: std::path::PathBuf,
+}
+
+impl TestTls {
+    #[must_use]
+    pub fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("limiter-tls-{}", unique_prefix("").replace(':', "-")));
+        std::fs::create_dir_all(&dir).expect("a directory for the certificates");
+        let run = |args: &[&str]| {
+            let status = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("openssl (cargo xtask setup installs it)");
+            assert!(status.success(), "openssl {args:?}");
+        };
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=limiter test CA",
+        ]);
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ]);
+        std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").expect("san.ext");
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "san.ext",
+        ]);
+        Self { ca: dir.join("ca.pem"), cert: dir.join("server.pem"), key: dir.join("server.key"), dir }
+    }
+
+    /// What a server needs to speak TLS with this certificate (clients need none).
+    fn server_args(&self) -> Vec<String> {
+        let path = |p: &std::path::Path| p.display().to_string();
+        vec![
+            "--tls-cert-file".to_owned(),
+            path(&self.cert),
+            "--tls-key-file".to_owned(),
+            path(&self.key),
+            "--tls-ca-cert-file".to_owned(),
+            path(&self.ca),
+            "--tls-auth-clients".to_owned(),
+            "no".to_owned(),
+        ]
+    }
+
+    fn client_args(&self) -> Vec<String> {
+        vec!["--tls".to_owned(), "--cacert".to_owned(), self.ca.display().to_string()]
+    }
+}
+
+impl Default for TestTls {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for TestTls {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One `redis-server` that speaks only TLS, with its certificates.
+#[derive(Debug)]
+pub struct TestTlsRedis {
+    pub port: u16,
+    pub tls: TestTls,
+    _server: Servers,
+}
+
+impl TestTlsRedis {
+    #[must_use]
+    pub fn start() -> Self {
+        let (tls, port, mut server) = (TestTls::new(), free_port(), Servers::default());
+        let mut args =
+            ["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+                .map(str::to_owned)
+                .to_vec();
+        args.extend(tls.server_args());
+        server.start(&redis_server(), port, &args);
+        Self { port, tls, _server: server }
+    }
+
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/", self.port)
     }
 }
