@@ -269,20 +269,26 @@ impl Fleet {
         self.health.lock().is_none()
     }
 
-    /// Keys in the server's database and keys it has evicted for memory since it
-    /// started: the whole fleet's figures.
-    pub async fn size(&self) -> Result<(u64, u64), FleetError> {
-        let (keys, info): (u64, String) = self
-            .call(|mut connection| async move {
-                redis::pipe().cmd("DBSIZE").cmd("INFO").arg("stats").query_async(&mut connection).await
-            })
+    /// Keys the server has evicted for memory since it started (in a cluster, all
+    /// its masters together: the client asks each and answers with a map).
+    pub async fn evictions(&self) -> Result<u64, FleetError> {
+        let info: redis::Value = self
+            .call(|mut connection| async move { redis::cmd("INFO").arg("stats").query_async(&mut connection).await })
             .await?;
-        let evicted = info
-            .lines()
-            .find_map(|line| line.strip_prefix("evicted_keys:"))
-            .and_then(|n| n.trim().parse().ok())
-            .ok_or_else(|| FleetError::Reply("INFO stats without evicted_keys".to_owned()))?;
-        Ok((keys, evicted))
+        let texts: Vec<String> = match info {
+            redis::Value::Map(nodes) => {
+                nodes.into_iter().filter_map(|(_, text)| redis::from_redis_value(text).ok()).collect()
+            }
+            single => vec![redis::from_redis_value(single).map_err(|e| FleetError::Reply(e.to_string()))?],
+        };
+        let evicted = |text: &String| -> Option<u64> {
+            text.lines().find_map(|line| line.strip_prefix("evicted_keys:")).and_then(|n| n.trim().parse().ok())
+        };
+        texts
+            .iter()
+            .map(evicted)
+            .sum::<Option<u64>>()
+            .ok_or_else(|| FleetError::Reply("INFO stats without evicted_keys".to_owned()))
     }
 
     /// Counts one decision taken without the store (by `store_failure`).
@@ -297,9 +303,10 @@ impl Fleet {
     }
 
     /// Says this agent (`id`) is alive, and returns how many agents of the fleet did
-    /// within `live_for`: one sorted set scored by the server's clock, so that the
-    /// agents' own clocks need not agree.
-    pub async fn heartbeat(&self, id: &str, live_for: Duration) -> Result<u32, FleetError> {
+    /// within `live_for` (one sorted set scored by the server's clock, so that the
+    /// agents' own clocks need not agree), and the keys of the server holding the
+    /// fleet's keys (in a cluster, the master of its slot).
+    pub async fn heartbeat(&self, id: &str, live_for: Duration) -> Result<(u32, u64), FleetError> {
         let script = redis::Script::new(HEARTBEAT);
         let key = self.key("agents");
         let live_ms = u64::try_from(live_for.as_millis()).unwrap_or(u64::MAX);
@@ -340,14 +347,14 @@ impl Fleet {
 }
 
 /// Records `ARGV[1]` as alive now, forgets members older than `ARGV[2]` ms, and
-/// counts the rest.
+/// counts the rest; and the server's keys.
 const HEARTBEAT: &str = r"
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return redis.call('ZCARD', KEYS[1])
+return { redis.call('ZCARD', KEYS[1]), redis.call('DBSIZE') }
 ";
 
 /// Behind Sentinels: the master's client and connection, asked of the Sentinels when

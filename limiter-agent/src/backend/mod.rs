@@ -155,11 +155,11 @@ impl Stores {
                 beats.tick().await;
                 let (Some(agents), Some(size)) = (agents.upgrade(), size.upgrade()) else { return };
                 // While Redis is away the last count stands: that is what it is for.
-                if let Ok(live) = fleet.heartbeat(&id, HEARTBEAT * 3).await {
+                if let Ok((live, keys)) = fleet.heartbeat(&id, HEARTBEAT * 3).await {
                     agents.store(live.max(1), Ordering::Relaxed);
-                }
-                if let Ok((keys, evicted)) = fleet.size().await {
                     size[0].store(keys, Ordering::Relaxed);
+                }
+                if let Ok(evicted) = fleet.evictions().await {
                     size[1].store(evicted, Ordering::Relaxed);
                 }
             }
