@@ -15,22 +15,9 @@ use limiter_core::{
 };
 use limiter_lab::support::{
     proxy::{PATIENCE, PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, secret_file, signed_route_config},
-    redis::{TestRedis, redis_keys, unique_prefix},
+    redis::{FREE_PLAN as FREE, TestRedis, redis_keys, unique_prefix},
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
-
-/// Redis measures with its own clock, which no test can hold still: a sliding log has
-/// no window edge for a test to straddle, so the counts are exact whenever it runs.
-const FREE: &str = r#"
-[proxy.plans.free]
-algorithm = "sliding_window_log"
-limit = 100
-window = "1m"
-[[proxy.keys]]
-id = "k-free"
-plan = "free"
-auth = "bearer"
-"#;
 
 #[tokio::test]
 async fn two_proxies_sharing_redis_forward_exactly_the_plan_and_count_down_together() {

@@ -8,20 +8,8 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use limiter_lab::support::{
     proxy::{PATIENCE, PROXY_HEAD, RunningProxy, TestClient, Upstream},
-    redis::{TestCluster, TestSentinel, TestTlsRedis, unique_prefix},
+    redis::{FREE_PLAN as FREE, TestCluster, TestSentinel, TestTlsRedis, unique_prefix},
 };
-
-/// A 100-a-minute plan for one bearer key.
-const FREE: &str = r#"
-[proxy.plans.free]
-algorithm = "sliding_window_log"
-limit = 100
-window = "1m"
-[[proxy.keys]]
-id = "k-free"
-plan = "free"
-auth = "bearer"
-"#;
 
 fn fleet_config(url: &str, prefix: &str) -> String {
     format!(

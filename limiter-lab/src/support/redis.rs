@@ -71,6 +71,20 @@ impl TestRedis {
     }
 }
 
+/// A 100-a-minute plan for the bearer key `k-free`, for fleets of proxies. Redis
+/// measures with its own clock, which no test can hold still: a sliding log has no
+/// window edge for a test to straddle, so the counts are exact whenever it runs.
+pub const FREE_PLAN: &str = r#"
+[proxy.plans.free]
+algorithm = "sliding_window_log"
+limit = 100
+window = "1m"
+[[proxy.keys]]
+id = "k-free"
+plan = "free"
+auth = "bearer"
+"#;
+
 /// A key prefix no other test (or earlier run) uses.
 pub fn unique_prefix(test: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
