@@ -199,10 +199,13 @@ impl Stores {
     }
 
     /// The store the limits fall back on under `store_failure = "local"`; `None` in
-    /// memory, where the store never fails. Each call is one local decision.
-    pub fn local_fallback(&self) -> Option<&MemoryStore> {
+    /// memory, where the store never fails. A call that charges is one local
+    /// decision; a check that charges nothing (`limiter explain`) is not.
+    pub fn local_fallback(&self, charge: Charge) -> Option<&MemoryStore> {
         self.fleet.as_ref()?;
-        self.local_decisions.fetch_add(1, Ordering::Relaxed);
+        if charge != Charge::Nothing {
+            self.local_decisions.fetch_add(1, Ordering::Relaxed);
+        }
         Some(self.local.get_or_init(|| MemoryStore::new(self.local_capacity)))
     }
 

@@ -575,7 +575,7 @@ impl<C: Clock> Engine<C> {
                 }
                 // Each agent its share of every quota, so that the fleet together
                 // stays near the limit.
-                let local = self.stores.local_fallback()?;
+                let local = self.stores.local_fallback(charge)?;
                 let agents = self.stores.live_agents();
                 let shares: Vec<LimitSpec> = counted.iter().map(|(policy, _)| policy.spec.share(agents)).collect();
                 let buckets: Vec<Bucket<'_>> = counted
