@@ -56,7 +56,7 @@ use crate::{
     },
     escalation::Escalator,
     fleet::FleetError,
-    limits::{Decision, Engine, RequestInfo, Verdict},
+    limits::{Decision, Engine, RequestInfo, Screened, Verdict},
     signature::{BodyError, KeySecrets, read_body_hashed},
 };
 
@@ -341,21 +341,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         };
         // Before anything costly (reading the body, checking a MAC): a scanner's
         // request is refused on its face.
-        let screened = self.engine.screen(&keyless);
-        if let Some(rule) = &screened.denied_by {
-            self.counters.add(Event::Denied);
-            self.log_decision(config, || Entry {
-                verdict: "deny",
-                violated: std::slice::from_ref(rule),
-                tagged: &screened.tagged,
-                ..Entry::new(self.clock.now(), &parts.method, &keyless, config.enforce)
-            });
-            self.heavy.record(Client::Address(client), Some(rule));
-            if config.enforce {
-                let named = snapshot.disclose(None) == Disclose::Full;
-                return Err(Refusal::Denied { rule: named.then(|| rule.clone()) });
-            }
-        }
+        let screened = self.screen(snapshot, &keyless)?;
         let signed = parts.headers.contains_key(SIGNATURE_HEADER);
         let admission = if signed || requires_signature(config, &keyless) {
             self.admit_signed(snapshot, &parts, &keyless, body).await?
@@ -395,6 +381,28 @@ impl<C: Clock + Clone> Pipeline<C> {
         let mut response = outcome.unwrap_or_else(|refusal| self.refuse(config, refusal, peer));
         headers::add_rate_limit_headers(response.headers_mut(), &policies, self.clock.now(), disclose);
         Ok(response)
+    }
+
+    /// Applies the `deny` and `tag` rules to a request: a denial is counted, logged and
+    /// (unless in shadow mode) the answer.
+    fn screen(&self, snapshot: &Snapshot, request: &RequestInfo<'_>) -> Result<Screened, Refusal> {
+        let config = &snapshot.config;
+        let screened = self.engine.screen(request);
+        if let Some(rule) = &screened.denied_by {
+            self.counters.add(Event::Denied);
+            self.log_decision(config, || Entry {
+                verdict: "deny",
+                violated: std::slice::from_ref(rule),
+                tagged: &screened.tagged,
+                ..Entry::new(self.clock.now(), request.method, request, config.enforce)
+            });
+            self.heavy.record(Client::Address(request.client), Some(rule));
+            if config.enforce {
+                let named = snapshot.disclose(None) == Disclose::Full;
+                return Err(Refusal::Denied { rule: named.then(|| rule.clone()) });
+            }
+        }
+        Ok(screened)
     }
 
     /// Writes the entry `entry` makes to `proxy.decision_log`, if this decision is in
