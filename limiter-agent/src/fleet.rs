@@ -33,6 +33,8 @@ use crate::config::proxy::RedisUrl;
 pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest wait between probes: how late limits resume after the server is back.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Least time given to making a connection (see [`Fleet::call`]).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Why a call to the shared store did not complete.
 #[derive(Debug, thiserror::Error)]
@@ -246,12 +248,21 @@ impl Fleet {
         F: Future<Output = redis::RedisResult<T>>,
     {
         self.health.admit()?;
-        let attempt = async { call(self.link().await?).await };
-        let result = match tokio::time::timeout(self.timeout, attempt).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(FleetError::Redis(error)),
-            Err(_) => Err(FleetError::Timeout(self.timeout)),
+        // Making a cluster's connection or asking the Sentinels takes a few round
+        // trips: it gets a budget of its own, so that it can finish over a link slower
+        // than one decision's timeout (which a call that connects may then add to).
+        let connect = self.timeout.max(CONNECT_TIMEOUT);
+        let attempt = async {
+            let link = match tokio::time::timeout(connect, self.link()).await {
+                Ok(link) => link.map_err(FleetError::Redis)?,
+                Err(_) => return Err(FleetError::Timeout(connect)),
+            };
+            match tokio::time::timeout(self.timeout, call(link)).await {
+                Ok(result) => result.map_err(FleetError::Redis),
+                Err(_) => Err(FleetError::Timeout(self.timeout)),
+            }
         };
+        let result = attempt.await;
         match &result {
             Ok(_) => self.health.up(),
             Err(error) if is_outage(error) => {
