@@ -17,9 +17,8 @@ use std::{
     time::Duration,
 };
 
-use limiter_core::Clock as _;
-
 use limiter_core::{
+    Clock as _,
     limits::{Bucket, Charge, MemoryStore, Outcome},
     signature::{
         Authenticated, Begin, Guard, IdempotencyConfig, IdempotencyStore, ReplayCache, ReplayError, StoredResponse,
@@ -87,18 +86,13 @@ impl Stores {
             max_response_bytes: signature.idempotency_max_body_bytes,
             max_bytes: signature.idempotency_max_bytes.get(),
         };
-        let stores = match config.store {
-            StoreKind::Memory => Self {
-                limits: Backend::Memory(MemoryStore::new(config.max_tracked_keys)),
-                replay: Backend::Memory(ReplayCache::new(signature.replay_cache_size.get())),
-                idempotency: Backend::Memory(IdempotencyStore::new(idempotency)),
-                fleet: None,
-                agents: Arc::new(AtomicU32::new(1)),
-                local: OnceLock::new(),
-                local_capacity: config.max_tracked_keys,
-                local_decisions: AtomicU64::new(0),
-                redis_size: Arc::default(),
-            },
+        let (limits, replay, idempotency, fleet) = match config.store {
+            StoreKind::Memory => (
+                Backend::Memory(MemoryStore::new(config.max_tracked_keys)),
+                Backend::Memory(ReplayCache::new(signature.replay_cache_size.get())),
+                Backend::Memory(IdempotencyStore::new(idempotency)),
+                None,
+            ),
             StoreKind::Redis => {
                 let ca = match &config.redis_tls_ca {
                     Some(path) => {
@@ -108,18 +102,24 @@ impl Stores {
                 };
                 let fleet =
                     Fleet::connect_tls(&config.redis_url, &config.redis_prefix, config.redis_timeout.0, ca.as_deref())?;
-                Self {
-                    limits: Backend::Redis(RedisStore::new(fleet.clone(), TimeSource::Server)),
-                    replay: Backend::Redis(SharedReplay::new(fleet.clone(), signature.replay_cache_size.get())),
-                    idempotency: Backend::Redis(SharedIdempotency::new(fleet.clone(), idempotency)),
-                    fleet: Some(fleet),
-                    agents: Arc::new(AtomicU32::new(1)),
-                    local: OnceLock::new(),
-                    local_capacity: config.max_tracked_keys,
-                    local_decisions: AtomicU64::new(0),
-                    redis_size: Arc::default(),
-                }
+                (
+                    Backend::Redis(RedisStore::new(fleet.clone(), TimeSource::Server)),
+                    Backend::Redis(SharedReplay::new(fleet.clone(), signature.replay_cache_size.get())),
+                    Backend::Redis(SharedIdempotency::new(fleet.clone(), idempotency)),
+                    Some(fleet),
+                )
             }
+        };
+        let stores = Self {
+            limits,
+            replay,
+            idempotency,
+            fleet,
+            agents: Arc::new(AtomicU32::new(1)),
+            local: OnceLock::new(),
+            local_capacity: config.max_tracked_keys,
+            local_decisions: AtomicU64::new(0),
+            redis_size: Arc::default(),
         };
         stores.set_keys(config);
         Ok(stores)

@@ -340,6 +340,13 @@ impl Policies {
         Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature }
     }
 
+    /// The plans, by name.
+    fn plans_by_name(&self) -> Vec<&Policy> {
+        let mut plans: Vec<&Policy> = self.plans.values().collect();
+        plans.sort_by(|a, b| a.name.cmp(&b.name));
+        plans
+    }
+
     fn all(&self) -> impl Iterator<Item = &Policy> {
         self.rules.iter().map(|(_, policy)| policy).chain(self.plans.values())
     }
@@ -475,10 +482,11 @@ impl<C: Clock> Engine<C> {
     /// such bucket takes one unit if it has one left; a full bucket stays full.
     pub async fn penalize(&self, request: &RequestInfo<'_>) {
         let policies = self.snapshot();
+        let seen = request.seen();
         let counted: Vec<(&Policy, String)> = policies
             .rules
             .iter()
-            .filter(|(rule, _)| rule.key.by == KeyKind::Ip && rule.applies(&request.seen()))
+            .filter(|(rule, _)| rule.key.by == KeyKind::Ip && rule.applies(&seen))
             .filter_map(|(rule, policy)| Some((policy, policies.key(rule, request)?)))
             .collect();
         // Without the store a penalty is lost: the signature was refused anyway.
@@ -496,11 +504,9 @@ impl<C: Clock> Engine<C> {
     #[must_use]
     pub fn policy_counts(&self) -> Vec<PolicyCounts> {
         let policies = self.snapshot();
-        let mut plans: Vec<&Policy> = policies.plans.values().collect();
-        plans.sort_by(|a, b| a.name.cmp(&b.name));
         let rules = policies.rules.iter().map(|(_, policy)| policy.counts());
         let screens = policies.screens.iter().map(|(rule, decisions)| decisions.counts("rule", &rule.name));
-        rules.chain(screens).chain(plans.into_iter().map(Policy::counts)).collect()
+        rules.chain(screens).chain(policies.plans_by_name().into_iter().map(Policy::counts)).collect()
     }
 
     /// For each limit rule and plan, what its keys' peaks were and the limit
@@ -509,10 +515,8 @@ impl<C: Clock> Engine<C> {
     pub fn suggest(&self, headroom: f64) -> Vec<Suggestion> {
         let policies = self.snapshot();
         let now = self.clock.now();
-        let mut plans: Vec<&Policy> = policies.plans.values().collect();
-        plans.sort_by(|a, b| a.name.cmp(&b.name));
         let rules = policies.rules.iter().map(|(_, policy)| policy);
-        rules.chain(plans).map(|policy| policy.suggestion(headroom, now)).collect()
+        rules.chain(policies.plans_by_name()).map(|policy| policy.suggestion(headroom, now)).collect()
     }
 
     /// Applies the `deny` and `tag` rules to `request`, counting what they do: every
