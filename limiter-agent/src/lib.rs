@@ -12,4 +12,5 @@ pub mod limits;
 pub mod metrics;
 pub mod proxy;
 pub mod signature;
+pub mod tls;
 pub mod xdp;

@@ -8,6 +8,15 @@ use limiter::signature::KeySecrets;
 use limiter_core::Clock as _;
 use limiter_lab::support::proxy::{PROXY_HEAD, RunningProxy, TestClient, Upstream, proxy_config};
 
+limiter_lab::over_http1_and_http2!(
+    free_key_is_throttled_then_rejected_and_pro_key_is_unaffected,
+    sixth_login_post_from_one_ip_is_rejected_but_get_is_not,
+    per_ip_and_per_key_rules_on_one_route_either_rejects,
+    concurrent_requests_on_one_key_forward_exactly_the_limit,
+    shadow_mode_forwards_everything_with_headers_and_counts,
+    a_missing_key_is_refused_when_configured_so,
+);
+
 const FREE_AND_PRO: &str = r#"
 [proxy.plans.free]
 limit = 100
@@ -29,11 +38,9 @@ plan = "pro"
 auth = "bearer"
 "#;
 
-#[tokio::test]
-async fn free_key_is_throttled_then_rejected_and_pro_key_is_unaffected() {
+async fn free_key_is_throttled_then_rejected_and_pro_key_is_unaffected(client: TestClient) {
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{FREE_AND_PRO}"), upstream.addr).await;
-    let client = TestClient::default();
     let delay = Duration::from_millis(100);
 
     let mut replies = Vec::new();
@@ -87,8 +94,7 @@ async fn free_key_is_throttled_then_rejected_and_pro_key_is_unaffected() {
     assert_eq!(back.header("x-ratelimit-remaining"), "99");
 }
 
-#[tokio::test]
-async fn sixth_login_post_from_one_ip_is_rejected_but_get_is_not() {
+async fn sixth_login_post_from_one_ip_is_rejected_but_get_is_not(client: TestClient) {
     let upstream = Upstream::start().await;
     let config = format!(
         r#"{PROXY_HEAD}
@@ -103,7 +109,6 @@ window = "1m"
 "#
     );
     let proxy = RunningProxy::start(&config, upstream.addr).await;
-    let client = TestClient::default();
     for n in 1..=5 {
         let reply = client.request(Method::POST, &proxy.url("/login"), &[], b"user=a").await;
         assert_eq!(reply.status, StatusCode::OK, "POST {n}");
@@ -117,8 +122,7 @@ window = "1m"
     assert_eq!(upstream.count(), 6);
 }
 
-#[tokio::test]
-async fn per_ip_and_per_key_rules_on_one_route_either_rejects() {
+async fn per_ip_and_per_key_rules_on_one_route_either_rejects(client: TestClient) {
     let upstream = Upstream::start().await;
     let config = format!(
         r#"{PROXY_HEAD}
@@ -151,7 +155,6 @@ window = "1m"
 "#
     );
     let proxy = RunningProxy::start(&config, upstream.addr).await;
-    let client = TestClient::default();
     let url = proxy.url("/api");
 
     // One key from many addresses: the key's limit trips.
@@ -177,8 +180,7 @@ window = "1m"
     assert_eq!(upstream.count(), 8);
 }
 
-#[tokio::test]
-async fn concurrent_requests_on_one_key_forward_exactly_the_limit() {
+async fn concurrent_requests_on_one_key_forward_exactly_the_limit(client: TestClient) {
     let upstream = Upstream::start().await;
     let config = format!(
         r#"{PROXY_HEAD}
@@ -192,7 +194,6 @@ auth = "bearer"
 "#
     );
     let proxy = RunningProxy::start(&config, upstream.addr).await;
-    let client = TestClient::default();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..200 {
         let client = client.clone();
@@ -251,8 +252,7 @@ async fn forwarded_for_from_a_trusted_peer_sets_the_key() {
     assert_eq!(last.headers["x-forwarded-for"], "198.51.100.9, 203.0.113.1, 127.0.0.1");
 }
 
-#[tokio::test]
-async fn shadow_mode_forwards_everything_with_headers_and_counts() {
+async fn shadow_mode_forwards_everything_with_headers_and_counts(client: TestClient) {
     let upstream = Upstream::start().await;
     let config = format!(
         r#"{PROXY_HEAD}
@@ -269,7 +269,6 @@ auth = "bearer"
 "#
     );
     let proxy = RunningProxy::start(&config, upstream.addr).await;
-    let client = TestClient::default();
     let mut remaining = Vec::new();
     for n in 1..=5 {
         let reply = client.get(&proxy.url("/"), &[("x-api-key", "k-tiny")]).await;
@@ -306,8 +305,7 @@ async fn reload_changes_a_limit_and_keeps_the_counts() {
     assert_eq!(client.get(&proxy.url("/"), &key).await.status, StatusCode::TOO_MANY_REQUESTS);
 }
 
-#[tokio::test]
-async fn a_missing_key_is_refused_when_configured_so() {
+async fn a_missing_key_is_refused_when_configured_so(client: TestClient) {
     let upstream = Upstream::start().await;
     let config = format!(
         r#"{PROXY_HEAD}
@@ -334,7 +332,6 @@ window = "1m"
 "#
     );
     let proxy = RunningProxy::start(&config, upstream.addr).await;
-    let client = TestClient::default();
     let no_key = client.get(&proxy.url("/api"), &[]).await;
     assert_eq!(no_key.status, StatusCode::UNAUTHORIZED);
     assert_eq!(no_key.json()["type"], "https://limiter.dev/problems#missing-key");

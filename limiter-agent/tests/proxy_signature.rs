@@ -8,6 +8,18 @@ use limiter_core::{
 };
 use limiter_lab::support::proxy::{PATIENCE, PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, secret_file};
 
+limiter_lab::over_http1_and_http2!(
+    valid_signature_passes_and_any_change_fails_alike,
+    distinct_nonces_pass_and_a_rotated_key_verifies_with_either_secret,
+    failed_signatures_are_charged_to_the_ip_limits,
+    idempotency_key_replays_conflicts_and_in_flight,
+    an_unsigned_request_naming_a_key_never_spends_its_quota,
+    a_bearer_key_is_charged_on_its_id_alone,
+    a_signature_refused_by_the_limits_is_not_burnt,
+    a_sign_host_key_signs_the_host,
+    the_target_is_signed_as_sent_and_forwarded_in_canonical_form,
+);
+
 fn unix_now() -> u64 {
     SystemClock.now().as_secs()
 }
@@ -126,11 +138,9 @@ impl<'a> Signed<'a> {
     }
 }
 
-#[tokio::test]
-async fn valid_signature_passes_and_any_change_fails_alike() {
+async fn valid_signature_passes_and_any_change_fails_alike(client: TestClient) {
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
-    let client = TestClient::default();
     let body = br#"{"amount":100,"to":"acct-42"}"#;
 
     let valid = Signed::post("/api/transfer?dry_run=1", body);
@@ -177,11 +187,9 @@ async fn valid_signature_passes_and_any_change_fails_alike() {
     assert_eq!((reasons["missing_header"], reasons["replay"]), (1, 1));
 }
 
-#[tokio::test]
-async fn distinct_nonces_pass_and_a_rotated_key_verifies_with_either_secret() {
+async fn distinct_nonces_pass_and_a_rotated_key_verifies_with_either_secret(client: TestClient) {
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(&config(&[SECRET, NEW_SECRET], ""), upstream.addr).await;
-    let client = TestClient::default();
     let first = Signed { nonce: Some("a"), ..Signed::post("/api/transfer", b"x") };
     let second = Signed { nonce: Some("b"), ..Signed::post("/api/transfer", b"x") };
     assert_eq!(first.send(&client, &proxy).await.status, StatusCode::OK);
@@ -189,12 +197,10 @@ async fn distinct_nonces_pass_and_a_rotated_key_verifies_with_either_secret() {
     assert_eq!(upstream.count(), 2);
 }
 
-#[tokio::test]
-async fn failed_signatures_are_charged_to_the_ip_limits() {
+async fn failed_signatures_are_charged_to_the_ip_limits(client: TestClient) {
     let upstream = Upstream::start().await;
     let per_ip = "[[proxy.rules]]\nname = \"per-ip\"\nkey = \"ip\"\nalgorithm = \"sliding_window_log\"\nlimit = 3\nwindow = \"1m\"\n";
     let proxy = RunningProxy::start(&config(&[SECRET], per_ip), upstream.addr).await;
-    let client = TestClient::default();
     for guess in ["0", "1", "2"] {
         let request = Signed { nonce: Some(guess), ..Signed::post("/api/transfer", b"x") };
         let reply = request.send_with(&client, &proxy, &"0".repeat(64)).await;
@@ -207,11 +213,9 @@ async fn failed_signatures_are_charged_to_the_ip_limits() {
     assert_eq!(upstream.count(), 0);
 }
 
-#[tokio::test]
-async fn idempotency_key_replays_conflicts_and_in_flight() {
+async fn idempotency_key_replays_conflicts_and_in_flight(client: TestClient) {
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
-    let client = TestClient::default();
     let with_key = |nonce, body: &'static [u8], key| Signed {
         nonce: Some(nonce),
         idempotency_key: Some(key),
@@ -275,11 +279,9 @@ async fn limiter_sign_output_is_accepted_by_the_proxy() {
 
 /// Seed attack (issue 10 §3): key ids are not secrets. Unsigned requests naming the
 /// key used to spend its plan, and its owner then got 429.
-#[tokio::test]
-async fn an_unsigned_request_naming_a_key_never_spends_its_quota() {
+async fn an_unsigned_request_naming_a_key_never_spends_its_quota(client: TestClient) {
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(&config_with("", 3, &[SECRET], ""), upstream.addr).await;
-    let client = TestClient::default();
     for _ in 0..5 {
         let reply = client.get(&proxy.url("/public"), &[("x-api-key", "k-pay")]).await;
         assert_eq!(reply.status, StatusCode::OK);
@@ -299,12 +301,10 @@ async fn an_unsigned_request_naming_a_key_never_spends_its_quota() {
 }
 
 /// `auth = "bearer"`: the key id alone is taken as proof, as an explicit choice.
-#[tokio::test]
-async fn a_bearer_key_is_charged_on_its_id_alone() {
+async fn a_bearer_key_is_charged_on_its_id_alone(client: TestClient) {
     let upstream = Upstream::start().await;
     let extra = "[[proxy.keys]]\nid = \"k-bearer\"\nplan = \"basic\"\nauth = \"bearer\"\n";
     let proxy = RunningProxy::start(&config_with("", 2, &[SECRET], extra), upstream.addr).await;
-    let client = TestClient::default();
     let statuses: Vec<StatusCode> = {
         let mut statuses = Vec::new();
         for _ in 0..3 {
@@ -317,12 +317,10 @@ async fn a_bearer_key_is_charged_on_its_id_alone() {
 
 /// A signed request refused by a limit (429) has not used its signature: sent again
 /// once the limit allows, it passes (it used to be a 401 replay).
-#[tokio::test]
-async fn a_signature_refused_by_the_limits_is_not_burnt() {
+async fn a_signature_refused_by_the_limits_is_not_burnt(client: TestClient) {
     let upstream = Upstream::start().await;
     let per_key = "[[proxy.rules]]\nname = \"per-key\"\npath = \"/api\"\nkey = \"api_key\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\n";
     let proxy = RunningProxy::start(&config(&[SECRET], per_key), upstream.addr).await;
-    let client = TestClient::default();
     let first = Signed { nonce: Some("a"), ..Signed::post("/api/transfer", b"x") };
     assert_eq!(first.send(&client, &proxy).await.status, StatusCode::OK);
     let second = Signed { nonce: Some("b"), ..Signed::post("/api/transfer", b"x") };
@@ -511,14 +509,12 @@ async fn twenty_at_once(
 
 /// Without `sign_host`, a request signed for one site verifies on any other behind the
 /// same keys; with it, the signature covers the lowercase `Host`.
-#[tokio::test]
-async fn a_sign_host_key_signs_the_host() {
+async fn a_sign_host_key_signs_the_host(client: TestClient) {
     let upstream = Upstream::start().await;
     let extra = "[[proxy.keys]]\nid = \"k-site\"\nplan = \"basic\"\nsign_host = true\n";
     let text =
         config(&[SECRET], extra).replace(extra, &format!("{extra}secrets = [{}]\n", secret_references(&[SECRET])));
     let proxy = RunningProxy::start(&text, upstream.addr).await;
-    let client = TestClient::default();
     let site =
         |nonce, host| Signed { key_id: "k-site", nonce: Some(nonce), host, ..Signed::post("/api/transfer", b"x") };
     let send_to = |request: &Signed<'_>, host: &'static str| {
@@ -548,11 +544,9 @@ async fn a_sign_host_key_signs_the_host() {
     assert_eq!(upstream.count(), 2);
 }
 
-#[tokio::test]
-async fn the_target_is_signed_as_sent_and_forwarded_in_canonical_form() {
+async fn the_target_is_signed_as_sent_and_forwarded_in_canonical_form(client: TestClient) {
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
-    let client = TestClient::default();
     let sent = Signed { nonce: Some("a"), ..Signed::post("/api/%74ransfer?to=%2e", b"x") };
     assert_eq!(sent.send(&client, &proxy).await.status, StatusCode::OK);
     // Signed over the canonical form instead of what was sent: refused.

@@ -195,21 +195,30 @@ const PACKAGES: &[(&str, &str)] = &[
     ("python3", "python3"),
     // Drives `limiter top --watch`'s screen in the tests, as a terminal would.
     ("tmux", "tmux"),
+    // The edge-protocol tests' real peers: a load balancer sending PROXY protocol
+    // v2, and an HTTP/2 load generator (also the bench's).
+    ("haproxy", "haproxy"),
+    ("h2load", "nghttp2-client"),
 ];
 
-/// The first python3 that imports scapy: the one on PATH may be a pyenv build that
-/// cannot see Debian's python3-scapy, while /usr/bin/python3 can.
-pub fn scapy_python() -> Option<PathBuf> {
+/// Python modules the tests import, from Debian's packages (see [`debian_python`]).
+const PYTHON_MODULES: &[(&str, &str)] = &[("scapy", "python3-scapy"), ("websockets", "python3-websockets")];
+
+/// The first python3 that imports every module of [`PYTHON_MODULES`]: the one on
+/// PATH may be a pyenv build that cannot see Debian's packages, while
+/// /usr/bin/python3 can.
+pub fn debian_python() -> Option<PathBuf> {
+    let imports = format!("import {}", PYTHON_MODULES.iter().map(|(module, _)| *module).collect::<Vec<_>>().join(", "));
     [find_program("python3"), Some(PathBuf::from("/usr/bin/python3"))]
         .into_iter()
         .flatten()
-        .find(|p| p.to_str().is_some_and(|p| probe(p, &["-c", "import scapy"]).is_some()))
+        .find(|p| p.to_str().is_some_and(|p| probe(p, &["-c", &imports]).is_some()))
 }
 
 fn packages() -> Result<Outcome> {
     let mut missing: Vec<&str> = PACKAGES.iter().filter(|(c, _)| find_program(c).is_none()).map(|(_, p)| *p).collect();
-    if scapy_python().is_none() {
-        missing.push("python3-scapy");
+    if debian_python().is_none() {
+        missing.extend(PYTHON_MODULES.iter().map(|(_, package)| *package));
     }
     if missing.is_empty() {
         return Ok(Outcome::Ok);
@@ -232,8 +241,8 @@ fn packages() -> Result<Outcome> {
     if let Some((c, _)) = PACKAGES.iter().find(|(c, _)| find_program(c).is_none()) {
         bail!("`{c}` is still missing after apt-get install; {hint}");
     }
-    if scapy_python().is_none() {
-        bail!("python3 cannot import scapy after apt-get install; {hint}");
+    if debian_python().is_none() {
+        bail!("python3 cannot import {PYTHON_MODULES:?} after apt-get install; {hint}");
     }
     Ok(Outcome::Installed)
 }

@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     fuzz,
-    setup::scapy_python,
+    setup::debian_python,
     util::{cmd, find_program, run as run_cmd, show, target_dir},
 };
 
@@ -38,7 +38,7 @@ pub fn run(packages: &[String], test_args: &[String]) -> Result<()> {
         .env("LIMITER_TEST_REDIS_URL", format!("redis://127.0.0.1:{}/", redis.port))
         .env("LIMITER_TEST_REDIS_PORT", redis.port.to_string())
         .env("LIMITER_TEST_REDIS_SERVER", &server);
-    if let Some(python) = scapy_python() {
+    if let Some(python) = debian_python() {
         c.env("LIMITER_TEST_PYTHON", python);
     }
     let result = run_cmd(&mut c);

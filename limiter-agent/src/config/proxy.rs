@@ -97,6 +97,79 @@ pub struct ProxyConfig {
     pub signature: SignatureConfig,
     /// A JSON line for a sample of the limits' decisions; `None`: none.
     pub decision_log: Option<DecisionLogConfig>,
+    /// TLS on the listener; `None`: cleartext.
+    pub tls: Option<TlsConfig>,
+    #[serde(default)]
+    pub http2: Http2Config,
+    /// Whether the peers in `trusted_proxies` open each connection with a PROXY
+    /// protocol header naming the client.
+    #[serde(default)]
+    pub proxy_protocol: ProxyProtocol,
+    /// Longest silence in both directions on an upgraded connection (a WebSocket),
+    /// then it is closed.
+    #[serde(default = "default_tunnel_idle_timeout")]
+    pub tunnel_idle_timeout: HumanDuration,
+}
+
+/// `[proxy.tls]`: the listener's certificates, read at start and on every reload.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The certificate chain (PEM) for clients naming no host, or one no `sni` entry names.
+    pub cert: std::path::PathBuf,
+    /// Its private key (PEM).
+    pub key: std::path::PathBuf,
+    /// Certificates chosen by the host the client names (SNI).
+    #[serde(default)]
+    pub sni: Vec<SniCertificate>,
+}
+
+/// `[[proxy.tls.sni]]`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SniCertificate {
+    /// The host name, matched without regard to case.
+    pub name: String,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+/// `[proxy.http2]`: HTTP/2 from clients (over TLS it is offered by ALPN).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Http2Config {
+    /// Cleartext HTTP/2 from clients that know the listener speaks it (prior knowledge).
+    pub h2c: bool,
+    /// Streams a client may have open at once on one connection.
+    pub max_concurrent_streams: NonZeroU32,
+    /// Largest header list of a request (names, values and 32 bytes each); over it, 431.
+    pub max_header_list_bytes: NonZeroU32,
+    /// Requests a client may cancel before their answer, per connection and minute;
+    /// past it (the rapid-reset attack) the connection is cut.
+    pub max_resets_per_minute: NonZeroU32,
+}
+
+impl Default for Http2Config {
+    fn default() -> Self {
+        Self {
+            h2c: false,
+            max_concurrent_streams: NonZeroU32::new(100).unwrap_or(NonZeroU32::MIN),
+            max_header_list_bytes: NonZeroU32::new(16 << 10).unwrap_or(NonZeroU32::MIN),
+            max_resets_per_minute: NonZeroU32::new(100).unwrap_or(NonZeroU32::MIN),
+        }
+    }
+}
+
+/// `proxy.proxy_protocol`: which PROXY protocol header trusted peers send.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ProxyProtocol {
+    #[default]
+    Off,
+    V1,
+    V2,
+    /// Either version, told apart by its first bytes.
+    Any,
 }
 
 /// `proxy.decision_log = { path, sample }`.
@@ -560,9 +633,29 @@ impl ProxyConfig {
                 self.check_rule_path(path).map_err(|message| (format!("proxy.rules[{i}].path"), message))?;
             }
         }
-        for (key, timeout) in [("proxy.idle_timeout", &self.idle_timeout), ("proxy.body_timeout", &self.body_timeout)] {
+        for (key, timeout) in [
+            ("proxy.idle_timeout", &self.idle_timeout),
+            ("proxy.body_timeout", &self.body_timeout),
+            ("proxy.tunnel_idle_timeout", &self.tunnel_idle_timeout),
+        ] {
             if timeout.0.is_zero() {
                 return Err((key.to_owned(), "must be longer than 0".to_owned()));
+            }
+        }
+        if self.proxy_protocol != ProxyProtocol::Off && self.trusted_proxies.is_empty() {
+            return Err((
+                "proxy.proxy_protocol".to_owned(),
+                "only peers in proxy.trusted_proxies may send a PROXY header, and there are none".to_owned(),
+            ));
+        }
+        if let Some(tls) = &self.tls {
+            for (i, sni) in tls.sni.iter().enumerate() {
+                if sni.name.is_empty() || tls.sni[..i].iter().any(|s| s.name.eq_ignore_ascii_case(&sni.name)) {
+                    return Err((
+                        format!("proxy.tls.sni[{i}].name"),
+                        format!("`{}` is empty or appears twice", sni.name),
+                    ));
+                }
             }
         }
         if self.store == StoreKind::Redis {
@@ -663,6 +756,10 @@ fn default_max_connections() -> NonZeroUsize {
 
 fn default_max_connections_per_ip() -> NonZeroUsize {
     NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN)
+}
+
+fn default_tunnel_idle_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(300))
 }
 
 fn default_upstream_timeout() -> HumanDuration {

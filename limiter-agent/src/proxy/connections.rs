@@ -1,6 +1,7 @@
 //! The bounds on open connections, over all clients and per peer, checked at
 //! accept: a client that opens connections and stalls them must run out of its own
-//! share before the agent runs out of file descriptors.
+//! share before the agent runs out of file descriptors. Also why else a connection
+//! is closed before its first request.
 
 use std::{
     collections::HashMap,
@@ -15,15 +16,19 @@ pub(super) enum Refused {
     Total,
     /// `max_connections_per_ip` were open from the same peer.
     PerIp,
+    /// A PROXY protocol header from a peer not in `trusted_proxies`, or a malformed
+    /// or missing one from a peer that is.
+    ProxyProtocol,
 }
 
 impl Refused {
-    pub(super) const ALL: [Self; 2] = [Self::Total, Self::PerIp];
+    pub(super) const ALL: [Self; 3] = [Self::Total, Self::PerIp, Self::ProxyProtocol];
 
     pub(super) fn as_str(self) -> &'static str {
         match self {
             Self::Total => "max_connections",
             Self::PerIp => "max_connections_per_ip",
+            Self::ProxyProtocol => "proxy_protocol",
         }
     }
 }

@@ -3,8 +3,9 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use http::{HeaderMap, HeaderValue, Request, Response, Uri, Version, header, request, uri::PathAndQuery};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version, header, request, uri::PathAndQuery};
 use http_body_util::BodyExt;
+use hyper::upgrade::OnUpgrade;
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::TokioExecutor,
@@ -27,6 +28,8 @@ pub(super) enum ForwardError {
     Uri(#[from] http::Error),
     #[error("{0}")]
     Client(#[from] hyper_util::client::legacy::Error),
+    #[error("the upstream switched protocols unasked")]
+    UnaskedUpgrade,
 }
 
 impl ForwardError {
@@ -36,9 +39,15 @@ impl ForwardError {
         match self {
             Self::Uri(_) => true,
             Self::Client(error) => error.is_connect(),
+            Self::UnaskedUpgrade => false,
         }
     }
 }
+
+/// The upstream's half of an upgraded connection, carried to the server (which holds
+/// the client's half) in the extensions of the 101 response.
+#[derive(Clone)]
+pub(super) struct UpstreamUpgrade(pub OnUpgrade);
 
 /// The upstream client with its connection pool, shared by every request.
 #[derive(Debug)]
@@ -77,17 +86,37 @@ impl Upstream {
         if !origin.peer_trusted {
             remove_forwarding_claims(&mut parts.headers);
         }
+        let upgrade = requested_upgrade(&parts);
         remove_hop_by_hop(&mut parts.headers);
+        if let Some(protocol) = &upgrade {
+            keep_upgrade(&mut parts.headers, protocol.clone());
+        }
         set_forwarded_for(&mut parts.headers, chain, origin.peer);
         parts.uri = upstream_uri(base, path, parts.uri.query())?;
         // We speak HTTP/1.1 to the upstream whatever the client spoke to us.
+        let version = parts.version;
         parts.version = Version::HTTP_11;
-        let response = self.client.request(Request::from_parts(parts, body)).await?;
+        let mut response = self.client.request(Request::from_parts(parts, body)).await?;
+        let opened = if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            if upgrade.is_none() {
+                return Err(ForwardError::UnaskedUpgrade);
+            }
+            Some(UpstreamUpgrade(hyper::upgrade::on(&mut response)))
+        } else {
+            None
+        };
         let (mut parts, body) = response.into_parts();
+        let protocol = parts.headers.get(header::UPGRADE).cloned();
         remove_hop_by_hop(&mut parts.headers);
+        if let Some(opened) = opened {
+            if let Some(protocol) = protocol {
+                keep_upgrade(&mut parts.headers, protocol);
+            }
+            parts.extensions.insert(opened);
+        }
         // Likewise towards the client: an HTTP/1.0 upstream must not make hyper
         // answer our client in 1.0 (and close its keep-alive connection).
-        parts.version = Version::HTTP_11;
+        parts.version = if version == Version::HTTP_2 { Version::HTTP_2 } else { Version::HTTP_11 };
         Ok(Response::from_parts(parts, body.map_err(Into::into).boxed()))
     }
 }
@@ -129,6 +158,24 @@ pub(super) fn remove_hop_by_hop(headers: &mut HeaderMap) {
     for name in proxy_headers {
         headers.remove(name);
     }
+}
+
+/// The protocol an HTTP/1.1 request asks to switch to (`Connection: upgrade` and
+/// `Upgrade`), which hop-by-hop removal would otherwise drop.
+fn requested_upgrade(parts: &request::Parts) -> Option<HeaderValue> {
+    let asks = parts
+        .headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    (parts.version == Version::HTTP_11 && asks).then(|| parts.headers.get(header::UPGRADE).cloned()).flatten()
+}
+
+fn keep_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
+    headers.insert(header::UPGRADE, protocol);
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
 }
 
 /// What a proxy in front of us says about the client, other than `X-Forwarded-For`

@@ -7,7 +7,7 @@ use std::{
     io,
     pin::Pin,
     sync::{
-        Arc, Mutex, PoisonError,
+        Arc, Mutex, OnceLock, PoisonError,
         atomic::{AtomicUsize, Ordering},
     },
     task::{Context, Poll, Waker, ready},
@@ -43,6 +43,9 @@ pub(super) struct InFlight {
     /// The connection's reader, parked while requests were in flight: woken when the
     /// last one ends, so that the wait for the next request starts.
     reader: Mutex<Option<Waker>>,
+    /// The wait that ran out, if one did: told here rather than by the reader, which
+    /// TLS and hyper hold by then.
+    expired: OnceLock<Wait>,
 }
 
 impl InFlight {
@@ -66,6 +69,11 @@ impl InFlight {
 
     fn begun(&self) -> usize {
         self.begun.load(Ordering::Relaxed)
+    }
+
+    /// The wait that ran out, if one did.
+    pub(super) fn expired(&self) -> Option<Wait> {
+        self.expired.get().copied()
     }
 }
 
@@ -126,21 +134,11 @@ pub(super) struct Watched<T> {
     deadline: Option<(Wait, Pin<Box<Sleep>>)>,
     /// [`InFlight::begun`] when `deadline` was set.
     begun: usize,
-    expired: Option<Wait>,
 }
 
 impl<T> Watched<T> {
     pub(super) fn new(io: T, in_flight: Arc<InFlight>, idle_timeout: Duration, header_timeout: Duration) -> Self {
-        Self { io, in_flight, idle_timeout, header_timeout, deadline: None, begun: 0, expired: None }
-    }
-
-    /// The wait that ran out, if one did.
-    pub(super) fn expired(&self) -> Option<Wait> {
-        self.expired
-    }
-
-    pub(super) fn into_inner(self) -> T {
-        self.io
+        Self { io, in_flight, idle_timeout, header_timeout, deadline: None, begun: 0 }
     }
 
     fn start(&mut self, wait: Wait) {
@@ -182,7 +180,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
         let Some((wait, sleep)) = &mut self.deadline else { return Poll::Pending };
         let wait = *wait;
         ready!(sleep.as_mut().poll(cx));
-        self.expired = Some(wait);
+        let _ = self.in_flight.expired.set(wait);
         Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
     }
 }

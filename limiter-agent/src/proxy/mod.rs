@@ -20,9 +20,13 @@ mod idempotent;
 mod idle;
 mod keys;
 mod pipeline;
+mod prefixed;
 mod problem;
+mod proxy_protocol;
+mod resets;
 mod server;
 mod stats;
+mod tunnel;
 
 use std::{
     net::{IpAddr, SocketAddr},

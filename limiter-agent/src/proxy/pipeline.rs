@@ -23,7 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use http::{HeaderMap, Method, Request, Response, StatusCode, request, uri::PathAndQuery};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header, request, uri::PathAndQuery};
 use hyper::body::Incoming;
 
 use super::{
@@ -36,6 +36,7 @@ use super::{
     heavy::{Client, ClientRow, HeavyClients},
     idempotent, keys,
     problem::Refusal,
+    proxy_protocol::Accepted,
     stats::{Counters, Event, ProxyStats},
 };
 use limiter_core::{
@@ -52,18 +53,21 @@ use crate::{
     backend::{Claim, Stores},
     config::{
         ProxyConfig,
-        proxy::{Disclose, KeyAuth, KeyKind, StoreFailure},
+        proxy::{Disclose, Http2Config, KeyAuth, KeyKind, ProxyProtocol, StoreFailure},
     },
     escalation::Escalator,
     fleet::FleetError,
     limits::{Decision, Engine, RequestInfo, Screened, Verdict},
     signature::{BodyError, KeySecrets, read_body_hashed},
+    tls::ServerTls,
 };
 
 /// What one config makes of requests: swapped whole on reload.
 #[derive(Debug)]
 struct Snapshot {
     config: Arc<ProxyConfig>,
+    /// The listener's certificates, as loaded with the config.
+    tls: Option<ServerTls>,
     verifier: Verifier,
     /// Ids of the keys with `auth = "bearer"`.
     bearer: HashSet<String>,
@@ -79,7 +83,8 @@ impl Snapshot {
             .iter()
             .filter_map(|key| Some((key.id.clone(), config.plans.get(&key.plan)?.disclose?)))
             .collect();
-        Self { verifier: Verifier::new(secrets.into_keys()), config, bearer, disclose_of }
+        let tls = secrets.tls().cloned();
+        Self { verifier: Verifier::new(secrets.into_keys()), tls, config, bearer, disclose_of }
     }
 
     /// What the rate-limit headers and refusals may tell a client that proved `key`.
@@ -142,6 +147,22 @@ enum Taken {
     Claim(Option<Claim>),
     /// The response stored for an earlier identical request.
     Replay(Response<ProxyBody>),
+}
+
+/// How one connection is served, taken from the config when it is accepted.
+#[derive(Debug)]
+pub(super) struct ConnectionSettings {
+    pub idle_timeout: Duration,
+    pub header_timeout: Duration,
+    pub tunnel_idle_timeout: Duration,
+    pub tls: Option<ServerTls>,
+    /// Cleartext HTTP/2 is recognised by its preface.
+    pub h2c: bool,
+    pub http2: Http2Config,
+    /// The PROXY header versions a trusted peer sends; `None`: off.
+    pub proxy_protocol: Option<Accepted>,
+    /// The TCP peer is in `trusted_proxies`.
+    pub peer_trusted: bool,
 }
 
 /// Everything requests share, across connections and reloads.
@@ -250,10 +271,31 @@ impl<C: Clock + Clone> Pipeline<C> {
         let _ = self.escalator.set(escalator);
     }
 
-    /// `idle_timeout` and `header_timeout`, for a new connection.
-    pub(super) fn connection_timeouts(&self) -> (Duration, Duration) {
-        let config = &self.snapshot().config;
-        (config.idle_timeout.0, config.header_timeout.0)
+    /// How a new connection from `peer` is served, under the config of now.
+    pub(super) fn connection_settings(&self, peer: IpAddr) -> ConnectionSettings {
+        let snapshot = self.snapshot();
+        let config = &snapshot.config;
+        let proxy_protocol = match config.proxy_protocol {
+            ProxyProtocol::Off => None,
+            ProxyProtocol::V1 => Some(Accepted::V1),
+            ProxyProtocol::V2 => Some(Accepted::V2),
+            ProxyProtocol::Any => Some(Accepted::Any),
+        };
+        ConnectionSettings {
+            idle_timeout: config.idle_timeout.0,
+            header_timeout: config.header_timeout.0,
+            tunnel_idle_timeout: config.tunnel_idle_timeout.0,
+            tls: snapshot.tls.clone(),
+            h2c: config.http2.h2c,
+            http2: config.http2.clone(),
+            proxy_protocol,
+            peer_trusted: keys::is_trusted(peer.to_canonical(), &config.trusted_proxies),
+        }
+    }
+
+    /// Counts a connection closed for what it sent before its first request.
+    pub(super) fn refuse_connection(&self, reason: Refused) {
+        self.counters.add_connection_refused(reason);
     }
 
     /// A place for a new connection from `peer` under `max_connections` and (unless
@@ -324,7 +366,15 @@ impl<C: Clock + Clone> Pipeline<C> {
         peer: IpAddr,
     ) -> Result<Response<ProxyBody>, Refusal> {
         let config = &snapshot.config;
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
+        // HTTP/2 names the host in the URI alone: as a header, rules, signatures and
+        // the upstream see it as they do over HTTP/1.1.
+        if !parts.headers.contains_key(header::HOST)
+            && let Some(host) =
+                parts.uri.authority().and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
+        {
+            parts.headers.insert(header::HOST, host);
+        }
         body::check_announced(&body, config.max_body_bytes)?;
         let body = TimedBody::new(body, config.body_timeout.0);
         // Rules, `+route` keys and the upstream all see this one path; the signature

@@ -1,21 +1,28 @@
-//! Accepting connections within their bounds and serving HTTP/1.1 on them: the idle
-//! and header timeouts, graceful drain on shutdown. hyper refuses malformed and
-//! ambiguous requests (400) before the pipeline sees them.
+//! Accepting connections within their bounds and serving them: the PROXY protocol
+//! header from a trusted load balancer, TLS, then HTTP/1.1 or HTTP/2 (by ALPN, or by
+//! the preface with `h2c`), the idle and header timeouts, upgraded connections, and
+//! graceful drain on shutdown. hyper refuses malformed and ambiguous requests (400)
+//! before the pipeline sees them.
 
 use std::{
     convert::Infallible,
     future::poll_fn,
     net::SocketAddr,
     pin::Pin,
-    sync::{Arc, OnceLock},
+    sync::{Arc, Mutex, OnceLock, PoisonError},
 };
 
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
-use hyper::{body::Incoming, server::conn::http1, service::service_fn};
-use hyper_util::rt::TokioIo;
+use hyper::{
+    body::Incoming,
+    server::conn::{http1, http2},
+    service::service_fn,
+    upgrade::OnUpgrade,
+};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::{
-    io::AsyncWriteExt,
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt},
     net::{TcpListener, TcpStream},
     sync::watch,
     task::JoinSet,
@@ -23,15 +30,24 @@ use tokio::{
 
 use super::{
     AcceptHook, ProxyBody,
-    connections::Slot,
+    connections::{Refused, Slot},
+    forward::UpstreamUpgrade,
     idle::{Guarded, InFlight, Wait, Watched},
-    pipeline::Pipeline,
+    pipeline::{ConnectionSettings, Pipeline},
+    prefixed::{self, Prefixed},
     problem::request_timeout_bytes,
+    proxy_protocol::{self, Header},
+    resets::Resets,
     stats::Event,
+    tunnel,
 };
 use limiter_core::Clock;
 
 type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
+/// What a connection's stream is once its preamble is read: the bytes read ahead,
+/// then the socket, under the idle and header timeouts.
+type Plain = Prefixed<Watched<TcpStream>>;
 
 pub(super) async fn serve<C: Clock + Clone>(
     listener: &TcpListener,
@@ -67,63 +83,225 @@ pub(super) async fn serve<C: Clock + Clone>(
     while connections.join_next().await.is_some() {}
 }
 
+/// What one connection shares with the requests on it.
+struct Connection<C: Clock + Clone> {
+    pipeline: Arc<Pipeline<C>>,
+    /// The client: the TCP peer, or whom a trusted peer's PROXY header names.
+    client: SocketAddr,
+    in_flight: Arc<InFlight>,
+    settings: ConnectionSettings,
+    stop: watch::Receiver<()>,
+    /// The place under the connection bounds, held until the connection (and any
+    /// tunnel it became) closes.
+    _slot: Slot,
+}
+
 async fn connection<C: Clock + Clone>(
     stream: TcpStream,
     peer: SocketAddr,
     pipeline: Arc<Pipeline<C>>,
-    mut stop: watch::Receiver<()>,
-    // Held until the connection closes.
-    _slot: Slot,
+    stop: watch::Receiver<()>,
+    slot: Slot,
 ) {
     if let Err(error) = stream.set_nodelay(true) {
         tracing::debug!(%error, "TCP_NODELAY");
     }
-    let (idle_timeout, header_timeout) = pipeline.connection_timeouts();
+    let settings = pipeline.connection_settings(peer.ip());
     let in_flight = Arc::new(InFlight::default());
-    let requests = in_flight.clone();
-    let service_pipeline = pipeline.clone();
-    let service = service_fn(move |request: Request<Incoming>| {
-        let pipeline = service_pipeline.clone();
-        // From the end of the head to the end of the response the connection is busy.
-        let guard = requests.enter();
-        // Boxed so the future is Unpin, which `poll_without_shutdown` needs.
-        Box::pin(async move {
-            let response = pipeline.handle(request, peer.ip()).await;
-            Ok(response.map(|body| Guarded::new(body, guard).boxed()))
-        }) as ResponseFuture
-    });
-    // The waits for a request are watched on the socket (see `idle`), not by hyper.
-    let io = Watched::new(stream, in_flight, idle_timeout, header_timeout);
-    let mut conn = http1::Builder::new().header_read_timeout(None).serve_connection(TokioIo::new(io), service);
-    let mut draining = false;
-    // Without shutdown, so that the socket is still ours to answer a header timeout on.
-    let result = loop {
-        tokio::select! {
-            result = poll_fn(|cx| conn.poll_without_shutdown(cx)) => break result,
-            _ = stop.changed(), if !draining => {
-                draining = true;
-                Pin::new(&mut conn).graceful_shutdown();
+    // The preamble (PROXY header, TLS handshake) is read under header_timeout too.
+    let mut watched = Watched::new(stream, Arc::clone(&in_flight), settings.idle_timeout, settings.header_timeout);
+    let mut buffered = Vec::new();
+    let Some((client, slot)) = preamble(&pipeline, &settings, &mut watched, &mut buffered, peer, slot).await else {
+        return;
+    };
+    let connection = Connection { pipeline, client, in_flight, settings, stop, _slot: slot };
+    match connection.settings.tls.clone() {
+        Some(tls) => match tls.acceptor().accept(Prefixed::new(buffered, watched)).await {
+            Ok(stream) => {
+                let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                if h2 { connection.http2(stream).await } else { connection.http1(stream).await }
+            }
+            Err(error) => {
+                connection.pipeline.count(Event::TlsHandshakeFailed);
+                tracing::debug!(%error, %peer, "TLS handshake failed");
+            }
+        },
+        None => {
+            let h2 = connection.settings.h2c
+                && prefixed::read_until(&mut watched, &mut buffered, prefixed::preface_decided).await.is_ok()
+                && buffered.starts_with(prefixed::H2_PREFACE);
+            let stream: Plain = Prefixed::new(buffered, watched);
+            if h2 { connection.http2(stream).await } else { connection.http1(stream).await }
+        }
+    }
+}
+
+/// Reads the PROXY protocol header a trusted peer sends, and refuses one from any
+/// other peer. Returns whom the connection serves, in its own place under the
+/// connection bounds; `None`: the connection is closed.
+async fn preamble<C: Clock + Clone>(
+    pipeline: &Pipeline<C>,
+    settings: &ConnectionSettings,
+    watched: &mut Watched<TcpStream>,
+    buffered: &mut Vec<u8>,
+    peer: SocketAddr,
+    slot: Slot,
+) -> Option<(SocketAddr, Slot)> {
+    let Some(accepted) = settings.proxy_protocol else { return Some((peer, slot)) };
+    let refuse = |why: &dyn std::fmt::Display| {
+        pipeline.refuse_connection(Refused::ProxyProtocol);
+        tracing::debug!(%peer, %why, "PROXY protocol header refused");
+        None
+    };
+    if !settings.peer_trusted {
+        // Anyone may connect directly, but only a trusted peer may speak for a client.
+        let decided = |start: &[u8]| !proxy_protocol::starts_like_header(start, accepted) || start.len() >= 12;
+        if let Err(error) = prefixed::read_until(watched, buffered, decided).await {
+            tracing::debug!(%error, %peer, "connection ended before its first request");
+            return None;
+        }
+        if proxy_protocol::starts_like_header(buffered, accepted) {
+            return refuse(&"sent by a peer not in trusted_proxies");
+        }
+        return Some((peer, slot));
+    }
+    let client = match proxy_protocol::read(watched, accepted, buffered).await {
+        Ok(Header::Proxied(client)) => client,
+        Ok(Header::Local) => return Some((peer, slot)),
+        Err(error) => return refuse(&error),
+    };
+    // The client behind the load balancer has its own share of the connection bounds.
+    drop(slot);
+    let slot = pipeline.admit(client.ip())?;
+    Some((client, slot))
+}
+
+/// A tunnel's upstream half, left by the response that opened it.
+type UpgradeSlot = Arc<Mutex<Option<OnUpgrade>>>;
+
+impl<C: Clock + Clone> Connection<C> {
+    /// The service for one connection's requests. `resets` watches for cancelled
+    /// requests (HTTP/2); `upgrade` receives an upstream's 101 (HTTP/1.1).
+    fn service(
+        &self,
+        resets: Option<Arc<Resets>>,
+        upgrade: Option<UpgradeSlot>,
+    ) -> impl Fn(Request<Incoming>) -> ResponseFuture + Clone + Send + 'static {
+        let pipeline = Arc::clone(&self.pipeline);
+        let in_flight = Arc::clone(&self.in_flight);
+        let client = self.client.ip();
+        move |request: Request<Incoming>| {
+            let pipeline = Arc::clone(&pipeline);
+            let upgrade = upgrade.clone();
+            // From the end of the head to the end of the response the connection is busy.
+            let guard = in_flight.enter();
+            let cancellation = resets.as_ref().map(Resets::watch);
+            // Boxed so the future is Unpin, which `poll_without_shutdown` needs.
+            Box::pin(async move {
+                let mut response = pipeline.handle(request, client).await;
+                if let Some(cancellation) = cancellation {
+                    cancellation.answered();
+                }
+                let opened = response.extensions_mut().remove::<UpstreamUpgrade>();
+                if let (Some(UpstreamUpgrade(opened)), Some(upgrade)) = (opened, upgrade)
+                    && response.status() == StatusCode::SWITCHING_PROTOCOLS
+                {
+                    *upgrade.lock().unwrap_or_else(PoisonError::into_inner) = Some(opened);
+                }
+                Ok(response.map(|body| Guarded::new(body, guard).boxed()))
+            }) as ResponseFuture
+        }
+    }
+
+    async fn http1<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(mut self, stream: S) {
+        let upgrade = UpgradeSlot::default();
+        let service = service_fn(self.service(None, Some(Arc::clone(&upgrade))));
+        // The waits for a request are watched on the socket (see `idle`), not by hyper.
+        let mut conn = http1::Builder::new().header_read_timeout(None).serve_connection(TokioIo::new(stream), service);
+        let mut draining = false;
+        // Without shutdown, so that the socket is still ours to answer a header timeout
+        // on, or to relay once upgraded.
+        let result = loop {
+            tokio::select! {
+                result = poll_fn(|cx| conn.poll_without_shutdown(cx)) => break result,
+                _ = self.stop.changed(), if !draining => {
+                    draining = true;
+                    Pin::new(&mut conn).graceful_shutdown();
+                }
+            }
+        };
+        let parts = conn.into_parts();
+        let expired = self.in_flight.expired();
+        if let Err(error) = &result
+            && expired.is_none()
+        {
+            tracing::debug!(%error, client = %self.client, "connection ended");
+        }
+        let mut stream = parts.io.into_inner();
+        let opened = upgrade.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let (Ok(()), Some(opened)) = (&result, opened) {
+            self.tunnel(stream, &parts.read_buf, opened).await;
+            return;
+        }
+        // Tell a client that had started a request why it is cut off; an idle one is
+        // closed silently.
+        if expired == Some(Wait::Header) && !parts.read_buf.is_empty() {
+            self.pipeline.count(Event::HeaderTimeout);
+            if let Err(error) = stream.write_all(&request_timeout_bytes()).await {
+                tracing::debug!(%error, client = %self.client, "writing 408");
             }
         }
-    };
-    let parts = conn.into_parts();
-    let watched = parts.io.into_inner();
-    let expired = watched.expired();
-    if let Err(error) = &result
-        && expired.is_none()
-    {
-        tracing::debug!(%error, %peer, "connection ended");
-    }
-    let mut stream = watched.into_inner();
-    // Tell a client that had started a request why it is cut off; an idle one is
-    // closed silently.
-    if expired == Some(Wait::Header) && !parts.read_buf.is_empty() {
-        pipeline.count(Event::HeaderTimeout);
-        if let Err(error) = stream.write_all(&request_timeout_bytes()).await {
-            tracing::debug!(%error, %peer, "writing 408");
+        if let Err(error) = stream.shutdown().await {
+            tracing::debug!(%error, client = %self.client, "closing connection");
         }
     }
-    if let Err(error) = stream.shutdown().await {
-        tracing::debug!(%error, %peer, "closing connection");
+
+    async fn tunnel<S: AsyncRead + AsyncWrite + Unpin>(self, stream: S, early: &[u8], opened: OnUpgrade) {
+        let upstream = match opened.await {
+            Ok(upstream) => upstream,
+            Err(error) => {
+                tracing::debug!(%error, client = %self.client, "the upstream's side of the upgrade failed");
+                return;
+            }
+        };
+        self.pipeline.count(Event::Upgraded);
+        // Busy for as long as the tunnel is open: no wait for a request applies.
+        let _busy = self.in_flight.enter();
+        let ended =
+            tunnel::relay(stream, early, TokioIo::new(upstream), self.settings.tunnel_idle_timeout, self.stop).await;
+        tracing::debug!(?ended, client = %self.client, "tunnel closed");
+    }
+
+    async fn http2<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(mut self, stream: S) {
+        let limits = &self.settings.http2;
+        let resets = Resets::new(limits.max_resets_per_minute.get());
+        let service = service_fn(self.service(Some(Arc::clone(&resets)), None));
+        let mut conn = http2::Builder::new(TokioExecutor::new())
+            .max_concurrent_streams(limits.max_concurrent_streams.get())
+            .max_header_list_size(limits.max_header_list_bytes.get())
+            .serve_connection(TokioIo::new(stream), service);
+        let mut draining = false;
+        let result = loop {
+            tokio::select! {
+                result = &mut conn => break result,
+                _ = self.stop.changed(), if !draining => {
+                    draining = true;
+                    Pin::new(&mut conn).graceful_shutdown();
+                }
+                // Dropping the connection closes it, with every stream still on it.
+                () = resets.exceeded() => {
+                    self.pipeline.count(Event::ResetFlood);
+                    tracing::debug!(client = %self.client, "HTTP/2 connection cut: too many cancelled requests");
+                    return;
+                }
+            }
+        };
+        if let Err(error) = result {
+            let h2 = std::error::Error::source(&error).and_then(|source| source.downcast_ref::<h2::Error>());
+            if h2.and_then(h2::Error::reason) == Some(h2::Reason::ENHANCE_YOUR_CALM) {
+                self.pipeline.count(Event::ResetFlood);
+            }
+            tracing::debug!(%error, client = %self.client, "HTTP/2 connection ended");
+        }
     }
 }

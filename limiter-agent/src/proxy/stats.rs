@@ -36,6 +36,12 @@ pub(super) enum Event {
     BodyTimeout,
     /// The upstream could not be reached or failed mid-response (502).
     UpstreamError,
+    /// A TLS handshake failed or did not finish within `header_timeout`.
+    TlsHandshakeFailed,
+    /// An HTTP/2 connection cut for cancelling too many requests (rapid reset).
+    ResetFlood,
+    /// A connection upgraded (a WebSocket) and relayed to the upstream.
+    Upgraded,
 }
 
 /// The live counters. Relaxed atomics: each counter is independent, and a reader
@@ -58,6 +64,9 @@ pub(super) struct Counters {
     body_timeouts: AtomicU64,
     /// By [`Refused::ALL`].
     connections_refused: [AtomicU64; Refused::ALL.len()],
+    tls_handshake_failures: AtomicU64,
+    http2_reset_floods: AtomicU64,
+    upgrades: AtomicU64,
 }
 
 /// Upper bounds, in seconds, of the `limiter_proxy_decision_seconds` buckets: a
@@ -86,6 +95,9 @@ impl Counters {
             Event::HeaderTimeout => &self.timeouts,
             Event::BodyTimeout => &self.body_timeouts,
             Event::UpstreamError => &self.upstream_errors,
+            Event::TlsHandshakeFailed => &self.tls_handshake_failures,
+            Event::ResetFlood => &self.http2_reset_floods,
+            Event::Upgraded => &self.upgrades,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -144,6 +156,9 @@ impl Counters {
             connections_refused: refused.values().sum(),
             connections_refused_reasons: refused,
             upstream_errors: load(&self.upstream_errors),
+            tls_handshake_failures: load(&self.tls_handshake_failures),
+            http2_reset_floods: load(&self.http2_reset_floods),
+            upgrades: load(&self.upgrades),
             tracked_keys: u64::try_from(tracked_keys).unwrap_or(u64::MAX),
             decision_seconds: DecisionHistogram {
                 counts: self.decision_seconds.iter().map(load).collect(),
@@ -198,8 +213,8 @@ pub struct ProxyStats {
     /// Requests whose body did not arrive within `body_timeout` (408).
     #[serde(default)]
     pub body_timeouts: u64,
-    /// Connections closed at accept, over `max_connections` or
-    /// `max_connections_per_ip`.
+    /// Connections closed before their first request: over `max_connections` or
+    /// `max_connections_per_ip`, or for their PROXY protocol header.
     #[serde(default)]
     pub connections_refused: u64,
     /// `connections_refused` by reason (the metrics label values).
@@ -207,6 +222,16 @@ pub struct ProxyStats {
     pub connections_refused_reasons: BTreeMap<String, u64>,
     /// Upstream failures answered with 502.
     pub upstream_errors: u64,
+    /// TLS handshakes that failed, or did not finish within `header_timeout`.
+    #[serde(default)]
+    pub tls_handshake_failures: u64,
+    /// HTTP/2 connections cut for cancelling requests faster than
+    /// `http2.max_resets_per_minute` (the rapid-reset attack).
+    #[serde(default)]
+    pub http2_reset_floods: u64,
+    /// Connections upgraded (WebSockets) and relayed to the upstream.
+    #[serde(default)]
+    pub upgrades: u64,
     /// Per-key limiter state currently held (with Redis: the server's keys).
     pub tracked_keys: u64,
     /// Per-key state evicted to stay within `max_tracked_keys` (with Redis: keys

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use limiter_core::signature::SigningKey;
 
-use crate::config::ProxyConfig;
+use crate::{config::ProxyConfig, tls::ServerTls};
 
 /// Why a secret reference could not be loaded. Messages name the reference, never
 /// the secret.
@@ -38,6 +38,9 @@ pub enum SecretError {
         /// The reference as configured.
         reference: String,
     },
+    /// A certificate or private key of `[proxy.tls]` that cannot serve.
+    #[error("{0}")]
+    Tls(String),
 }
 
 /// Loads the secret `reference` points to: `file:PATH` (one trailing line ending is
@@ -94,11 +97,13 @@ pub fn read_secret_file(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Every key's secrets, read from their references once the config is parsed: the
-/// one place the agent reads them, in its own environment (not the CLI's).
+/// Every key's secrets, and the listener's TLS certificates and keys, read once the
+/// config is parsed: the one place the agent reads them, in its own environment (not
+/// the CLI's).
 #[derive(Clone, Default)]
 pub struct KeySecrets {
     keys: Vec<(String, SigningKey)>,
+    tls: Option<ServerTls>,
     warnings: Vec<String>,
 }
 
@@ -131,11 +136,12 @@ fn weaknesses(key: &str, reference: &str, secret: &[u8]) -> Vec<String> {
     found
 }
 
-/// A secret of `[[proxy.keys]]` that could not be loaded, with the key naming it.
+/// A secret of `[[proxy.keys]]` or `[proxy.tls]` that could not be loaded, with the
+/// key naming it.
 #[derive(Debug, thiserror::Error)]
 #[error("{key}: {source}")]
 pub struct KeySecretError {
-    /// The dotted config key, `proxy.keys[N].secrets`.
+    /// The dotted config key, e.g. `proxy.keys[N].secrets` or `proxy.tls.cert`.
     pub key: String,
     #[source]
     pub source: SecretError,
@@ -155,7 +161,18 @@ impl KeySecrets {
             }
             loaded.keys.push((key.id.clone(), SigningKey { secrets, sign_host: key.sign_host }));
         }
+        if let Some(tls) = &proxy.tls {
+            let server = ServerTls::load(tls)
+                .map_err(|error| KeySecretError { key: error.key, source: SecretError::Tls(error.message) })?;
+            loaded.tls = Some(server);
+        }
         Ok(loaded)
+    }
+
+    /// The listener's TLS, with `[proxy.tls]`.
+    #[must_use]
+    pub fn tls(&self) -> Option<&ServerTls> {
+        self.tls.as_ref()
     }
 
     /// What `limiter check` and `limiter run` warn about: secret files others can

@@ -12,6 +12,7 @@ pub mod kernel;
 #[cfg(feature = "agent")]
 pub mod proxy;
 pub mod redis;
+pub mod tls;
 #[cfg(feature = "agent")]
 pub mod xdp_lab;
 

@@ -14,7 +14,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{BodyExt, Full};
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};
 use hyper_util::{
@@ -176,9 +176,10 @@ pub fn proxy_config(text: &str, upstream: SocketAddr) -> Arc<limiter::config::Pr
 }
 
 /// The head of a test config: `[proxy]` with the listen and upstream keys set.
-/// `disclose = "full"`: most tests check the policies the headers name.
+/// `disclose = "full"`: most tests check the policies the headers name. `h2c`: the
+/// tests that run over both protocols reach the same proxy with either client.
 pub const PROXY_HEAD: &str =
-    "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\ndisclose = \"full\"\n";
+    "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\ndisclose = \"full\"\nhttp2.h2c = true\n";
 
 /// A fresh secret file: tests run concurrently, so none may rewrite another's.
 pub fn secret_file(secret: &[u8]) -> PathBuf {
@@ -274,22 +275,54 @@ impl Reply {
 
 /// An HTTP client with a connection pool, as real clients have.
 #[derive(Clone, Debug)]
-pub struct TestClient(Client<HttpConnector, Full<Bytes>>);
+pub struct TestClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+    /// Every answer must come over this version.
+    version: Version,
+}
 
 impl Default for TestClient {
     fn default() -> Self {
-        Self(Client::builder(TokioExecutor::new()).build_http())
+        Self { client: Client::builder(TokioExecutor::new()).build_http(), version: Version::HTTP_11 }
     }
 }
 
+/// Runs each named test body (an `async fn(TestClient)`) twice, as the tests
+/// `NAME::http1` and `NAME::http2`: over HTTP/1.1 and over HTTP/2 with prior
+/// knowledge (the proxy of [`PROXY_HEAD`] speaks both on one port).
+#[macro_export]
+macro_rules! over_http1_and_http2 {
+    ($($name:ident),+ $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn http1() {
+                super::$name($crate::support::proxy::TestClient::default()).await;
+            }
+
+            #[tokio::test]
+            async fn http2() {
+                super::$name($crate::support::proxy::TestClient::h2c()).await;
+            }
+        }
+    )+};
+}
+
 impl TestClient {
+    /// A client that speaks HTTP/2 from the first byte (h2c with prior knowledge),
+    /// its requests multiplexed on one connection.
+    #[must_use]
+    pub fn h2c() -> Self {
+        Self { client: Client::builder(TokioExecutor::new()).http2_only(true).build_http(), version: Version::HTTP_2 }
+    }
+
     pub async fn send(&self, request: Request<Full<Bytes>>) -> Reply {
         let start = Instant::now();
-        let response = tokio::time::timeout(PATIENCE, self.0.request(request))
+        let response = tokio::time::timeout(PATIENCE, self.client.request(request))
             .await
             .expect("no response in time")
             .expect("request failed");
         let (parts, body) = response.into_parts();
+        assert_eq!(parts.version, self.version, "the answer's HTTP version");
         let body = body.collect().await.expect("response body").to_bytes();
         Reply { status: parts.status, headers: parts.headers, body, elapsed: start.elapsed() }
     }

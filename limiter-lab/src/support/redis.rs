@@ -2,6 +2,7 @@
 //! (`LIMITER_TEST_REDIS_URL`), or a private `redis-server` on a free port, so that
 //! plain `cargo test` works too. Each test names its keys with its own prefix.
 
+use super::tls::TestTls;
 use std::{
     net::TcpListener,
     process::{Child, Command, Stdio},
@@ -232,7 +233,7 @@ impl TestCluster {
                     ]
                     .map(str::to_owned)
                     .to_vec();
-                    args.extend(tls.server_args());
+                    args.extend(tls.redis_server_args());
                     args
                 }
                 None => vec!["--port".to_owned(), port.to_string()],
@@ -262,7 +263,7 @@ impl TestCluster {
         }
         let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let created = Command::new("redis-cli")
-            .args(tls.iter().flat_map(TestTls::client_args))
+            .args(tls.iter().flat_map(TestTls::redis_cli_args))
             .arg("--cluster")
             .arg("create")
             .args(&nodes)
@@ -292,7 +293,7 @@ impl TestCluster {
     }
 
     fn cli(&self, port: u16, args: &[&str]) -> String {
-        let tls: Vec<String> = self.tls.iter().flat_map(TestTls::client_args).collect();
+        let tls: Vec<String> = self.tls.iter().flat_map(TestTls::redis_cli_args).collect();
         let tls: Vec<&str> = tls.iter().map(String::as_str).collect();
         redis_cli(port, &[tls.as_slice(), args].concat())
     }
@@ -455,110 +456,6 @@ impl TestSentinel {
     }
 }
 
-/// A CA and a certificate for 127.0.0.1 signed by it, made with openssl for one test.
-#[derive(Debug)]
-pub struct TestTls {
-    pub ca: std::path::PathBuf,
-    cert: std::path::PathBuf,
-    key: std::path::PathBuf,
-    dir: std::path::PathBuf,
-}
-
-impl TestTls {
-    #[must_use]
-    pub fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("limiter-tls-{}", unique_prefix("").replace(':', "-")));
-        std::fs::create_dir_all(&dir).expect("a directory for the certificates");
-        let run = |args: &[&str]| {
-            let status = Command::new("openssl")
-                .args(args)
-                .current_dir(&dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .expect("openssl (cargo xtask setup installs it)");
-            assert!(status.success(), "openssl {args:?}");
-        };
-        run(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=limiter test CA",
-        ]);
-        run(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ]);
-        std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").expect("san.ext");
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "1",
-            "-extfile",
-            "san.ext",
-        ]);
-        Self { ca: dir.join("ca.pem"), cert: dir.join("server.pem"), key: dir.join("server.key"), dir }
-    }
-
-    /// What a server needs to speak TLS with this certificate (clients need none).
-    fn server_args(&self) -> Vec<String> {
-        let path = |p: &std::path::Path| p.display().to_string();
-        vec![
-            "--tls-cert-file".to_owned(),
-            path(&self.cert),
-            "--tls-key-file".to_owned(),
-            path(&self.key),
-            "--tls-ca-cert-file".to_owned(),
-            path(&self.ca),
-            "--tls-auth-clients".to_owned(),
-            "no".to_owned(),
-        ]
-    }
-
-    fn client_args(&self) -> Vec<String> {
-        vec!["--tls".to_owned(), "--cacert".to_owned(), self.ca.display().to_string()]
-    }
-}
-
-impl Default for TestTls {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Drop for TestTls {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// One `redis-server` that speaks only TLS, with its certificates.
 #[derive(Debug)]
 pub struct TestTlsRedis {
@@ -575,7 +472,7 @@ impl TestTlsRedis {
             ["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
                 .map(str::to_owned)
                 .to_vec();
-        args.extend(tls.server_args());
+        args.extend(tls.redis_server_args());
         server.start(&redis_server(), port, &args);
         Self { port, tls, _server: server }
     }
