@@ -133,8 +133,9 @@ pub struct Agent {
     config: Config,
     /// The secrets `config` references, as read when it was applied.
     secrets: KeySecrets,
-    /// The file's text when last applied, to notice edits.
-    applied_text: Option<String>,
+    /// The file's text when last applied, with its certificates' stamps (see
+    /// [`watch::state`]), to notice edits.
+    applied: Option<String>,
     xdp: Option<XdpRuntime>,
     proxy: Option<ProxyRuntime>,
     gauges: Arc<AgentGauges>,
@@ -175,9 +176,9 @@ impl Agent {
             (Some(runtime), Some(_)) => Some(EscalationRuntime::start(&config, &runtime.proxy, &gauges)),
             _ => None,
         };
-        let applied_text = std::fs::read_to_string(&config_path).ok();
+        let applied = std::fs::read_to_string(&config_path).ok().map(|text| watch::state(&text, &config));
         let mut agent =
-            Self { config_path, config, secrets, applied_text, xdp, proxy, gauges, escalation, verifier: None, lock };
+            Self { config_path, config, secrets, applied, xdp, proxy, gauges, escalation, verifier: None, lock };
         agent.connect_verifier()?;
         agent.publish_attachments();
         Ok(agent)
@@ -294,7 +295,7 @@ impl Agent {
         if let Err(error) = self.connect_verifier() {
             tracing::warn!(%error, "the proxy cannot mark its clients verified");
         }
-        self.applied_text = Some(text);
+        self.applied = Some(watch::state(&text, &self.config));
         // `limiter reload -c OTHER` makes OTHER the agent's file from now on, so
         // that watching the old one cannot bring its config back.
         self.config_path = path.to_owned();
@@ -382,10 +383,12 @@ impl Agent {
         }
     }
 
-    /// Reads the config file for the watcher: its text once an edit has settled.
+    /// Reads the config file (and the certificates it names) for the watcher: its
+    /// text once an edit has settled.
     fn settled_edit(&self, settle: &mut watch::Settle) -> Option<String> {
-        let current = std::fs::read_to_string(&self.config_path).ok();
-        settle.observe(current, self.applied_text.as_deref(), std::time::Instant::now())
+        let current = std::fs::read_to_string(&self.config_path).ok().map(|text| watch::state(&text, &self.config));
+        let settled = settle.observe(current, self.applied.as_deref(), std::time::Instant::now())?;
+        Some(watch::text_of(&settled).to_owned())
     }
 
     /// Agent-side figures for `limiter stats` (the kernel counters come from the pins).

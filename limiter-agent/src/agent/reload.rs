@@ -150,6 +150,19 @@ pub fn describe_proxy(old: &ProxyConfig, new: &ProxyConfig) -> Vec<String> {
     if old.disclose != new.disclose {
         lines.push(format!("proxy.disclose: {:?} -> {:?}", old.disclose, new.disclose));
     }
+    match (&old.tls, &new.tls) {
+        (None, Some(_)) => lines.push("proxy.tls: new connections speak TLS".to_owned()),
+        (Some(_), None) => lines.push("proxy.tls removed: new connections are cleartext".to_owned()),
+        // Read again whether or not the paths changed: a renewed certificate keeps its path.
+        (Some(_), Some(_)) => lines.push("proxy.tls: certificates read again for new connections".to_owned()),
+        (None, None) => {}
+    }
+    if old.http2 != new.http2 {
+        lines.push(format!("proxy.http2: {:?} -> {:?} for new connections", old.http2, new.http2));
+    }
+    if old.proxy_protocol != new.proxy_protocol {
+        lines.push(format!("proxy.proxy_protocol: {:?} -> {:?}", old.proxy_protocol, new.proxy_protocol));
+    }
     for (name, plan) in &new.plans {
         match old.plans.get(name) {
             None => lines.push(format!("proxy.plans.{name} added: {}", limit(&plan.spec))),

@@ -1,8 +1,15 @@
 //! The config file watcher: an edit is applied only once the file has held the same
 //! text for [`SETTLE`], so that a file caught mid-write (by an editor or `cp`),
-//! which may well parse while lacking its last rules, is never applied.
+//! which may well parse while lacking its last rules, is never applied. A renewed
+//! TLS certificate or key counts as an edit of the config that names it.
 
-use std::time::{Duration, Instant};
+use std::{
+    fmt::Write as _,
+    path::Path,
+    time::{Duration, Instant, UNIX_EPOCH},
+};
+
+use crate::config::Config;
 
 /// How often the config file is read.
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(500);
@@ -38,9 +45,54 @@ impl Settle {
     }
 }
 
+/// What the watcher compares: a first line stamping the certificate files `config`
+/// names (size and modification time of each), then the config's `text`.
+#[must_use]
+pub fn state(text: &str, config: &Config) -> String {
+    let tls = config.proxy.as_ref().and_then(|proxy| proxy.tls.as_ref());
+    let files = tls
+        .into_iter()
+        .flat_map(|tls| [&tls.cert, &tls.key].into_iter().chain(tls.sni.iter().flat_map(|sni| [&sni.cert, &sni.key])));
+    let mut stamp = String::new();
+    for file in files {
+        let _ = write!(stamp, "{:?}={:?};", file, file_stamp(file));
+    }
+    format!("{stamp}\n{text}")
+}
+
+/// The config text of a [`state`].
+#[must_use]
+pub fn text_of(state: &str) -> &str {
+    state.split_once('\n').map_or(state, |(_, text)| text)
+}
+
+fn file_stamp(path: &Path) -> Option<(u64, u128)> {
+    let metadata = std::fs::metadata(path).ok()?;
+    let modified = metadata.modified().ok()?.duration_since(UNIX_EPOCH).ok()?;
+    Some((metadata.len(), modified.as_nanos()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_changed_certificate_changes_the_state_and_the_text_comes_back_whole() {
+        let dir = std::env::temp_dir().join(format!("limiter-watch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let cert = dir.join("cert.pem");
+        std::fs::write(&cert, "one").expect("cert");
+        let text = format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\n[proxy.tls]\ncert = {cert:?}\nkey = {:?}\n",
+            dir.join("key.pem")
+        );
+        let config = Config::parse(&text, Path::new("t.toml")).expect("config");
+        let before = state(&text, &config);
+        assert_eq!(text_of(&before), text);
+        std::fs::write(&cert, "renewed").expect("cert");
+        assert_ne!(state(&text, &config), before);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn an_edit_is_applied_only_after_it_held_still_for_the_settle_interval() {

@@ -16,7 +16,17 @@ pub mod tls;
 #[cfg(feature = "agent")]
 pub mod xdp_lab;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::{
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+/// The python3 that imports Debian's `scapy` and `websockets`: `cargo xtask test`
+/// names it, as the one on PATH may be a build that cannot see them.
+#[must_use]
+pub fn python() -> PathBuf {
+    std::env::var_os("LIMITER_TEST_PYTHON").map_or_else(|| PathBuf::from("/usr/bin/python3"), PathBuf::from)
+}
 
 /// A name no other test (in this or a parallel test binary) uses.
 pub fn unique(prefix: &str) -> String {

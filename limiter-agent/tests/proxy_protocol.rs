@@ -1,0 +1,136 @@
+//! The PROXY protocol on the listener: HAProxy in front with `send-proxy-v2`, and raw
+//! headers from peers that may, and may not, send one.
+
+use std::{
+    net::SocketAddr,
+    process::{Child, Command, Stdio},
+    time::Instant,
+};
+
+use limiter_lab::support::{
+    proxy::{PATIENCE, PROXY_HEAD, RunningProxy, Upstream, read_to_close},
+    unique,
+};
+use tokio::{
+    io::AsyncWriteExt as _,
+    net::{TcpSocket, TcpStream},
+};
+
+const TRUSTED_LB: &str = "trusted_proxies = [\"127.0.0.1/32\"]\n";
+const API_LIMIT: &str = "[[proxy.rules]]\nname = \"api\"\npath = \"/api\"\nkey = \"ip\"\nlimit = 3\nwindow = \"1m\"\n";
+
+/// HAProxy in TCP mode on 127.0.0.1, passing every connection to `backend` from
+/// 127.0.0.1 with a PROXY v2 header naming the client.
+struct HaProxy {
+    child: Child,
+    front: SocketAddr,
+    dir: std::path::PathBuf,
+}
+
+impl HaProxy {
+    fn start(backend: SocketAddr) -> Self {
+        let front = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port");
+        let dir = std::env::temp_dir().join(unique("limiter-haproxy-"));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let config = format!(
+            "global\n  maxconn 100\ndefaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  \
+             timeout server 30s\nfrontend in\n  bind {front}\n  default_backend limiter\nbackend limiter\n  \
+             server limiter {backend} send-proxy-v2 source 127.0.0.1\n"
+        );
+        let path = dir.join("haproxy.cfg");
+        std::fs::write(&path, config).expect("config");
+        let child = Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("haproxy (cargo xtask setup installs it)");
+        let haproxy = Self { child, front, dir };
+        let deadline = Instant::now() + PATIENCE;
+        while std::net::TcpStream::connect(front).is_err() {
+            assert!(Instant::now() < deadline, "haproxy did not listen on {front}");
+            std::thread::yield_now();
+        }
+        haproxy
+    }
+}
+
+impl Drop for HaProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `curl` from the local address `from` (any of 127.0.0.0/8 is this host): its status.
+async fn curl_from(from: &str, url: &str) -> String {
+    let output = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--interface", from, "-o", "/dev/null", "-w", "%{http_code}", url])
+        .output()
+        .await
+        .expect("curl");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn behind_haproxy_the_client_it_names_is_the_one_limited_and_forwarded_for() {
+    let upstream = Upstream::start().await;
+    let config = format!("{PROXY_HEAD}{TRUSTED_LB}proxy_protocol = \"v2\"\n{API_LIMIT}");
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let haproxy = HaProxy::start(proxy.addr);
+    let url = format!("http://{}/api", haproxy.front);
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(curl_from("127.0.0.2", &url).await);
+    }
+    statuses.push(curl_from("127.0.0.3", &url).await);
+    assert_eq!(statuses, ["200", "200", "200", "429", "200"], "each client behind the balancer has its own limit");
+    let forwarded: Vec<_> = upstream.seen().iter().map(|seen| seen.headers["x-forwarded-for"].clone()).collect();
+    assert_eq!(forwarded, ["127.0.0.2", "127.0.0.2", "127.0.0.2", "127.0.0.3"]);
+    assert_eq!(proxy.proxy.stats().connections_refused, 0);
+}
+
+async fn connect_from(local: [u8; 4], to: SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket.bind(SocketAddr::from((local, 0))).expect("bind a loopback address");
+    socket.connect(to).await.expect("connect")
+}
+
+/// Sends `bytes` from `local` and reads until the proxy closes the connection.
+async fn exchange_from(local: [u8; 4], to: SocketAddr, bytes: &[u8]) -> String {
+    let mut stream = connect_from(local, to).await;
+    // Refused before it is read whole, the write may meet a reset.
+    let _ = stream.write_all(bytes).await;
+    read_to_close(&mut stream).await
+}
+
+const V1_THEN_GET: &[u8] =
+    b"PROXY TCP4 203.0.113.7 127.0.0.1 5555 80\r\nGET /api HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+
+#[tokio::test]
+async fn a_header_from_a_peer_not_trusted_is_refused_and_a_trusted_peer_must_send_one() {
+    let upstream = Upstream::start().await;
+    let config = format!("{PROXY_HEAD}{TRUSTED_LB}proxy_protocol = \"any\"\n");
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    // 127.0.0.5 is no trusted proxy: it may not speak for 203.0.113.7.
+    assert_eq!(exchange_from([127, 0, 0, 5], proxy.addr, V1_THEN_GET).await, "");
+    assert_eq!(proxy.proxy.stats().connections_refused_reasons["proxy_protocol"], 1);
+    assert_eq!(upstream.count(), 0);
+    // It may still connect as itself.
+    let direct = exchange_from([127, 0, 0, 5], proxy.addr, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    assert!(direct.await.starts_with("HTTP/1.1 200 OK"));
+    assert_eq!(upstream.seen()[0].headers["x-forwarded-for"], "127.0.0.5");
+
+    // The trusted peer's v1 header names the client.
+    let proxied = exchange_from([127, 0, 0, 1], proxy.addr, V1_THEN_GET).await;
+    assert!(proxied.starts_with("HTTP/1.1 200 OK"), "{proxied}");
+    assert_eq!(upstream.seen()[1].headers["x-forwarded-for"], "203.0.113.7");
+    // Without one, from the trusted peer, the connection is refused: it would be
+    // taken for the balancer's own.
+    assert_eq!(exchange_from([127, 0, 0, 1], proxy.addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await, "");
+    assert_eq!(proxy.proxy.stats().connections_refused_reasons["proxy_protocol"], 2);
+    assert_eq!(upstream.count(), 2);
+}
