@@ -204,7 +204,12 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
     for (reason, value) in &stats.signature_failure_reasons {
         let _ = writeln!(out, "limiter_signature_failures_total{{reason=\"{}\"}} {value}", escape(reason));
     }
-    family(out, "limiter_proxy_connections_refused_total", "counter", "Connections closed at accept, by bound.");
+    family(
+        out,
+        "limiter_proxy_connections_refused_total",
+        "counter",
+        "Connections closed before their first request, by bound or for their PROXY header.",
+    );
     for (reason, value) in &stats.connections_refused_reasons {
         let _ = writeln!(out, "limiter_proxy_connections_refused_total{{reason=\"{reason}\"}} {value}");
     }
@@ -223,6 +228,17 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
         ("limiter_proxy_header_timeouts_total", "Connections answered 408.", stats.timeouts),
         ("limiter_proxy_body_timeouts_total", "Requests whose body was late, answered 408.", stats.body_timeouts),
         ("limiter_proxy_upstream_errors_total", "Upstream failures answered 502.", stats.upstream_errors),
+        (
+            "limiter_proxy_tls_handshake_failures_total",
+            "TLS handshakes that failed or did not finish within header_timeout.",
+            stats.tls_handshake_failures,
+        ),
+        (
+            "limiter_proxy_http2_reset_floods_total",
+            "HTTP/2 connections cut for cancelling requests past http2.max_resets_per_minute.",
+            stats.http2_reset_floods,
+        ),
+        ("limiter_proxy_upgrades_total", "Connections upgraded (WebSockets) and relayed.", stats.upgrades),
         (
             "limiter_proxy_key_evictions_total",
             "Per-key states evicted to stay within max_tracked_keys.",

@@ -3,9 +3,13 @@
 
 use std::{
     net::SocketAddr,
+    path::Path,
     process::{Child, Command, Stdio},
+    sync::Arc,
     time::Instant,
 };
+
+use limiter::{config::Config, escalation::Escalator};
 
 use limiter_lab::support::{
     proxy::{PATIENCE, PROXY_HEAD, RunningProxy, Upstream, read_to_close},
@@ -14,6 +18,7 @@ use limiter_lab::support::{
 use tokio::{
     io::AsyncWriteExt as _,
     net::{TcpSocket, TcpStream},
+    sync::mpsc,
 };
 
 const TRUSTED_LB: &str = "trusted_proxies = [\"127.0.0.1/32\"]\n";
@@ -80,17 +85,32 @@ async fn behind_haproxy_the_client_it_names_is_the_one_limited_and_forwarded_for
     let upstream = Upstream::start().await;
     let config = format!("{PROXY_HEAD}{TRUSTED_LB}proxy_protocol = \"v2\"\n{API_LIMIT}");
     let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let whole = Config::parse(
+        &format!("[xdp]\ninterfaces = [\"lo\"]\n[xdp.limit]\npackets_per_second = 10\nburst = 20\n{config}[escalation]\nthreshold = 1\n")
+            .replace("{upstream}", &upstream.addr.to_string()),
+        Path::new("test.toml"),
+    )
+    .expect("escalation config");
+    let (escalations, mut escalated) = mpsc::channel(8);
+    proxy.proxy.escalate_to(Arc::new(Escalator::new(&whole, escalations)));
     let haproxy = HaProxy::start(proxy.addr);
     let url = format!("http://{}/api", haproxy.front);
     let mut statuses = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..5 {
         statuses.push(curl_from("127.0.0.2", &url).await);
     }
     statuses.push(curl_from("127.0.0.3", &url).await);
-    assert_eq!(statuses, ["200", "200", "200", "429", "200"], "each client behind the balancer has its own limit");
+    assert_eq!(
+        statuses,
+        ["200", "200", "200", "429", "429", "200"],
+        "each client behind the balancer has its own limit"
+    );
     let forwarded: Vec<_> = upstream.seen().iter().map(|seen| seen.headers["x-forwarded-for"].clone()).collect();
     assert_eq!(forwarded, ["127.0.0.2", "127.0.0.2", "127.0.0.2", "127.0.0.3"]);
     assert_eq!(proxy.proxy.stats().connections_refused, 0);
+    // Threshold 1: the second 429 escalates the client, not the balancer.
+    let escalation = tokio::time::timeout(PATIENCE, escalated.recv()).await.expect("escalated in time").expect("one");
+    assert_eq!(escalation.cidr.to_string(), "127.0.0.2/32");
 }
 
 async fn connect_from(local: [u8; 4], to: SocketAddr) -> TcpStream {

@@ -1,5 +1,5 @@
 //! The benchmark report: each bench example prints one of these groups as a JSON
-//! line, `cargo xtask bench` reads them back, adds the HTTP group it measures itself,
+//! line, `cargo xtask bench` reads them back, adds the HTTP groups it measures itself,
 //! and writes the whole [`Report`] to `target/bench/report.json`. One set of types on
 //! both sides, so a renamed or missing field is a compile error, not an empty cell.
 
@@ -17,6 +17,9 @@ pub struct Report {
     /// The same flood from a random address per frame, as `hping3 --rand-source` sends.
     pub random_flood: Outcome<Flood>,
     pub http: Outcome<Http>,
+    /// Absent from reports written before the group existed.
+    #[serde(default = "not_run")]
+    pub http2: Outcome<Http2>,
     pub algorithms: Outcome<Algorithms>,
     pub hmac: Outcome<Hmac>,
     pub memory: Outcome<Memory>,
@@ -62,6 +65,9 @@ pub struct Environment {
     pub nginx: String,
     pub wrk: String,
     pub oha: String,
+    /// Absent from reports written before the HTTP/2 group existed.
+    #[serde(default)]
+    pub h2load: String,
     pub nft: String,
     pub trafgen: String,
 }
@@ -180,6 +186,36 @@ pub struct FixedRate {
     pub p999_ms: Option<f64>,
     pub status_200: Option<u64>,
     pub success_rate: Option<f64>,
+}
+
+/// The HTTP/2 group, which xtask measures itself with nginx and h2load.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Http2 {
+    pub load_tool: String,
+    pub requests: u32,
+    pub connections: u32,
+    /// Streams each connection keeps open at once (`h2load -m`).
+    pub streams: u32,
+    pub rows: Vec<Http2Row>,
+}
+
+/// One h2load run, from its text summary.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Http2Row {
+    pub scenario: String,
+    pub url: String,
+    /// As h2load negotiated it: `h2` (by ALPN) or `h2c`.
+    pub protocol: String,
+    /// The TLS version; `None` in the clear.
+    pub tls: Option<String>,
+    pub rps: f64,
+    pub succeeded: u64,
+    /// Requests without a 2xx or 3xx answer: 4xx, 5xx, and those that got none.
+    pub failed: u64,
+    pub status_2xx: u64,
+    pub status_4xx: u64,
+    pub mean_ms: f64,
+    pub max_ms: f64,
 }
 
 /// `bench_algorithms`: decisions per second of each algorithm and of governor.

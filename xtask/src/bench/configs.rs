@@ -1,4 +1,4 @@
-//! The config files and scripts of the HTTP group: nginx as upstream and as the
+//! The config files and scripts of the HTTP groups: nginx as upstream and as the
 //! `limit_req` anchor, limiter with each rule set, and the wrk hooks.
 
 use std::path::Path;
@@ -51,6 +51,48 @@ function done(summary, latency, requests)
 end
 "#;
 
+/// How a proxy's listener speaks to its clients, the same on nginx and limiter so
+/// that their rows compare like with like.
+#[derive(Clone, Copy, Debug)]
+pub enum Listener<'a> {
+    Http1,
+    /// HTTP/2 in the clear, to clients that know it (prior knowledge).
+    H2c,
+    /// TLS only, offering h2 and http/1.1 by ALPN.
+    Tls {
+        cert: &'a Path,
+        key: &'a Path,
+    },
+}
+
+impl Listener<'_> {
+    /// nginx's `listen` line, with its certificate. nginx 1.22 (Debian bookworm's)
+    /// turns HTTP/2 on there, not with `http2 on;`, and offers TLS 1.3, which
+    /// limiter negotiates, only when told to.
+    fn nginx_listen(self, port: u16) -> String {
+        match self {
+            Self::Http1 => format!("listen 127.0.0.1:{port};"),
+            Self::H2c => format!("listen 127.0.0.1:{port} http2;"),
+            Self::Tls { cert, key } => format!(
+                "listen 127.0.0.1:{port} ssl http2;\n    ssl_certificate {};\n    ssl_certificate_key {};\n    \
+                 ssl_protocols TLSv1.2 TLSv1.3;",
+                cert.display(),
+                key.display()
+            ),
+        }
+    }
+
+    fn limiter_tables(self) -> String {
+        match self {
+            Self::Http1 => String::new(),
+            Self::H2c => "[proxy.http2]\nh2c = true\n".to_owned(),
+            Self::Tls { cert, key } => {
+                format!("[proxy.tls]\ncert = \"{}\"\nkey = \"{}\"\n", cert.display(), key.display())
+            }
+        }
+    }
+}
+
 pub fn upstream_conf(port: u16) -> String {
     format!(
         "worker_processes 1;\ndaemon off;\npid PREFIX/upstream.pid;\nerror_log stderr warn;\nevents {{ worker_connections 4096; }}\n\
@@ -61,10 +103,12 @@ pub fn upstream_conf(port: u16) -> String {
 }
 
 /// nginx as a reverse proxy with `limit_req` zones equivalent to limiter's rules:
-/// per IP, per API key, and a "plan" zone for the keys of the bench plan.
-pub fn nginx_limit_req_conf(port: u16, upstream: u16) -> String {
+/// per IP, per API key, and a "plan" zone for the keys of the bench plan. The pid
+/// file is named by port because the HTTP/2 group runs two in one directory.
+pub fn nginx_limit_req_conf(port: u16, upstream: u16, listener: Listener) -> String {
+    let listen = listener.nginx_listen(port);
     format!(
-        "worker_processes 2;\ndaemon off;\npid PREFIX/nginx-limit-req.pid;\nerror_log stderr warn;\nevents {{ worker_connections 4096; }}\n\
+        "worker_processes 2;\ndaemon off;\npid PREFIX/nginx-limit-req-{port}.pid;\nerror_log stderr warn;\nevents {{ worker_connections 4096; }}\n\
          http {{\n  access_log off;\n  keepalive_requests 1000000;\n  client_body_temp_path PREFIX/tmp;\n  proxy_temp_path PREFIX/tmp;\n  \
          fastcgi_temp_path PREFIX/tmp;\n  uwsgi_temp_path PREFIX/tmp;\n  scgi_temp_path PREFIX/tmp;\n  \
          limit_req_zone $binary_remote_addr zone=per_ip:10m rate=1000000r/s;\n  \
@@ -72,7 +116,7 @@ pub fn nginx_limit_req_conf(port: u16, upstream: u16) -> String {
          map $http_x_api_key $plan_bench {{ \"{KEY_ID}\" $http_x_api_key; default \"\"; }}\n  \
          limit_req_zone $plan_bench zone=plan_bench:10m rate=1000000r/s;\n  \
          upstream up {{ server 127.0.0.1:{upstream}; keepalive 64; }}\n  \
-         server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      limit_req zone=per_ip burst=1000000 nodelay;\n      \
+         server {{\n    {listen}\n    location / {{\n      limit_req zone=per_ip burst=1000000 nodelay;\n      \
          limit_req zone=per_key burst=1000000 nodelay;\n      limit_req zone=plan_bench burst=1000000 nodelay;\n      \
          limit_req_status 429;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      \
          proxy_set_header X-Forwarded-For $remote_addr;\n      proxy_pass http://up;\n    }}\n  }}\n}}\n"
@@ -81,7 +125,15 @@ pub fn nginx_limit_req_conf(port: u16, upstream: u16) -> String {
 
 /// limiter in front of `upstream` with `rules` (none: a bare proxy, without the
 /// bench plan and key either).
-pub fn limiter_conf(dir: &Path, name: &str, port: u16, upstream: u16, rules: &str, secret: &Path) -> String {
+pub fn limiter_conf(
+    dir: &Path,
+    name: &str,
+    port: u16,
+    upstream: u16,
+    listener: Listener,
+    rules: &str,
+    secret: &Path,
+) -> String {
     let slug = slug(name);
     let extra = if rules.is_empty() {
         String::new()
@@ -96,9 +148,10 @@ pub fn limiter_conf(dir: &Path, name: &str, port: u16, upstream: u16, rules: &st
     };
     format!(
         "[agent]\npin_dir = \"/sys/fs/bpf/limiter-bench-{slug}-{pid}\"\nadmin_socket = \"{dir}/{slug}.sock\"\nmetrics = \"\"\n\n\
-         [proxy]\nlisten = \"127.0.0.1:{port}\"\nupstream = \"http://127.0.0.1:{upstream}\"\nmax_tracked_keys = 1000000\n{extra}",
+         [proxy]\nlisten = \"127.0.0.1:{port}\"\nupstream = \"http://127.0.0.1:{upstream}\"\nmax_tracked_keys = 1000000\n{listener}{extra}",
         pid = std::process::id(),
         dir = dir.display(),
+        listener = listener.limiter_tables(),
     )
 }
 

@@ -38,6 +38,7 @@ pub fn environment() -> Environment {
         nginx,
         wrk: first_line("wrk", &["-v"]),
         oha: first_line("oha", &["--version"]),
+        h2load: first_line("h2load", &["--version"]),
         nft: first_line("nft", &["--version"]),
         trafgen: first_line("trafgen", &["-v"]),
     }

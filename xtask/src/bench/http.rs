@@ -4,17 +4,18 @@
 
 use std::{fmt::Write as _, fs};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use limiter_lab::report::{ClosedLoop, FixedRate, Http, HttpRow, LoadTools};
 use serde_json::Value;
 
 use super::{
     Bench,
     configs::{
-        KEY_ID, LIMITER_RULES, LIMITER_SIGNED, SECRET, WRK_DONE, limiter_conf, nginx_limit_req_conf, upstream_conf,
+        KEY_ID, LIMITER_RULES, LIMITER_SIGNED, Listener, SECRET, WRK_DONE, limiter_conf, nginx_limit_req_conf,
+        upstream_conf,
     },
     format::num,
-    process::{Server, free_port},
+    process::{Server, answers_http1, free_port},
     svg::bar_chart,
 };
 use crate::util::{cmd, find_program};
@@ -32,14 +33,21 @@ pub fn run(bench: &mut Bench) -> Result<Http> {
 
     let upstream_port = free_port()?;
     let mut servers = Vec::new();
-    servers.push(Server::nginx(bench, &nginx, &dir, "upstream", &upstream_conf(upstream_port), upstream_port)?);
+    servers.push(Server::nginx(
+        bench,
+        &nginx,
+        &dir,
+        "upstream",
+        &upstream_conf(upstream_port),
+        answers_http1(upstream_port),
+    )?);
     let secret = dir.join("bench-key.secret");
     fs::write(&secret, SECRET)?;
     let mut scenarios: Vec<(&str, u16, &str)> = vec![("upstream direct", upstream_port, "/")];
     let mut start_limiter = |bench: &mut Bench, name: &'static str, proxy: &str, path: &'static str| -> Result<()> {
         let port = free_port()?;
-        let conf = limiter_conf(&dir, name, port, upstream_port, proxy, &secret);
-        servers.push(Server::limiter(bench, &limiter, &dir, name, &conf, port)?);
+        let conf = limiter_conf(&dir, name, port, upstream_port, Listener::Http1, proxy, &secret);
+        servers.push(Server::limiter(bench, &limiter, &dir, name, &conf, answers_http1(port))?);
         scenarios.push((name, port, path));
         Ok(())
     };
@@ -52,8 +60,8 @@ pub fn run(bench: &mut Bench) -> Result<Http> {
         &nginx,
         &dir,
         "nginx-limit-req",
-        &nginx_limit_req_conf(nginx_port, upstream_port),
-        nginx_port,
+        &nginx_limit_req_conf(nginx_port, upstream_port, Listener::Http1),
+        answers_http1(nginx_port),
     )?);
     scenarios.push(("nginx limit_req", nginx_port, "/"));
 
@@ -65,11 +73,7 @@ pub fn run(bench: &mut Bench) -> Result<Http> {
         .arg(bench.sizes.signed_requests.to_string())
         .args([KEY_ID, SECRET, "/signed"])
         .arg(&signed_lua);
-    bench.record(&c);
-    let status = c.status()?;
-    if !status.success() {
-        bail!("bench_hmac --wrk-script failed: {status}");
-    }
+    bench.run_recorded(&mut c)?;
     let mut script = fs::read_to_string(&signed_lua)?;
     script += WRK_DONE;
     fs::write(&signed_lua, script)?;

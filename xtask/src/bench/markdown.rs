@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use limiter_lab::report::{Outcome, Report};
 
-use super::{algorithms, flood, hmac, http, memory, store, xdp};
+use super::{algorithms, flood, hmac, http, http2, memory, store, xdp};
 
 fn met_label(met: Option<bool>) -> &'static str {
     match met {
@@ -34,11 +34,13 @@ fn section<T>(m: &mut String, title: &str, outcome: &Outcome<T>, write: fn(&mut 
 
 pub fn markdown(report: &Report) -> String {
     let env = &report.environment;
+    let tool =
+        |version: &str, name: &str| if version.is_empty() { format!("{name} missing") } else { version.to_owned() };
     let mut m = String::new();
     let _ = writeln!(m, "# limiter benchmark report ({} run)\n", report.run);
     let _ = writeln!(
         m,
-        "Kernel {}, CPU {}, {} cores, {}; load average at start {}. {}; {}; {}; {}; {}.\n",
+        "Kernel {}, CPU {}, {} cores, {}; load average at start {}. {}; {}; {}; {}; {}; {}.\n",
         env.kernel,
         env.cpu,
         env.cores,
@@ -47,7 +49,8 @@ pub fn markdown(report: &Report) -> String {
         env.rustc,
         env.nginx,
         env.wrk,
-        if env.oha.is_empty() { "oha missing" } else { &env.oha },
+        tool(&env.oha, "oha"),
+        tool(&env.h2load, "h2load"),
         env.nft,
     );
     let _ = writeln!(
@@ -60,6 +63,7 @@ pub fn markdown(report: &Report) -> String {
     section(&mut m, flood::TITLE, &report.flood, flood::markdown);
     section(&mut m, flood::RANDOM_TITLE, &report.random_flood, flood::markdown);
     section(&mut m, http::TITLE, &report.http, http::markdown);
+    section(&mut m, http2::TITLE, &report.http2, http2::markdown);
     section(&mut m, algorithms::TITLE, &report.algorithms, algorithms::markdown);
     section(&mut m, hmac::TITLE, &report.hmac, hmac::markdown);
     section(&mut m, memory::TITLE, &report.memory, memory::markdown);

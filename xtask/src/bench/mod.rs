@@ -5,10 +5,11 @@
 //! each (`xdp_cost`, `bench_flood`, `bench_algorithms`, `bench_hmac`, `bench_memory`,
 //! `bench_store`),
 //! typed by `limiter_lab::report`;
-//! the HTTP group is driven from here with nginx, wrk and oha. Everything lands in
-//! `target/bench/`: `report.json`, `report.md`, and one SVG bar chart per group. Every
-//! figure is reported with its anchor from the same run (the XDP_PASS floor, nftables,
-//! nginx, governor), because absolute times on shared machines drift between runs.
+//! the HTTP groups are driven from here with nginx, wrk, oha and h2load. Everything
+//! lands in `target/bench/`: `report.json`, `report.md`, and one SVG bar chart per
+//! group. Every figure is reported with its anchor from the same run (the XDP_PASS
+//! floor, nftables, nginx, governor), because absolute times on shared machines drift
+//! between runs.
 
 mod algorithms;
 mod configs;
@@ -17,6 +18,7 @@ mod flood;
 mod format;
 mod hmac;
 mod http;
+mod http2;
 mod markdown;
 mod memory;
 mod process;
@@ -63,6 +65,11 @@ pub struct Sizes {
     pub http_connections: u32,
     /// Signed requests pre-made for the signed route (each is used once).
     pub signed_requests: u32,
+    /// Requests of each h2load run, over `http2_connections` connections with
+    /// `http2_streams` streams open on each.
+    pub http2_requests: u32,
+    pub http2_connections: u32,
+    pub http2_streams: u32,
 }
 
 impl Sizes {
@@ -81,6 +88,9 @@ impl Sizes {
         http_seconds: 10,
         http_connections: 32,
         signed_requests: 400_000,
+        http2_requests: 100_000,
+        http2_connections: 10,
+        http2_streams: 10,
     };
     pub const QUICK: Sizes = Sizes {
         name: "quick",
@@ -97,6 +107,9 @@ impl Sizes {
         http_seconds: 3,
         http_connections: 32,
         signed_requests: 150_000,
+        http2_requests: 5_000,
+        http2_connections: 10,
+        http2_streams: 10,
     };
     /// For the smoke test: every code path, tiny counts.
     #[cfg_attr(not(test), expect(dead_code, reason = "used by the smoke test"))]
@@ -115,6 +128,9 @@ impl Sizes {
         http_seconds: 1,
         http_connections: 4,
         signed_requests: 2_000,
+        http2_requests: 200,
+        http2_connections: 2,
+        http2_streams: 2,
     };
 }
 
@@ -162,6 +178,8 @@ impl Bench {
         let random_flood = flood::run_random(&mut self);
         let http = http::run(&mut self);
         let http = self.outcome("http", http);
+        let http2 = http2::run(&mut self);
+        let http2 = self.outcome("http2", http2);
         let algorithms = algorithms::run(&mut self);
         let hmac = hmac::run(&mut self);
         let memory = memory::run(&mut self);
@@ -174,6 +192,7 @@ impl Bench {
             flood,
             random_flood,
             http,
+            http2,
             algorithms,
             hmac,
             memory,
@@ -188,6 +207,7 @@ impl Bench {
             report.xdp_cost.measured().map(xdp::charts),
             report.flood.measured().map(flood::charts),
             report.http.measured().map(http::charts),
+            report.http2.measured().map(http2::charts),
             report.algorithms.measured().map(algorithms::charts),
             report.hmac.measured().map(hmac::charts),
         ];
@@ -202,6 +222,16 @@ impl Bench {
         let line = show(c);
         println!("{line}");
         self.commands.push(line.trim_start_matches("$ ").to_owned());
+    }
+
+    fn run_recorded(&mut self, c: &mut Command) -> Result<()> {
+        self.record(c);
+        let program = c.get_program().to_string_lossy().into_owned();
+        let status = c.status().with_context(|| format!("cannot run {program}"))?;
+        if !status.success() {
+            bail!("{program} exited with {status}");
+        }
+        Ok(())
     }
 
     /// A group that failed is reported as failed, with its error; the others still run.
@@ -258,8 +288,16 @@ mod tests {
         let out = target_dir().join("bench-smoke");
         let report = Bench::new(Sizes::SMOKE, bin_dir, out.clone()).run().expect("bench run");
         assert!(report.errors.is_empty(), "{:#?}", report.errors);
-        for file in ["report.md", "report.json", "xdp_cost.svg", "flood.svg", "http.svg", "algorithms.svg", "hmac.svg"]
-        {
+        for file in [
+            "report.md",
+            "report.json",
+            "xdp_cost.svg",
+            "flood.svg",
+            "http.svg",
+            "http2.svg",
+            "algorithms.svg",
+            "hmac.svg",
+        ] {
             assert!(out.join(file).is_file(), "{file} missing");
         }
         let xdp = report.xdp_cost.measured().expect("xdp group");
@@ -267,6 +305,7 @@ mod tests {
         assert_eq!(report.flood.measured().map(|f| f.rows.len()), Some(4));
         assert_eq!(report.random_flood.measured().map(|f| f.spoofed_sources), Some(0));
         assert_eq!(report.http.measured().map(|h| h.rows.len()), Some(5));
+        assert_eq!(report.http2.measured().map(|h| h.rows.len()), Some(5));
         let stores: Vec<&str> =
             report.store.measured().map(|s| s.rows.iter().map(|r| r.store.as_str()).collect()).unwrap_or_default();
         assert_eq!(stores, ["memory", "redis", "redis cluster"]);
