@@ -9,15 +9,15 @@ use anyhow::{Context, Result, bail};
 use crate::util::{cmd, run as run_cmd, target_dir, workspace_root};
 
 /// Every target in `fuzz/fuzz_targets`, by name.
-pub const TARGETS: [&str; 4] = ["config", "signature", "path", "packet"];
+pub const TARGETS: [&str; 5] = ["config", "signature", "path", "packet", "proxy_header"];
 
 /// Per target in `cargo xtask test`: long enough to pass the easy inputs, short
-/// enough that the four add about a minute.
+/// enough that the five add about a minute and a quarter.
 pub const TEST_SECONDS: u32 = 15;
 
 #[derive(Debug, clap::Args)]
 pub struct Opts {
-    /// One target (config, signature, path, packet); all when absent.
+    /// One target (config, signature, path, packet, proxy_header); all when absent.
     target: Option<String>,
     /// How long each target runs.
     #[arg(long, default_value_t = 60)]

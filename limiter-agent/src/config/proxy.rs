@@ -649,6 +649,12 @@ impl ProxyConfig {
             ));
         }
         if let Some(tls) = &self.tls {
+            if self.http2.h2c {
+                return Err((
+                    "proxy.http2.h2c".to_owned(),
+                    "the listener speaks only TLS ([proxy.tls]), where HTTP/2 is offered by ALPN".to_owned(),
+                ));
+            }
             for (i, sni) in tls.sni.iter().enumerate() {
                 if sni.name.is_empty() || tls.sni[..i].iter().any(|s| s.name.eq_ignore_ascii_case(&sni.name)) {
                     return Err((

@@ -398,3 +398,32 @@ fn redis_urls_name_one_server_sentinels_or_a_cluster() {
     let braces = refusal(&with("redis+cluster://n1:7000/", "{team}:"));
     assert!(braces.2.contains("cannot hold { or }"), "{}", braces.2);
 }
+
+#[test]
+fn edge_keys_have_their_defaults_and_inconsistent_ones_are_refused_by_key_and_line() {
+    use crate::config::proxy::ProxyProtocol;
+    let proxy = parse(PROXY).expect("defaults").proxy.expect("proxy");
+    assert_eq!(
+        (proxy.tls, proxy.proxy_protocol, proxy.tunnel_idle_timeout.0),
+        (None, ProxyProtocol::Off, Duration::from_secs(300))
+    );
+    assert_eq!(
+        (proxy.http2.h2c, proxy.http2.max_concurrent_streams.get(), proxy.http2.max_header_list_bytes.get()),
+        (false, 100, 16_384)
+    );
+    assert_eq!(proxy.http2.max_resets_per_minute.get(), 100);
+
+    let (line, key, message) = refusal(&format!("{PROXY}proxy_protocol = \"v2\"\n"));
+    assert_eq!((key.as_str(), line), ("proxy.proxy_protocol", PROXY.lines().count() + 1), "{message}");
+    assert!(message.contains("trusted_proxies"), "{message}");
+    assert!(refusal(&format!("{PROXY}proxy_protocol = \"v3\"\n")).2.contains("unknown variant"));
+    let tls = "[proxy.tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\n";
+    let (_, key, message) = refusal(&format!("{PROXY}{tls}[proxy.http2]\nh2c = true\n"));
+    assert_eq!(key, "proxy.http2.h2c", "{message}");
+    let twice = "[[proxy.tls.sni]]\nname = \"a.test\"\ncert = \"/a\"\nkey = \"/a\"\n[[proxy.tls.sni]]\nname = \"A.test\"\ncert = \"/b\"\nkey = \"/b\"\n";
+    let (line, key, message) = refusal(&format!("{PROXY}{tls}{twice}"));
+    assert_eq!(key, "proxy.tls.sni[1].name", "{message}");
+    assert_eq!(line, PROXY.lines().count() + 3 + 4 + 2, "{message}");
+    assert_eq!(refusal(&format!("{PROXY}tunnel_idle_timeout = \"0s\"\n")).1, "proxy.tunnel_idle_timeout");
+    assert!(refusal(&format!("{PROXY}[proxy.http2]\nmax_concurrent_streams = 0\n")).2.contains("nonzero"));
+}

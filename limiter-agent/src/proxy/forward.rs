@@ -114,8 +114,8 @@ impl Upstream {
             }
             parts.extensions.insert(opened);
         }
-        // Likewise towards the client: an HTTP/1.0 upstream must not make hyper
-        // answer our client in 1.0 (and close its keep-alive connection).
+        // Towards the client in its own HTTP/2 or else 1.1: an HTTP/1.0 upstream must
+        // not make hyper answer our client in 1.0 (and close its keep-alive connection).
         parts.version = if version == Version::HTTP_2 { Version::HTTP_2 } else { Version::HTTP_11 };
         Ok(Response::from_parts(parts, body.map_err(Into::into).boxed()))
     }

@@ -22,7 +22,7 @@ mod keys;
 mod pipeline;
 mod prefixed;
 mod problem;
-mod proxy_protocol;
+pub mod proxy_protocol;
 mod resets;
 mod server;
 mod stats;

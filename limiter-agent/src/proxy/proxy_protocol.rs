@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Which versions the listener accepts (config `proxy.proxy_protocol`, minus "off").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Accepted {
+pub enum Accepted {
     V1,
     V2,
     Any,
@@ -40,7 +40,7 @@ impl fmt::Display for Accepted {
 
 /// What the header says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Header {
+pub enum Header {
     /// The connection is proxied for this client (source address and port).
     Proxied(SocketAddr),
     /// v2 LOCAL (the proxy's own health check), v1 UNKNOWN, or a v2 family other than
@@ -51,7 +51,7 @@ pub(super) enum Header {
 /// Why the start of a connection is not a PROXY header the listener takes: the spec
 /// has the connection aborted, so none of these is recoverable.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum ProxyProtocolError {
+pub enum ProxyProtocolError {
     #[error("not a PROXY {0} header")]
     NotHeader(Accepted),
     /// Names the part, not its bytes: they are the peer's and may be anything.
@@ -80,7 +80,7 @@ pub(super) enum ProxyProtocolError {
 /// HAProxy sends, each at its largest (255-byte ALPN, authority and netns names, a
 /// 128-byte unique id, the SSL block), comes to about 1.3 KiB even after a UNIX address
 /// block; 2 KiB leaves room for a few custom TLVs besides.
-pub(super) const MAX_V2_BYTES: usize = 2048;
+pub const MAX_V2_BYTES: usize = 2048;
 
 /// The spec's worst case, `PROXY UNKNOWN` with two full IPv6 addresses and ports.
 const V1_MAX_BYTES: usize = 107;
@@ -92,7 +92,7 @@ const V2_FIXED_BYTES: usize = 16;
 
 /// Whether `bytes` (the start of a connection) could still be, or is, a PROXY header
 /// of an accepted version: used to refuse a header from a peer that may not send one.
-pub(super) fn starts_like_header(bytes: &[u8], accepted: Accepted) -> bool {
+pub fn starts_like_header(bytes: &[u8], accepted: Accepted) -> bool {
     (accepted.v1() && could_be(bytes, V1_SIGNATURE)) || (accepted.v2() && could_be(bytes, V2_SIGNATURE))
 }
 
@@ -105,7 +105,7 @@ fn could_be(bytes: &[u8], signature: &[u8]) -> bool {
 /// stream, e.g. a TLS ClientHello), which the caller replays before reading `io` again.
 /// Never reads more than `MAX_V2_BYTES` (v2) or 107 bytes (v1) plus whatever one read
 /// call returned past the header; never allocates more than that.
-pub(super) async fn read<R: AsyncRead + Unpin>(
+pub async fn read<R: AsyncRead + Unpin>(
     io: &mut R,
     accepted: Accepted,
     buffered: &mut Vec<u8>,
@@ -131,7 +131,7 @@ pub(super) async fn read<R: AsyncRead + Unpin>(
 
 /// Parses a PROXY header at the start of `bytes`: `Ok(None)` while they are a valid
 /// but unfinished start of one, else the header and how many bytes it took.
-fn parse(bytes: &[u8], accepted: Accepted) -> Result<Option<(Header, usize)>, ProxyProtocolError> {
+pub fn parse(bytes: &[u8], accepted: Accepted) -> Result<Option<(Header, usize)>, ProxyProtocolError> {
     if accepted.v2() && could_be(bytes, V2_SIGNATURE) {
         parse_v2(bytes)
     } else if accepted.v1() && could_be(bytes, V1_SIGNATURE) {
