@@ -2,7 +2,7 @@
 //! and nginx `limit_req` in front of it, loaded closed-loop by wrk and at one fixed
 //! rate by oha.
 
-use std::{fmt::Write as _, fs};
+use std::{fmt::Write as _, fs, path::PathBuf};
 
 use anyhow::{Context, Result};
 use limiter_lab::report::{ClosedLoop, FixedRate, Http, HttpRow, LoadTools};
@@ -22,27 +22,43 @@ use crate::util::{cmd, find_program};
 
 pub const TITLE: &str = "3. HTTP";
 
+/// What both HTTP groups start from: a fresh output directory, one upstream nginx
+/// (the first of `servers`), and the bench key's secret file.
+pub struct Stage {
+    pub dir: PathBuf,
+    pub nginx: PathBuf,
+    pub upstream_port: u16,
+    pub secret: PathBuf,
+    /// Stopped when dropped.
+    pub servers: Vec<Server>,
+}
+
+impl Stage {
+    pub fn new(bench: &mut Bench, group: &str) -> Result<Self> {
+        let dir = bench.out.join(group);
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir)?;
+        let nginx = find_program("nginx").context("nginx not found (cargo xtask setup)")?;
+        let upstream_port = free_port()?;
+        let upstream = Server::nginx(
+            bench,
+            &nginx,
+            &dir,
+            "upstream",
+            &upstream_conf(upstream_port),
+            answers_http1(upstream_port),
+        )?;
+        let secret = dir.join("bench-key.secret");
+        fs::write(&secret, SECRET)?;
+        Ok(Self { dir, nginx, upstream_port, secret, servers: vec![upstream] })
+    }
+}
+
 pub fn run(bench: &mut Bench) -> Result<Http> {
-    let dir = bench.out.join("http");
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir)?;
-    let nginx = find_program("nginx").context("nginx not found (cargo xtask setup)")?;
+    let Stage { dir, nginx, upstream_port, secret, mut servers } = Stage::new(bench, "http")?;
     let wrk = find_program("wrk").context("wrk not found (cargo xtask setup)")?;
     let oha = find_program("oha");
     let limiter = bench.bin_dir.join("limiter");
-
-    let upstream_port = free_port()?;
-    let mut servers = Vec::new();
-    servers.push(Server::nginx(
-        bench,
-        &nginx,
-        &dir,
-        "upstream",
-        &upstream_conf(upstream_port),
-        answers_http1(upstream_port),
-    )?);
-    let secret = dir.join("bench-key.secret");
-    fs::write(&secret, SECRET)?;
     let mut scenarios: Vec<(&str, u16, &str)> = vec![("upstream direct", upstream_port, "/")];
     let mut start_limiter = |bench: &mut Bench, name: &'static str, proxy: &str, path: &'static str| -> Result<()> {
         let port = free_port()?;

@@ -2,16 +2,17 @@
 //! of it limiter and nginx `limit_req` speaking HTTP/2 to their clients, over TLS and
 //! in the clear (h2c), loaded by h2load.
 
-use std::{fmt::Write as _, fs, path::Path, process::Command};
+use std::{fmt::Write as _, path::Path, process::Command};
 
 use anyhow::{Context, Result, bail};
 use limiter_lab::report::{Http2, Http2Row};
 
 use super::{
     Bench,
-    configs::{KEY_ID, LIMITER_RULES, Listener, SECRET, limiter_conf, nginx_limit_req_conf, upstream_conf},
+    configs::{KEY_ID, LIMITER_RULES, Listener, limiter_conf, nginx_limit_req_conf},
     format::num,
-    process::{Server, answers_http1, free_port},
+    http::Stage,
+    process::{Server, free_port},
     svg::bar_chart,
 };
 use crate::util::{cmd, find_program};
@@ -19,10 +20,7 @@ use crate::util::{cmd, find_program};
 pub const TITLE: &str = "3b. HTTP/2";
 
 pub fn run(bench: &mut Bench) -> Result<Http2> {
-    let dir = bench.out.join("http2");
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir)?;
-    let nginx = find_program("nginx").context("nginx not found (cargo xtask setup)")?;
+    let Stage { dir, nginx, upstream_port, secret, mut servers } = Stage::new(bench, "http2")?;
     let h2load = find_program("h2load").context("h2load not found (cargo xtask setup)")?;
     let openssl = find_program("openssl").context("openssl not found (cargo xtask setup)")?;
     let limiter = bench.bin_dir.join("limiter");
@@ -36,19 +34,6 @@ pub fn run(bench: &mut Bench) -> Result<Http2> {
         .arg(&cert);
     bench.run_recorded(&mut c)?;
     let tls = Listener::Tls { cert: &cert, key: &key };
-
-    let upstream_port = free_port()?;
-    let mut servers = Vec::new();
-    servers.push(Server::nginx(
-        bench,
-        &nginx,
-        &dir,
-        "upstream",
-        &upstream_conf(upstream_port),
-        answers_http1(upstream_port),
-    )?);
-    let secret = dir.join("bench-key.secret");
-    fs::write(&secret, SECRET)?;
     let mut scenarios = Vec::new();
     for (name, rules, listener) in [
         ("limiter, no rules, TLS", "", tls),
