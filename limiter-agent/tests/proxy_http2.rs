@@ -49,8 +49,7 @@ fn status_codes(output: &Output) -> String {
 async fn h2load_gets_exactly_the_limit_over_h2c_and_over_tls() {
     let (upstream, tls) = (Upstream::start().await, TestTls::new());
     let h2c = RunningProxy::start(&format!("{PROXY_HEAD}{API_LIMIT}"), upstream.addr).await;
-    let tls_table = format!("[proxy.tls]\ncert = {:?}\nkey = {:?}\n", tls.cert, tls.key);
-    let over_tls = RunningProxy::start(&format!("{PROXY_HEAD}{tls_table}{API_LIMIT}"), upstream.addr).await;
+    let over_tls = RunningProxy::start(&format!("{}{API_LIMIT}", tls.proxy_head()), upstream.addr).await;
     for url in [h2c.url("/api"), format!("https://127.0.0.1:{}/api", over_tls.addr.port())] {
         // 300 requests on 3 connections, 10 streams at a time on each.
         let output = run("h2load", &["-n", "300", "-c", "3", "-m", "10", &url]).await;

@@ -11,14 +11,10 @@ use std::{
 
 use limiter_lab::support::{
     agent::{AgentProcess, agent_section},
-    proxy::{PATIENCE, PROXY_HEAD, RunningProxy, Upstream},
+    proxy::{PATIENCE, RunningProxy, Upstream},
     tls::TestTls,
     unique,
 };
-
-fn tls_table(tls: &TestTls) -> String {
-    format!("[proxy.tls]\ncert = {:?}\nkey = {:?}\n", tls.cert, tls.key)
-}
 
 /// `openssl s_client` on `addr` with `args`, sending nothing: what it printed.
 async fn s_client(addr: &str, ca: &Path, args: &[&str]) -> String {
@@ -40,7 +36,7 @@ async fn curl(args: &[&str]) -> Output {
 #[tokio::test]
 async fn tls_1_3_and_1_2_are_spoken_with_alpn_and_older_versions_are_refused() {
     let (upstream, tls) = (Upstream::start().await, TestTls::new());
-    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{}", tls_table(&tls)), upstream.addr).await;
+    let proxy = RunningProxy::start(&tls.proxy_head(), upstream.addr).await;
     let addr = proxy.addr.to_string();
 
     let tls13 = s_client(&addr, &tls.ca, &["-tls1_3", "-alpn", "h2,http/1.1"]).await;
@@ -67,7 +63,7 @@ async fn tls_1_3_and_1_2_are_spoken_with_alpn_and_older_versions_are_refused() {
 async fn curl_verifies_the_certificate_and_is_limited_over_http1_and_http2() {
     let (upstream, tls) = (Upstream::start().await, TestTls::new());
     let rule = "[[proxy.rules]]\nname = \"api\"\npath = \"/api\"\nkey = \"ip\"\nlimit = 3\nwindow = \"1m\"\n";
-    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{}{rule}", tls_table(&tls)), upstream.addr).await;
+    let proxy = RunningProxy::start(&format!("{}{rule}", tls.proxy_head()), upstream.addr).await;
     let url = format!("https://127.0.0.1:{}/api", proxy.addr.port());
     let ca = tls.ca.display().to_string();
     let mut statuses = Vec::new();
@@ -99,7 +95,7 @@ async fn the_certificate_is_chosen_by_the_name_the_client_asks_for() {
     let (upstream, tls) = (Upstream::start().await, TestTls::new());
     let (api_cert, api_key) = tls.issue("api", "api.example.test", "DNS:api.example.test");
     let sni = format!("[[proxy.tls.sni]]\nname = \"API.example.test\"\ncert = {api_cert:?}\nkey = {api_key:?}\n");
-    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{}{sni}", tls_table(&tls)), upstream.addr).await;
+    let proxy = RunningProxy::start(&format!("{}{sni}", tls.proxy_head()), upstream.addr).await;
     let addr = proxy.addr.to_string();
     let named =
         s_client(&addr, &tls.ca, &["-servername", "api.example.test", "-verify_hostname", "api.example.test"]).await;

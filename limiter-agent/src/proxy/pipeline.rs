@@ -156,8 +156,6 @@ pub(super) struct ConnectionSettings {
     pub header_timeout: Duration,
     pub tunnel_idle_timeout: Duration,
     pub tls: Option<ServerTls>,
-    /// Cleartext HTTP/2 is recognised by its preface.
-    pub h2c: bool,
     pub http2: Http2Config,
     /// The PROXY header versions a trusted peer sends; `None`: off.
     pub proxy_protocol: Option<Accepted>,
@@ -286,7 +284,6 @@ impl<C: Clock + Clone> Pipeline<C> {
             header_timeout: config.header_timeout.0,
             tunnel_idle_timeout: config.tunnel_idle_timeout.0,
             tls: snapshot.tls.clone(),
-            h2c: config.http2.h2c,
             http2: config.http2.clone(),
             proxy_protocol,
             peer_trusted: keys::is_trusted(peer.to_canonical(), &config.trusted_proxies),

@@ -90,6 +90,10 @@ const V2_SIGNATURE: &[u8] = b"\r\n\r\n\0\r\nQUIT\n";
 /// Signature, version and command, family, address length.
 const V2_FIXED_BYTES: usize = 16;
 
+/// From this many bytes on, [`starts_like_header`] has its final answer: the longer
+/// signature's length.
+pub const SIGNATURE_BYTES: usize = V2_SIGNATURE.len();
+
 /// Whether `bytes` (the start of a connection) could still be, or is, a PROXY header
 /// of an accepted version: used to refuse a header from a peer that may not send one.
 pub fn starts_like_header(bytes: &[u8], accepted: Accepted) -> bool {

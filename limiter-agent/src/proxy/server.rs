@@ -127,7 +127,8 @@ async fn connection<C: Clock + Clone>(
             }
         },
         None => {
-            let h2 = connection.settings.h2c
+            // Cleartext HTTP/2 is told from HTTP/1.1 by its preface.
+            let h2 = connection.settings.http2.h2c
                 && prefixed::read_until(&mut watched, &mut buffered, prefixed::preface_decided).await.is_ok()
                 && buffered.starts_with(prefixed::H2_PREFACE);
             let stream: Plain = Prefixed::new(buffered, watched);
@@ -155,7 +156,9 @@ async fn preamble<C: Clock + Clone>(
     };
     if !settings.peer_trusted {
         // Anyone may connect directly, but only a trusted peer may speak for a client.
-        let decided = |start: &[u8]| !proxy_protocol::starts_like_header(start, accepted) || start.len() >= 12;
+        let decided = |start: &[u8]| {
+            !proxy_protocol::starts_like_header(start, accepted) || start.len() >= proxy_protocol::SIGNATURE_BYTES
+        };
         if let Err(error) = prefixed::read_until(watched, buffered, decided).await {
             tracing::debug!(%error, %peer, "connection ended before its first request");
             return None;

@@ -69,6 +69,15 @@ impl TestTls {
         (self.dir.join(cert), self.dir.join(key))
     }
 
+    /// [`PROXY_HEAD`](super::proxy::PROXY_HEAD) for a listener with this certificate:
+    /// TLS, so without `h2c` (HTTP/2 comes by ALPN).
+    #[cfg(feature = "agent")]
+    #[must_use]
+    pub fn proxy_head(&self) -> String {
+        let head = super::proxy::PROXY_HEAD.replace("http2.h2c = true\n", "");
+        format!("{head}[proxy.tls]\ncert = {:?}\nkey = {:?}\n", self.cert, self.key)
+    }
+
     /// The directory the files are in, removed on drop.
     #[must_use]
     pub fn dir(&self) -> &Path {
