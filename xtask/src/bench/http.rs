@@ -2,7 +2,7 @@
 //! and nginx `limit_req` in front of it, loaded closed-loop by wrk and at one fixed
 //! rate by oha.
 
-use std::{fmt::Write as _, fs, path::PathBuf};
+use std::{fmt::Write as _, fs, os::unix::fs::PermissionsExt as _, path::PathBuf};
 
 use anyhow::{Context, Result};
 use limiter_lab::report::{ClosedLoop, FixedRate, Http, HttpRow, LoadTools};
@@ -50,6 +50,8 @@ impl Stage {
         )?;
         let secret = dir.join("bench-key.secret");
         fs::write(&secret, SECRET)?;
+        // As an operator's would be: limiter warns about a secret others can read.
+        fs::set_permissions(&secret, fs::Permissions::from_mode(0o600))?;
         Ok(Self { dir, nginx, upstream_port, secret, servers: vec![upstream] })
     }
 }
