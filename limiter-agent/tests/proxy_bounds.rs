@@ -4,37 +4,16 @@
 
 use std::{
     net::{IpAddr, SocketAddr},
-    path::Path,
-    sync::Arc,
     time::{Duration, Instant},
 };
 
-use limiter::{config::Config, escalation::Escalator};
 use limiter_lab::support::proxy::{
-    PATIENCE, PROXY_HEAD, RunningProxy, Upstream, raw_exchange, read_to_close, secret_file, signed_route_config,
+    PATIENCE, PROXY_HEAD, RunningProxy, Upstream, connect_from, exchange_from, raw_exchange, read_to_close,
+    secret_file, signed_route_config,
 };
-use tokio::{
-    io::AsyncWriteExt,
-    net::{TcpSocket, TcpStream},
-    sync::mpsc,
-};
+use tokio::{io::AsyncWriteExt, net::TcpStream};
 
 const BODY_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// A connection from `local` (any 127.0.0.0/8 address is ours on loopback).
-async fn connect_from(local: [u8; 4], proxy: SocketAddr) -> TcpStream {
-    let socket = TcpSocket::new_v4().expect("socket");
-    socket.bind(SocketAddr::from((local, 0))).expect("bind a loopback address");
-    socket.connect(proxy).await.expect("connect to proxy")
-}
-
-/// Sends `request` on a connection from `local` and reads until the proxy closes it.
-/// A connection closed at accept may be reset while the request is being written.
-async fn exchange_from(local: [u8; 4], proxy: SocketAddr, request: &[u8]) -> String {
-    let mut stream = connect_from(local, proxy).await;
-    let _ = stream.write_all(request).await;
-    read_to_close(&mut stream).await
-}
 
 const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
 
@@ -123,17 +102,7 @@ async fn one_peer_gets_max_connections_per_ip_and_its_refusals_escalate() {
     let upstream = Upstream::start().await;
     let config = format!("{PROXY_HEAD}max_connections_per_ip = 3\ntrusted_proxies = [\"127.0.0.3/32\"]\n");
     let proxy = RunningProxy::start(&config, upstream.addr).await;
-    let whole = Config::parse(
-        &format!(
-            "[xdp]\ninterfaces = [\"lo\"]\n[xdp.limit]\npackets_per_second = 10\nburst = 20\n\
-             {PROXY_HEAD}[escalation]\nthreshold = 1\n"
-        )
-        .replace("{upstream}", &upstream.addr.to_string()),
-        Path::new("test.toml"),
-    )
-    .expect("escalation config");
-    let (escalations, mut escalated) = mpsc::channel(8);
-    proxy.proxy.escalate_to(Arc::new(Escalator::new(&whole, escalations)));
+    let mut escalated = proxy.escalate(&config, upstream.addr, 1);
 
     let mut held = Vec::new();
     for _ in 0..3 {

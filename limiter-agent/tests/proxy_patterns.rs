@@ -2,12 +2,11 @@
 //! against scanner and probe requests and against ordinary ones, `tag` rules, a
 //! pathological input for a pattern, escalation of denials, and a reload of the set.
 
-use std::{path::Path, sync::Arc, time::Instant};
+use std::time::Instant;
 
 use http::{Method, StatusCode};
-use limiter::{config::Config, escalation::Escalator, signature::KeySecrets};
+use limiter::signature::KeySecrets;
 use limiter_lab::support::proxy::{PATIENCE, PROXY_HEAD, RunningProxy, TestClient, Upstream, proxy_config};
-use tokio::sync::mpsc;
 
 const PATTERNS: &str = include_str!("../../config/patterns.toml");
 const BROWSER: &str = "Mozilla/5.0 (X11; Linux x86_64) Firefox/133.0";
@@ -154,14 +153,7 @@ async fn denials_count_towards_escalation() {
     let upstream = Upstream::start().await;
     let head = format!("{PROXY_HEAD}{PATTERNS}");
     let proxy = RunningProxy::start(&head, upstream.addr).await;
-    let whole = Config::parse(
-        &format!("[xdp]\ninterfaces = [\"lo\"]\n[xdp.limit]\npackets_per_second = 10\nburst = 20\n{head}[escalation]\nthreshold = 2\n")
-            .replace("{upstream}", &upstream.addr.to_string()),
-        Path::new("test.toml"),
-    )
-    .expect("escalation config");
-    let (escalations, mut escalated) = mpsc::channel(8);
-    proxy.proxy.escalate_to(Arc::new(Escalator::new(&whole, escalations)));
+    let mut escalated = proxy.escalate(&head, upstream.addr, 2);
     let client = TestClient::default();
     for _ in 0..3 {
         assert_eq!(status(&client, &proxy, "/wp-login.php", Some(BROWSER)).await, StatusCode::FORBIDDEN);

@@ -3,22 +3,13 @@
 
 use std::{
     net::SocketAddr,
-    path::Path,
     process::{Child, Command, Stdio},
-    sync::Arc,
     time::Instant,
 };
 
-use limiter::{config::Config, escalation::Escalator};
-
 use limiter_lab::support::{
-    proxy::{PATIENCE, PROXY_HEAD, RunningProxy, Upstream, read_to_close},
+    proxy::{PATIENCE, PROXY_HEAD, RunningProxy, Upstream, exchange_from},
     unique,
-};
-use tokio::{
-    io::AsyncWriteExt as _,
-    net::{TcpSocket, TcpStream},
-    sync::mpsc,
 };
 
 const TRUSTED_LB: &str = "trusted_proxies = [\"127.0.0.1/32\"]\n";
@@ -85,14 +76,7 @@ async fn behind_haproxy_the_client_it_names_is_the_one_limited_and_forwarded_for
     let upstream = Upstream::start().await;
     let config = format!("{PROXY_HEAD}{TRUSTED_LB}proxy_protocol = \"v2\"\n{API_LIMIT}");
     let proxy = RunningProxy::start(&config, upstream.addr).await;
-    let whole = Config::parse(
-        &format!("[xdp]\ninterfaces = [\"lo\"]\n[xdp.limit]\npackets_per_second = 10\nburst = 20\n{config}[escalation]\nthreshold = 1\n")
-            .replace("{upstream}", &upstream.addr.to_string()),
-        Path::new("test.toml"),
-    )
-    .expect("escalation config");
-    let (escalations, mut escalated) = mpsc::channel(8);
-    proxy.proxy.escalate_to(Arc::new(Escalator::new(&whole, escalations)));
+    let mut escalated = proxy.escalate(&config, upstream.addr, 1);
     let haproxy = HaProxy::start(proxy.addr);
     let url = format!("http://{}/api", haproxy.front);
     let mut statuses = Vec::new();
@@ -111,20 +95,6 @@ async fn behind_haproxy_the_client_it_names_is_the_one_limited_and_forwarded_for
     // Threshold 1: the second 429 escalates the client, not the balancer.
     let escalation = tokio::time::timeout(PATIENCE, escalated.recv()).await.expect("escalated in time").expect("one");
     assert_eq!(escalation.cidr.to_string(), "127.0.0.2/32");
-}
-
-async fn connect_from(local: [u8; 4], to: SocketAddr) -> TcpStream {
-    let socket = TcpSocket::new_v4().expect("socket");
-    socket.bind(SocketAddr::from((local, 0))).expect("bind a loopback address");
-    socket.connect(to).await.expect("connect")
-}
-
-/// Sends `bytes` from `local` and reads until the proxy closes the connection.
-async fn exchange_from(local: [u8; 4], to: SocketAddr, bytes: &[u8]) -> String {
-    let mut stream = connect_from(local, to).await;
-    // Refused before it is read whole, the write may meet a reset.
-    let _ = stream.write_all(bytes).await;
-    read_to_close(&mut stream).await
 }
 
 const V1_THEN_GET: &[u8] =

@@ -21,12 +21,17 @@ use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::{TokioExecutor, TokioIo},
 };
-use limiter::{config::Config, proxy::Proxy, signature::KeySecrets};
+use limiter::{
+    config::Config,
+    escalation::{Escalation, Escalator},
+    proxy::Proxy,
+    signature::KeySecrets,
+};
 use limiter_core::{Clock as _, FakeClock, SystemClock};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
-    sync::{Semaphore, oneshot, watch},
+    net::{TcpListener, TcpSocket, TcpStream},
+    sync::{Semaphore, mpsc, oneshot, watch},
     task::JoinHandle,
 };
 
@@ -239,6 +244,21 @@ impl RunningProxy {
         Self { proxy, clock, addr, stop: Some(stop), task: Some(task) }
     }
 
+    /// Sends this proxy's refusals to an escalator with `threshold`, set up as the agent
+    /// would from `text` (this proxy's config, see [`PROXY_HEAD`]) beside a kernel
+    /// layer; the blocks it asks for.
+    pub fn escalate(&self, text: &str, upstream: SocketAddr, threshold: u32) -> mpsc::Receiver<Escalation> {
+        let whole = format!(
+            "[xdp]\ninterfaces = [\"lo\"]\n[xdp.limit]\npackets_per_second = 10\nburst = 20\n{text}\
+             [escalation]\nthreshold = {threshold}\n"
+        )
+        .replace("{upstream}", &upstream.to_string());
+        let whole = Config::parse(&whole, Path::new("test.toml")).unwrap_or_else(|e| panic!("escalation config: {e}"));
+        let (escalations, escalated) = mpsc::channel(8);
+        self.proxy.escalate_to(Arc::new(Escalator::new(&whole, escalations)));
+        escalated
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
@@ -339,6 +359,23 @@ impl TestClient {
     pub async fn get(&self, url: &str, headers: &[(&str, &str)]) -> Reply {
         self.request(Method::GET, url, headers, b"").await
     }
+}
+
+/// A connection to `to` from `local` (any 127.0.0.0/8 address is this host's on
+/// loopback).
+pub async fn connect_from(local: [u8; 4], to: SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket.bind(SocketAddr::from((local, 0))).expect("bind a loopback address");
+    socket.connect(to).await.expect("connect")
+}
+
+/// Sends `bytes` on a connection from `local` and reads until the proxy closes it. A
+/// connection refused before the bytes are read whole may be reset while they are
+/// written.
+pub async fn exchange_from(local: [u8; 4], to: SocketAddr, bytes: &[u8]) -> String {
+    let mut stream = connect_from(local, to).await;
+    let _ = stream.write_all(bytes).await;
+    read_to_close(&mut stream).await
 }
 
 /// Writes `bytes` on a fresh connection and reads until the proxy closes it.
