@@ -139,15 +139,7 @@ fn upstream_uri(base: &Uri, path: &str, query: Option<&str>) -> Result<Uri, http
 /// Removes the headers that describe one connection rather than the message (RFC 9110
 /// §7.6.1): the fixed list, any `Proxy-*`, and whatever `Connection` names.
 pub(super) fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .map(|name| name.trim().to_ascii_lowercase())
-        .filter(|name| !name.is_empty())
-        .collect();
-    for name in named {
+    for name in connection_options(headers) {
         headers.remove(name.as_str());
     }
     for name in [header::CONNECTION, header::TE, header::TRAILER, header::TRANSFER_ENCODING, header::UPGRADE] {
@@ -160,16 +152,22 @@ pub(super) fn remove_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// The protocol an HTTP/1.1 request asks to switch to (`Connection: upgrade` and
-/// `Upgrade`), which hop-by-hop removal would otherwise drop.
-fn requested_upgrade(parts: &request::Parts) -> Option<HeaderValue> {
-    let asks = parts
-        .headers
+/// What `Connection` names, in lower case: headers of this hop, or `upgrade`.
+fn connection_options(headers: &HeaderMap) -> Vec<String> {
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+        .map(|name| name.trim().to_ascii_lowercase())
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
+/// The protocol an HTTP/1.1 request asks to switch to (`Connection: upgrade` and
+/// `Upgrade`), which hop-by-hop removal would otherwise drop.
+fn requested_upgrade(parts: &request::Parts) -> Option<HeaderValue> {
+    let asks = connection_options(&parts.headers).iter().any(|option| option == "upgrade");
     (parts.version == Version::HTTP_11 && asks).then(|| parts.headers.get(header::UPGRADE).cloned()).flatten()
 }
 
