@@ -161,7 +161,10 @@ async fn valid_signature_passes_and_any_change_fails_alike(client: TestClient) {
     ] {
         failures.push(changed.send_with(&client, &proxy, &signature).await);
     }
-    for timestamp in [unix_now() - 301, unix_now() + 301] {
+    // Off by 301 s from the proxy's own clock, which stands still: off the wall clock,
+    // a second turning since the proxy started would make one of them 300 s, inside.
+    let proxy_now = proxy.clock.now().as_secs();
+    for timestamp in [proxy_now - 301, proxy_now + 301] {
         failures.push(Signed { timestamp, ..original() }.send(&client, &proxy).await);
     }
     failures.push(original().send_with(&client, &proxy, &signature[..63]).await);
