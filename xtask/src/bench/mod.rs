@@ -45,7 +45,14 @@ pub struct Opts {
     /// A run of about two minutes: fewer repetitions, shorter loads.
     #[arg(long)]
     pub quick: bool,
+    /// Only these groups (comma-separated: xdp, flood, random_flood, http, http2,
+    /// algorithms, hmac, memory, store); the others are reported as not run.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
 }
+
+/// The names `--only` takes, in the order a run measures them.
+const GROUPS: [&str; 9] = ["xdp", "flood", "random_flood", "http", "http2", "algorithms", "hmac", "memory", "store"];
 
 /// How much of everything a run does.
 #[derive(Clone, Copy, Debug)]
@@ -147,8 +154,13 @@ pub fn run(opts: &Opts) -> Result<()> {
             eprintln!("warning: {e:#}; fixed-rate latencies will be missing");
         }
     }
+    if let Some(unknown) = opts.only.iter().find(|g| !GROUPS.contains(&g.as_str())) {
+        bail!("--only: no group {unknown:?} (groups: {})", GROUPS.join(", "));
+    }
     let sizes = if opts.quick { Sizes::QUICK } else { Sizes::FULL };
-    let report = Bench::new(sizes, target_dir().join("release"), target_dir().join("bench")).run()?;
+    let mut bench = Bench::new(sizes, target_dir().join("release"), target_dir().join("bench"));
+    bench.only = opts.only.clone();
+    let report = bench.run()?;
     println!("{}", markdown::summary_table(&report));
     println!("report: {}", target_dir().join("bench/report.md").display());
     Ok(())
@@ -162,28 +174,43 @@ pub struct Bench {
     out: PathBuf,
     commands: Vec<String>,
     errors: Vec<String>,
+    /// The groups to run; empty: all of them.
+    only: Vec<String>,
 }
 
 impl Bench {
     pub fn new(sizes: Sizes, bin_dir: PathBuf, out: PathBuf) -> Self {
-        Self { sizes, bin_dir, out, commands: Vec::new(), errors: Vec::new() }
+        Self { sizes, bin_dir, out, commands: Vec::new(), errors: Vec::new(), only: Vec::new() }
+    }
+
+    /// Runs `group` unless `--only` leaves it out.
+    fn group<T>(&mut self, name: &str, group: impl FnOnce(&mut Self) -> Outcome<T>) -> Outcome<T> {
+        if self.only.is_empty() || self.only.iter().any(|g| g == name) {
+            group(self)
+        } else {
+            Outcome::Failed { error: "not run (--only)".to_owned() }
+        }
     }
 
     /// Runs every group, writes the report files and returns the report.
     pub fn run(mut self) -> Result<Report> {
         fs::create_dir_all(&self.out).with_context(|| format!("cannot create {}", self.out.display()))?;
         let started = Instant::now();
-        let xdp_cost = xdp::run(&mut self);
-        let flood = flood::run(&mut self);
-        let random_flood = flood::run_random(&mut self);
-        let http = http::run(&mut self);
-        let http = self.outcome("http", http);
-        let http2 = http2::run(&mut self);
-        let http2 = self.outcome("http2", http2);
-        let algorithms = algorithms::run(&mut self);
-        let hmac = hmac::run(&mut self);
-        let memory = memory::run(&mut self);
-        let store = store::run(&mut self);
+        let xdp_cost = self.group("xdp", xdp::run);
+        let flood = self.group("flood", flood::run);
+        let random_flood = self.group("random_flood", flood::run_random);
+        let http = self.group("http", |b| {
+            let http = http::run(b);
+            b.outcome("http", http)
+        });
+        let http2 = self.group("http2", |b| {
+            let http2 = http2::run(b);
+            b.outcome("http2", http2)
+        });
+        let algorithms = self.group("algorithms", algorithms::run);
+        let hmac = self.group("hmac", hmac::run);
+        let memory = self.group("memory", memory::run);
+        let store = self.group("store", store::run);
         let mut report = Report {
             run: self.sizes.name.to_owned(),
             environment: environment::environment(),
