@@ -15,12 +15,13 @@ use limiter_lab::support::proxy::{PATIENCE, PROXY_HEAD, RunningProxy, Upstream};
 /// How long a loop runs out of descriptors while its CPU time is measured.
 const STARVED: Duration = Duration::from_secs(1);
 
-/// CPU time of the calling thread.
-fn thread_cpu_time() -> Duration {
+/// CPU time of the whole process: the proxy's accept loops run on worker threads of
+/// their own, and nothing else in this binary runs meanwhile.
+fn process_cpu_time() -> Duration {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: getrusage writes a whole rusage into the pointer it is given.
     let usage = unsafe {
-        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()), 0, "getrusage");
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0, "getrusage");
         usage.assume_init()
     };
     let time = |t: libc::timeval| {
@@ -67,14 +68,14 @@ impl Drop for Exhausted {
 
 /// Connects to `addr` (the kernel completes the handshake from the backlog, before
 /// any accept), then starves the process of descriptors for [`STARVED`] and returns
-/// the CPU time this thread, the whole runtime, spent meanwhile, and the connection.
+/// the CPU time the process spent meanwhile, and the connection.
 async fn starve_with_a_client_waiting(addr: std::net::SocketAddr) -> (Duration, TcpStream) {
     let client = TcpStream::connect(addr).expect("connect");
     client.set_read_timeout(Some(PATIENCE)).expect("read timeout");
     let exhausted = Exhausted::new();
-    let before = thread_cpu_time();
+    let before = process_cpu_time();
     tokio::time::sleep(STARVED).await;
-    let spent = thread_cpu_time() - before;
+    let spent = process_cpu_time() - before;
     drop(exhausted);
     (spent, client)
 }
@@ -91,8 +92,8 @@ async fn exchange(mut client: TcpStream, request: &'static [u8]) -> String {
     .expect("client")
 }
 
-/// A loop that retries at once would take about all of [`STARVED`] on the one
-/// runtime thread; even on a loaded machine it gets more than a tenth of it.
+/// A loop that retries at once would take about all of [`STARVED`] on its thread;
+/// even on a loaded machine it gets more than a tenth of it.
 fn assert_paused(loop_name: &str, spent: Duration) {
     assert!(
         spent < STARVED / 10,

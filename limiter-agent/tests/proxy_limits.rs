@@ -207,6 +207,38 @@ auth = "bearer"
     assert_eq!(upstream.count(), 50);
 }
 
+/// The workers share one store: a limit holds exactly over connections served on
+/// four threads at once.
+#[tokio::test]
+async fn a_limit_holds_exactly_across_workers() {
+    let upstream = Upstream::start().await;
+    let config = format!(
+        r#"{PROXY_HEAD}workers = 4
+[[proxy.rules]]
+name = "api"
+path = "/api"
+key = "ip"
+algorithm = "fixed_window"
+limit = 50
+window = "1m"
+"#
+    );
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..200 {
+        // A connection of its own each, so the four workers take their shares.
+        let client = TestClient::default();
+        let url = proxy.url("/api");
+        tasks.spawn(async move { client.get(&url, &[]).await.status });
+    }
+    let statuses = tasks.join_all().await;
+    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    let rejected = statuses.iter().filter(|s| **s == StatusCode::TOO_MANY_REQUESTS).count();
+    assert_eq!((ok, rejected), (50, 150));
+    assert_eq!(upstream.count(), 50);
+    proxy.shutdown().await;
+}
+
 const PER_IP_2: &str = r#"
 [[proxy.rules]]
 name = "per-ip"

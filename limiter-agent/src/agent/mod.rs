@@ -18,8 +18,7 @@ use tokio::{
     io::BufReader,
     net::UnixListener,
     signal::unix::{SignalKind, signal},
-    sync::{Notify, mpsc, oneshot},
-    task::JoinHandle,
+    sync::{mpsc, oneshot},
 };
 
 pub use self::{
@@ -34,7 +33,7 @@ use crate::{
     escalation::{self, Escalation, Escalator},
     fleet::Fleet,
     metrics::{AgentGauges, MetricsSources},
-    proxy::Proxy,
+    proxy::{Proxy, Serving},
     signature::KeySecrets,
 };
 
@@ -94,30 +93,24 @@ pub enum AgentError {
     },
 }
 
-/// The proxy and the task serving it.
+/// The proxy and its workers.
 #[derive(Debug)]
 struct ProxyRuntime {
     proxy: Arc<Proxy>,
-    stop: Arc<Notify>,
-    task: JoinHandle<()>,
+    serving: Serving,
 }
 
 impl ProxyRuntime {
     async fn start(config: &crate::config::ProxyConfig, secrets: &KeySecrets) -> Result<Self, AgentError> {
         let proxy = Arc::new(Proxy::bind(Arc::new(config.clone()), secrets.clone(), SystemClock).await?);
-        tracing::info!(listen = %proxy.local_addr(), upstream = %config.upstream, "proxy serving");
-        let stop = Arc::new(Notify::new());
-        let task = tokio::spawn({
-            let (proxy, stop) = (proxy.clone(), stop.clone());
-            async move { proxy.run(async move { stop.notified().await }).await }
-        });
-        Ok(Self { proxy, stop, task })
+        let serving = proxy.serve()?;
+        tracing::info!(listen = %proxy.local_addr(), upstream = %config.upstream, workers = %config.workers(), "proxy serving");
+        Ok(Self { proxy, serving })
     }
 
     /// Stops accepting and waits for in-flight requests, up to `DRAIN_TIMEOUT`.
     async fn drain(self) {
-        self.stop.notify_one();
-        if tokio::time::timeout(DRAIN_TIMEOUT, self.task).await.is_err() {
+        if tokio::time::timeout(DRAIN_TIMEOUT, self.serving.stop()).await.is_err() {
             tracing::warn!("in-flight proxy requests still running after {DRAIN_TIMEOUT:?}; stopping anyway");
         }
     }

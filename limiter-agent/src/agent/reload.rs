@@ -62,6 +62,7 @@ fn restart_only(old: &Config, new: &Config) -> Vec<(&'static str, bool)> {
         let (sa, sb) = (&a.signature, &b.signature);
         keys.extend([
             ("proxy.listen", a.listen != b.listen),
+            ("proxy.workers (the threads start with the proxy)", a.workers != b.workers),
             ("proxy.store", a.store != b.store),
             ("proxy.redis_url", a.redis_url != b.redis_url),
             ("proxy.redis_prefix", a.redis_prefix != b.redis_prefix),

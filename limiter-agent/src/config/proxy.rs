@@ -26,6 +26,9 @@ use super::{
 #[serde(deny_unknown_fields)]
 pub struct ProxyConfig {
     pub listen: SocketAddr,
+    /// Threads serving connections, each with its own upstream pool; `None`: one per
+    /// CPU the agent may run on.
+    pub workers: Option<NonZeroUsize>,
     /// `http://host:port` of the application.
     #[serde(deserialize_with = "upstream")]
     pub upstream: http::Uri,
@@ -596,6 +599,13 @@ impl ProxyConfig {
     #[must_use]
     pub fn path_options(&self) -> PathOptions {
         PathOptions { escaped_slashes: self.escaped_slashes, case_insensitive: self.case_insensitive_paths }
+    }
+
+    /// How many threads serve connections: `workers`, or one per CPU the agent may
+    /// run on.
+    #[must_use]
+    pub fn workers(&self) -> NonZeroUsize {
+        self.workers.unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
     }
 
     /// Checks across records: plan references, rule names, rule paths. Errors name

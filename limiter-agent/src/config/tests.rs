@@ -289,6 +289,17 @@ fn connection_bounds_have_defaults_and_name_their_mistakes() {
 }
 
 #[test]
+fn workers_default_to_one_per_cpu_and_name_their_mistakes() {
+    let proxy = parse(PROXY).expect("minimal proxy").proxy.expect("proxy");
+    let cpus = std::thread::available_parallelism().expect("CPU count");
+    assert_eq!((proxy.workers, proxy.workers()), (None, cpus));
+    let proxy = parse(&format!("{PROXY}workers = 3\n")).expect("3 workers").proxy.expect("proxy");
+    assert_eq!(proxy.workers().get(), 3);
+    let (line, key, _) = refusal(&format!("{PROXY}workers = 0\n"));
+    assert_eq!((line, key.as_str()), (4, "proxy.workers"));
+}
+
+#[test]
 fn path_keys_default_to_reject_and_case_sensitive_and_name_their_mistakes() {
     let proxy = parse(PROXY).expect("proxy").proxy.expect("proxy");
     assert_eq!(proxy.escaped_slashes, EscapedSlashes::Reject);

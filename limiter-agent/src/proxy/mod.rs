@@ -30,12 +30,13 @@ mod tunnel;
 
 use std::{
     net::{IpAddr, SocketAddr},
+    num::NonZeroUsize,
     sync::{Arc, OnceLock},
 };
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, sync::watch};
 
 use limiter_core::{Clock, SystemClock};
 
@@ -75,6 +76,12 @@ pub enum ProxyError {
     },
     #[error("proxy.listen changed from {running} to {requested}: the agent must restart the proxy to move it")]
     ListenChanged { running: SocketAddr, requested: SocketAddr },
+    #[error("cannot start proxy worker {worker}: {source}")]
+    Worker {
+        worker: usize,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Told the peer of every accepted connection: a completed TCP handshake proves the
@@ -85,12 +92,21 @@ pub trait AcceptHook: Send + Sync + std::fmt::Debug {
 
 /// A bound proxy. `run` serves until shutdown; `reconfigure` and `stats` may be
 /// called meanwhile from elsewhere (share the proxy in an `Arc`).
+///
+/// It serves on `proxy.workers` threads, each with a single-threaded runtime and its
+/// own upstream pool: a connection stays on the thread that accepted it, with the
+/// upstream connections it uses, so no request pays for a wake-up across threads.
+/// The workers accept from one listening socket (each its own descriptor of it)
+/// rather than one `SO_REUSEPORT` socket each, so that the port stays ours alone: a
+/// second agent started on it fails to bind instead of silently taking a share of
+/// the connections.
 #[derive(Debug)]
 pub struct Proxy<C: Clock + Clone = SystemClock> {
-    listener: TcpListener,
+    listener: std::net::TcpListener,
     local_addr: SocketAddr,
+    workers: NonZeroUsize,
     pipeline: Arc<Pipeline<C>>,
-    on_accept: OnceLock<Arc<dyn AcceptHook>>,
+    on_accept: Arc<OnceLock<Arc<dyn AcceptHook>>>,
 }
 
 impl<C: Clock + Clone> Proxy<C> {
@@ -101,7 +117,15 @@ impl<C: Clock + Clone> Proxy<C> {
         let bind_error = |source| ProxyError::Bind { addr: config.listen, source };
         let listener = TcpListener::bind(config.listen).await.map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
-        Ok(Self { listener, local_addr, pipeline: Arc::new(pipeline), on_accept: OnceLock::new() })
+        // Each worker registers the socket with its own runtime.
+        let listener = listener.into_std().map_err(bind_error)?;
+        Ok(Self {
+            listener,
+            local_addr,
+            workers: config.workers(),
+            pipeline: Arc::new(pipeline),
+            on_accept: Arc::default(),
+        })
     }
 
     /// The address actually bound (`listen` may ask for port 0).
@@ -110,10 +134,47 @@ impl<C: Clock + Clone> Proxy<C> {
         self.local_addr
     }
 
-    /// Serves until `shutdown` completes, then stops accepting, lets every in-flight
-    /// request finish (idle keep-alive connections close at once) and returns.
-    pub async fn run(&self, shutdown: impl Future<Output = ()>) {
-        server::serve(&self.listener, &self.pipeline, &self.on_accept, shutdown).await;
+    /// Starts serving on `proxy.workers` threads, until [`Serving::stop`]. Fails if a
+    /// worker cannot start (those started are stopped again).
+    pub fn serve(&self) -> Result<Serving, ProxyError> {
+        let (stop, stopped) = watch::channel(false);
+        let mut serving = Serving { stop, finished: Vec::with_capacity(self.workers.get()) };
+        for worker in 0..self.workers.get() {
+            // Dropping `serving` on error stops the workers already started.
+            serving.finished.push(self.start_worker(worker, stopped.clone())?);
+        }
+        Ok(serving)
+    }
+
+    /// Starts worker `worker` on a thread of its own, serving until `stopped` turns
+    /// true; the receiver returned is closed once it has drained.
+    fn start_worker(
+        &self,
+        worker: usize,
+        mut stopped: watch::Receiver<bool>,
+    ) -> Result<tokio::sync::oneshot::Receiver<()>, ProxyError> {
+        let failed = |source| ProxyError::Worker { worker, source };
+        let listener = self.listener.try_clone().map_err(failed)?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(failed)?;
+        let (pipeline, on_accept) = (Arc::clone(&self.pipeline), Arc::clone(&self.on_accept));
+        let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(format!("proxy-{worker}"))
+            .spawn(move || {
+                runtime.block_on(async {
+                    let listener = match TcpListener::from_std(listener) {
+                        Ok(listener) => listener,
+                        Err(error) => return tracing::error!(%error, worker, "proxy worker cannot listen"),
+                    };
+                    let shutdown = async move {
+                        let _ = stopped.wait_for(|stop| *stop).await;
+                    };
+                    server::serve(&listener, &pipeline, &on_accept, shutdown).await;
+                });
+                drop(done);
+            })
+            .map_err(failed)?;
+        Ok(finished)
     }
 
     /// Applies a new config to new requests; limiter state of unchanged rules and
@@ -164,5 +225,32 @@ impl<C: Clock + Clone> Proxy<C> {
     #[must_use]
     pub fn fleet(&self) -> Option<&crate::fleet::Fleet> {
         self.pipeline.fleet()
+    }
+}
+
+/// A proxy's running workers.
+#[derive(Debug)]
+pub struct Serving {
+    stop: watch::Sender<bool>,
+    /// One per worker, closed once it has drained.
+    finished: Vec<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl Serving {
+    /// Stops accepting, lets every in-flight request finish (idle keep-alive
+    /// connections close at once) and returns once every worker has.
+    pub async fn stop(mut self) {
+        self.stop.send_replace(true);
+        for finished in std::mem::take(&mut self.finished) {
+            // Closed when the worker has drained, or died.
+            let _ = finished.await;
+        }
+    }
+}
+
+impl Drop for Serving {
+    /// A proxy no one will stop is stopped now; its workers drain on their own.
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
     }
 }

@@ -174,7 +174,6 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     /// What signatures, idempotency and headers are measured with; the engine
     /// measures with a clone.
     clock: C,
-    upstream: Upstream,
     /// Set by the agent when it runs the kernel layer too.
     escalator: OnceLock<Arc<Escalator>>,
     max_stored_body: usize,
@@ -205,7 +204,6 @@ impl<C: Clock + Clone> Pipeline<C> {
             escalator: OnceLock::new(),
             max_stored_body: config.signature.idempotency_max_body_bytes,
             snapshot: RwLock::new(Arc::new(Snapshot::new(config, secrets))),
-            upstream: Upstream::new(),
             counters: Counters::default(),
             connections: Arc::default(),
         })
@@ -321,10 +319,17 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.counters.add(event);
     }
 
-    pub(super) async fn handle(&self, request: Request<Incoming>, peer: IpAddr) -> Response<ProxyBody> {
+    /// Answers `request` from `peer`, forwarding it (if it passes) through `upstream`,
+    /// the pool of the worker serving the connection.
+    pub(super) async fn handle(
+        &self,
+        request: Request<Incoming>,
+        peer: IpAddr,
+        upstream: &Upstream,
+    ) -> Response<ProxyBody> {
         self.counters.add(Event::Request);
         let snapshot = self.snapshot();
-        match self.process(&snapshot, request, peer).await {
+        match self.process(&snapshot, request, peer, upstream).await {
             Ok(response) => response,
             Err(refusal) => self.refuse(&snapshot.config, refusal, peer),
         }
@@ -361,6 +366,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         snapshot: &Snapshot,
         request: Request<Incoming>,
         peer: IpAddr,
+        upstream: &Upstream,
     ) -> Result<Response<ProxyBody>, Refusal> {
         let config = &snapshot.config;
         let (mut parts, body) = request.into_parts();
@@ -417,7 +423,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         let origin = Origin { peer, peer_trusted: keys::is_trusted(peer, &config.trusted_proxies) };
         let disclose = snapshot.disclose(info.api_key);
         let outcome = match self.act(config, verdict, violated, disclose).await {
-            Ok(()) => self.forward(config, parts, path.forward(), body, origin, claim).await,
+            Ok(()) => self.forward(config, upstream, parts, path.forward(), body, origin, claim).await,
             Err(refusal) => {
                 if let Proof::Signed(authenticated) = &proof {
                     self.unrecord(authenticated).await;
@@ -534,9 +540,11 @@ impl<C: Clock + Clone> Pipeline<C> {
         }
     }
 
+    #[expect(clippy::too_many_arguments, reason = "one request's parts, each passed on once")]
     async fn forward(
         &self,
         config: &ProxyConfig,
+        upstream: &Upstream,
         parts: request::Parts,
         path: &str,
         body: ProxyBody,
@@ -551,20 +559,18 @@ impl<C: Clock + Clone> Pipeline<C> {
             claim.sent(self.clock.now()).await;
         }
         // Bounds the wait for the response head; a streaming body may take longer.
-        let response = tokio::time::timeout(
-            config.upstream_timeout.0,
-            self.upstream.send(&config.upstream, path, parts, body, origin),
-        )
-        .await
-        .map_err(|_| Refusal::UpstreamTimeout)?
-        .map_err(|error| {
-            if error.never_sent()
-                && let Some(claim) = &mut claim
-            {
-                claim.not_sent();
-            }
-            if body::timed_out(&error) { Refusal::BodyTimeout } else { Refusal::Upstream(error.into()) }
-        })?;
+        let response =
+            tokio::time::timeout(config.upstream_timeout.0, upstream.send(&config.upstream, path, parts, body, origin))
+                .await
+                .map_err(|_| Refusal::UpstreamTimeout)?
+                .map_err(|error| {
+                    if error.never_sent()
+                        && let Some(claim) = &mut claim
+                    {
+                        claim.not_sent();
+                    }
+                    if body::timed_out(&error) { Refusal::BodyTimeout } else { Refusal::Upstream(error.into()) }
+                })?;
         let Some(claim) = claim else {
             return Ok(response);
         };

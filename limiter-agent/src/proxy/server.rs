@@ -31,7 +31,7 @@ use tokio::{
 use super::{
     AcceptHook, ProxyBody,
     connections::{Refused, Slot},
-    forward::UpstreamUpgrade,
+    forward::{Upstream, UpstreamUpgrade},
     idle::{Guarded, InFlight, Wait, Watched},
     pipeline::{ConnectionSettings, Pipeline},
     prefixed::{self, Prefixed},
@@ -49,12 +49,16 @@ type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, In
 /// then the socket, under the idle and header timeouts.
 type Plain = Prefixed<Watched<TcpStream>>;
 
+/// One worker's accept loop: every connection it accepts is served on this thread,
+/// and forwarded through this worker's own upstream pool, so that a request never
+/// waits for another thread to wake.
 pub(super) async fn serve<C: Clock + Clone>(
     listener: &TcpListener,
     pipeline: &Arc<Pipeline<C>>,
     on_accept: &OnceLock<Arc<dyn AcceptHook>>,
     shutdown: impl Future<Output = ()>,
 ) {
+    let upstream = Arc::new(Upstream::new());
     let (stop, stopped) = watch::channel(());
     let mut connections = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -70,7 +74,8 @@ pub(super) async fn serve<C: Clock + Clone>(
                     }
                     // Over a connection bound, dropping the stream closes it.
                     if let Some(slot) = pipeline.admit(peer.ip()) {
-                        connections.spawn(connection(stream, peer, pipeline.clone(), stopped.clone(), slot));
+                        let upstream = Arc::clone(&upstream);
+                        connections.spawn(connection(stream, peer, pipeline.clone(), upstream, stopped.clone(), slot));
                     }
                 }
                 Err(error) => crate::accept::backoff("proxy", &error).await,
@@ -86,6 +91,8 @@ pub(super) async fn serve<C: Clock + Clone>(
 /// What one connection shares with the requests on it.
 struct Connection<C: Clock + Clone> {
     pipeline: Arc<Pipeline<C>>,
+    /// The pool of the worker serving this connection.
+    upstream: Arc<Upstream>,
     /// The client: the TCP peer, or whom a trusted peer's PROXY header names.
     client: SocketAddr,
     in_flight: Arc<InFlight>,
@@ -100,6 +107,7 @@ async fn connection<C: Clock + Clone>(
     stream: TcpStream,
     peer: SocketAddr,
     pipeline: Arc<Pipeline<C>>,
+    upstream: Arc<Upstream>,
     stop: watch::Receiver<()>,
     slot: Slot,
 ) {
@@ -114,7 +122,7 @@ async fn connection<C: Clock + Clone>(
     let Some((client, slot)) = preamble(&pipeline, &settings, &mut watched, &mut buffered, peer, slot).await else {
         return;
     };
-    let connection = Connection { pipeline, client, in_flight, settings, stop, _slot: slot };
+    let connection = Connection { pipeline, upstream, client, in_flight, settings, stop, _slot: slot };
     match connection.settings.tls.clone() {
         Some(tls) => match tls.acceptor().accept(Prefixed::new(buffered, watched)).await {
             Ok(stream) => {
@@ -191,17 +199,19 @@ impl<C: Clock + Clone> Connection<C> {
         upgrade: Option<UpgradeSlot>,
     ) -> impl Fn(Request<Incoming>) -> ResponseFuture + Clone + Send + 'static {
         let pipeline = Arc::clone(&self.pipeline);
+        let upstream = Arc::clone(&self.upstream);
         let in_flight = Arc::clone(&self.in_flight);
         let client = self.client.ip();
         move |request: Request<Incoming>| {
             let pipeline = Arc::clone(&pipeline);
+            let upstream = Arc::clone(&upstream);
             let upgrade = upgrade.clone();
             // From the end of the head to the end of the response the connection is busy.
             let guard = in_flight.enter();
             let cancellation = resets.as_ref().map(Resets::watch);
             // Boxed so the future is Unpin, which `poll_without_shutdown` needs.
             Box::pin(async move {
-                let mut response = pipeline.handle(request, client).await;
+                let mut response = pipeline.handle(request, client, &upstream).await;
                 if let Some(cancellation) = cancellation {
                     cancellation.answered();
                 }

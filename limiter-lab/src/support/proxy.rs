@@ -24,14 +24,14 @@ use hyper_util::{
 use limiter::{
     config::Config,
     escalation::{Escalation, Escalator},
-    proxy::Proxy,
+    proxy::{Proxy, Serving},
     signature::KeySecrets,
 };
 use limiter_core::{Clock as _, FakeClock, SystemClock};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpSocket, TcpStream},
-    sync::{Semaphore, mpsc, oneshot, watch},
+    sync::{Semaphore, mpsc, watch},
     task::JoinHandle,
 };
 
@@ -160,16 +160,8 @@ pub struct RunningProxy {
     /// What the proxy's limits, signatures and idempotency are measured with.
     pub clock: FakeClock,
     pub addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<()>>,
-}
-
-impl Drop for RunningProxy {
-    fn drop(&mut self) {
-        if let Some(task) = &self.task {
-            task.abort();
-        }
-    }
+    /// Stopped when dropped.
+    serving: Serving,
 }
 
 /// Parses a `[proxy]` config; `{upstream}` in the text is replaced by the upstream's
@@ -232,16 +224,8 @@ impl RunningProxy {
         let proxy = Proxy::bind(config, secrets, clock.clone()).await.expect("bind proxy");
         let addr = proxy.local_addr();
         let proxy = Arc::new(proxy);
-        let (stop, stopped) = oneshot::channel();
-        let running = proxy.clone();
-        let task = tokio::spawn(async move {
-            running
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
-        Self { proxy, clock, addr, stop: Some(stop), task: Some(task) }
+        let serving = proxy.serve().expect("proxy workers");
+        Self { proxy, clock, addr, serving }
     }
 
     /// Sends this proxy's refusals to an escalator with `threshold`, set up as the agent
@@ -263,14 +247,9 @@ impl RunningProxy {
         format!("http://{}{path}", self.addr)
     }
 
-    /// Asks the proxy to stop and waits until `run` has returned.
-    pub async fn shutdown(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            tokio::time::timeout(PATIENCE, task).await.expect("proxy did not drain in time").expect("proxy task");
-        }
+    /// Asks the proxy to stop and waits until its workers have drained.
+    pub async fn shutdown(self) {
+        tokio::time::timeout(PATIENCE, self.serving.stop()).await.expect("proxy did not drain in time");
     }
 }
 
