@@ -19,7 +19,7 @@ pub use self::{
     bpffs::ensure_mounted,
     explain::{BucketState, Limit, RuleMatch, SourceExplanation},
     load::{Kernel, LoadOptions, Logger},
-    map_access::monotonic_now_ns,
+    map_access::{coarse_tick_ns, monotonic_now_ns},
     maps::{BlockEntry, CidrChanges, KernelMaps, settings_for},
     stats::{CounterSnapshot, SourceRow, XdpStats},
     verified::{Verifier, source_key},
