@@ -190,6 +190,13 @@ pub fn xdp_pass(_ctx: XdpContext) -> u32 {
     XDP_PASS
 }
 
+/// Returns XDP_DROP and nothing else: the floor of a filter on the flood bench's veth,
+/// where dropping spares the stack. The agent never loads or attaches it.
+#[xdp]
+pub fn xdp_drop(_ctx: XdpContext) -> u32 {
+    XDP_DROP
+}
+
 #[inline(always)]
 fn pass() -> u32 {
     count(Counter::Passed);

@@ -18,7 +18,7 @@ pub use self::{
     attach::{AttachedMode, Attachment, attach, attached, detach, detach_all},
     bpffs::ensure_mounted,
     explain::{BucketState, Limit, RuleMatch, SourceExplanation},
-    load::{Kernel, LoadOptions, Logger},
+    load::{Floor, Kernel, LoadOptions, Logger},
     map_access::{coarse_tick_ns, monotonic_now_ns},
     maps::{BlockEntry, CidrChanges, KernelMaps, settings_for},
     stats::{CounterSnapshot, SourceRow, XdpStats},
