@@ -122,16 +122,24 @@ fn round_trips_rate_and_burst() {
     assert_eq!((rate.per_second(), rate.burst()), (10_000, 20_000));
 }
 
-/// Arrival instants (true time) from gaps, and what a tick-grained clock shows at
-/// each: the last tick at or before it, ticks falling at `phase` modulo `tick`.
-fn arrivals(start: u64, gaps: &[u64], tick: u64, phase: u64) -> Vec<(u64, u64)> {
-    let mut now = start;
-    gaps.iter()
-        .map(|gap| {
-            now += gap;
-            (now, now - (now + phase) % tick)
-        })
-        .collect()
+/// A bucket, a tick, and arrivals: each one's instant (true time) and what a
+/// tick-grained clock shows then, the last tick at or before it (ticks falling at a
+/// random phase).
+fn coarse_cases(arrivals: usize) -> impl Strategy<Value = (Rate, u64, Vec<(u64, u64)>)> {
+    let gaps = proptest::collection::vec(prop_oneof![Just(0u64), 0u64..100_000, 0u64..20_000_000], 1..arrivals);
+    (1u32..1_000_000, 1u32..10_000, 1u64..20_000_000, 0u64..20_000_000, gaps).prop_map(
+        |(per_second, burst, tick, phase, gaps)| {
+            let mut now = 1 << 40;
+            let arrivals = gaps
+                .iter()
+                .map(|gap| {
+                    now += gap;
+                    (now, now - (now + phase % tick) % tick)
+                })
+                .collect();
+            (Rate::new(per_second, burst), tick, arrivals)
+        },
+    )
 }
 
 /// Which arrivals a bucket admits when each reads the clock `clock` picks.
@@ -154,26 +162,19 @@ proptest! {
     /// `ceil(tick / interval)` packets more than the precise bound, and when
     /// `coarse_clock_fits` that is at most 1 % of the burst (rounded up).
     #[test]
-    fn coarse_clock_admits_at_most_one_tick_of_refill_more(
-        per_second in 1u32..1_000_000,
-        burst in 1u32..10_000,
-        tick in 1u64..20_000_000,
-        phase in 0u64..20_000_000,
-        gaps in proptest::collection::vec(prop_oneof![Just(0u64), 0u64..100_000, 0u64..20_000_000], 1..150),
-    ) {
-        let rate = Rate::new(per_second, burst);
-        let arrivals = arrivals(1 << 40, &gaps, tick, phase % tick);
+    fn coarse_clock_admits_at_most_one_tick_of_refill_more((rate, tick, arrivals) in coarse_cases(150)) {
+        let burst = rate.burst();
         let coarse = admitted(rate, &arrivals, |a| a.1);
         for first in 0..arrivals.len() {
             let mut count = 0;
             for last in first..arrivals.len() {
                 count += u64::from(coarse[last]);
                 let span = arrivals[last].0 - arrivals[first].0;
-                prop_assert!(count <= u64::from(burst) + (span + tick) / rate.interval_ns);
+                prop_assert!(count <= burst + (span + tick) / rate.interval_ns);
             }
         }
         if coarse_clock_fits(rate, tick) {
-            prop_assert!(tick.div_ceil(rate.interval_ns) <= u64::from(burst).div_ceil(COARSE_CLOCK_ERROR_DIVISOR));
+            prop_assert!(tick.div_ceil(rate.interval_ns) <= burst.div_ceil(COARSE_CLOCK_ERROR_DIVISOR));
         }
     }
 
@@ -182,15 +183,7 @@ proptest! {
     /// refused for the clock's sake (checked up to the first arrival the smaller
     /// bucket refuses, after which the two hold different debts).
     #[test]
-    fn coarse_clock_admits_what_a_tick_smaller_bucket_admits(
-        per_second in 1u32..1_000_000,
-        burst in 1u32..10_000,
-        tick in 1u64..20_000_000,
-        phase in 0u64..20_000_000,
-        gaps in proptest::collection::vec(prop_oneof![Just(0u64), 0u64..100_000, 0u64..20_000_000], 1..300),
-    ) {
-        let rate = Rate::new(per_second, burst);
-        let arrivals = arrivals(1 << 40, &gaps, tick, phase % tick);
+    fn coarse_clock_admits_what_a_tick_smaller_bucket_admits((rate, tick, arrivals) in coarse_cases(300)) {
         let smaller = Rate { tolerance_ns: rate.tolerance_ns.saturating_sub(tick), ..rate };
         let precise = admitted(smaller, &arrivals, |a| a.0);
         let coarse = admitted(rate, &arrivals, |a| a.1);
