@@ -66,13 +66,16 @@ pub fn markdown(m: &mut String, fl: &Flood) {
             num(r.xdp_program_ns_per_packet, 0),
         );
     }
-    let per_m = |name: &str| fl.rows.iter().find(|r| r.filter == name).map(|r| r.softirq_ms_per_million_packets);
+    // Zero means the flood was too short for the tick-based accounting to see it.
+    let per_m = |name: &str| {
+        fl.rows.iter().find(|r| r.filter == name).map(|r| r.softirq_ms_per_million_packets).filter(|v| *v > 0.0)
+    };
     if let (Some(floor), Some(nft), Some(limiter)) = (per_m("xdp_drop"), per_m("nftables"), per_m("limiter")) {
         let _ = writeln!(
             m,
             "\nCPU per packet: nftables / limiter = {:.2} ×; limiter / `xdp_drop` (the floor of an XDP filter) = {:.2} ×.",
-            nft / limiter.max(1e-9),
-            limiter / floor.max(1e-9)
+            nft / limiter,
+            limiter / floor
         );
     }
     let _ = writeln!(
