@@ -9,10 +9,11 @@
 //! - Well-behaved flow: one UDP socket at 10.201.0.2 sending GOOD_PPS datagrams per
 //!   second to a receiver at 10.201.0.1 for as long as the flood lasts.
 //! - Filters on `rx0`, each with RATE packets per second per source, burst RATE:
-//!   none; nftables `meter` in a netdev ingress chain (the earliest hook nftables
-//!   has); limiter's XDP program attached in native mode; and limiter with a
-//!   new-source budget (`[xdp.new_sources]`) of NEW_SOURCE_BUDGET per second, burst
-//!   the same.
+//!   none; `xdp_drop`, an XDP program that drops every frame (the floor of any XDP
+//!   filter here); nftables `meter` per source in a netdev ingress chain (the
+//!   earliest hook nftables has); limiter's XDP program attached in native mode, then
+//!   in generic mode; and limiter with a new-source budget (`[xdp.new_sources]`) of
+//!   NEW_SOURCE_BUDGET per second, burst the same.
 //! - Receiving side's cost: the softirq time in /proc/stat over the flood (on veth the
 //!   receive path runs in softirq on the sending CPU), minus the idle softirq rate
 //!   measured just before, per million flood packets.
@@ -34,9 +35,10 @@ use std::{
 };
 
 use anyhow::{Context as _, bail, ensure};
+use aya::programs::{Xdp, XdpMode};
 use limiter::{
     config::xdp::{AttachMode, Ipv6Prefix, MalformedAction, PacketLimit, XdpConfig},
-    xdp::{Kernel, LoadOptions, attach},
+    xdp::{Floor, Kernel, LoadOptions, attach},
 };
 use limiter_lab::{
     netns::spawn_in_namespace,
@@ -48,6 +50,10 @@ const TX_NS: &str = "lbench-tx";
 const RX_MAC: &str = "02:00:00:00:01:01";
 const TX_MAC: &str = "02:00:00:00:01:02";
 const GOOD_PORT: u16 = 9999;
+/// The row of the XDP program that drops every frame.
+const XDP_DROP: &str = "xdp_drop";
+/// The row of limiter attached in generic (skb) mode.
+const LIMITER_GENERIC: &str = "limiter (generic)";
 /// The new-source budget of the `limiter+budget` row, per second and burst.
 const NEW_SOURCE_BUDGET: u32 = 1_000;
 
@@ -262,6 +268,11 @@ fn rx_counters_drops() -> u64 {
         .sum()
 }
 
+/// The program a row attached: the floor's or limiter's.
+fn attached_program<'k>(kernel: &'k mut Kernel, filter: &str) -> anyhow::Result<&'k Xdp> {
+    Ok(if filter == XDP_DROP { kernel.floor(Floor::Drop)? } else { kernel.program()? })
+}
+
 fn nft_ruleset(rate: u32) -> String {
     format!(
         "table netdev lbench {{\n  chain ingress {{\n    type filter hook ingress device \"rx0\" priority -500; policy accept;\n    \
@@ -284,24 +295,36 @@ fn main() -> anyhow::Result<()> {
     let idle = s1 - s0;
 
     let mut rows = Vec::new();
-    for filter in ["none", "nftables", "limiter", "limiter+budget"] {
+    for filter in ["none", XDP_DROP, "nftables", "limiter", LIMITER_GENERIC, "limiter+budget"] {
         let _lab = Lab::new()?;
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-bench-flood-{}", std::process::id()));
         let mut link = None;
         let mut kernel = None;
         match filter {
+            "none" => {}
             "nftables" => {
                 let file = std::env::temp_dir().join(format!("lbench-{}.nft", std::process::id()));
                 std::fs::write(&file, nft_ruleset(rate))?;
                 run("ip", &["netns", "exec", RX_NS, "nft", "-f", &file.display().to_string()])?;
                 let _ = std::fs::remove_file(file);
             }
-            "limiter" | "limiter+budget" => {
+            XDP_DROP => {
+                let pin_dir = pin_dir.clone();
+                let attached = spawn_in_namespace(RX_NS, move || -> anyhow::Result<_> {
+                    let mut loaded = Kernel::load(&LoadOptions::with_sources(pin_dir, 65_536))?;
+                    // Owned by the program: detached when `loaded` is dropped.
+                    loaded.floor(Floor::Drop)?.attach("rx0", XdpMode::Driver)?;
+                    Ok(loaded)
+                });
+                kernel = Some(attached.join().map_err(|_| anyhow::anyhow!("attach panicked"))???);
+            }
+            _ => {
                 let budget =
                     PacketLimit { packets_per_second: nonzero(NEW_SOURCE_BUDGET), burst: nonzero(NEW_SOURCE_BUDGET) };
+                let mode = if filter == LIMITER_GENERIC { AttachMode::Generic } else { AttachMode::Native };
                 let config = XdpConfig {
                     interfaces: vec!["rx0".to_owned()],
-                    mode: AttachMode::Native,
+                    mode,
                     enforce: true,
                     max_sources: nonzero(65_536),
                     ipv6_prefix: Ipv6Prefix(64),
@@ -318,7 +341,7 @@ fn main() -> anyhow::Result<()> {
                     move || -> anyhow::Result<_> {
                         let mut loaded = Kernel::load(&LoadOptions::with_sources(pin_dir, 65_536))?;
                         loaded.maps_mut().apply(&config)?;
-                        let (attachment, link) = attach(&mut loaded, "rx0", AttachMode::Native)?;
+                        let (attachment, link) = attach(&mut loaded, "rx0", mode)?;
                         Ok((loaded, attachment, link))
                     }
                 })
@@ -327,39 +350,37 @@ fn main() -> anyhow::Result<()> {
                 kernel = Some(attached.0);
                 link = Some(attached.2);
             }
-            _ => {}
         }
         let outcome = flood(count, sources, good_pps, idle);
         let dropped = match filter {
+            "none" => 0,
             "nftables" => rx_counters_drops(),
-            "limiter" | "limiter+budget" => {
-                kernel.as_ref().and_then(|k| k.maps().counter_snapshot().ok()).map_or(0, |c| {
-                    use limiter_common::counters::Counter;
-                    c.get(Counter::DroppedRateLimit)
-                        + c.get(Counter::DroppedNewSource)
-                        + c.get(Counter::DroppedAggregate)
-                })
-            }
-            _ => 0,
+            // Every frame, the well-behaved flow's too.
+            XDP_DROP => outcome.as_ref().map_or(0, |o| o.packets),
+            _ => kernel.as_ref().and_then(|k| k.maps().counter_snapshot().ok()).map_or(0, |c| {
+                use limiter_common::counters::Counter;
+                c.get(Counter::DroppedRateLimit) + c.get(Counter::DroppedNewSource) + c.get(Counter::DroppedAggregate)
+            }),
         };
         // The program's own share, from bpf_stats over a second, shorter flood (the
         // stats cost two clock reads per packet, so they stay off for the first).
         let mut program_ns = None;
-        if let Some(loaded) = &kernel {
+        if let Some(loaded) = &mut kernel {
             let previous = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_else(|_| "0".into());
             std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1")?;
-            let before = loaded.program()?.info()?;
+            let before = attached_program(loaded, filter)?.info()?;
             let second = flood((count / 4).max(1000), sources, good_pps, idle);
-            let after = loaded.program()?.info()?;
+            let after = attached_program(loaded, filter)?.info()?;
             std::fs::write("/proc/sys/kernel/bpf_stats_enabled", previous.trim())?;
             second?;
             let runs = after.run_count().saturating_sub(before.run_count());
             let time = after.run_time().saturating_sub(before.run_time());
             program_ns = (runs > 0).then(|| time.as_nanos() as f64 / runs as f64);
         }
+        let kernel_loaded = kernel.is_some();
         drop(link);
         drop(kernel);
-        if filter.starts_with("limiter") {
+        if kernel_loaded {
             limiter::xdp::detach_all(&pin_dir)?;
         }
         let outcome = outcome?;

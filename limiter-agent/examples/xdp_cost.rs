@@ -1,8 +1,9 @@
 //! Cost per packet of the XDP program, from BPF_PROG_TEST_RUN: the do-nothing floor,
 //! a known source, a new source with the sources map full, an unknown source refused
 //! by an empty new-source budget (`[xdp.new_sources]`), a known source charged to its
-//! /24's aggregate too, and a known source with 10 000 CIDR rules. Prints one JSON
-//! object; `cargo xtask bench` runs it.
+//! /24's aggregate too, and a known source with 10 000 CIDR rules; and the floor and
+//! a known source as bpf_stats counts them, hot and cold. Prints one JSON object;
+//! `cargo xtask bench` runs it.
 //!
 //! Usage: xdp_cost [REPEAT] [NEW_SOURCES]   (needs root)
 
@@ -11,9 +12,51 @@ use std::{net::Ipv4Addr, num::NonZeroU32, path::PathBuf};
 use aya::programs::{TestRun as _, TestRunOptions, Xdp};
 use limiter::{
     config::xdp::{AttachMode, CidrAction, CidrRule, Ipv6Prefix, MalformedAction, PacketLimit, XdpConfig},
-    xdp::{Kernel, LoadOptions},
+    xdp::{Floor, Kernel, LoadOptions},
 };
-use limiter_lab::{report::XdpCost, support::frames::udp4 as frame};
+use limiter_lab::{
+    report::{XdpCost, XdpStatsCost},
+    support::frames::udp4 as frame,
+};
+
+/// Sources the cold bpf_stats case cycles through, as many as the flood bench's.
+const COLD_SOURCES: u32 = 256;
+
+/// bpf_stats' mean nanoseconds per run of `program` over what `runs` does.
+fn stats_cost(program: &Xdp, runs: impl FnOnce()) -> anyhow::Result<f64> {
+    let before = program.info()?;
+    runs();
+    let after = program.info()?;
+    let count = after.run_count().saturating_sub(before.run_count()).max(1);
+    Ok(after.run_time().saturating_sub(before.run_time()).as_nanos() as f64 / count as f64)
+}
+
+/// The program's time per run as bpf_stats counts it, hot and cold (see
+/// `XdpStatsCost`); the sources are known when it starts.
+fn bpf_stats(kernel: &mut Kernel, known: &[u8], sources: &[Vec<u8>], repeat: u32) -> anyhow::Result<XdpStatsCost> {
+    // Enabled while the fd lives, whatever the sysctl says.
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)?;
+    let cold = |program: &Xdp| {
+        for frame in sources.iter().cycle().take(sources.len() * 40) {
+            cost(program, frame, 1);
+        }
+    };
+    let floor: &Xdp = kernel.floor(Floor::Pass)?;
+    let floor_hot_ns = stats_cost(floor, || {
+        cost(floor, known, repeat);
+    })?;
+    let floor_cold_ns = stats_cost(floor, || cold(floor))?;
+    let program = kernel.program()?;
+    Ok(XdpStatsCost {
+        sources: COLD_SOURCES,
+        floor_hot_ns,
+        floor_cold_ns,
+        known_source_hot_ns: stats_cost(program, || {
+            cost(program, known, repeat);
+        })?,
+        known_source_cold_ns: stats_cost(program, || cold(program))?,
+    })
+}
 
 /// Mean nanoseconds per run over `repeat` in-kernel repetitions.
 fn cost(program: &Xdp, data: &[u8], repeat: u32) -> f64 {
@@ -46,12 +89,24 @@ fn main() -> anyhow::Result<()> {
     kernel.maps_mut().apply(&config)?;
     let known = frame(Ipv4Addr::new(192, 0, 2, 7));
 
-    let floor = cost(kernel.baseline()?, &known, repeat);
+    let floor = cost(kernel.floor(Floor::Pass)?, &known, repeat);
     let known_source = {
         let program = kernel.program()?;
         cost(program, &known, 1);
         cost(program, &known, repeat)
     };
+    // The same source under a burst of 10 ms of refill, below the coarse clock's
+    // bound (100 ticks), so its bucket reads the precise clock.
+    config.limit.burst = nonzero(10_000_000);
+    kernel.maps_mut().apply(&config)?;
+    let known_source_precise_clock = cost(kernel.program()?, &known, repeat);
+    config.limit.burst = nonzero(u32::MAX);
+    kernel.maps_mut().apply(&config)?;
+    let sources: Vec<Vec<u8>> = (0..COLD_SOURCES).map(|i| frame(Ipv4Addr::from(0xc633_6400 + i))).collect();
+    for source in &sources {
+        cost(kernel.program()?, source, 1);
+    }
+    let bpf_stats = bpf_stats(&mut kernel, &known, &sources, repeat)?;
 
     // Fill the sources map, then measure sources it has never seen: each run
     // inserts into a full LRU, evicting the oldest.
@@ -65,7 +120,7 @@ fn main() -> anyhow::Result<()> {
     let mut floor_single = 0.0;
     for i in 0..fresh {
         total += cost(kernel.program()?, &frame(Ipv4Addr::from(0x6400_0000 + i)), 1);
-        floor_single += cost(kernel.baseline()?, &known, 1);
+        floor_single += cost(kernel.floor(Floor::Pass)?, &known, 1);
     }
     let new_source_single_run = total / f64::from(fresh);
     let single_run_overhead = floor_single / f64::from(fresh) - floor;
@@ -115,6 +170,8 @@ fn main() -> anyhow::Result<()> {
         unknown_refused_vs_known: unknown_refused_by_budget / known_source,
         known_source_with_budget_ns: known_source_with_budget,
         known_source_with_aggregate_ns: known_source_with_aggregate,
+        known_source_precise_clock_ns: Some(known_source_precise_clock),
+        bpf_stats: Some(bpf_stats),
     };
     println!("{}", serde_json::to_string(&report)?);
     Ok(())

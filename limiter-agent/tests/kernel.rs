@@ -6,8 +6,12 @@ use std::{
     time::Duration,
 };
 
-use limiter::xdp::monotonic_now_ns;
-use limiter_common::{addr::v4_mapped, maps::SourceKey};
+use limiter::xdp::{coarse_tick_ns, monotonic_now_ns};
+use limiter_common::{
+    addr::v4_mapped,
+    bucket::NANOS_PER_SEC,
+    maps::{FEATURE_COARSE_CLOCK, SourceKey},
+};
 use limiter_lab::support::{
     frames::{
         ETH_P_8021AD, ETH_P_8021Q, ETH_P_ARP, ETH_P_IPV4, ETH_P_IPV6, IPPROTO_ICMPV6, IPPROTO_UDP, ethernet, extension,
@@ -286,6 +290,30 @@ fn runtime_block_drops_until_it_expires() {
 }
 
 #[test]
+fn buckets_read_the_coarse_clock_only_where_its_tick_fits_the_rate() {
+    let tick = coarse_tick_ns();
+    // SLOW's burst holds 3 s of refill; 1 000 pps with a burst of 10 holds 10 ms,
+    // fewer than 100 ticks at any CONFIG_HZ.
+    for (config, interval, coarse) in
+        [(SLOW, NANOS_PER_SEC, true), ("[xdp.limit]\npackets_per_second = 1000\nburst = 10\n", 1_000_000, false)]
+    {
+        let kernel = TestKernel::new(&xdp_config(config));
+        let settings = kernel.kernel.maps().settings().expect("settings");
+        assert_eq!(settings.has(FEATURE_COARSE_CLOCK), coarse, "{config}");
+        let before = monotonic_now_ns();
+        assert_eq!(kernel.run(&udp4(A)), XDP_PASS);
+        let after = monotonic_now_ns();
+        // A new source's TAT is the clock it read plus one interval. The coarse clock
+        // is the last tick's time: a tick behind at most, and one more while the host
+        // holds this vCPU back.
+        let read =
+            kernel.kernel.maps().source(&SourceKey { addr: v4_mapped(A.octets()) }).expect("tracked").tat_ns - interval;
+        let earliest = if coarse { before - 2 * tick } else { before };
+        assert!((earliest..=after).contains(&read), "{config}: read {read}, ran within {before}..={after}");
+    }
+}
+
+#[test]
 fn two_cpus_hammering_one_source_admit_no_more_than_the_bucket() {
     // A deep bucket that barely refills: both CPUs spend the first half of their runs
     // admitting from the same bucket at once, where any lost update would admit
@@ -298,7 +326,10 @@ fn two_cpus_hammering_one_source_admit_no_more_than_the_bucket() {
     let state = kernel.kernel.maps().source(&SourceKey { addr: v4_mapped(A.octets()) }).expect("tracked");
     assert_eq!(state.packets, 2 * u64::from(REPEAT));
     let admitted = state.packets - state.dropped;
-    let allowed = BURST + (elapsed.as_secs_f64() * RATE as f64).ceil() as u64;
+    // The bucket reads the coarse clock (its burst is far above 100 ticks of refill),
+    // which may show up to a tick more of elapsed time.
+    let refill = elapsed + Duration::from_nanos(coarse_tick_ns());
+    let allowed = BURST + (refill.as_secs_f64() * RATE as f64).ceil() as u64;
     assert!(admitted >= BURST && admitted <= allowed, "admitted {admitted}, bucket allows {allowed} over {elapsed:?}");
 }
 

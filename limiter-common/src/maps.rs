@@ -101,7 +101,8 @@ pub struct SourceKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SourceState {
-    /// GCRA theoretical arrival time, `bpf_ktime_get_ns` clock; only ever changed by
+    /// GCRA theoretical arrival time, `CLOCK_MONOTONIC` (`bpf_ktime_get_ns`, or its
+    /// tick-grained variant under [`FEATURE_COARSE_CLOCK`]); only ever changed by
     /// compare-and-swap.
     pub tat_ns: u64,
     /// Packets seen from this source.
@@ -174,6 +175,11 @@ pub const FEATURE_AGGREGATE: u8 = 2;
 /// [`Settings::features`] bit: SYNs from unverified sources take a token from
 /// [`BUDGET_SYN`].
 pub const FEATURE_SYN: u8 = 4;
+
+/// [`Settings::features`] bit: buckets read `bpf_ktime_get_coarse_ns` (the time of
+/// the last tick) instead of `bpf_ktime_get_ns`; set by the agent only when every
+/// rate in force passes `crate::bucket::coarse_clock_fits`.
+pub const FEATURE_COARSE_CLOCK: u8 = 8;
 
 /// The program's tunables, read on every packet.
 #[repr(C)]

@@ -102,6 +102,26 @@ pub struct XdpCost {
     pub known_source_with_budget_ns: f64,
     /// A known source also charged to its /24's aggregate.
     pub known_source_with_aggregate_ns: f64,
+    /// A known source whose burst is below the coarse clock's bound, so that its
+    /// bucket reads the precise clock; absent from reports written before.
+    #[serde(default)]
+    pub known_source_precise_clock_ns: Option<f64>,
+    /// The program's own time per run as bpf_stats counts it (which the flood's
+    /// column reports), absent from reports written before it was measured.
+    #[serde(default)]
+    pub bpf_stats: Option<XdpStatsCost>,
+}
+
+/// bpf_stats' ns per run in `BPF_PROG_TEST_RUN`: hot (one frame repeated in the
+/// kernel) and cold (one run per call, cycling through sources, so a syscall's
+/// worth of other work evicts the caches between runs, as the stack does on veth).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct XdpStatsCost {
+    pub sources: u32,
+    pub floor_hot_ns: f64,
+    pub floor_cold_ns: f64,
+    pub known_source_hot_ns: f64,
+    pub known_source_cold_ns: f64,
 }
 
 /// `bench_flood`: one bounded flood per filter on a veth pair.
@@ -120,7 +140,8 @@ pub struct Flood {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FloodRow {
-    /// `none`, `nftables`, `limiter` or `limiter+budget` (with `[xdp.new_sources]`).
+    /// `none`, `xdp_drop` (drops every frame), `nftables`, `limiter`, `limiter
+    /// (generic)` or `limiter+budget` (with `[xdp.new_sources]`).
     pub filter: String,
     pub flood_packets: u64,
     pub flood_seconds: f64,
@@ -129,7 +150,7 @@ pub struct FloodRow {
     pub cpu0_system_seconds: f64,
     pub softirq_ms_per_million_packets: f64,
     pub dropped: u64,
-    /// From bpf_stats; only with limiter's program attached.
+    /// From bpf_stats; only with an XDP program attached.
     pub xdp_program_ns_per_packet: Option<f64>,
     pub good_sent: u64,
     pub good_received: u64,

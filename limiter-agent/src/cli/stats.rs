@@ -84,9 +84,10 @@ fn render(stats: &Value, previous: Option<&Value>, secs: f64) -> String {
             })
             .collect();
         out += &format!(
-            "xdp: {} · {} · sources {}/{}\n",
+            "xdp: {} · {} · {} clock · sources {}/{}\n",
             if attached.is_empty() { "not attached".to_owned() } else { attached.join(", ") },
             if xdp["enforce"].as_bool() == Some(true) { "enforcing" } else { "dry run" },
+            if xdp["coarse_clock"].as_bool() == Some(true) { "coarse" } else { "precise" },
             xdp["sources"]["tracked"],
             xdp["sources"]["capacity"]
         );
@@ -178,6 +179,7 @@ mod tests {
                 "xdp": {
                     "attached": [{"interface": "eth0", "mode": "native"}, {"interface": "eth1", "mode": "generic", "fallback": true}],
                     "enforce": true,
+                    "coarse_clock": true,
                     "packets": {"dropped_rate_limit": dropped, "passed": 10},
                     "sources": {"tracked": 2, "capacity": 100},
                     "new_sources": {"packets_per_second": 100, "burst": 200, "tokens": 5, "packets": 900, "dropped": 700},
@@ -192,7 +194,9 @@ mod tests {
         };
         let table = render(&stats(3_000), Some(&stats(1_000)), 2.0);
         assert!(
-            table.starts_with("xdp: eth0 (native), eth1 (generic, native refused) · enforcing · sources 2/100\n"),
+            table.starts_with(
+                "xdp: eth0 (native), eth1 (generic, native refused) · enforcing · coarse clock · sources 2/100\n"
+            ),
             "{table}"
         );
         assert!(

@@ -438,3 +438,25 @@ fn edge_keys_have_their_defaults_and_inconsistent_ones_are_refused_by_key_and_li
     assert_eq!(refusal(&format!("{PROXY}tunnel_idle_timeout = \"0s\"\n")).1, "proxy.tunnel_idle_timeout");
     assert!(refusal(&format!("{PROXY}[proxy.http2]\nmax_concurrent_streams = 0\n")).2.contains("nonzero"));
 }
+
+#[test]
+fn buckets_read_the_coarse_clock_only_if_it_fits_every_rate() {
+    use limiter_common::maps::FEATURE_COARSE_CLOCK;
+
+    use crate::xdp::settings_for;
+    // 250 Hz: 4 ms; a bucket fits with at least 400 ms of refill in its burst.
+    let tick = 4_000_000;
+    let coarse =
+        |text: &str| settings_for(&parse(text).expect("valid").xdp.expect("xdp"), tick).has(FEATURE_COARSE_CLOCK);
+    assert!(coarse(XDP), "10 pps, burst 20: 2 s of refill");
+    let rule = |pps: u32, burst: u32| {
+        format!(
+            "{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"limit\"\npackets_per_second = {pps}\nburst = {burst}\n"
+        )
+    };
+    assert!(coarse(&rule(1_000, 400)));
+    assert!(!coarse(&rule(1_000, 399)), "one rule below the bound keeps every bucket precise");
+    assert!(!coarse(&format!("{XDP}[xdp.syn]\npackets_per_second = 1000\nburst = 10\n")));
+    let xdp = parse(XDP).expect("valid").xdp.expect("xdp");
+    assert!(!settings_for(&xdp, u64::MAX).has(FEATURE_COARSE_CLOCK), "a kernel that cannot tell its tick");
+}

@@ -349,6 +349,23 @@ impl XdpConfig {
         ]
     }
 
+    /// Every bucket rate the program may charge under this config: the default, each
+    /// limit rule's and aggregate, and the budgets and aggregate that are on.
+    pub fn rates_in_force(&self) -> impl Iterator<Item = Rate> + '_ {
+        let rules = self.cidr.iter().flat_map(|rule| {
+            let limit = match rule.action {
+                CidrAction::Limit(limit) => Some(limit),
+                CidrAction::Allow | CidrAction::Deny => None,
+            };
+            [limit, rule.aggregate]
+        });
+        [Some(self.limit), self.new_sources, self.aggregate.limit, self.syn]
+            .into_iter()
+            .chain(rules)
+            .flatten()
+            .map(|limit| limit.rate())
+    }
+
     /// The aggregate buckets are keyed by prefix alone, so every source of one prefix
     /// must charge it at one rate: a rule that sets its own aggregate covers whole
     /// prefixes, and no narrower `limit` rule inside it splits one.

@@ -28,8 +28,26 @@ pub const PROGRAM_NAME: &str = "limiter";
 const LOG_LEVEL_OFF: u8 = 0;
 const LOG_LEVEL_INFO: u8 = 3;
 
-/// Name of the do-nothing XDP function used as a cost floor.
-pub const BASELINE_NAME: &str = "xdp_pass";
+/// A do-nothing XDP program of the object: a floor the limiter's cost is measured
+/// against. The agent never loads or attaches one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Floor {
+    /// `xdp_pass`: every frame goes on to the stack.
+    Pass,
+    /// `xdp_drop`: every frame is dropped, the least a filter can cost.
+    Drop,
+}
+
+impl Floor {
+    /// The program's name in the object.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Pass => "xdp_pass",
+            Self::Drop => "xdp_drop",
+        }
+    }
+}
 
 /// How to load the program.
 #[derive(Clone, Debug)]
@@ -127,12 +145,12 @@ impl Kernel {
         self.ebpf.program_mut(PROGRAM_NAME).ok_or(XdpError::MissingProgram)?.try_into().map_err(XdpError::Program)
     }
 
-    /// The object's `xdp_pass` program (returns XDP_PASS, touches nothing), loaded
-    /// on first use: the floor against which the limiter's cost is measured.
-    pub fn baseline(&mut self) -> Result<&Xdp, XdpError> {
+    /// The object's `floor` program, loaded on first use (for a test run, or to
+    /// attach on a bench's link).
+    pub fn floor(&mut self, floor: Floor) -> Result<&mut Xdp, XdpError> {
         let program: &mut Xdp = self
             .ebpf
-            .program_mut(BASELINE_NAME)
+            .program_mut(floor.name())
             .ok_or(XdpError::MissingProgram)?
             .try_into()
             .map_err(XdpError::Program)?;

@@ -15,6 +15,21 @@ pub fn monotonic_now_ns() -> u64 {
     u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
 }
 
+/// The resolution of `CLOCK_MONOTONIC_COARSE` (= `bpf_ktime_get_coarse_ns`): one
+/// jiffy, `1 / CONFIG_HZ`. If the kernel cannot say, a bound no rate fits, so the
+/// buckets keep the precise clock.
+#[must_use]
+pub fn coarse_tick_ns() -> u64 {
+    let mut resolution = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: an out-pointer to a timespec we own.
+    let status = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &raw mut resolution) };
+    let nanos = u64::try_from(resolution.tv_sec).unwrap_or(u64::MAX).saturating_mul(1_000_000_000);
+    match nanos.checked_add(u64::try_from(resolution.tv_nsec).unwrap_or(u64::MAX)) {
+        Some(tick) if status == 0 && tick != 0 => tick,
+        _ => u64::MAX,
+    }
+}
+
 pub(super) fn map_error(name: &'static str) -> impl Fn(aya::maps::MapError) -> XdpError {
     move |source| XdpError::Map { name, source }
 }

@@ -7,17 +7,18 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use ipnet::IpNet;
 use limiter_common::{
+    bucket::coarse_clock_fits,
     counters::Counter,
     maps::{
-        self as names, Action, Block, CidrPolicy, FEATURE_AGGREGATE, FEATURE_NEW_SOURCES, FEATURE_SYN, LAYOUT_VERSION,
-        OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, SETTINGS_SLOTS, Settings, SourceKey,
-        SourceState,
+        self as names, Action, Block, CidrPolicy, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK, FEATURE_NEW_SOURCES,
+        FEATURE_SYN, LAYOUT_VERSION, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6,
+        SETTINGS_SLOTS, Settings, SourceKey, SourceState,
     },
 };
 
 use super::{
     XdpError,
-    map_access::{capacity, map_error, monotonic_now_ns},
+    map_access::{capacity, coarse_tick_ns, map_error, monotonic_now_ns},
     tries::CidrTries,
     verified::VerifiedMap,
 };
@@ -133,7 +134,7 @@ impl KernelMaps {
 
     /// Puts `config` in force: settings first (one atomic flip), then the CIDR rules.
     pub fn apply(&mut self, config: &XdpConfig) -> Result<CidrChanges, XdpError> {
-        self.write_settings(settings_for(config))?;
+        self.write_settings(settings_for(config, coarse_tick_ns()))?;
         self.sync_cidrs(&config.cidr)
     }
 
@@ -319,9 +320,11 @@ impl KernelMaps {
     }
 }
 
-/// The settings record for `config`.
+/// The settings record for `config`, on a kernel whose coarse clock ticks every
+/// `tick_ns`: the buckets read the coarse clock only if its error fits every rate
+/// in force (`limiter_common::bucket::coarse_clock_fits`), else the precise one.
 #[must_use]
-pub fn settings_for(config: &XdpConfig) -> Settings {
+pub fn settings_for(config: &XdpConfig, tick_ns: u64) -> Settings {
     let rate = |limit: Option<PacketLimit>| limit.map(|l| l.rate()).unwrap_or_default();
     let feature = |on: bool, bit: u8| if on { bit } else { 0 };
     Settings {
@@ -335,7 +338,8 @@ pub fn settings_for(config: &XdpConfig) -> Settings {
         ipv6_prefix: config.ipv6_prefix.0,
         features: feature(config.new_sources.is_some(), FEATURE_NEW_SOURCES)
             | feature(config.aggregate.limit.is_some(), FEATURE_AGGREGATE)
-            | feature(config.syn.is_some(), FEATURE_SYN),
+            | feature(config.syn.is_some(), FEATURE_SYN)
+            | feature(config.rates_in_force().all(|rate| coarse_clock_fits(rate, tick_ns)), FEATURE_COARSE_CLOCK),
         aggregate_ipv4_prefix: config.aggregate.ipv4_prefix.0,
         aggregate_ipv6_prefix: config.aggregate.ipv6_prefix.0,
         reserved: [0; 6],

@@ -7,7 +7,10 @@ use limiter_common::{
     addr::as_v4,
     bucket::{self, Rate},
     counters::Counter,
-    maps::{Action, BUDGET_NEW_SOURCES, BUDGET_SYN, CidrPolicy, FEATURE_NEW_SOURCES, FEATURE_SYN, Settings},
+    maps::{
+        Action, BUDGET_NEW_SOURCES, BUDGET_SYN, CidrPolicy, FEATURE_COARSE_CLOCK, FEATURE_NEW_SOURCES, FEATURE_SYN,
+        Settings,
+    },
 };
 use serde::Serialize;
 
@@ -18,6 +21,8 @@ use super::{Attachment, BlockEntry, KernelMaps, XdpError, monotonic_now_ns};
 pub struct XdpStats {
     pub attached: Vec<Attachment>,
     pub enforce: bool,
+    /// The buckets read the tick-grained clock: its error fits every rate in force.
+    pub coarse_clock: bool,
     pub packets: CounterSnapshot,
     pub sources: SourceCount,
     pub blocks: Vec<BlockRow>,
@@ -113,6 +118,7 @@ impl KernelMaps {
         Ok(XdpStats {
             attached,
             enforce: settings.enforce != 0,
+            coarse_clock: settings.has(FEATURE_COARSE_CLOCK),
             packets: self.counter_snapshot()?,
             sources: SourceCount { tracked: self.sources_tracked(), capacity: self.sources_capacity() },
             blocks,

@@ -73,6 +73,35 @@ pub const fn admit(tat_ns: u64, now_ns: u64, rate: Rate) -> Option<u64> {
     if next - now_ns > rate.tolerance_ns { None } else { Some(next) }
 }
 
+/// A bucket may run on the tick-grained clock when its error stays within
+/// 1 / `COARSE_CLOCK_ERROR_DIVISOR` of its burst.
+pub const COARSE_CLOCK_ERROR_DIVISOR: u64 = 100;
+
+/// Whether a bucket of `rate` may read a clock that lags the true time by up to
+/// `tick_ns` (`bpf_ktime_get_coarse_ns`: the time of the last tick, so `tick_ns` is
+/// one jiffy, `clock_getres(CLOCK_MONOTONIC_COARSE)`).
+///
+/// The bound: GCRA on any monotonic clock `c` admits at most
+/// `burst + (c(t2) - c(t1)) / interval` packets over `[t1, t2]`, and with
+/// `t - tick < c(t) <= t` that is `burst + (t2 - t1) / interval + tick / interval`:
+/// at most `ceil(rate × tick)` packets more than the precise clock allows, and, the
+/// refill being at most a tick late, as many fewer. This holds when
+/// `rate × tick <= burst / COARSE_CLOCK_ERROR_DIVISOR`, i.e.
+/// `tolerance >= COARSE_CLOCK_ERROR_DIVISOR × tick`.
+///
+/// ```
+/// use limiter_common::bucket::{Rate, coarse_clock_fits};
+/// // 100 pps, burst 100: 0.4 packets per 4 ms tick, 0.4 % of the burst.
+/// assert!(coarse_clock_fits(Rate::new(100, 100), 4_000_000));
+/// // 1 000 pps, burst 10: 4 packets per tick, 40 % of the burst.
+/// assert!(!coarse_clock_fits(Rate::new(1_000, 10), 4_000_000));
+/// ```
+#[inline(always)]
+#[must_use]
+pub const fn coarse_clock_fits(rate: Rate, tick_ns: u64) -> bool {
+    rate.tolerance_ns / COARSE_CLOCK_ERROR_DIVISOR >= tick_ns
+}
+
 /// Whole packets the bucket would admit back to back at `now_ns`.
 #[inline(always)]
 #[must_use]

@@ -1,6 +1,10 @@
+use std::vec::Vec;
+
 use proptest::prelude::*;
 
-use super::{MAX_PER_SECOND, NANOS_PER_SEC, Rate, admit, tokens, wait_ns};
+use super::{
+    COARSE_CLOCK_ERROR_DIVISOR, MAX_PER_SECOND, NANOS_PER_SEC, Rate, admit, coarse_clock_fits, tokens, wait_ns,
+};
 
 /// The textbook bucket: credit in nanoseconds of refill, capped at a full bucket,
 /// one interval per packet. GCRA must agree with it packet for packet.
@@ -118,7 +122,75 @@ fn round_trips_rate_and_burst() {
     assert_eq!((rate.per_second(), rate.burst()), (10_000, 20_000));
 }
 
+/// A bucket, a tick, and arrivals: each one's instant (true time) and what a
+/// tick-grained clock shows then, the last tick at or before it (ticks falling at a
+/// random phase).
+fn coarse_cases(arrivals: usize) -> impl Strategy<Value = (Rate, u64, Vec<(u64, u64)>)> {
+    let gaps = proptest::collection::vec(prop_oneof![Just(0u64), 0u64..100_000, 0u64..20_000_000], 1..arrivals);
+    (1u32..1_000_000, 1u32..10_000, 1u64..20_000_000, 0u64..20_000_000, gaps).prop_map(
+        |(per_second, burst, tick, phase, gaps)| {
+            let mut now = 1 << 40;
+            let arrivals = gaps
+                .iter()
+                .map(|gap| {
+                    now += gap;
+                    (now, now - (now + phase % tick) % tick)
+                })
+                .collect();
+            (Rate::new(per_second, burst), tick, arrivals)
+        },
+    )
+}
+
+/// Which arrivals a bucket admits when each reads the clock `clock` picks.
+fn admitted(rate: Rate, arrivals: &[(u64, u64)], clock: impl Fn(&(u64, u64)) -> u64) -> Vec<bool> {
+    let mut tat = 0;
+    arrivals.iter().map(|arrival| admit(tat, clock(arrival), rate).inspect(|next| tat = *next).is_some()).collect()
+}
+
+#[test]
+fn coarse_clock_fits_at_one_percent_of_the_burst() {
+    let tick = 4_000_000;
+    // 400 ms of refill is exactly 100 ticks: 4 packets of refill per tick, 1 % of 400.
+    assert!(coarse_clock_fits(Rate::new(1_000, 400), tick));
+    assert!(!coarse_clock_fits(Rate::new(1_000, 399), tick));
+    assert!(!coarse_clock_fits(Rate::new(0, 400), tick));
+}
+
 proptest! {
+    /// Over any run of arrivals, a bucket on the tick-grained clock admits at most
+    /// `ceil(tick / interval)` packets more than the precise bound, and when
+    /// `coarse_clock_fits` that is at most 1 % of the burst (rounded up).
+    #[test]
+    fn coarse_clock_admits_at_most_one_tick_of_refill_more((rate, tick, arrivals) in coarse_cases(150)) {
+        let burst = rate.burst();
+        let coarse = admitted(rate, &arrivals, |a| a.1);
+        for first in 0..arrivals.len() {
+            let mut count = 0;
+            for last in first..arrivals.len() {
+                count += u64::from(coarse[last]);
+                let span = arrivals[last].0 - arrivals[first].0;
+                prop_assert!(count <= burst + (span + tick) / rate.interval_ns);
+            }
+        }
+        if coarse_clock_fits(rate, tick) {
+            prop_assert!(tick.div_ceil(rate.interval_ns) <= burst.div_ceil(COARSE_CLOCK_ERROR_DIVISOR));
+        }
+    }
+
+    /// And it refuses nothing that the precise clock admits with one tick less of
+    /// tolerance: a sender within the rate and `burst - ceil(rate × tick)` is never
+    /// refused for the clock's sake (checked up to the first arrival the smaller
+    /// bucket refuses, after which the two hold different debts).
+    #[test]
+    fn coarse_clock_admits_what_a_tick_smaller_bucket_admits((rate, tick, arrivals) in coarse_cases(300)) {
+        let smaller = Rate { tolerance_ns: rate.tolerance_ns.saturating_sub(tick), ..rate };
+        let precise = admitted(smaller, &arrivals, |a| a.0);
+        let coarse = admitted(rate, &arrivals, |a| a.1);
+        let conforming = precise.iter().take_while(|admitted| **admitted).count();
+        prop_assert!(coarse[..conforming].iter().all(|admitted| *admitted));
+    }
+
     #[test]
     fn agrees_with_reference_bucket(
         per_second in 1u32..=MAX_PER_SECOND,

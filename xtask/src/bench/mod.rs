@@ -329,7 +329,7 @@ mod tests {
         }
         let xdp = report.xdp_cost.measured().expect("xdp group");
         assert!(xdp.known_source_ns > 0.0, "{xdp:?}");
-        assert_eq!(report.flood.measured().map(|f| f.rows.len()), Some(4));
+        assert_eq!(report.flood.measured().map(|f| f.rows.len()), Some(6));
         assert_eq!(report.random_flood.measured().map(|f| f.spoofed_sources), Some(0));
         assert_eq!(report.http.measured().map(|h| h.rows.len()), Some(5));
         assert_eq!(report.http2.measured().map(|h| h.rows.len()), Some(5));

@@ -36,12 +36,34 @@ pub fn markdown(m: &mut String, x: &XdpCost) {
     for (label, _, ns) in cases(x) {
         let _ = writeln!(m, "| {label} | {} | {:.2} |", num(Some(ns), 1), ns / x.xdp_pass_floor_ns);
     }
+    if let Some(ns) = x.known_source_precise_clock_ns {
+        let _ = writeln!(
+            m,
+            "| limiter, known source, burst below the coarse clock's bound (precise clock) | {} | {:.2} |",
+            num(Some(ns), 1),
+            ns / x.xdp_pass_floor_ns
+        );
+    }
     let _ = writeln!(
         m,
         "\nNew sources cannot repeat inside one test run (the first run inserts them), so that case runs once per source; \
          the fixed cost of a one-run call, measured with the floor program the same way ({} ns), is taken out.\n\n![xdp](xdp_cost.svg)\n",
         num(Some(x.single_run_overhead_ns), 0)
     );
+    if let Some(stats) = &x.bpf_stats {
+        let _ = writeln!(
+            m,
+            "As bpf_stats counts a run (what the flood's column reports; its two clock reads per run included): \
+             hot = one frame repeated in the kernel, cold = one run per call cycling through {} known sources, \
+             the syscall between runs evicting the caches as the stack does on veth.\n\n\
+             | program | hot ns | cold ns |\n|---|---|---|\n| XDP_PASS floor | {} | {} |\n| limiter, known source | {} | {} |\n",
+            stats.sources,
+            num(Some(stats.floor_hot_ns), 1),
+            num(Some(stats.floor_cold_ns), 1),
+            num(Some(stats.known_source_hot_ns), 1),
+            num(Some(stats.known_source_cold_ns), 1),
+        );
+    }
 }
 
 pub fn charts(x: &XdpCost) -> Vec<(&'static str, String)> {
