@@ -22,7 +22,8 @@ use crate::{LimitSpec, clock::to_nanos};
 /// have left the window are dropped at the next charge.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct State {
-    times: VecDeque<u64>,
+    /// Boxed, so that a bucket of any algorithm fits the store's small slots.
+    times: Box<VecDeque<u64>>,
 }
 
 impl State {
