@@ -75,9 +75,9 @@ pub type Outcomes = SmallVec<[Outcome; 4]>;
 /// Buckets in memory, in shards each behind its own lock, bounded in number.
 ///
 /// A bucket is found by its policy (each shard keeps one table per policy) and by a
-/// 128-bit fingerprint of its key: SipHash-1-3-128 under a random per-process key,
-/// and not the key's text. Keys are client-chosen, so a fingerprint must be one a
-/// client cannot make collide: with a keyed pseudo-random function of 128 bits, two
+/// 128-bit fingerprint of its policy and key: SipHash-1-3-128 under a random
+/// per-process key, and not the key's text. Keys are client-chosen, so a fingerprint
+/// must be one a client cannot make collide: with a keyed pseudo-random function of 128 bits, two
 /// keys share a bucket only by a collision that takes about 2^64 keys even to a
 /// client who could read the fingerprints, which none can. The same hash spreads
 /// keys over the shards and the tables, so crafted keys cannot pile up in one place
@@ -187,10 +187,16 @@ impl MemoryStore {
         store
     }
 
-    fn fingerprint(&self, key: &str) -> Fingerprint {
+    /// The fingerprint of `bucket`'s policy and key: the policy is in it too, so
+    /// that the buckets of one key under several policies spread over the shards
+    /// like any others.
+    fn fingerprint(&self, bucket: &Bucket<'_>) -> Fingerprint {
         let mut hasher = SipHasher13::new_with_keys(self.keys.0, self.keys.1);
-        // One input, whose length SipHash mixes in: no delimiter needed.
-        hasher.write(key.as_bytes());
+        // The policy's length first, so that no two (policy, key) pairs hash the same
+        // bytes (SipHash mixes in the total length itself).
+        hasher.write(&(bucket.policy.len() as u64).to_le_bytes());
+        hasher.write(bucket.policy.as_bytes());
+        hasher.write(bucket.key.as_bytes());
         let hash = hasher.finish128();
         Fingerprint(hash.h1, hash.h2)
     }
@@ -202,7 +208,7 @@ impl MemoryStore {
 
     /// One bucket: one hash, one lock, one lookup.
     fn apply_one(&self, bucket: &Bucket<'_>, now: Duration, charge: Charge) -> Outcome {
-        let fingerprint = self.fingerprint(bucket.key);
+        let fingerprint = self.fingerprint(bucket);
         let mut shard = lock(&self.shards[self.shard_of(fingerprint)]);
         let found = shard.find(bucket.policy, fingerprint);
         let outcome = bucket::check(bucket.spec, found.and_then(|place| shard.state(place)), now);
@@ -248,7 +254,7 @@ impl MemoryStore {
         if let [bucket] = buckets {
             return std::iter::once(self.apply_one(bucket, now, charge)).collect();
         }
-        let fingerprints: Few<Fingerprint> = buckets.iter().map(|b| self.fingerprint(b.key)).collect();
+        let fingerprints: Few<Fingerprint> = buckets.iter().map(|b| self.fingerprint(b)).collect();
         let shard_of: Few<usize> = fingerprints.iter().map(|&f| self.shard_of(f)).collect();
         let mut order = shard_of.clone();
         order.sort_unstable();
@@ -275,16 +281,7 @@ impl MemoryStore {
                 let shard = &mut guards[g];
                 let change = match shard.find(b.policy, f) {
                     Some(place) => shard.update(place, b.spec, outcome, now),
-                    None => {
-                        let spared: Few<(&Arc<str>, Fingerprint)> = buckets
-                            .iter()
-                            .zip(&fingerprints)
-                            .zip(&guard_of)
-                            .filter(|&(_, &other)| other == g)
-                            .map(|((other, &f), _)| (other.policy, f))
-                            .collect();
-                        shard.insert(b, f, outcome, now, &spared)
-                    }
+                    None => shard.insert(b, f, outcome, now, &fingerprints),
                 };
                 self.count(&change);
             }
@@ -359,15 +356,14 @@ impl Shard {
     }
 
     /// Charges an admitted request to `bucket`, which is not in the shard, making
-    /// room for it without evicting any of the `spared` buckets (policy and
-    /// fingerprint: the rest of the request's).
+    /// room for it without evicting any of the `spared` buckets (the request's).
     fn insert(
         &mut self,
         bucket: &Bucket<'_>,
         fingerprint: Fingerprint,
         outcome: &Outcome,
         now: Duration,
-        spared: &[(&Arc<str>, Fingerprint)],
+        spared: &[Fingerprint],
     ) -> Change {
         let change = if self.len < self.capacity {
             Change::Inserted
@@ -389,7 +385,7 @@ impl Shard {
 
     /// Evicts the sampled bucket back to full capacity soonest, sparing the `spared`
     /// ones; false if there was none to evict.
-    fn evict(&mut self, now: u64, spared: &[(&Arc<str>, Fingerprint)]) -> bool {
+    fn evict(&mut self, now: u64, spared: &[Fingerprint]) -> bool {
         let mut victim: Option<(Place, u64)> = None;
         let (mut table, mut slot) = self.hand;
         let (mut looked, mut visited) = (0, 0);
@@ -410,8 +406,7 @@ impl Shard {
                 continue;
             };
             looked += 1;
-            let policy = &self.tables[place.0].policy;
-            if spared.iter().any(|&(p, f)| f == entry.fingerprint && **p == **policy) {
+            if spared.contains(&entry.fingerprint) {
                 continue;
             }
             if victim.is_none_or(|(_, idle_at)| entry.idle_at < idle_at) {
