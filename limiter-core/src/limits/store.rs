@@ -75,9 +75,9 @@ pub type Outcomes = SmallVec<[Outcome; 4]>;
 /// Buckets in memory, in shards each behind its own lock, bounded in number.
 ///
 /// A bucket is found by its policy (each shard keeps one table per policy) and by a
-/// 128-bit fingerprint of its policy and key: SipHash-1-3-128 under a random
-/// per-process key, and not the key's text. Keys are client-chosen, so a fingerprint
-/// must be one a client cannot make collide: with a keyed pseudo-random function of 128 bits, two
+/// 128-bit fingerprint of its key: SipHash-1-3-128 under a random per-process key,
+/// and not the key's text. Keys are client-chosen, so a fingerprint must be one a
+/// client cannot make collide: with a keyed pseudo-random function of 128 bits, two
 /// keys share a bucket only by a collision that takes about 2^64 keys even to a
 /// client who could read the fingerprints, which none can. The same hash spreads
 /// keys over the shards and the tables, so crafted keys cannot pile up in one place
@@ -98,6 +98,7 @@ pub struct MemoryStore {
     shards: Box<[Padded]>,
     /// The fingerprints' secret key.
     keys: (u64, u64),
+    policy_hasher: foldhash::fast::RandomState,
     tracked: AtomicUsize,
     evictions: AtomicU64,
 }
@@ -180,6 +181,7 @@ impl MemoryStore {
         let store = Self {
             shards: (0..shards).map(|_| Padded(Mutex::default())).collect(),
             keys: (seed.hash_one(0_u8), seed.hash_one(1_u8)),
+            policy_hasher: foldhash::fast::RandomState::default(),
             tracked: AtomicUsize::new(0),
             evictions: AtomicU64::new(0),
         };
@@ -187,29 +189,25 @@ impl MemoryStore {
         store
     }
 
-    /// The fingerprint of `bucket`'s policy and key: the policy is in it too, so
-    /// that the buckets of one key under several policies spread over the shards
-    /// like any others.
-    fn fingerprint(&self, bucket: &Bucket<'_>) -> Fingerprint {
+    /// Where `bucket` is found: its key's fingerprint, and its shard.
+    fn locate(&self, bucket: &Bucket<'_>) -> (Fingerprint, usize) {
         let mut hasher = SipHasher13::new_with_keys(self.keys.0, self.keys.1);
-        // The policy's length first, so that no two (policy, key) pairs hash the same
-        // bytes (SipHash mixes in the total length itself).
-        hasher.write(&(bucket.policy.len() as u64).to_le_bytes());
-        hasher.write(bucket.policy.as_bytes());
+        // One input, whose length SipHash mixes in: no delimiter needed.
         hasher.write(bucket.key.as_bytes());
         let hash = hasher.finish128();
-        Fingerprint(hash.h1, hash.h2)
-    }
-
-    fn shard_of(&self, fingerprint: Fingerprint) -> usize {
-        // The second word: the first places the key within its table.
-        (((fingerprint.1 >> 32) * self.shards.len() as u64) >> 32) as usize
+        let fingerprint = Fingerprint(hash.h1, hash.h2);
+        // The policy moves the shard too, so that one key's buckets under several
+        // policies spread over the shards like any others. Policies come from the
+        // config, not from clients: a fast hash does for them. The fingerprint's
+        // second word picks the shard, as the first places the key in its table.
+        let spread = fingerprint.1 ^ self.policy_hasher.hash_one(&**bucket.policy);
+        (fingerprint, (((spread >> 32) * self.shards.len() as u64) >> 32) as usize)
     }
 
     /// One bucket: one hash, one lock, one lookup.
     fn apply_one(&self, bucket: &Bucket<'_>, now: Duration, charge: Charge) -> Outcome {
-        let fingerprint = self.fingerprint(bucket);
-        let mut shard = lock(&self.shards[self.shard_of(fingerprint)]);
+        let (fingerprint, shard) = self.locate(bucket);
+        let mut shard = lock(&self.shards[shard]);
         let found = shard.find(bucket.policy, fingerprint);
         let outcome = bucket::check(bucket.spec, found.and_then(|place| shard.state(place)), now);
         if charge.charges(outcome.admitted, outcome.admitted) {
@@ -254,8 +252,7 @@ impl MemoryStore {
         if let [bucket] = buckets {
             return std::iter::once(self.apply_one(bucket, now, charge)).collect();
         }
-        let fingerprints: Few<Fingerprint> = buckets.iter().map(|b| self.fingerprint(b)).collect();
-        let shard_of: Few<usize> = fingerprints.iter().map(|&f| self.shard_of(f)).collect();
+        let (fingerprints, shard_of): (Few<Fingerprint>, Few<usize>) = buckets.iter().map(|b| self.locate(b)).unzip();
         let mut order = shard_of.clone();
         order.sort_unstable();
         order.dedup();
@@ -383,8 +380,9 @@ impl Shard {
         change
     }
 
-    /// Evicts the sampled bucket back to full capacity soonest, sparing the `spared`
-    /// ones; false if there was none to evict.
+    /// Evicts the sampled bucket back to full capacity soonest, sparing the buckets
+    /// whose key has a `spared` fingerprint, whatever their policy; false if there
+    /// was none to evict.
     fn evict(&mut self, now: u64, spared: &[Fingerprint]) -> bool {
         let mut victim: Option<(Place, u64)> = None;
         let (mut table, mut slot) = self.hand;
