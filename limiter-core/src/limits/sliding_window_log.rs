@@ -22,7 +22,10 @@ use crate::{LimitSpec, clock::to_nanos};
 /// have left the window are dropped at the next charge.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct State {
-    /// Boxed, so that a bucket of any algorithm fits the store's small slots.
+    #[expect(
+        clippy::box_collection,
+        reason = "a box is one word where a deque is four: a bucket of any algorithm then fits the store's 48-byte slots"
+    )]
     times: Box<VecDeque<u64>>,
 }
 
