@@ -10,7 +10,7 @@ use limiter::{
 };
 use limiter_core::{
     Algorithm, Clock as _, LimitSpec, SystemClock,
-    limits::{Bucket, Charge, MemoryStore, Outcome},
+    limits::{Bucket, Charge, MemoryStore, Outcomes},
     signature::{Canonical, sha256, sign_hex},
 };
 use limiter_lab::support::{
@@ -88,7 +88,7 @@ async fn same_outcomes(redis: &RedisStore, name: &str, specs: &[LimitSpec], char
             assert_eq!(actual, expected, "{name}: check at step {step}");
         }
         let expected = memory.apply(&buckets, now, charge);
-        let actual: Vec<Outcome> = redis.apply(&buckets, now, charge).await.expect("redis");
+        let actual: Outcomes = redis.apply(&buckets, now, charge).await.expect("redis");
         assert_eq!(actual, expected, "{name}: step {step} at {now:?}");
         admitted += usize::from(expected.iter().all(|o| o.admitted));
     }

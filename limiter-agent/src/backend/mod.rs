@@ -19,7 +19,7 @@ use std::{
 
 use limiter_core::{
     Clock as _,
-    limits::{Bucket, Charge, MemoryStore, Outcome},
+    limits::{Bucket, Charge, MemoryStore, Outcomes},
     signature::{
         Authenticated, Begin, Guard, IdempotencyConfig, IdempotencyStore, ReplayCache, ReplayError, StoredResponse,
     },
@@ -249,7 +249,7 @@ impl Limits {
         buckets: &[Bucket<'_>],
         now: Duration,
         charge: Charge,
-    ) -> Result<Vec<Outcome>, FleetError> {
+    ) -> Result<Outcomes, FleetError> {
         match self {
             Self::Memory(store) => Ok(store.apply(buckets, now, charge)),
             Self::Redis(store) => store.apply(buckets, now, charge).await,

@@ -41,7 +41,7 @@ use sha2::{Digest, Sha256};
 
 use limiter_core::{
     Clock, LimitSpec,
-    limits::{Bucket, Charge, Outcome, Quota},
+    limits::{Bucket, Charge, Outcome, Outcomes, Quota},
 };
 
 use super::observe::{Observation, Peaks};
@@ -566,7 +566,7 @@ impl<C: Clock> Engine<C> {
 
     /// The outcome of each bucket; `None` if the store could not be reached (counted,
     /// and logged once per outage by the connection).
-    pub(super) async fn apply(&self, counted: &[(&Policy, String)], charge: Charge) -> Option<Vec<Outcome>> {
+    pub(super) async fn apply(&self, counted: &[(&Policy, String)], charge: Charge) -> Option<Outcomes> {
         let buckets: Vec<Bucket<'_>> =
             counted.iter().map(|(policy, key)| Bucket { policy: &policy.identity, key, spec: &policy.spec }).collect();
         match self.stores.limits.apply(&buckets, self.clock.now(), charge).await {

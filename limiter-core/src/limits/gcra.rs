@@ -22,22 +22,34 @@ use super::{
 use crate::{LimitSpec, clock::to_nanos};
 
 /// A bucket's TAT. The default is a full bucket.
+///
+/// Kept as whole nanoseconds and a remainder (16 bytes, where a `u128` of units
+/// would take 32 with its alignment), so that a bucket fits a small table slot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tat {
-    /// In units of `1 / scale` ns.
-    at: u128,
-    /// The limit `at` was counted with; 0 for a bucket never charged.
+    nanos: u64,
+    /// The part of a nanosecond past `nanos`, in units of `1 / scale` ns: below `scale`.
+    frac: u32,
+    /// The limit `frac` was counted with; 0 for a bucket never charged.
     scale: u32,
 }
 
 impl Tat {
-    /// The TAT in units of `1 / limit` ns. A reconfigured limit keeps the instant at
-    /// which the bucket is full, so a reload never refills a bucket.
-    fn scaled(self, limit: u32) -> u128 {
+    /// The TAT as whole nanoseconds and a remainder in units of `1 / limit` ns. A
+    /// reconfigured limit keeps the instant at which the bucket is full (rounded up
+    /// to the new unit), so a reload never refills a bucket.
+    fn at(self, limit: u32) -> (u64, u32) {
         match self.scale {
-            0 => 0,
-            scale if scale == limit => self.at,
-            scale => (self.at * u128::from(limit)).div_ceil(u128::from(scale)),
+            0 => (0, 0),
+            scale if scale == limit => (self.nanos, self.frac),
+            scale => {
+                // `frac < scale`, so this is at most `limit`: a whole nanosecond at most.
+                let frac = (u64::from(self.frac) * u64::from(limit)).div_ceil(u64::from(scale));
+                match u32::try_from(frac) {
+                    Ok(frac) if frac < limit => (self.nanos, frac),
+                    _ => (self.nanos.saturating_add(1), 0),
+                }
+            }
         }
     }
 }
@@ -46,8 +58,8 @@ impl Tat {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Gcra {
     limit: u32,
-    /// `T`: one request's cost.
-    interval: u128,
+    /// `T`: one request's cost, `window` units.
+    interval: u64,
     /// `capacity × T`: how far ahead of now the TAT may run.
     tolerance: u128,
     capacity: u64,
@@ -55,42 +67,66 @@ pub(super) struct Gcra {
 
 impl Gcra {
     pub(super) fn new(spec: &LimitSpec, capacity: NonZeroU32) -> Self {
-        let interval = u128::from(window::length(spec));
+        let interval = window::length(spec);
         Self {
             limit: spec.limit.get(),
             interval,
-            tolerance: interval * u128::from(capacity.get()),
+            tolerance: u128::from(interval) * u128::from(capacity.get()),
             capacity: u64::from(capacity.get()),
         }
     }
 
     pub(super) fn check(&self, tat: &Tat, now: Duration) -> Outcome {
-        let (now, start) = self.start(tat, now);
-        let debt = start - now;
-        let remaining = u64::try_from(self.tolerance.saturating_sub(debt) / self.interval).unwrap_or(u64::MAX);
+        let debt = self.debt(tat, to_nanos(now));
+        let interval = u128::from(self.interval);
+        let remaining = u64::try_from(quotient(self.tolerance.saturating_sub(debt), self.interval)).unwrap_or(u64::MAX);
         let before = Quota { remaining, reset_after: self.duration(debt) };
         if remaining == 0 {
             // Admitted once the TAT is within `tolerance − T` of the clock.
-            Outcome::rejected(self.capacity, before, self.duration(debt + self.interval - self.tolerance))
+            Outcome::rejected(self.capacity, before, self.duration(debt + interval - self.tolerance))
         } else {
-            Outcome::admitted(self.capacity, before, self.duration(debt + self.interval))
+            Outcome::admitted(self.capacity, before, self.duration(debt + interval))
         }
     }
 
     pub(super) fn charge(&self, tat: &mut Tat, now: Duration) {
-        let (_, start) = self.start(tat, now);
-        *tat = Tat { at: start + self.interval, scale: self.limit };
+        let now = to_nanos(now);
+        let limit = u64::from(self.limit);
+        // The next charge starts from the TAT, or from now if the bucket is full (a
+        // full bucket does not save up beyond its capacity).
+        let (nanos, frac) = match tat.at(self.limit) {
+            (nanos, frac) if nanos >= now => (nanos, u64::from(frac)),
+            _ => (now, 0),
+        };
+        // `T` is `interval` units: whole nanoseconds and a remainder below `limit`.
+        let frac = frac + self.interval % limit;
+        let (carry, frac) = if frac >= limit { (1, frac - limit) } else { (0, frac) };
+        *tat = Tat {
+            nanos: nanos.saturating_add(self.interval / limit).saturating_add(carry),
+            frac: u32::try_from(frac).unwrap_or_default(),
+            scale: self.limit,
+        };
     }
 
-    /// Now, and where the next charge starts from: the TAT, or now if the bucket is
-    /// full (a full bucket does not save up beyond its capacity).
-    fn start(&self, tat: &Tat, now: Duration) -> (u128, u128) {
-        let now = u128::from(to_nanos(now)) * u128::from(self.limit);
-        (now, tat.scaled(self.limit).max(now))
+    /// How far the TAT is ahead of `now` (ns), in units: 0 for a full bucket.
+    fn debt(&self, tat: &Tat, now: u64) -> u128 {
+        let (nanos, frac) = tat.at(self.limit);
+        // A TAT whole nanoseconds before now is behind it whatever its remainder.
+        nanos.checked_sub(now).map_or(0, |ahead| u128::from(ahead) * u128::from(self.limit) + u128::from(frac))
     }
 
+    /// `units` as a duration, rounded up to the nanosecond.
     fn duration(&self, units: u128) -> Duration {
-        let nanos = units.div_ceil(u128::from(self.limit));
+        let nanos = quotient(units + u128::from(self.limit - 1), u64::from(self.limit));
         Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+}
+
+/// `dividend / divisor`, in 64 bits when the dividend fits (a debt of a few windows
+/// does), as a 128-bit division costs several times more.
+fn quotient(dividend: u128, divisor: u64) -> u128 {
+    match u64::try_from(dividend) {
+        Ok(dividend) => u128::from(dividend / divisor),
+        Err(_) => dividend / u128::from(divisor),
     }
 }

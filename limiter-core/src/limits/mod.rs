@@ -26,5 +26,5 @@ mod tests;
 
 pub use self::{
     outcome::{Outcome, Quota},
-    store::{Bucket, Charge, MemoryStore},
+    store::{Bucket, Charge, MemoryStore, Outcomes},
 };

@@ -22,7 +22,11 @@ use crate::{LimitSpec, clock::to_nanos};
 /// have left the window are dropped at the next charge.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct State {
-    times: VecDeque<u64>,
+    #[expect(
+        clippy::box_collection,
+        reason = "a box is one word where a deque is four: a bucket of any algorithm then fits the store's 48-byte slots"
+    )]
+    times: Box<VecDeque<u64>>,
 }
 
 impl State {
@@ -66,8 +70,24 @@ pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) {
 }
 
 /// Index of the oldest entry still in the window.
+///
+/// Found by galloping from the head: entries leave a few at a time between
+/// charges, which drop them, so this reads a cache line or two at the head where
+/// bisecting the whole log (up to `limit` times) would miss the cache at each step.
 fn first_live(state: &State, length: u64, now: u64) -> usize {
-    state.times.partition_point(|&t| t.saturating_add(length) <= now)
+    let gone = |i: usize| state.times.get(i).is_some_and(|&t| t.saturating_add(length) <= now);
+    // Every entry before `live` is gone; none from `live + step − 1` on is.
+    let (mut live, mut step) = (0, 1);
+    while gone(live + step - 1) {
+        live += step;
+        step *= 2;
+    }
+    let mut end = (live + step - 1).min(state.times.len());
+    while live < end {
+        let middle = live + (end - live) / 2;
+        if gone(middle) { live = middle + 1 } else { end = middle }
+    }
+    live
 }
 
 /// The time a request at `now` is logged at: a clock stepping back stands still, so

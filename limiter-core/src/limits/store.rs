@@ -8,9 +8,8 @@
 
 use std::{
     fmt,
-    hash::{BuildHasher, Hash},
+    hash::{BuildHasher as _, Hasher as _, RandomState},
     num::NonZeroUsize,
-    slice,
     sync::{
         Arc, Mutex, MutexGuard, PoisonError,
         atomic::{AtomicU64, AtomicUsize, Ordering},
@@ -18,11 +17,7 @@ use std::{
     time::Duration,
 };
 
-use foldhash::fast::RandomState;
-use indexmap::{
-    IndexMap,
-    map::{RawEntryApiV1 as _, raw_entry_v1::RawEntryMut},
-};
+use siphasher::sip128::{Hasher128 as _, SipHasher13};
 use smallvec::SmallVec;
 
 use super::{
@@ -70,21 +65,29 @@ const MAX_SHARDS: usize = 64;
 /// Entries looked at to pick an eviction victim.
 const EVICTION_SAMPLE: usize = 16;
 
+/// Slots of a policy's table when its first bucket arrives; it doubles from there.
+const FIRST_SLOTS: usize = 8;
+
+/// The outcomes of one call, one per bucket in order: on the stack for a request of
+/// up to four buckets, so that a decision allocates nothing.
+pub type Outcomes = SmallVec<[Outcome; 4]>;
+
 /// Buckets in memory, in shards each behind its own lock, bounded in number.
 ///
-/// Keys are hashed once per bucket per call with `foldhash`, seeded at random per
-/// process and per store: keys are client-chosen (addresses, header values), so a
-/// fixed-seed hash (FxHash) would let a client craft colliding keys, while a keyed
-/// one like this is what `hashbrown` itself defaults to for DoS resistance, at a
-/// fraction of SipHash's cost. That one hash picks the shard (mixed, so that the
-/// bits the table uses stay spread within a shard) and is reused for the lookup and
-/// the insert.
+/// A bucket is found by its policy (each shard keeps one table per policy) and by a
+/// 128-bit fingerprint of its key: SipHash-1-3-128 under a random per-process key,
+/// and not the key's text. Keys are client-chosen, so a fingerprint must be one a
+/// client cannot make collide: with a keyed pseudo-random function of 128 bits, two
+/// keys share a bucket only by a collision that takes about 2^64 keys even to a
+/// client who could read the fingerprints, which none can. The same hash spreads
+/// keys over the shards and the tables, so crafted keys cannot pile up in one place
+/// either. A bucket then is one 48-byte slot (fingerprint, state, full time) of a
+/// flat open-addressing table, with no key text and no pointer to follow.
 ///
-/// The bound is split evenly over the shards (keys are spread by a keyed hash, so a
-/// client cannot aim them at one shard). A full shard evicts before inserting: among
-/// `EVICTION_SAMPLE` (16) entries at a rotating hand, the one that is back to full
-/// capacity soonest, which is a bucket already full if there is one (evicting it
-/// loses nothing, as a new bucket starts full). This approximates "least recently
+/// The bound is split evenly over the shards. A full shard evicts before inserting:
+/// among `EVICTION_SAMPLE` (16) entries at a rotating hand, the one that is back to
+/// full capacity soonest, which is a bucket already full if there is one (evicting
+/// it loses nothing, as a new bucket starts full). This approximates "least recently
 /// used" without a list to maintain: a bucket in use keeps pushing its full time out.
 ///
 /// Two limits of the split: with a bound below the shard count given at a reload
@@ -93,7 +96,9 @@ const EVICTION_SAMPLE: usize = 16;
 /// extra ones uncounted. Neither happens with any bound above a few hundred.
 pub struct MemoryStore {
     shards: Box<[Padded]>,
-    hasher: RandomState,
+    /// The fingerprints' secret key.
+    keys: (u64, u64),
+    policy_hasher: foldhash::fast::RandomState,
     tracked: AtomicUsize,
     evictions: AtomicU64,
 }
@@ -103,92 +108,56 @@ pub struct MemoryStore {
 #[repr(align(128))]
 struct Padded(Mutex<Shard>);
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Shard {
-    entries: IndexMap<Key, Entry, RandomState>,
+    /// One per policy with buckets in this shard.
+    tables: Vec<Table>,
+    /// Buckets in all the tables.
+    len: usize,
     capacity: usize,
-    /// Where the next eviction sample starts.
-    hand: usize,
+    /// Where the next eviction sample starts: a table, and a slot in it.
+    hand: (usize, usize),
 }
 
-#[derive(Debug, PartialEq, Eq)]
-struct Key {
+/// A key's fingerprint: a keyed hash of 128 bits, its identity in the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Fingerprint(u64, u64);
+
+impl Fingerprint {
+    /// The slot where a probe for this key starts, in a table of `slots` (a power
+    /// of two).
+    fn home(self, slots: usize) -> usize {
+        // Truncating keeps the low bits, which are the ones the mask keeps.
+        self.0 as usize & (slots - 1)
+    }
+}
+
+/// One policy's buckets in a shard: linear probing over a power-of-two array, at
+/// most 7/8 full.
+#[derive(Debug)]
+struct Table {
     policy: Arc<str>,
-    key: Text,
+    slots: Box<[Option<Slot>]>,
+    len: usize,
 }
-
-impl Hash for Key {
-    /// As [`KeyRef`] hashes.
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        KeyRef { policy: &self.policy, key: self.key.as_str() }.hash(state);
-    }
-}
-
-/// Bytes of a key kept in the entry itself: any IPv4 address, as text.
-const INLINE: usize = 22;
-
-/// A key's text, in the entry when short (one memory access less per lookup).
-#[derive(Debug, PartialEq, Eq)]
-enum Text {
-    Inline { len: u8, bytes: [u8; INLINE] },
-    Heap(Box<str>),
-}
-
-impl Text {
-    fn new(text: &str) -> Self {
-        let mut bytes = [0; INLINE];
-        match (bytes.get_mut(..text.len()), u8::try_from(text.len())) {
-            (Some(head), Ok(len)) => {
-                head.copy_from_slice(text.as_bytes());
-                Self::Inline { len, bytes }
-            }
-            _ => Self::Heap(text.into()),
-        }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        match self {
-            Self::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or_default(),
-            Self::Heap(text) => text.as_bytes(),
-        }
-    }
-
-    fn as_str(&self) -> &str {
-        match self {
-            // Copied from a `str` whole, so always valid.
-            Self::Inline { .. } => std::str::from_utf8(self.as_bytes()).unwrap_or_default(),
-            Self::Heap(text) => text,
-        }
-    }
-}
-
-/// A [`Key`] borrowed from a [`Bucket`], hashing the same, to hash without
-/// allocating.
-#[derive(Hash)]
-struct KeyRef<'a> {
-    policy: &'a str,
-    key: &'a str,
-}
-
-impl Key {
-    /// Whether this is `bucket`'s key; the policy by pointer first, as the engine
-    /// passes the very `Arc` the key was made from.
-    fn is(&self, bucket: &Bucket<'_>) -> bool {
-        (Arc::ptr_eq(&self.policy, bucket.policy) || *self.policy == **bucket.policy)
-            && self.key.as_bytes() == bucket.key.as_bytes()
-    }
-}
-
-/// Buckets per call held on the stack; more spill to the heap.
-type Few<T> = SmallVec<[T; 4]>;
 
 #[derive(Debug)]
-struct Entry {
+struct Slot {
+    fingerprint: Fingerprint,
     state: State,
     /// When the bucket is back to full capacity (ns since the epoch), as of its last
     /// charge.
     idle_at: u64,
 }
+
+// The memory a tracked key costs is this, over the tables' load: keep it in sight.
+const _: () = assert!(size_of::<Option<Slot>>() == 48);
+
+/// Where a bucket is: its table in the shard and its slot in the table.
+type Place = (usize, usize);
+
+/// Buckets per call held on the stack; more spill to the heap.
+type Few<T> = SmallVec<[T; 4]>;
 
 /// What a charge did to a shard's population.
 enum Change {
@@ -209,14 +178,13 @@ impl MemoryStore {
     /// A store of at most `shards` shards.
     pub(super) fn with_shards(max_tracked_keys: NonZeroUsize, shards: usize) -> Self {
         let shards = max_tracked_keys.get().min(shards).max(1);
-        let hasher = RandomState::default();
+        // std's `RandomState` is seeded from the system's random source: two of its
+        // hashes are two secret random words.
+        let seed = RandomState::new();
         let store = Self {
-            shards: (0..shards)
-                .map(|_| {
-                    Padded(Mutex::new(Shard { entries: IndexMap::with_hasher(hasher.clone()), capacity: 0, hand: 0 }))
-                })
-                .collect(),
-            hasher,
+            shards: (0..shards).map(|_| Padded(Mutex::default())).collect(),
+            keys: (seed.hash_one(0_u8), seed.hash_one(1_u8)),
+            policy_hasher: foldhash::fast::RandomState::default(),
             tracked: AtomicUsize::new(0),
             evictions: AtomicU64::new(0),
         };
@@ -224,28 +192,31 @@ impl MemoryStore {
         store
     }
 
-    /// The bucket's hash, the same its key has in a shard's table.
-    fn hash(&self, bucket: &Bucket<'_>) -> u64 {
-        self.hasher.hash_one(KeyRef { policy: bucket.policy, key: bucket.key })
-    }
-
-    fn shard_of(&self, hash: u64) -> usize {
-        // The table indexes by the low bits and tags by the top seven: mixing all the
-        // bits first keeps the keys of one shard spread over both.
-        let mixed = hash.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
-        ((mixed * self.shards.len() as u64) >> 32) as usize
+    /// Where `bucket` is found: its key's fingerprint, and its shard.
+    fn locate(&self, bucket: &Bucket<'_>) -> (Fingerprint, usize) {
+        let mut hasher = SipHasher13::new_with_keys(self.keys.0, self.keys.1);
+        // One input, whose length SipHash mixes in: no delimiter needed.
+        hasher.write(bucket.key.as_bytes());
+        let hash = hasher.finish128();
+        let fingerprint = Fingerprint(hash.h1, hash.h2);
+        // The policy moves the shard too, so that one key's buckets under several
+        // policies spread over the shards like any others. Policies come from the
+        // config, not from clients: a fast hash does for them. The fingerprint's
+        // second word picks the shard, as the first places the key in its table.
+        let spread = fingerprint.1 ^ self.policy_hasher.hash_one(&**bucket.policy);
+        (fingerprint, (((spread >> 32) * self.shards.len() as u64) >> 32) as usize)
     }
 
     /// One bucket: one hash, one lock, one lookup.
     fn apply_one(&self, bucket: &Bucket<'_>, now: Duration, charge: Charge) -> Outcome {
-        let hash = self.hash(bucket);
-        let mut shard = lock(&self.shards[self.shard_of(hash)]);
-        let found = shard.find(hash, bucket);
-        let outcome = bucket::check(bucket.spec, found.map(|i| &shard.entries[i].state), now);
+        let (fingerprint, shard) = self.locate(bucket);
+        let mut shard = lock(&self.shards[shard]);
+        let found = shard.find(bucket.policy, fingerprint);
+        let outcome = bucket::check(bucket.spec, found.and_then(|place| shard.state(place)), now);
         if charge.charges(outcome.admitted, outcome.admitted) {
             let change = match found {
-                Some(index) => shard.update(index, bucket, &outcome, now),
-                None => shard.insert(hash, bucket, &outcome, now, slice::from_ref(bucket)),
+                Some(place) => shard.update(place, bucket.spec, &outcome, now),
+                None => shard.insert(bucket, fingerprint, &outcome, now, &[]),
             };
             self.count(&change);
         }
@@ -280,12 +251,11 @@ impl MemoryStore {
     /// with respect to every other call touching any of the same buckets. Returns
     /// the outcome of each bucket, in order, as checked. The buckets must be
     /// distinct.
-    pub fn apply(&self, buckets: &[Bucket<'_>], now: Duration, charge: Charge) -> Vec<Outcome> {
+    pub fn apply(&self, buckets: &[Bucket<'_>], now: Duration, charge: Charge) -> Outcomes {
         if let [bucket] = buckets {
-            return vec![self.apply_one(bucket, now, charge)];
+            return std::iter::once(self.apply_one(bucket, now, charge)).collect();
         }
-        let hashes: Few<u64> = buckets.iter().map(|b| self.hash(b)).collect();
-        let shard_of: Few<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
+        let (fingerprints, shard_of): (Few<Fingerprint>, Few<usize>) = buckets.iter().map(|b| self.locate(b)).unzip();
         let mut order = shard_of.clone();
         order.sort_unstable();
         order.dedup();
@@ -294,23 +264,24 @@ impl MemoryStore {
         let mut guards: Few<MutexGuard<'_, Shard>> = order.iter().map(|&i| lock(&self.shards[i])).collect();
         let guard_of: Few<usize> = shard_of.iter().map(|s| order.partition_point(|o| o < s)).collect();
 
-        let outcomes: Vec<Outcome> = buckets
+        let outcomes: Outcomes = buckets
             .iter()
             .zip(&guard_of)
-            .zip(&hashes)
-            .map(|((b, &g), &h)| {
+            .zip(&fingerprints)
+            .map(|((b, &g), &f)| {
                 let shard = &guards[g];
-                bucket::check(b.spec, shard.find(h, b).map(|i| &shard.entries[i].state), now)
+                bucket::check(b.spec, shard.find(b.policy, f).and_then(|place| shard.state(place)), now)
             })
             .collect();
         let all_admit = outcomes.iter().all(|o| o.admitted);
-        for (((b, &g), &h), outcome) in buckets.iter().zip(&guard_of).zip(&hashes).zip(&outcomes) {
+        for (((b, &g), &f), outcome) in buckets.iter().zip(&guard_of).zip(&fingerprints).zip(&outcomes) {
             if charge.charges(outcome.admitted, all_admit) {
-                // Looked up again: an earlier bucket's eviction may have moved it.
+                // Looked up again: an earlier bucket's insert or eviction may have
+                // moved it.
                 let shard = &mut guards[g];
-                let change = match shard.find(h, b) {
-                    Some(index) => shard.update(index, b, outcome, now),
-                    None => shard.insert(h, b, outcome, now, buckets),
+                let change = match shard.find(b.policy, f) {
+                    Some(place) => shard.update(place, b.spec, outcome, now),
+                    None => shard.insert(b, f, outcome, now, &fingerprints),
                 };
                 self.count(&change);
             }
@@ -322,9 +293,11 @@ impl MemoryStore {
     pub fn retain_policies(&self, keep: &dyn Fn(&str) -> bool) {
         for shard in &self.shards {
             let mut shard = lock(shard);
-            let before = shard.entries.len();
-            shard.entries.retain(|key, _| keep(&key.policy));
-            self.tracked.fetch_sub(before - shard.entries.len(), Ordering::Relaxed);
+            let before = shard.len;
+            shard.tables.retain(|table| keep(&table.policy));
+            shard.len = shard.tables.iter().map(|t| t.len).sum();
+            shard.hand = (0, 0);
+            self.tracked.fetch_sub(before - shard.len, Ordering::Relaxed);
         }
     }
 
@@ -336,7 +309,7 @@ impl MemoryStore {
             shard.capacity = (share + usize::from(i < extra)).max(1);
             let mut evicted = 0;
             // Without a clock here no bucket counts as full: the sample's soonest goes.
-            while shard.entries.len() > shard.capacity && shard.evict(0, &[]) {
+            while shard.len > shard.capacity && shard.evict(0, &[]) {
                 evicted += 1;
             }
             self.tracked.fetch_sub(evicted, Ordering::Relaxed);
@@ -356,77 +329,161 @@ impl MemoryStore {
 }
 
 impl Shard {
-    /// Where `bucket` (of hash `hash`) is in the table.
-    fn find(&self, hash: u64, bucket: &Bucket<'_>) -> Option<usize> {
-        self.entries.raw_entry_v1().index_from_hash(hash, |key| key.is(bucket))
+    /// Where `policy`'s table is; the policy by pointer first, as the engine passes
+    /// the very `Arc` the table was made for.
+    fn table_of(&self, policy: &Arc<str>) -> Option<usize> {
+        (self.tables.iter().position(|t| Arc::ptr_eq(&t.policy, policy)))
+            .or_else(|| self.tables.iter().position(|t| *t.policy == **policy))
     }
 
-    /// Charges an admitted request to the bucket at `index`.
-    fn update(&mut self, index: usize, bucket: &Bucket<'_>, outcome: &Outcome, now: Duration) -> Change {
-        if let Some((_, entry)) = self.entries.get_index_mut(index) {
-            bucket::charge(bucket.spec, &mut entry.state, now);
-            entry.idle_at = idle_at(outcome, now);
+    /// Where the bucket of `policy` and `fingerprint` is.
+    fn find(&self, policy: &Arc<str>, fingerprint: Fingerprint) -> Option<Place> {
+        let table = self.table_of(policy)?;
+        Some((table, self.tables[table].find(fingerprint)?))
+    }
+
+    fn state(&self, (table, slot): Place) -> Option<&State> {
+        self.tables[table].slots[slot].as_ref().map(|slot| &slot.state)
+    }
+
+    /// Charges an admitted request to the bucket at `place`.
+    fn update(&mut self, (table, slot): Place, spec: &LimitSpec, outcome: &Outcome, now: Duration) -> Change {
+        if let Some(slot) = &mut self.tables[table].slots[slot] {
+            bucket::charge(spec, &mut slot.state, now);
+            slot.idle_at = idle_at(outcome, now);
         }
         Change::Updated
     }
 
-    /// Charges an admitted request to `bucket`, which is not in the table (its hash
-    /// is `hash`), making room for it.
+    /// Charges an admitted request to `bucket`, which is not in the shard, making
+    /// room for it without evicting any of the `spared` buckets (the request's).
     fn insert(
         &mut self,
-        hash: u64,
         bucket: &Bucket<'_>,
+        fingerprint: Fingerprint,
         outcome: &Outcome,
         now: Duration,
-        request: &[Bucket<'_>],
+        spared: &[Fingerprint],
     ) -> Change {
-        let idle_at = idle_at(outcome, now);
-        let change = if self.entries.len() < self.capacity {
+        let change = if self.len < self.capacity {
             Change::Inserted
-        } else if self.evict(to_nanos(now), request) {
+        } else if self.evict(to_nanos(now), spared) {
             Change::Replaced
         } else {
             return Change::Dropped;
         };
         let mut state = State::new(bucket.spec.algorithm);
         bucket::charge(bucket.spec, &mut state, now);
-        let key = Key { policy: Arc::clone(bucket.policy), key: Text::new(bucket.key) };
-        match self.entries.raw_entry_mut_v1().from_hash(hash, |k| k.is(bucket)) {
-            RawEntryMut::Vacant(vacant) => {
-                vacant.insert_hashed_nocheck(hash, key, Entry { state, idle_at });
-            }
-            // Not reached: the caller looked it up under the same lock.
-            RawEntryMut::Occupied(mut occupied) => {
-                occupied.insert(Entry { state, idle_at });
-            }
-        }
+        let table = self.table_of(bucket.policy).unwrap_or_else(|| {
+            self.tables.push(Table { policy: Arc::clone(bucket.policy), slots: Box::default(), len: 0 });
+            self.tables.len() - 1
+        });
+        self.tables[table].insert(Slot { fingerprint, state, idle_at: idle_at(outcome, now) });
+        self.len += 1;
         change
     }
 
-    /// Evicts the sampled entry back to full capacity soonest, sparing the buckets of
-    /// the request being charged; false if there was none to evict.
-    fn evict(&mut self, now: u64, request: &[Bucket<'_>]) -> bool {
-        let len = self.entries.len();
-        let mut victim: Option<(usize, u64)> = None;
-        let mut looked = 0;
-        while looked < EVICTION_SAMPLE.min(len) {
-            let index = (self.hand + looked) % len;
-            looked += 1;
-            let Some((key, entry)) = self.entries.get_index(index) else {
-                break;
+    /// Evicts the sampled bucket back to full capacity soonest, sparing the buckets
+    /// whose key has a `spared` fingerprint, whatever their policy; false if there
+    /// was none to evict.
+    fn evict(&mut self, now: u64, spared: &[Fingerprint]) -> bool {
+        let mut victim: Option<(Place, u64)> = None;
+        let (mut table, mut slot) = self.hand;
+        let (mut looked, mut visited) = (0, 0);
+        let slots: usize = self.tables.iter().map(|t| t.slots.len()).sum();
+        // Every slot at most once: the shard may be full of spared buckets.
+        while looked < EVICTION_SAMPLE.min(self.len) && visited < slots {
+            if table >= self.tables.len() {
+                (table, slot) = (0, 0);
+            }
+            if slot >= self.tables[table].slots.len() {
+                (table, slot) = (table + 1, 0);
+                continue;
+            }
+            visited += 1;
+            let place = (table, slot);
+            slot += 1;
+            let Some(entry) = &self.tables[place.0].slots[place.1] else {
+                continue;
             };
-            if request.iter().any(|b| key.is(b)) {
+            looked += 1;
+            if spared.contains(&entry.fingerprint) {
                 continue;
             }
             if victim.is_none_or(|(_, idle_at)| entry.idle_at < idle_at) {
-                victim = Some((index, entry.idle_at));
+                victim = Some((place, entry.idle_at));
             }
             if entry.idle_at <= now {
                 break;
             }
         }
-        self.hand = (self.hand + looked) % len.max(1);
-        victim.is_some_and(|(index, _)| self.entries.swap_remove_index(index).is_some())
+        self.hand = (table, slot);
+        let Some(((table, slot), _)) = victim else {
+            return false;
+        };
+        self.tables[table].remove(slot);
+        self.len -= 1;
+        true
+    }
+}
+
+impl Table {
+    /// The slot holding `fingerprint`.
+    fn find(&self, fingerprint: Fingerprint) -> Option<usize> {
+        let mask = self.slots.len().checked_sub(1)?;
+        let mut at = fingerprint.home(self.slots.len());
+        // Ends at an empty slot, as one in eight at least is.
+        loop {
+            match &self.slots[at] {
+                Some(slot) if slot.fingerprint == fingerprint => return Some(at),
+                Some(_) => at = (at + 1) & mask,
+                None => return None,
+            }
+        }
+    }
+
+    /// Adds a bucket not in the table, growing it past 7/8 full.
+    fn insert(&mut self, slot: Slot) {
+        if (self.len + 1) * 8 > self.slots.len() * 7 {
+            let grown = (self.slots.len() * 2).max(FIRST_SLOTS);
+            let old = std::mem::replace(&mut self.slots, (0..grown).map(|_| None).collect());
+            for slot in old.into_iter().flatten() {
+                self.place(slot);
+            }
+        }
+        self.place(slot);
+        self.len += 1;
+    }
+
+    /// Puts `slot` at the first free slot from its home.
+    fn place(&mut self, slot: Slot) {
+        let mask = self.slots.len() - 1;
+        let mut at = slot.fingerprint.home(self.slots.len());
+        while self.slots[at].is_some() {
+            at = (at + 1) & mask;
+        }
+        self.slots[at] = Some(slot);
+    }
+
+    /// Empties slot `hole`, moving back the buckets after it that probing would no
+    /// longer reach (no tombstones: a lookup still ends at the first empty slot).
+    fn remove(&mut self, mut hole: usize) {
+        let mask = self.slots.len() - 1;
+        self.slots[hole] = None;
+        self.len -= 1;
+        let mut at = hole;
+        loop {
+            at = (at + 1) & mask;
+            let Some(slot) = &self.slots[at] else {
+                return;
+            };
+            // It may fill the hole if its home is not after the hole on its way here.
+            let home = slot.fingerprint.home(self.slots.len());
+            if at.wrapping_sub(home) & mask >= at.wrapping_sub(hole) & mask {
+                self.slots[hole] = self.slots[at].take();
+                hole = at;
+            }
+        }
     }
 }
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use limiter_core::{
     Algorithm,
-    limits::{Bucket, Charge, Outcome, Quota},
+    limits::{Bucket, Charge, Outcome, Outcomes, Quota},
 };
 use redis::Script;
 
@@ -78,9 +78,9 @@ impl RedisStore {
         buckets: &[Bucket<'_>],
         now: Duration,
         charge: Charge,
-    ) -> Result<Vec<Outcome>, FleetError> {
+    ) -> Result<Outcomes, FleetError> {
         if buckets.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Outcomes::new());
         }
         let mut invocation = self.script.prepare_invoke();
         invocation.arg(match charge {

@@ -127,3 +127,31 @@ fn checking_without_charging_changes_no_bucket_and_tracks_none() {
         assert_eq!(charged, 2, "{algorithm:?}: looks spent nothing");
     }
 }
+
+#[test]
+fn every_tracked_bucket_stays_found_through_evictions() {
+    // One shard, two policies: evictions move buckets within both tables.
+    let store = MemoryStore::with_shards(bound(300), 1);
+    let policies: [Arc<str>; 2] = ["a".into(), "b".into()];
+    let spec = spec(Algorithm::FixedWindow, 1, secs(60));
+    let mut rng = StdRng::seed_from_u64(9);
+    let keys: Vec<String> = (0..2_000).map(|i| format!("k{i}")).collect();
+    for round in 0..5_000 {
+        let (policy, key) = (&policies[rng.random_range(0..2)], &keys[rng.random_range(0..keys.len())]);
+        hit(&store, policy, &spec, key, T0);
+        if round % 500 == 499 {
+            // A bucket charged once is empty: found, it refuses; lost, it would admit.
+            let found = policies
+                .iter()
+                .flat_map(|policy| keys.iter().map(move |key| (policy, key)))
+                .filter(|&(policy, key)| {
+                    let look = [Bucket { policy, key, spec: &spec }];
+                    !store.apply(&look, T0, Charge::Nothing)[0].admitted
+                })
+                .count();
+            assert_eq!(found, store.tracked_keys(), "round {round}");
+        }
+    }
+    assert_eq!(store.tracked_keys(), 300);
+    assert!(store.evictions() > 1_000);
+}

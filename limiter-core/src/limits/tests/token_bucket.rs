@@ -76,3 +76,50 @@ fn a_lower_limit_keeps_the_time_the_bucket_is_full() {
     assert_eq!(o.before.remaining, 2, "half the refill time is half of the new 5");
     assert_eq!(b.admitted(T0 + secs(1), 10), 5);
 }
+
+/// The TAT as one `u128` of units of `1 / limit` ns, computed the long way: what the
+/// store's 16-byte TAT must agree with to the nanosecond.
+struct Reference {
+    at: u128,
+    scale: u32,
+}
+
+impl Reference {
+    fn hit(&mut self, spec: &LimitSpec, now: std::time::Duration) -> (bool, u64, u128, u128) {
+        let limit = u128::from(spec.limit.get());
+        let interval = spec.window.as_nanos();
+        let tolerance = interval * u128::from(spec.capacity().get());
+        let scaled = if self.scale == 0 { 0 } else { (self.at * limit).div_ceil(u128::from(self.scale)) };
+        let now = now.as_nanos() * limit;
+        let debt = scaled.max(now) - now;
+        let remaining = tolerance.saturating_sub(debt) / interval;
+        let admitted = remaining > 0;
+        let after = if admitted { debt + interval } else { debt + interval - tolerance };
+        if admitted {
+            (self.at, self.scale) = (scaled.max(now) + interval, spec.limit.get());
+        }
+        (admitted, remaining as u64, debt.div_ceil(limit), after.div_ceil(limit))
+    }
+}
+
+#[test]
+fn the_compact_tat_agrees_with_a_u128_of_units_through_limit_changes() {
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut b = Meter::new(spec(TokenBucket, 7, millis(1300)));
+    let mut reference = Reference { at: 0, scale: 0 };
+    let mut now = T0;
+    for step in 0..20_000 {
+        if step % 500 == 0 {
+            // Small limits for rejections, large ones for remainders of many units.
+            b.spec.limit = nz(if rng.random() { rng.random_range(1..20) } else { rng.random_range(1..1_000_000) });
+            b.spec.burst = Some(nz(rng.random_range(1..50)));
+        }
+        now += std::time::Duration::from_nanos(rng.random_range(0..100_000_000));
+        let expected = reference.hit(&b.spec, now);
+        let o = b.hit(now);
+        let after = if o.admitted { o.after.reset_after } else { o.retry_after };
+        let actual = (o.admitted, o.before.remaining, o.before.reset_after.as_nanos(), after.as_nanos());
+        assert_eq!(actual, expected, "step {step}");
+    }
+}
