@@ -244,12 +244,7 @@ impl Stores {
 impl Limits {
     /// [`limiter_core::limits::MemoryStore::apply`], wherever the buckets are; `now` is
     /// used in memory (Redis measures with its own clock, see [`TimeSource`]).
-    pub async fn apply(
-        &self,
-        buckets: &[Bucket<'_>],
-        now: Duration,
-        charge: Charge,
-    ) -> Result<Outcomes, FleetError> {
+    pub async fn apply(&self, buckets: &[Bucket<'_>], now: Duration, charge: Charge) -> Result<Outcomes, FleetError> {
         match self {
             Self::Memory(store) => Ok(store.apply(buckets, now, charge)),
             Self::Redis(store) => store.apply(buckets, now, charge).await,

@@ -136,13 +136,25 @@ fn upstream_uri(base: &Uri, path: &str, query: Option<&str>) -> Result<Uri, http
     uri.build()
 }
 
+/// The headers of one connection that are hop-by-hop whatever `Connection` says.
+const HOP_BY_HOP: [header::HeaderName; 5] =
+    [header::CONNECTION, header::TE, header::TRAILER, header::TRANSFER_ENCODING, header::UPGRADE];
+
 /// Removes the headers that describe one connection rather than the message (RFC 9110
 /// §7.6.1): the fixed list, any `Proxy-*`, and whatever `Connection` names.
 pub(super) fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages have none: one pass over their names is cheaper than a lookup
+    // for each name that could be there. `Connection` names others only if present.
+    let any = headers
+        .keys()
+        .any(|name| HOP_BY_HOP.contains(name) || name.as_str() == "keep-alive" || name.as_str().starts_with("proxy-"));
+    if !any {
+        return;
+    }
     for name in connection_options(headers) {
         headers.remove(name.as_str());
     }
-    for name in [header::CONNECTION, header::TE, header::TRAILER, header::TRANSFER_ENCODING, header::UPGRADE] {
+    for name in HOP_BY_HOP {
         headers.remove(name);
     }
     headers.remove("keep-alive");
@@ -242,6 +254,21 @@ mod tests {
         remove_hop_by_hop(&mut map);
         let left: Vec<&str> = map.keys().map(http::HeaderName::as_str).collect();
         assert_eq!(left, ["x-kept", "content-length"]);
+    }
+
+    /// Each alone, so that the pass that looks for any of them must see every one.
+    #[test]
+    fn each_hop_by_hop_header_is_removed_alone() {
+        for name in ["connection", "keep-alive", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade"]
+        {
+            let mut map = headers(&[(name, "x"), ("x-kept", "1")]);
+            remove_hop_by_hop(&mut map);
+            let left: Vec<&str> = map.keys().map(http::HeaderName::as_str).collect();
+            assert_eq!(left, ["x-kept"], "{name}");
+        }
+        let mut map = headers(&[("host", "a"), ("x-kept", "1")]);
+        remove_hop_by_hop(&mut map);
+        assert_eq!(map.len(), 2);
     }
 
     #[test]

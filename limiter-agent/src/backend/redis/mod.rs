@@ -73,12 +73,7 @@ impl RedisStore {
 
     /// [`MemoryStore::apply`](limiter_core::limits::MemoryStore::apply) in one round
     /// trip; `now` is used only with [`TimeSource::Caller`].
-    pub async fn apply(
-        &self,
-        buckets: &[Bucket<'_>],
-        now: Duration,
-        charge: Charge,
-    ) -> Result<Outcomes, FleetError> {
+    pub async fn apply(&self, buckets: &[Bucket<'_>], now: Duration, charge: Charge) -> Result<Outcomes, FleetError> {
         if buckets.is_empty() {
             return Ok(Outcomes::new());
         }
