@@ -194,17 +194,26 @@ auth = "bearer"
 "#
     );
     let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let answered = two_hundred_at_once(&proxy, || client.clone(), &[("x-api-key", "k-small")]).await;
+    assert_eq!(answered, (50, 150));
+    assert_eq!(upstream.count(), 50);
+}
+
+/// 200 GETs of `/api` at once, each from the client `client` makes: how many got 200
+/// and how many 429.
+async fn two_hundred_at_once(
+    proxy: &RunningProxy,
+    client: impl Fn() -> TestClient,
+    headers: &'static [(&'static str, &'static str)],
+) -> (usize, usize) {
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..200 {
-        let client = client.clone();
-        let url = proxy.url("/api");
-        tasks.spawn(async move { client.get(&url, &[("x-api-key", "k-small")]).await.status });
+        let (client, url) = (client(), proxy.url("/api"));
+        tasks.spawn(async move { client.get(&url, headers).await.status });
     }
     let statuses = tasks.join_all().await;
-    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
-    let rejected = statuses.iter().filter(|s| **s == StatusCode::TOO_MANY_REQUESTS).count();
-    assert_eq!((ok, rejected), (50, 150));
-    assert_eq!(upstream.count(), 50);
+    let count = |status: StatusCode| statuses.iter().filter(|s| **s == status).count();
+    (count(StatusCode::OK), count(StatusCode::TOO_MANY_REQUESTS))
 }
 
 /// The workers share one store: a limit holds exactly over connections served on
@@ -224,17 +233,9 @@ window = "1m"
 "#
     );
     let proxy = RunningProxy::start(&config, upstream.addr).await;
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..200 {
-        // A connection of its own each, so the four workers take their shares.
-        let client = TestClient::default();
-        let url = proxy.url("/api");
-        tasks.spawn(async move { client.get(&url, &[]).await.status });
-    }
-    let statuses = tasks.join_all().await;
-    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
-    let rejected = statuses.iter().filter(|s| **s == StatusCode::TOO_MANY_REQUESTS).count();
-    assert_eq!((ok, rejected), (50, 150));
+    // A client, so a connection, of its own for each request: the four workers take
+    // their shares.
+    assert_eq!(two_hundred_at_once(&proxy, TestClient::default, &[]).await, (50, 150));
     assert_eq!(upstream.count(), 50);
     proxy.shutdown().await;
 }
