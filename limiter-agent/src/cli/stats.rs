@@ -97,9 +97,9 @@ fn render(stats: &Value, previous: Option<&Value>, secs: f64) -> String {
             match before {
                 Some(before) => {
                     let rate = value.saturating_sub(before) as f64 / secs;
-                    out += &format!("  {name:<20} {value:>14} {rate:>12.1}/s\n");
+                    out += &format!("  {name:<22} {value:>12} {rate:>12.1}/s\n");
                 }
-                None => out += &format!("  {name:<20} {value:>14}\n"),
+                None => out += &format!("  {name:<22} {value:>12}\n"),
             }
         }
         for name in ["new_sources", "syn"] {
@@ -137,7 +137,7 @@ fn render(stats: &Value, previous: Option<&Value>, secs: f64) -> String {
             out += "proxy:\n";
             for (name, value) in proxy.iter().filter(|(_, v)| v.is_number()) {
                 // A JSON value ignores the width; its text does not.
-                out += &format!("  {name:<20} {:>14}\n", value.to_string());
+                out += &format!("  {name:<22} {:>12}\n", value.to_string());
             }
             let policies = proxy.get("policies").and_then(Value::as_array).into_iter().flatten();
             for policy in policies {
