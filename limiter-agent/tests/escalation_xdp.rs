@@ -62,12 +62,15 @@ burst = 100000
 listen = "{proxy}"
 upstream = "http://{upstream}"
 {redis}
+# A loaded machine must not turn a slow answer into `store_failure`'s verdict, nor a
+# window turn mid-test into two more requests.
+redis_timeout = "5s"
 [[proxy.rules]]
 name = "per-ip"
 key = "ip"
 algorithm = "fixed_window"
 limit = 2
-window = "1m"
+window = "1h"
 
 [escalation]
 threshold = 3
