@@ -147,7 +147,8 @@ impl<C: Clock + Clone> Proxy<C> {
     }
 
     /// Starts worker `worker` on a thread of its own, serving until `stopped` turns
-    /// true; the receiver returned is closed once it has drained.
+    /// true, and returns once it listens; the receiver returned is closed once it has
+    /// drained.
     fn start_worker(
         &self,
         worker: usize,
@@ -158,14 +159,20 @@ impl<C: Clock + Clone> Proxy<C> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(failed)?;
         let (pipeline, on_accept) = (Arc::clone(&self.pipeline), Arc::clone(&self.on_accept));
         let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        let (listening, listens) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name(format!("proxy-{worker}"))
             .spawn(move || {
                 runtime.block_on(async {
+                    // Registered with this thread's runtime, which must be running.
                     let listener = match TcpListener::from_std(listener) {
                         Ok(listener) => listener,
-                        Err(error) => return tracing::error!(%error, worker, "proxy worker cannot listen"),
+                        Err(error) => {
+                            let _ = listening.send(Err(error));
+                            return;
+                        }
                     };
+                    let _ = listening.send(Ok(()));
                     let shutdown = async move {
                         let _ = stopped.wait_for(|stop| *stop).await;
                     };
@@ -174,7 +181,13 @@ impl<C: Clock + Clone> Proxy<C> {
                 drop(done);
             })
             .map_err(failed)?;
-        Ok(finished)
+        // A moment's wait at start, so that a worker that cannot listen is an error
+        // of the start rather than a thread gone quietly.
+        match listens.recv() {
+            Ok(Ok(())) => Ok(finished),
+            Ok(Err(error)) => Err(failed(error)),
+            Err(_) => Err(failed(std::io::Error::other("the worker ended before it listened"))),
+        }
     }
 
     /// Applies a new config to new requests; limiter state of unchanged rules and
@@ -183,7 +196,6 @@ impl<C: Clock + Clone> Proxy<C> {
         self.pipeline.reconfigure(config, secrets)
     }
 
-    /// Counts this proxy's 429 and 401 answers towards escalation to the kernel layer.
     /// What the proxy would do with `request` now, charging nothing.
     pub async fn explain(
         &self,
@@ -192,6 +204,7 @@ impl<C: Clock + Clone> Proxy<C> {
         self.pipeline.explain(request).await
     }
 
+    /// Counts this proxy's 429 and 401 answers towards escalation to the kernel layer.
     pub fn escalate_to(&self, escalator: Arc<crate::escalation::Escalator>) {
         self.pipeline.escalate_to(escalator);
     }
