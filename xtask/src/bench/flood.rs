@@ -33,6 +33,12 @@ pub fn run_random(bench: &mut Bench) -> Outcome<Flood> {
     )
 }
 
+/// The receiving CPU's softirq ms per million packets under `filter`, if the flood
+/// was long enough to show: zero means too short for the tick-based accounting.
+pub fn softirq_per_million(fl: &Flood, filter: &str) -> Option<f64> {
+    fl.rows.iter().find(|r| r.filter == filter).map(|r| r.softirq_ms_per_million_packets).filter(|v| *v > 0.0)
+}
+
 pub fn markdown(m: &mut String, fl: &Flood) {
     let (title, sources) = if fl.spoofed_sources == 0 {
         (RANDOM_TITLE, "a random source address per frame".to_owned())
@@ -66,10 +72,7 @@ pub fn markdown(m: &mut String, fl: &Flood) {
             num(r.xdp_program_ns_per_packet, 0),
         );
     }
-    // Zero means the flood was too short for the tick-based accounting to see it.
-    let per_m = |name: &str| {
-        fl.rows.iter().find(|r| r.filter == name).map(|r| r.softirq_ms_per_million_packets).filter(|v| *v > 0.0)
-    };
+    let per_m = |filter| softirq_per_million(fl, filter);
     if let (Some(floor), Some(nft), Some(limiter)) = (per_m("xdp_drop"), per_m("nftables"), per_m("limiter")) {
         let _ = writeln!(
             m,

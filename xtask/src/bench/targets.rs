@@ -2,7 +2,10 @@
 
 use limiter_lab::report::{HttpRow, Report, Target};
 
-use super::algorithms::{self, GOVERNOR};
+use super::{
+    algorithms::{self, GOVERNOR},
+    flood::softirq_per_million,
+};
 
 /// One target: what it says, the figure measured, and whether it holds (None: not
 /// measured in this run).
@@ -79,8 +82,7 @@ pub fn targets(report: &Report) -> Vec<Target> {
     ));
 
     let flood = |name: &str| report.flood.measured().and_then(|f| f.rows.iter().find(|r| r.filter == name));
-    // Zero means the flood was too short for the tick-based accounting to see it.
-    let per_m = |name| flood(name).map(|r| r.softirq_ms_per_million_packets).filter(|v| *v > 0.0);
+    let per_m = |name| report.flood.measured().and_then(|f| softirq_per_million(f, name));
     let (nft, lim, drop_all) = (per_m("nftables"), per_m("limiter"), per_m("xdp_drop"));
     let delivery = flood("limiter").map(|r| r.good_delivery);
     let ratio = nft.zip(lim).map(|(n, l)| n / l);
