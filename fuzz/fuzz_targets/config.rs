@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use limiter::config::{Config, ConfigError};
+use limiter_config::{Config, ConfigError};
 
 fuzz_target!(|text: &str| {
     match Config::parse(text, Path::new("fuzz.toml")) {

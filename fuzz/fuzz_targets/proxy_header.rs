@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use limiter::proxy::proxy_protocol::{Accepted, MAX_V2_BYTES, parse};
+use limiter_core::proxy_protocol::{Accepted, MAX_V2_BYTES, parse};
 
 fuzz_target!(|bytes: &[u8]| {
     for accepted in [Accepted::V1, Accepted::V2, Accepted::Any] {

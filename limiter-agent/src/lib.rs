@@ -5,7 +5,8 @@ pub mod accept;
 pub mod agent;
 pub mod backend;
 pub mod cli;
-pub mod config;
+/// The agent's modules, its tests and the fuzz targets name the config `limiter::config`.
+pub use limiter_config as config;
 pub mod escalation;
 pub mod fleet;
 pub mod limits;

@@ -1,7 +1,8 @@
 //! The limiter's decisions, without I/O: what a limit is ([`spec`]), the five
 //! algorithms and the bucket store ([`limits`]), the time they are measured with
-//! ([`clock`]), the signed-request scheme ([`signature`]), and the one canonical form
-//! of a request path ([`path`]).
+//! ([`clock`]), the signed-request scheme ([`signature`]), the one canonical form
+//! of a request path ([`path`]), and the PROXY protocol header a balancer sends
+//! ([`proxy_protocol`]).
 //!
 //! Nothing here reads a file, a socket or a BPF map: the agent parses the config
 //! into these types, and keeps the state that lives elsewhere (Redis, the kernel).
@@ -9,6 +10,7 @@
 pub mod clock;
 pub mod limits;
 pub mod path;
+pub mod proxy_protocol;
 pub mod signature;
 pub mod spec;
 

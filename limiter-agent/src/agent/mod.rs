@@ -597,3 +597,23 @@ fn spawn_log_reader(logger: crate::xdp::Logger) {
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::LoadedConfig;
+    use crate::config::ConfigError;
+
+    const EXAMPLE: &str = include_str!("../../../config/limiter.toml");
+
+    #[test]
+    fn missing_secret_is_a_config_error_at_its_line() {
+        let error = LoadedConfig::parse(EXAMPLE, Path::new("test.toml")).expect_err("no such secret file");
+        let ConfigError::Invalid { line, key, message, .. } = error else { panic!("{error:?}") };
+        assert_eq!(key, "proxy.keys[0].secrets");
+        assert!(message.contains("/etc/limiter/keys/k-free-1"), "{message}");
+        let expected = EXAMPLE.lines().position(|l| l.starts_with("secrets = ")).expect("secrets line") + 1;
+        assert_eq!(line, expected);
+    }
+}

@@ -354,3 +354,37 @@ fn policy_of(rule: &CidrRule) -> CidrPolicy {
     };
     CidrPolicy { aggregate: rule.aggregate.map(|a| a.rate()).unwrap_or(policy.aggregate), ..policy }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use limiter_common::maps::FEATURE_COARSE_CLOCK;
+
+    use super::settings_for;
+    use crate::config::Config;
+
+    const XDP: &str = "[xdp]\ninterfaces = [\"eth0\"]\n[xdp.limit]\npackets_per_second = 10\nburst = 20\n";
+
+    fn parse(text: &str) -> Config {
+        Config::parse(text, Path::new("test.toml")).expect("valid")
+    }
+
+    #[test]
+    fn buckets_read_the_coarse_clock_only_if_it_fits_every_rate() {
+        // 250 Hz: 4 ms; a bucket fits with at least 400 ms of refill in its burst.
+        let tick = 4_000_000;
+        let coarse = |text: &str| settings_for(&parse(text).xdp.expect("xdp"), tick).has(FEATURE_COARSE_CLOCK);
+        assert!(coarse(XDP), "10 pps, burst 20: 2 s of refill");
+        let rule = |pps: u32, burst: u32| {
+            format!(
+                "{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"limit\"\npackets_per_second = {pps}\nburst = {burst}\n"
+            )
+        };
+        assert!(coarse(&rule(1_000, 400)));
+        assert!(!coarse(&rule(1_000, 399)), "one rule below the bound keeps every bucket precise");
+        assert!(!coarse(&format!("{XDP}[xdp.syn]\npackets_per_second = 1000\nburst = 10\n")));
+        let xdp = parse(XDP).xdp.expect("xdp");
+        assert!(!settings_for(&xdp, u64::MAX).has(FEATURE_COARSE_CLOCK), "a kernel that cannot tell its tick");
+    }
+}

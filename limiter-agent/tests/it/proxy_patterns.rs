@@ -8,7 +8,7 @@ use http::{Method, StatusCode};
 use limiter::signature::KeySecrets;
 use limiter_lab::support::proxy::{PATIENCE, PROXY_HEAD, RunningProxy, TestClient, Upstream, proxy_config};
 
-const PATTERNS: &str = include_str!("../../config/patterns.toml");
+const PATTERNS: &str = include_str!("../../../config/patterns.toml");
 const BROWSER: &str = "Mozilla/5.0 (X11; Linux x86_64) Firefox/133.0";
 
 async fn status(client: &TestClient, proxy: &RunningProxy, path: &str, user_agent: Option<&str>) -> StatusCode {

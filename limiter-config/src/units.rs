@@ -12,7 +12,7 @@ impl HumanDuration {
     /// Parses `"<integer><unit>"`.
     ///
     /// ```
-    /// use limiter::config::units::HumanDuration;
+    /// use limiter_config::units::HumanDuration;
     /// assert_eq!(HumanDuration::parse("1m").unwrap().0.as_secs(), 60);
     /// assert!(HumanDuration::parse("1 minute").is_err());
     /// ```

@@ -55,7 +55,7 @@ pub enum ConfigError {
 impl Config {
     /// Reads and validates the config at `path`. Secrets are not read: parsing does
     /// no I/O beyond the file, and commands that only need the pin directory or the
-    /// socket must not need them (see [`crate::agent::LoadedConfig`], which reads them).
+    /// socket must not need them (see the agent's `LoadedConfig`, which reads them).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         Self::parse(&read(path)?, path)
     }

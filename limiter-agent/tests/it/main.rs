@@ -1,0 +1,28 @@
+//! Every integration test of the agent but one, as modules of one binary: one link
+//! of the agent instead of two dozen, and the tests of all of them share the harness's
+//! threads. `accept_backoff` stays a binary of its own: it exhausts the process's descriptors.
+
+mod cli_docs;
+mod control_plane;
+mod escalation_xdp;
+mod explain;
+mod fleet_redis;
+mod fleet_topologies;
+mod kernel;
+mod proxy_bounds;
+mod proxy_decisions;
+mod proxy_disclose;
+mod proxy_http2;
+mod proxy_limits;
+mod proxy_paths;
+mod proxy_patterns;
+mod proxy_protocol;
+mod proxy_robustness;
+mod proxy_signature;
+mod proxy_tls;
+mod proxy_upgrade;
+mod spoof_e2e;
+mod spoofing;
+mod top_screen;
+mod xdp_attach;
+mod xdp_e2e;
