@@ -1,5 +1,5 @@
-//! Request bodies within `max_body_bytes` and `body_timeout`, refused before they
-//! reach the upstream.
+//! The body type every message the proxy sends carries, and request bodies within
+//! `max_body_bytes` and `body_timeout`, refused before they reach the upstream.
 
 use std::{
     error::Error,
@@ -10,11 +10,20 @@ use std::{
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited, combinators::BoxBody};
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
-use super::{BoxError, ProxyBody, full_body, problem::Refusal};
+use super::problem::Refusal;
+
+pub(super) type BoxError = Box<dyn Error + Send + Sync>;
+
+/// Every body the proxy sends, in either direction.
+pub(super) type ProxyBody = BoxBody<Bytes, BoxError>;
+
+pub(super) fn full_body(bytes: impl Into<Bytes>) -> ProxyBody {
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+}
 
 /// Refuses a body whose `Content-Length` is over the limit, before reading any of it.
 pub(super) fn check_announced(body: &Incoming, max_bytes: u64) -> Result<(), Refusal> {

@@ -11,7 +11,7 @@ use hyper_util::{
     rt::TokioExecutor,
 };
 
-use super::{ProxyBody, keys::X_FORWARDED_FOR};
+use super::{body::ProxyBody, keys::X_FORWARDED_FOR};
 
 /// A dead upstream host must give a quick 502, not hang the client; a refused
 /// connection fails at once anyway. Generous enough for a loaded local network.
@@ -58,9 +58,17 @@ pub(super) struct Upstream {
 /// Where the request came from, for `X-Forwarded-For`.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Origin {
+    /// The TCP peer, an IPv4-mapped address as IPv4.
     pub peer: IpAddr,
     /// The peer is a trusted proxy, so the chain it sent is kept.
     pub peer_trusted: bool,
+}
+
+impl Origin {
+    pub(super) fn of(peer: IpAddr, trusted_proxies: &[ipnet::IpNet]) -> Self {
+        let peer = peer.to_canonical();
+        Self { peer, peer_trusted: super::keys::is_trusted(peer, trusted_proxies) }
+    }
 }
 
 impl Upstream {

@@ -11,7 +11,7 @@ use http::{HeaderValue, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
-use super::{BoxError, ProxyBody, full_body};
+use super::body::{BoxError, ProxyBody, full_body};
 use limiter_core::signature::{StoredResponse, idempotency::IDEMPOTENCY_REPLAYED_HEADER};
 
 /// A stored response, marked as a replay.

@@ -21,7 +21,7 @@ use tokio::{
     time::Sleep,
 };
 
-use super::BoxError;
+use super::body::BoxError;
 
 /// Which wait ran out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! The rate-limiting HTTP reverse proxy (interface.md sections 3, 6 and 7).
+//! The rate-limiting HTTP reverse proxy.
 //!
 //! A request goes: [`server`] (accept, header timeout, malformed requests refused by
 //! hyper) → [`pipeline`] (body bound, client address from [`keys`], signature and
@@ -12,6 +12,7 @@
 mod body;
 mod connections;
 mod decision_log;
+mod exchange;
 pub mod explain;
 mod forward;
 mod headers;
@@ -29,13 +30,11 @@ mod stats;
 mod tunnel;
 
 use std::{
-    net::{IpAddr, SocketAddr},
+    net::SocketAddr,
     num::NonZeroUsize,
     sync::{Arc, OnceLock},
 };
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use tokio::{net::TcpListener, sync::watch};
 
 use limiter_core::{Clock, SystemClock};
@@ -45,16 +44,7 @@ pub use self::{
     heavy::ClientRow,
     stats::{DECISION_BUCKETS, DecisionHistogram, ProxyStats},
 };
-use crate::{config::ProxyConfig, signature::KeySecrets};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Every body the proxy sends, in either direction.
-type ProxyBody = BoxBody<Bytes, BoxError>;
-
-fn full_body(bytes: impl Into<Bytes>) -> ProxyBody {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
-}
+use crate::{accept::AcceptHook, config::ProxyConfig, signature::KeySecrets};
 
 /// Why the proxy could not start or take a new config. A refused config leaves the
 /// running one in place, whole.
@@ -82,12 +72,6 @@ pub enum ProxyError {
         #[source]
         source: std::io::Error,
     },
-}
-
-/// Told the peer of every accepted connection: a completed TCP handshake proves the
-/// peer owns its address (the kernel layer's verified sources).
-pub trait AcceptHook: Send + Sync + std::fmt::Debug {
-    fn accepted(&self, peer: IpAddr);
 }
 
 /// A bound proxy. `run` serves until shutdown; `reconfigure` and `stats` may be

@@ -23,16 +23,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header, request, uri::PathAndQuery};
+use http::{HeaderMap, Request, Response, StatusCode, request, uri::PathAndQuery};
 use hyper::body::Incoming;
 
 use super::{
-    ProxyBody, ProxyError,
-    body::{self, TimedBody},
+    ProxyError,
+    body::{self, ProxyBody, TimedBody, full_body},
     connections::{Connections, Refused, Slot},
     decision_log::{self, DecisionLog, Entry},
+    exchange::{Exchange, Proof},
     forward::{Origin, Upstream},
-    full_body, headers,
+    headers,
     heavy::{Client, ClientRow, HeavyClients},
     idempotent, keys,
     problem::Refusal,
@@ -41,7 +42,6 @@ use super::{
 };
 use limiter_core::{
     Clock,
-    path::CanonicalPath,
     signature::{
         Authenticated, Begin, Failure, SignedRequest, Verifier,
         idempotency::{self, IDEMPOTENCY_KEY_HEADER, MAX_IDEMPOTENCY_KEY_BYTES},
@@ -64,8 +64,8 @@ use crate::{
 
 /// What one config makes of requests: swapped whole on reload.
 #[derive(Debug)]
-struct Snapshot {
-    config: Arc<ProxyConfig>,
+pub(super) struct Snapshot {
+    pub config: Arc<ProxyConfig>,
     /// The listener's certificates, as loaded with the config.
     tls: Option<ServerTls>,
     verifier: Verifier,
@@ -100,45 +100,12 @@ impl Snapshot {
     }
 }
 
-/// What proves which key a request is.
-enum Proof {
-    /// Nothing: the request is keyless.
-    None,
-    /// A valid signature, recorded in the replay cache.
-    Signed(Authenticated),
-    /// The id of an `auth = "bearer"` key.
-    Bearer(String),
-}
-
-impl Proof {
-    /// Whom `limiter top` counts the request for.
-    fn client(&self, address: IpAddr) -> Client<'_> {
-        match self {
-            Self::None => Client::Address(address),
-            Self::Signed(authenticated) => Client::Signed(&authenticated.key_id),
-            Self::Bearer(id) => Client::Bearer(id),
-        }
-    }
-
-    fn key_id(&self) -> Option<&str> {
-        match self {
-            Self::None => None,
-            Self::Signed(authenticated) => Some(&authenticated.key_id),
-            Self::Bearer(id) => Some(id),
-        }
-    }
-}
-
 /// The request after the checks that come before the limits.
 enum Admission {
     /// Answered already (an idempotent replay).
     Answered(Response<ProxyBody>),
-    Forward {
-        body: ProxyBody,
-        /// The idempotency key this request holds until its response is stored.
-        claim: Option<Claim>,
-        proof: Proof,
-    },
+    /// To be decided on, with its body.
+    Forward(ProxyBody),
 }
 
 /// What a request's idempotency key gave it.
@@ -329,20 +296,21 @@ impl<C: Clock + Clone> Pipeline<C> {
     ) -> Response<ProxyBody> {
         self.counters.add(Event::Request);
         let snapshot = self.snapshot();
-        match self.process(&snapshot, request, peer, upstream).await {
+        let origin = Origin::of(peer, &snapshot.config.trusted_proxies);
+        match self.process(&snapshot, request, origin, upstream).await {
             Ok(response) => response,
-            Err(refusal) => self.refuse(&snapshot.config, refusal, peer),
+            Err(refusal) => self.refuse(origin, refusal),
         }
     }
 
     /// Answers a refusal; a 429, 401 or 403 (a deny rule) to a directly connected
     /// client counts towards its escalation.
-    fn refuse(&self, config: &ProxyConfig, refusal: Refusal, peer: IpAddr) -> Response<ProxyBody> {
+    fn refuse(&self, origin: Origin, refusal: Refusal) -> Response<ProxyBody> {
         if matches!(refusal, Refusal::QuotaExceeded { .. } | Refusal::Unauthorized | Refusal::Denied { .. })
             && let Some(escalator) = self.escalator.get()
-            && !keys::is_trusted(peer.to_canonical(), &config.trusted_proxies)
+            && !origin.peer_trusted
         {
-            escalator.record(peer);
+            escalator.record(origin.peer);
         }
         let event = match &refusal {
             Refusal::QuotaExceeded { .. } | Refusal::MissingKey { .. } | Refusal::StoreUnavailable => {
@@ -365,81 +333,75 @@ impl<C: Clock + Clone> Pipeline<C> {
         &self,
         snapshot: &Snapshot,
         request: Request<Incoming>,
-        peer: IpAddr,
+        origin: Origin,
         upstream: &Upstream,
     ) -> Result<Response<ProxyBody>, Refusal> {
+        let (parts, body) = request.into_parts();
         let config = &snapshot.config;
-        let (mut parts, body) = request.into_parts();
-        // HTTP/2 names the host in the URI alone: as a header, rules, signatures and
-        // the upstream see it as they do over HTTP/1.1.
-        if !parts.headers.contains_key(header::HOST)
-            && let Some(host) =
-                parts.uri.authority().and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
-        {
-            parts.headers.insert(header::HOST, host);
-        }
         body::check_announced(&body, config.max_body_bytes)?;
         let body = TimedBody::new(body, config.body_timeout.0);
-        // Rules, `+route` keys and the upstream all see this one path; the signature
-        // covers the target as sent.
-        let path = CanonicalPath::parse(parts.uri.path(), config.path_options()).map_err(Refusal::BadPath)?;
-        let client = keys::client_ip(peer, &parts.headers, &config.trusted_proxies);
-        let keyless = RequestInfo {
-            method: &parts.method,
-            path: path.route(),
-            client,
-            api_key: None,
-            headers: &parts.headers,
-            query: parts.uri.query(),
-        };
+        let mut exchange = Exchange::arrive(snapshot, upstream, origin, parts)?;
         // Before anything costly (reading the body, checking a MAC): a scanner's
         // request is refused on its face.
-        let screened = self.screen(snapshot, &keyless)?;
-        let signed = parts.headers.contains_key(SIGNATURE_HEADER);
-        let admission = if signed || requires_signature(config, &keyless) {
-            self.admit_signed(snapshot, &parts, &keyless, body).await?
-        } else {
-            let body = body::forwardable(body, config.max_body_bytes).await?;
-            let proof = snapshot.bearer_key(&parts.headers).map_or(Proof::None, Proof::Bearer);
-            Admission::Forward { body, claim: None, proof }
-        };
-        let (body, claim, proof) = match admission {
+        let screened = self.screen(&exchange)?;
+        let body = match self.prove(&mut exchange, body).await? {
             Admission::Answered(response) => return Ok(response),
-            Admission::Forward { body, claim, proof } => (body, claim, proof),
+            Admission::Forward(body) => body,
         };
-        let info = RequestInfo { api_key: proof.key_id(), ..keyless };
-        let deciding = Instant::now();
-        let decision = self.engine.decide(&info).await;
-        self.counters.observe_decision(deciding.elapsed());
-        self.log_decision(config, || self.limits_entry(config, &parts.method, &info, &decision, &screened.tagged));
+        let decision = self.decide(&exchange, &screened.tagged).await;
         let Decision { verdict, policies, violated, .. } = decision;
-        let refused_by = match &verdict {
-            Verdict::Reject { .. } => violated.first().map(String::as_str),
-            Verdict::MissingKey { rule } => Some(rule.as_str()),
-            Verdict::Forward | Verdict::Delay(_) | Verdict::StoreUnavailable => None,
-        };
-        self.heavy.record(proof.client(info.client), refused_by);
-        let peer = peer.to_canonical();
-        let origin = Origin { peer, peer_trusted: keys::is_trusted(peer, &config.trusted_proxies) };
-        let disclose = snapshot.disclose(info.api_key);
+        let disclose = snapshot.disclose(exchange.proof.key_id());
         let outcome = match self.act(config, verdict, violated, disclose).await {
-            Ok(()) => self.forward(config, upstream, parts, path.forward(), body, origin, claim).await,
+            Ok(()) => self.forward(exchange, body).await,
             Err(refusal) => {
-                if let Proof::Signed(authenticated) = &proof {
+                if let Proof::Signed(authenticated) = &exchange.proof {
                     self.unrecord(authenticated).await;
                 }
                 Err(refusal)
             }
         };
-        let mut response = outcome.unwrap_or_else(|refusal| self.refuse(config, refusal, peer));
+        let mut response = outcome.unwrap_or_else(|refusal| self.refuse(origin, refusal));
         headers::add_rate_limit_headers(response.headers_mut(), &policies, self.clock.now(), disclose);
         Ok(response)
     }
 
+    /// Reads the body as far as proving a key needs: whole for a signed request (then
+    /// verified, and its idempotency key applied), else streamed on.
+    async fn prove(&self, exchange: &mut Exchange<'_>, body: TimedBody) -> Result<Admission, Refusal> {
+        let config = exchange.config();
+        if exchange.parts.headers.contains_key(SIGNATURE_HEADER) || requires_signature(config, &exchange.info()) {
+            return self.admit_signed(exchange, body).await;
+        }
+        let body = body::forwardable(body, config.max_body_bytes).await?;
+        if let Some(id) = exchange.snapshot.bearer_key(&exchange.parts.headers) {
+            exchange.proof = Proof::Bearer(id);
+        }
+        Ok(Admission::Forward(body))
+    }
+
+    /// One decision over every matching rule and the key's plan, counted, logged and
+    /// recorded for `limiter top`.
+    async fn decide(&self, exchange: &Exchange<'_>, tagged: &[String]) -> Decision {
+        let config = exchange.config();
+        let info = exchange.info();
+        let deciding = Instant::now();
+        let decision = self.engine.decide(&info).await;
+        self.counters.observe_decision(deciding.elapsed());
+        self.log_decision(config, || self.limits_entry(config, &info, &decision, tagged));
+        let refused_by = match &decision.verdict {
+            Verdict::Reject { .. } => decision.violated.first().map(String::as_str),
+            Verdict::MissingKey { rule } => Some(rule.as_str()),
+            Verdict::Forward | Verdict::Delay(_) | Verdict::StoreUnavailable => None,
+        };
+        self.heavy.record(exchange.proof.client(info.client), refused_by);
+        decision
+    }
+
     /// Applies the `deny` and `tag` rules to a request: a denial is counted, logged and
     /// (unless in shadow mode) the answer.
-    fn screen(&self, snapshot: &Snapshot, request: &RequestInfo<'_>) -> Result<Screened, Refusal> {
-        let config = &snapshot.config;
+    fn screen(&self, exchange: &Exchange<'_>) -> Result<Screened, Refusal> {
+        let config = exchange.config();
+        let request = &exchange.info();
         let screened = self.engine.screen(request);
         if let Some(rule) = &screened.denied_by {
             self.counters.add(Event::Denied);
@@ -451,7 +413,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             });
             self.heavy.record(Client::Address(request.client), Some(rule));
             if config.enforce {
-                let named = snapshot.disclose(None) == Disclose::Full;
+                let named = exchange.snapshot.disclose(None) == Disclose::Full;
                 return Err(Refusal::Denied { rule: named.then(|| rule.clone()) });
             }
         }
@@ -471,7 +433,6 @@ impl<C: Clock + Clone> Pipeline<C> {
     fn limits_entry<'e>(
         &self,
         config: &'e ProxyConfig,
-        method: &'e Method,
         info: &RequestInfo<'e>,
         decision: &'e Decision,
         tagged: &'e [String],
@@ -489,7 +450,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             plan,
             violated,
             tagged,
-            ..Entry::new(self.clock.now(), method, info, config.enforce)
+            ..Entry::new(self.clock.now(), info.method, info, config.enforce)
         }
     }
 
@@ -540,17 +501,10 @@ impl<C: Clock + Clone> Pipeline<C> {
         }
     }
 
-    #[expect(clippy::too_many_arguments, reason = "one request's parts, each passed on once")]
-    async fn forward(
-        &self,
-        config: &ProxyConfig,
-        upstream: &Upstream,
-        parts: request::Parts,
-        path: &str,
-        body: ProxyBody,
-        origin: Origin,
-        mut claim: Option<Claim>,
-    ) -> Result<Response<ProxyBody>, Refusal> {
+    /// Sends the request upstream and, with an idempotency key, stores the answer.
+    async fn forward(&self, exchange: Exchange<'_>, body: ProxyBody) -> Result<Response<ProxyBody>, Refusal> {
+        let config = exchange.config();
+        let Exchange { upstream, origin, parts, path, mut claim, .. } = exchange;
         self.counters.add(Event::Forwarded);
         // From here on, whatever happens (timeout, the client leaving and dropping this
         // future, a broken response), dropping the claim records an unknown outcome
@@ -559,18 +513,20 @@ impl<C: Clock + Clone> Pipeline<C> {
             claim.sent(self.clock.now()).await;
         }
         // Bounds the wait for the response head; a streaming body may take longer.
-        let response =
-            tokio::time::timeout(config.upstream_timeout.0, upstream.send(&config.upstream, path, parts, body, origin))
-                .await
-                .map_err(|_| Refusal::UpstreamTimeout)?
-                .map_err(|error| {
-                    if error.never_sent()
-                        && let Some(claim) = &mut claim
-                    {
-                        claim.not_sent();
-                    }
-                    if body::timed_out(&error) { Refusal::BodyTimeout } else { Refusal::Upstream(error.into()) }
-                })?;
+        let response = tokio::time::timeout(
+            config.upstream_timeout.0,
+            upstream.send(&config.upstream, path.forward(), parts, body, origin),
+        )
+        .await
+        .map_err(|_| Refusal::UpstreamTimeout)?
+        .map_err(|error| {
+            if error.never_sent()
+                && let Some(claim) = &mut claim
+            {
+                claim.not_sent();
+            }
+            if body::timed_out(&error) { Refusal::BodyTimeout } else { Refusal::Upstream(error.into()) }
+        })?;
         let Some(claim) = claim else {
             return Ok(response);
         };
@@ -581,14 +537,9 @@ impl<C: Clock + Clone> Pipeline<C> {
     }
 
     /// Reads and verifies a signed request, then applies its idempotency key.
-    async fn admit_signed(
-        &self,
-        snapshot: &Snapshot,
-        parts: &request::Parts,
-        info: &RequestInfo<'_>,
-        body: TimedBody,
-    ) -> Result<Admission, Refusal> {
-        let config = &snapshot.config;
+    async fn admit_signed(&self, exchange: &mut Exchange<'_>, body: TimedBody) -> Result<Admission, Refusal> {
+        let snapshot = exchange.snapshot;
+        let config = exchange.config();
         let limit = config.max_body_bytes;
         let (bytes, body_sha256) = read_body_hashed(body, usize::try_from(limit).unwrap_or(usize::MAX)).await.map_err(
             |error| match error {
@@ -597,6 +548,7 @@ impl<C: Clock + Clone> Pipeline<C> {
                 BodyError::Read(_) => Refusal::BodyUnreadable,
             },
         )?;
+        let parts = &exchange.parts;
         // Checked before the signature is recorded, so a malformed key burns nothing.
         let idempotency_key = idempotency_key(parts)?;
         let target = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
@@ -607,25 +559,25 @@ impl<C: Clock + Clone> Pipeline<C> {
             Err(failure) => {
                 self.counters.add_signature_failure(failure.reason());
                 // Failures count against the client's IP limits, so guessing is rate limited.
-                self.engine.penalize(info).await;
+                self.engine.penalize(&exchange.info()).await;
                 tracing::debug!(%failure, "signature refused");
                 return Err(Refusal::Unauthorized);
             }
         };
-        let Some(key) = idempotency_key else {
-            return Ok(Admission::Forward { body: full_body(bytes), claim: None, proof: Proof::Signed(authenticated) });
-        };
-        let fingerprint = idempotency::fingerprint(&parts.method, target, &body_sha256);
-        let claim = match self.claim(config, &authenticated.key_id, key, fingerprint).await {
-            Ok(Taken::Claim(claim)) => claim,
-            Ok(Taken::Replay(response)) => return Ok(Admission::Answered(response)),
-            Err(refusal) => {
-                // Refused before it ran: the same request may be sent again.
-                self.unrecord(&authenticated).await;
-                return Err(refusal);
-            }
-        };
-        Ok(Admission::Forward { body: full_body(bytes), claim, proof: Proof::Signed(authenticated) })
+        if let Some(key) = idempotency_key {
+            let fingerprint = idempotency::fingerprint(&parts.method, target, &body_sha256);
+            exchange.claim = match self.claim(config, &authenticated.key_id, key, fingerprint).await {
+                Ok(Taken::Claim(claim)) => claim,
+                Ok(Taken::Replay(response)) => return Ok(Admission::Answered(response)),
+                Err(refusal) => {
+                    // Refused before it ran: the same request may be sent again.
+                    self.unrecord(&authenticated).await;
+                    return Err(refusal);
+                }
+            };
+        }
+        exchange.proof = Proof::Signed(authenticated);
+        Ok(Admission::Forward(full_body(bytes)))
     }
 
     /// Takes the idempotency key of an authenticated request.

@@ -8,7 +8,10 @@ use http::{HeaderValue, Response, StatusCode, header};
 use limiter_core::path::PathError;
 use serde::Serialize;
 
-use super::{BoxError, ProxyBody, full_body, headers::ceil_secs};
+use super::{
+    body::{BoxError, ProxyBody, full_body},
+    headers::ceil_secs,
+};
 
 const PROBLEM_JSON: &str = "application/problem+json";
 const TYPE_BASE: &str = "https://limiter.dev/problems#";

@@ -29,7 +29,7 @@ use tokio::{
 };
 
 use super::{
-    AcceptHook, ProxyBody,
+    body::ProxyBody,
     connections::{Refused, Slot},
     forward::{Upstream, UpstreamUpgrade},
     idle::{Guarded, InFlight, Wait, Watched},
@@ -42,6 +42,8 @@ use super::{
     tunnel,
 };
 use limiter_core::Clock;
+
+use crate::accept::AcceptHook;
 
 type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 

@@ -176,7 +176,7 @@ impl Verifier {
     }
 }
 
-impl crate::proxy::AcceptHook for Verifier {
+impl crate::accept::AcceptHook for Verifier {
     fn accepted(&self, peer: IpAddr) {
         if let Err(error) = self.verify(peer) {
             tracing::debug!(%peer, %error, "cannot mark the peer verified");

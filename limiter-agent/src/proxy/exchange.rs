@@ -1,0 +1,106 @@
+//! One request as it goes through the pipeline's phases: what it is, where it came
+//! from and what each phase learned of it, passed from phase to phase instead of an
+//! argument list (pingora's session and context in one).
+
+use std::net::IpAddr;
+
+use http::{HeaderValue, header, request};
+use limiter_core::{path::CanonicalPath, signature::Authenticated};
+
+use super::{
+    forward::{Origin, Upstream},
+    heavy::Client,
+    keys,
+    pipeline::Snapshot,
+    problem::Refusal,
+};
+use crate::{backend::Claim, config::ProxyConfig, limits::RequestInfo};
+
+/// What proves which key a request is.
+pub(super) enum Proof {
+    /// Nothing: the request is keyless.
+    None,
+    /// A valid signature, recorded in the replay cache.
+    Signed(Authenticated),
+    /// The id of an `auth = "bearer"` key.
+    Bearer(String),
+}
+
+impl Proof {
+    /// Whom `limiter top` counts the request for.
+    pub(super) fn client(&self, address: IpAddr) -> Client<'_> {
+        match self {
+            Self::None => Client::Address(address),
+            Self::Signed(authenticated) => Client::Signed(&authenticated.key_id),
+            Self::Bearer(id) => Client::Bearer(id),
+        }
+    }
+
+    pub(super) fn key_id(&self) -> Option<&str> {
+        match self {
+            Self::None => None,
+            Self::Signed(authenticated) => Some(&authenticated.key_id),
+            Self::Bearer(id) => Some(id),
+        }
+    }
+}
+
+/// A request past its head's checks, on its way to an answer.
+pub(super) struct Exchange<'s> {
+    /// The config it is served under, whatever a reload does meanwhile.
+    pub snapshot: &'s Snapshot,
+    /// The pool of the worker serving its connection.
+    pub upstream: &'s Upstream,
+    pub origin: Origin,
+    /// The head as received, with `Host` filled in from an HTTP/2 authority.
+    pub parts: request::Parts,
+    /// The one path rules, `+route` keys and the upstream see.
+    pub path: CanonicalPath,
+    /// Whom the limits count: the peer, or the client a trusted proxy names.
+    pub client: IpAddr,
+    /// Set once the request proved a key.
+    pub proof: Proof,
+    /// The idempotency key this request holds until its response is stored.
+    pub claim: Option<Claim>,
+}
+
+impl<'s> Exchange<'s> {
+    /// The head of a request from `origin`, checked for what needs no state: its path
+    /// has a canonical form.
+    pub(super) fn arrive(
+        snapshot: &'s Snapshot,
+        upstream: &'s Upstream,
+        origin: Origin,
+        mut parts: request::Parts,
+    ) -> Result<Self, Refusal> {
+        // HTTP/2 names the host in the URI alone: as a header, rules, signatures and
+        // the upstream see it as they do over HTTP/1.1.
+        if !parts.headers.contains_key(header::HOST)
+            && let Some(host) =
+                parts.uri.authority().and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
+        {
+            parts.headers.insert(header::HOST, host);
+        }
+        let config = &snapshot.config;
+        // The signature covers the target as sent; everything else sees this.
+        let path = CanonicalPath::parse(parts.uri.path(), config.path_options()).map_err(Refusal::BadPath)?;
+        let client = keys::client_ip(origin.peer, &parts.headers, &config.trusted_proxies);
+        Ok(Self { snapshot, upstream, origin, parts, path, client, proof: Proof::None, claim: None })
+    }
+
+    pub(super) fn config(&self) -> &'s ProxyConfig {
+        &self.snapshot.config
+    }
+
+    /// What rules and the limits see of it, with the key it proved so far.
+    pub(super) fn info(&self) -> RequestInfo<'_> {
+        RequestInfo {
+            method: &self.parts.method,
+            path: self.path.route(),
+            client: self.client,
+            api_key: self.proof.key_id(),
+            headers: &self.parts.headers,
+            query: self.parts.uri.query(),
+        }
+    }
+}
