@@ -174,7 +174,7 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
         "Requests each rule or plan let through, delayed or refused (a request refused by another counts for none).",
     );
     for policy in &stats.policies {
-        let (kind, name) = (policy.kind.as_str(), escape(&policy.name));
+        let (kind, name) = (policy.kind, escape(&policy.name));
         for (decision, value) in [
             ("forwarded", policy.forwarded),
             ("throttled", policy.throttled),

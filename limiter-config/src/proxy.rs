@@ -2,8 +2,10 @@
 
 use std::{
     collections::BTreeMap,
+    fmt,
     net::SocketAddr,
     num::{NonZeroU32, NonZeroUsize},
+    str::FromStr,
     time::Duration,
 };
 
@@ -409,6 +411,38 @@ pub enum KeyKind {
     Header(http::HeaderName),
 }
 
+impl fmt::Display for KeyKind {
+    /// The name a rule's `key` is written with, which [`KeyKind::from_str`] reads.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Ip => f.write_str("ip"),
+            Self::ApiKey => f.write_str("api_key"),
+            Self::Header(name) => write!(f, "header:{name}"),
+        }
+    }
+}
+
+impl FromStr for KeyKind {
+    type Err = ();
+
+    fn from_str(text: &str) -> Result<Self, ()> {
+        match text {
+            "ip" => Ok(Self::Ip),
+            "api_key" => Ok(Self::ApiKey),
+            other => match other.strip_prefix("header:").map(http::HeaderName::try_from) {
+                Some(Ok(name)) => Ok(Self::Header(name)),
+                _ => Err(()),
+            },
+        }
+    }
+}
+
+impl fmt::Display for KeySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.by, if self.per_route { "+route" } else { "" })
+    }
+}
+
 impl<'de> Deserialize<'de> for KeySpec {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
@@ -416,18 +450,9 @@ impl<'de> Deserialize<'de> for KeySpec {
             Some(by) => (by, true),
             None => (text.as_str(), false),
         };
-        let by = match by {
-            "ip" => KeyKind::Ip,
-            "api_key" => KeyKind::ApiKey,
-            other => match other.strip_prefix("header:").map(http::HeaderName::try_from) {
-                Some(Ok(name)) => KeyKind::Header(name),
-                _ => {
-                    return Err(de::Error::custom(format!(
-                        "`{text}` is not a key: use ip, api_key or header:NAME, optionally with +route"
-                    )));
-                }
-            },
-        };
+        let by = by.parse().map_err(|()| {
+            de::Error::custom(format!("`{text}` is not a key: use ip, api_key or header:NAME, optionally with +route"))
+        })?;
         Ok(Self { by, per_route })
     }
 }

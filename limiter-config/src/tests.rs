@@ -428,3 +428,12 @@ fn edge_keys_have_their_defaults_and_inconsistent_ones_are_refused_by_key_and_li
     assert_eq!(refusal(&format!("{PROXY}tunnel_idle_timeout = \"0s\"\n")).1, "proxy.tunnel_idle_timeout");
     assert!(refusal(&format!("{PROXY}[proxy.http2]\nmax_concurrent_streams = 0\n")).2.contains("nonzero"));
 }
+
+#[test]
+fn every_key_kind_reads_back_from_its_name() {
+    use crate::proxy::KeyKind;
+    for kind in [KeyKind::Ip, KeyKind::ApiKey, KeyKind::Header(http::HeaderName::from_static("x-tenant"))] {
+        assert_eq!(kind.to_string().parse::<KeyKind>(), Ok(kind.clone()), "{kind}");
+    }
+    assert_eq!("header:".parse::<KeyKind>(), Err(()));
+}

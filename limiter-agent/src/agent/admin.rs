@@ -39,11 +39,11 @@ pub enum Response {
         error: String,
     },
     Stats {
-        stats: serde_json::Value,
+        stats: AgentStats,
     },
     Detaching,
     Explained {
-        explanation: serde_json::Value,
+        explanation: crate::proxy::explain::ProxyExplanation,
     },
     /// `None`: the agent runs without `[proxy]`.
     Top {
@@ -53,6 +53,34 @@ pub enum Response {
     Suggested {
         suggestions: Option<Vec<crate::limits::Suggestion>>,
     },
+}
+
+/// What only the running agent knows, for `limiter stats` (the kernel counters are
+/// read from the pinned maps, agent or not).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AgentStats {
+    /// Where the XDP program is attached now.
+    pub attached: Vec<crate::xdp::Attachment>,
+    pub reloads: Reloads,
+    pub escalation: EscalationStats,
+    /// `None`: the agent runs without `[proxy]`.
+    pub proxy: Option<crate::proxy::ProxyStats>,
+}
+
+/// Reloads since the agent started.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Reloads {
+    pub ok: u64,
+    pub rejected: u64,
+    /// When the last one, applied or rejected, was asked for (Unix seconds).
+    pub last_unix: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct EscalationStats {
+    /// Escalated blocks (local or from the fleet) refused as malformed, too wide or
+    /// protected.
+    pub blocks_refused: u64,
 }
 
 /// Why the agent could not be asked.

@@ -22,7 +22,7 @@ use tokio::{
 };
 
 pub use self::{
-    admin::{Request, Response},
+    admin::{AgentStats, EscalationStats, Reloads, Request, Response},
     reload::ReloadError,
     xdp::XdpRuntime,
 };
@@ -386,18 +386,18 @@ impl Agent {
 
     /// Agent-side figures for `limiter stats` (the kernel counters come from the pins).
     #[must_use]
-    pub fn stats(&self) -> serde_json::Value {
+    pub fn stats(&self) -> AgentStats {
         let gauges = &self.gauges;
-        serde_json::json!({
-            "attached": self.xdp.as_ref().map(XdpRuntime::attachments).unwrap_or_default(),
-            "reloads": {
-                "ok": gauges.reloads_ok.load(Ordering::Relaxed),
-                "rejected": gauges.reloads_rejected.load(Ordering::Relaxed),
-                "last_unix": gauges.last_reload_unix.load(Ordering::Relaxed),
+        AgentStats {
+            attached: self.xdp.as_ref().map(XdpRuntime::attachments).unwrap_or_default(),
+            reloads: Reloads {
+                ok: gauges.reloads_ok.load(Ordering::Relaxed),
+                rejected: gauges.reloads_rejected.load(Ordering::Relaxed),
+                last_unix: gauges.last_reload_unix.load(Ordering::Relaxed),
             },
-            "escalation": { "blocks_refused": gauges.blocks_refused.load(Ordering::Relaxed) },
-            "proxy": self.proxy.as_ref().map(|p| p.proxy.stats()),
-        })
+            escalation: EscalationStats { blocks_refused: gauges.blocks_refused.load(Ordering::Relaxed) },
+            proxy: self.proxy.as_ref().map(|p| p.proxy.stats()),
+        }
     }
 
     /// Answers `limiter explain` for the proxy.
@@ -408,10 +408,7 @@ impl Agent {
         };
         tokio::spawn(async move {
             let response = match proxy.explain(&request).await {
-                Ok(explanation) => match serde_json::to_value(explanation) {
-                    Ok(explanation) => Response::Explained { explanation },
-                    Err(error) => Response::Rejected { error: error.to_string() },
-                },
+                Ok(explanation) => Response::Explained { explanation },
                 Err(error) => Response::Rejected { error: error.to_string() },
             };
             let _ = reply.send(response);

@@ -5,16 +5,16 @@
 
 use std::{net::IpAddr, path::Path, process::ExitCode, sync::Arc};
 
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use super::CliError;
 use crate::{
     agent::{Request, Response, admin},
     backend::Stores,
     config::{Config, proxy::StoreKind},
-    limits::Engine,
-    proxy::explain::{ExplainRequest, explain},
-    xdp::{KernelMaps, XdpError},
+    limits::{Engine, VerdictKind},
+    proxy::explain::{ExplainRequest, ProofKind, ProxyExplanation, explain},
+    xdp::{KernelMaps, SourceExplanation, XdpError},
 };
 
 #[derive(Debug, clap::Args)]
@@ -38,6 +38,40 @@ pub struct ExplainArgs {
     pub json: bool,
 }
 
+/// What `limiter explain --json` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct Explained {
+    /// `None`: no `--path`, so no request to explain.
+    pub proxy: Option<ProxyAnswer>,
+    /// `None`: no pinned maps (the agent never ran with `[xdp]`).
+    pub kernel: Option<SourceExplanation>,
+}
+
+/// The proxy's explanation, and whose it is.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProxyAnswer {
+    pub source: AnswerSource,
+    #[serde(flatten)]
+    pub outcome: ProxyOutcome,
+}
+
+/// Who explained the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnswerSource {
+    /// The running agent, with each bucket's quota now.
+    Agent,
+    /// The config alone: no agent answered, so nothing was looked up.
+    Config,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum ProxyOutcome {
+    Explained(Box<ProxyExplanation>),
+    Failed { error: String },
+}
+
 pub fn run(path: &Path, args: &ExplainArgs) -> Result<ExitCode, CliError> {
     let config = Config::load(path)?;
     let proxy = match &args.path {
@@ -45,13 +79,14 @@ pub fn run(path: &Path, args: &ExplainArgs) -> Result<ExitCode, CliError> {
         None => None,
     };
     let kernel = match KernelMaps::open_pinned(&config.agent.pin_dir) {
-        Ok(mut maps) => Some(serde_json::to_value(maps.explain_source(args.ip)?)?),
+        Ok(mut maps) => Some(maps.explain_source(args.ip)?),
         Err(XdpError::MissingMap(..)) => None,
         Err(error) => return Err(error.into()),
     };
-    let explained = json!({ "proxy": proxy, "kernel": kernel });
+    let explained = Explained { proxy, kernel };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&explained)?);
+        // Through a `Value`, whose maps are sorted: the keys keep the order they had.
+        println!("{}", serde_json::to_string_pretty(&serde_json::to_value(&explained)?)?);
     } else {
         print!("{}", render(&explained));
     }
@@ -71,10 +106,11 @@ fn request(args: &ExplainArgs, path: &str) -> Result<ExplainRequest, CliError> {
 }
 
 /// The running agent's explanation (with live quotas), or the config's alone when no
-/// agent answers. `source` says which.
-fn explain_request(config: &Config, request: &ExplainRequest) -> Result<Value, CliError> {
+/// agent answers.
+fn explain_request(config: &Config, request: &ExplainRequest) -> Result<ProxyAnswer, CliError> {
     let Some(proxy) = &config.proxy else {
-        return Ok(json!({ "source": "config", "error": "the config has no [proxy] section" }));
+        let error = "the config has no [proxy] section".to_owned();
+        return Ok(ProxyAnswer { source: AnswerSource::Config, outcome: ProxyOutcome::Failed { error } });
     };
     let asked = admin::ask_blocking(
         &config.agent.admin_socket,
@@ -82,11 +118,8 @@ fn explain_request(config: &Config, request: &ExplainRequest) -> Result<Value, C
         super::AGENT_TIMEOUT,
     );
     let (source, explained) = match asked {
-        Ok(Response::Explained { mut explanation }) => {
-            explanation["source"] = json!("agent");
-            return Ok(explanation);
-        }
-        Ok(Response::Rejected { error }) => ("agent", Err(error)),
+        Ok(Response::Explained { explanation }) => (AnswerSource::Agent, Ok(explanation)),
+        Ok(Response::Rejected { error }) => (AnswerSource::Agent, Err(error)),
         Ok(other) => return Err(CliError::UnexpectedAnswer(format!("{other:?}"))),
         Err(admin::AdminError::Unreachable { .. }) => {
             // Matching needs no state: a memory store that is never looked at.
@@ -95,114 +128,109 @@ fn explain_request(config: &Config, request: &ExplainRequest) -> Result<Value, C
             let stores = Stores::new(&offline)?;
             let engine = Engine::new(&offline, limiter_core::SystemClock, Arc::new(stores));
             let runtime = tokio::runtime::Builder::new_current_thread().build()?;
-            ("config", runtime.block_on(explain(&offline, &engine, request, false)).map_err(|e| e.to_string()))
+            let explained = runtime.block_on(explain(&offline, &engine, request, false)).map_err(|e| e.to_string());
+            (AnswerSource::Config, explained)
         }
         Err(error) => return Err(error.into()),
     };
-    Ok(match explained {
-        Ok(explanation) => {
-            let mut value = serde_json::to_value(explanation)?;
-            value["source"] = json!(source);
-            value
-        }
-        Err(error) => json!({ "source": source, "error": error }),
-    })
+    let outcome = match explained {
+        Ok(explanation) => ProxyOutcome::Explained(Box::new(explanation)),
+        Err(error) => ProxyOutcome::Failed { error },
+    };
+    Ok(ProxyAnswer { source, outcome })
 }
 
 /// The human form.
-fn render(explained: &Value) -> String {
+fn render(explained: &Explained) -> String {
     let mut out = String::new();
-    let proxy = &explained["proxy"];
-    if let Some(error) = proxy["error"].as_str() {
-        out += &format!("proxy: {error}\n");
-    } else if proxy.is_object() {
-        let key = match (proxy["key"].as_str(), proxy["proof"].as_str()) {
-            (Some(key), Some("signature")) => format!("key {key}, if its signature is valid"),
-            (Some(key), _) => format!("key {key}, bearer"),
-            _ => "no key".to_owned(),
-        };
-        out += &format!("proxy: {} from {} ({key})\n", proxy["route"].as_str().unwrap_or("?"), text(&proxy["client"]));
-        if let Some(rule) = proxy["denied_by"].as_str() {
-            out += &format!("  denied (403) by rule {rule}, before the limits\n");
-        }
-        for rule in proxy["tagged"].as_array().into_iter().flatten().filter_map(Value::as_str) {
-            out += &format!("  tagged by rule {rule}\n");
-        }
-        match proxy["verdict"].as_str() {
-            Some(verdict) => {
-                let wait = match (verdict, proxy["wait_ms"].as_u64()) {
-                    ("reject", Some(ms)) => format!(" (retry after {:.1} s)", ms as f64 / 1000.0),
-                    ("delay", Some(ms)) => format!(" (held {:.1} s)", ms as f64 / 1000.0),
-                    _ => String::new(),
-                };
-                out += &format!("  now: {verdict}{wait}\n");
-            }
-            None => out += "  now: unknown (no agent running: quotas not looked up)\n",
-        }
-        if let Some(rule) = proxy["missing_key"].as_str() {
-            out += &format!("  missing key for rule {rule}: refused before counting\n");
-        }
-        if proxy["require_signature"].as_bool() == Some(true) {
-            out += "  this route requires a signature\n";
-        }
-        for policy in proxy["policies"].as_array().into_iter().flatten() {
-            let quota = match (policy["remaining"].as_u64(), policy["admits"].as_bool()) {
-                (Some(remaining), Some(admits)) => {
-                    format!("  remaining {remaining}{}", if admits { "" } else { "  refuses" })
-                }
-                _ => String::new(),
-            };
-            let limit = format!("{}/{}s", policy["limit"], policy["window_secs"].as_f64().unwrap_or_default());
-            out += &format!(
-                "  {:<4} {:<16} {:<28} {:<22} {limit:<10}{quota}\n",
-                text(&policy["kind"]),
-                text(&policy["name"]),
-                text(&policy["key"]),
-                text(&policy["algorithm"]),
-            );
-        }
-        if proxy["policies"].as_array().is_some_and(Vec::is_empty) && proxy["missing_key"].is_null() {
-            out += "  no rule or plan counts it\n";
-        }
+    match explained.proxy.as_ref().map(|answer| &answer.outcome) {
+        Some(ProxyOutcome::Failed { error }) => out += &format!("proxy: {error}\n"),
+        Some(ProxyOutcome::Explained(proxy)) => render_proxy(&mut out, proxy),
+        None => {}
     }
-    let kernel = &explained["kernel"];
-    if kernel.is_object() {
-        let note = kernel["note"].as_str().map(|n| format!(" ({n})")).unwrap_or_default();
-        out += &format!(
-            "kernel: {}{note}: {}{}\n",
-            text(&kernel["source"]),
-            text(&kernel["verdict"]),
-            if kernel["enforce"].as_bool() == Some(false) { " (dry run: counted only)" } else { "" }
-        );
-        if let Some([cidr, left]) = kernel["block"].as_array().map(Vec::as_slice) {
-            let left = left.as_u64().map_or("until unblocked".to_owned(), |s| format!("{s} s left"));
-            out += &format!("  blocked by {} ({left})\n", text(cidr));
-        }
-        if kernel["rule"].is_object() {
-            out += &format!("  rule {} {}\n", text(&kernel["rule"]["cidr"]), text(&kernel["rule"]["action"]));
-        }
-        if kernel["limit"].is_object() {
-            out += &format!(
-                "  bucket {} pps, burst {}\n",
-                kernel["limit"]["packets_per_second"], kernel["limit"]["burst"]
-            );
-        }
-        match kernel["bucket"].as_object() {
-            Some(bucket) => {
-                out += &format!(
-                    "  {} packets, {} dropped, {} tokens\n",
-                    bucket["packets"], bucket["dropped"], bucket["tokens"]
-                );
-            }
-            None => out += "  no bucket yet (a new source)\n",
-        }
-        if kernel["verified"].as_bool() == Some(true) {
-            out += "  verified: skips the new-source budget, aggregates and SYN budget\n";
-        }
+    if let Some(kernel) = &explained.kernel {
+        render_kernel(&mut out, kernel);
     }
     out
 }
 
-fn text(value: &Value) -> String {
-    value.as_str().map_or_else(|| value.to_string(), str::to_owned)
+fn render_proxy(out: &mut String, proxy: &ProxyExplanation) {
+    let key = match (&proxy.key, proxy.proof) {
+        (Some(key), Some(ProofKind::Signature)) => format!("key {key}, if its signature is valid"),
+        (Some(key), _) => format!("key {key}, bearer"),
+        _ => "no key".to_owned(),
+    };
+    *out += &format!("proxy: {} from {} ({key})\n", proxy.route, proxy.client);
+    if let Some(rule) = &proxy.denied_by {
+        *out += &format!("  denied (403) by rule {rule}, before the limits\n");
+    }
+    for rule in &proxy.tagged {
+        *out += &format!("  tagged by rule {rule}\n");
+    }
+    let limits = &proxy.limits;
+    match limits.verdict {
+        Some(verdict) => {
+            let wait = match (verdict, limits.wait_ms) {
+                (VerdictKind::Reject, Some(ms)) => format!(" (retry after {:.1} s)", ms as f64 / 1000.0),
+                (VerdictKind::Delay, Some(ms)) => format!(" (held {:.1} s)", ms as f64 / 1000.0),
+                _ => String::new(),
+            };
+            *out += &format!("  now: {verdict}{wait}\n");
+        }
+        None => *out += "  now: unknown (no agent running: quotas not looked up)\n",
+    }
+    if let Some(rule) = &limits.missing_key {
+        *out += &format!("  missing key for rule {rule}: refused before counting\n");
+    }
+    if limits.require_signature {
+        *out += "  this route requires a signature\n";
+    }
+    for policy in &limits.policies {
+        let quota = match (policy.remaining, policy.admits) {
+            (Some(remaining), Some(admits)) => {
+                format!("  remaining {remaining}{}", if admits { "" } else { "  refuses" })
+            }
+            _ => String::new(),
+        };
+        let limit = format!("{}/{}s", policy.limit, policy.window_secs);
+        *out += &format!(
+            "  {:<4} {:<16} {:<28} {:<22} {limit:<10}{quota}\n",
+            policy.kind.to_string(),
+            policy.name,
+            policy.key,
+            policy.algorithm.name(),
+        );
+    }
+    if limits.policies.is_empty() && limits.missing_key.is_none() {
+        *out += "  no rule or plan counts it\n";
+    }
+}
+
+fn render_kernel(out: &mut String, kernel: &SourceExplanation) {
+    let note = kernel.note.map(|n| format!(" ({n})")).unwrap_or_default();
+    *out += &format!(
+        "kernel: {}{note}: {}{}\n",
+        kernel.source,
+        kernel.verdict,
+        if kernel.enforce { "" } else { " (dry run: counted only)" }
+    );
+    if let Some((cidr, left)) = &kernel.block {
+        let left = left.map_or("until unblocked".to_owned(), |s| format!("{s} s left"));
+        *out += &format!("  blocked by {cidr} ({left})\n");
+    }
+    if let Some(rule) = &kernel.rule {
+        *out += &format!("  rule {} {}\n", rule.cidr, rule.action);
+    }
+    if let Some(limit) = &kernel.limit {
+        *out += &format!("  bucket {} pps, burst {}\n", limit.packets_per_second, limit.burst);
+    }
+    match &kernel.bucket {
+        Some(bucket) => {
+            *out += &format!("  {} packets, {} dropped, {} tokens\n", bucket.packets, bucket.dropped, bucket.tokens);
+        }
+        None => *out += "  no bucket yet (a new source)\n",
+    }
+    if kernel.verified {
+        *out += "  verified: skips the new-source budget, aggregates and SYN budget\n";
+    }
 }

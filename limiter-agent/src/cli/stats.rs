@@ -3,13 +3,14 @@
 
 use std::{path::Path, process::ExitCode, time::Duration};
 
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use super::CliError;
 use crate::{
-    agent::{Request, Response, admin},
+    agent::{AgentStats, EscalationStats, Reloads, Request, Response, admin},
     config::Config,
-    xdp::KernelMaps,
+    proxy::ProxyStats,
+    xdp::{KernelMaps, XdpStats},
 };
 
 #[derive(Debug, clap::Args)]
@@ -23,7 +24,27 @@ pub struct StatsArgs {
 }
 
 /// What `limiter stats --json` prints.
-pub fn collect(config: &Config) -> Result<Value, CliError> {
+#[derive(Clone, Debug, Serialize)]
+pub struct StatsReport {
+    /// `None`: no pinned maps (the agent never ran with `[xdp]`).
+    pub xdp: Option<XdpStats>,
+    /// `None`: no agent answers, or it runs without `[proxy]`.
+    pub proxy: Option<ProxyStats>,
+    pub agent: AgentStatus,
+}
+
+/// Whether an agent answered, and what it said of itself.
+#[derive(Clone, Debug, Serialize)]
+pub struct AgentStatus {
+    pub running: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reloads: Option<Reloads>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub escalation: Option<EscalationStats>,
+}
+
+/// What `limiter stats --json` prints.
+pub fn collect(config: &Config) -> Result<StatsReport, CliError> {
     let xdp = match KernelMaps::open_pinned(&config.agent.pin_dir) {
         Ok(mut maps) => Some(maps.stats(crate::xdp::attached(&config.agent.pin_dir)?)?),
         Err(crate::xdp::XdpError::MissingMap(..)) => None,
@@ -33,14 +54,23 @@ pub fn collect(config: &Config) -> Result<Value, CliError> {
         Ok(Response::Stats { stats }) => Some(stats),
         _ => None,
     };
-    let proxy = agent.as_ref().map_or(Value::Null, |a| a["proxy"].clone());
-    let mut stats = json!({ "xdp": xdp, "proxy": proxy });
-    if let Some(agent) = agent {
-        stats["agent"] = json!({ "running": true, "reloads": agent["reloads"], "escalation": agent["escalation"] });
-    } else {
-        stats["agent"] = json!({ "running": false });
-    }
-    Ok(stats)
+    Ok(match agent {
+        Some(AgentStats { reloads, escalation, proxy, .. }) => StatsReport {
+            xdp,
+            proxy,
+            agent: AgentStatus { running: true, reloads: Some(reloads), escalation: Some(escalation) },
+        },
+        None => {
+            StatsReport { xdp, proxy: None, agent: AgentStatus { running: false, reloads: None, escalation: None } }
+        }
+    })
+}
+
+/// The report as JSON text. Through a `Value`, whose maps are sorted, so that the keys
+/// come out in the order `--json` has always printed them.
+fn json(report: &StatsReport, pretty: bool) -> Result<String, serde_json::Error> {
+    let value = serde_json::to_value(report)?;
+    if pretty { serde_json::to_string_pretty(&value) } else { serde_json::to_string(&value) }
 }
 
 pub fn run(path: &Path, args: &StatsArgs) -> Result<ExitCode, CliError> {
@@ -48,18 +78,18 @@ pub fn run(path: &Path, args: &StatsArgs) -> Result<ExitCode, CliError> {
     let Some(secs) = args.watch else {
         let stats = collect(&config)?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&stats)?);
+            println!("{}", json(&stats, true)?);
         } else {
             print!("{}", render(&stats, None, 0.0));
         }
         return Ok(ExitCode::SUCCESS);
     };
     let interval = Duration::from_secs(secs.max(1));
-    let mut previous: Option<Value> = None;
+    let mut previous: Option<StatsReport> = None;
     loop {
         let stats = collect(&config)?;
         if args.json {
-            println!("{}", serde_json::to_string(&stats)?);
+            println!("{}", json(&stats, false)?);
         } else {
             // Home the cursor and clear: the table refreshes in place.
             print!("\x1b[H\x1b[2J{}", render(&stats, previous.as_ref(), interval.as_secs_f64()));
@@ -70,129 +100,146 @@ pub fn run(path: &Path, args: &StatsArgs) -> Result<ExitCode, CliError> {
 }
 
 /// The human table; with `previous`, a rate column per second.
-fn render(stats: &Value, previous: Option<&Value>, secs: f64) -> String {
+fn render(stats: &StatsReport, previous: Option<&StatsReport>, secs: f64) -> String {
     let mut out = String::new();
-    let xdp = &stats["xdp"];
-    if xdp.is_object() {
-        let attached: Vec<String> = xdp["attached"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|a| {
-                let fallback = if a["fallback"].as_bool() == Some(true) { ", native refused" } else { "" };
-                format!("{} ({}{fallback})", a["interface"].as_str().unwrap_or("?"), a["mode"].as_str().unwrap_or("?"))
-            })
-            .collect();
-        out += &format!(
-            "xdp: {} · {} · {} clock · sources {}/{}\n",
-            if attached.is_empty() { "not attached".to_owned() } else { attached.join(", ") },
-            if xdp["enforce"].as_bool() == Some(true) { "enforcing" } else { "dry run" },
-            if xdp["coarse_clock"].as_bool() == Some(true) { "coarse" } else { "precise" },
-            xdp["sources"]["tracked"],
-            xdp["sources"]["capacity"]
-        );
-        for (name, value) in xdp["packets"].as_object().into_iter().flatten() {
-            let value = value.as_u64().unwrap_or(0);
-            let before = previous.and_then(|p| p["xdp"]["packets"][name].as_u64());
-            match before {
-                Some(before) => {
-                    let rate = value.saturating_sub(before) as f64 / secs;
-                    out += &format!("  {name:<22} {value:>12} {rate:>12.1}/s\n");
-                }
-                None => out += &format!("  {name:<22} {value:>12}\n"),
-            }
-        }
-        for name in ["new_sources", "syn"] {
-            let budget = &xdp[name];
-            if budget.is_object() {
-                out += &format!(
-                    "  budget {name}: {} pps, burst {}, {} tokens left, {} of {} refused\n",
-                    budget["packets_per_second"],
-                    budget["burst"],
-                    budget["tokens"],
-                    budget["dropped"],
-                    budget["packets"]
-                );
-            }
-        }
-        out += &format!(
-            "  prefixes {}/{} · verified {}/{}\n",
-            xdp["aggregates"]["tracked"],
-            xdp["aggregates"]["capacity"],
-            xdp["verified"]["tracked"],
-            xdp["verified"]["capacity"]
-        );
-        for block in xdp["blocks"].as_array().into_iter().flatten() {
-            let cidr = block["cidr"].as_str().unwrap_or("?");
-            match block["expires_in_secs"].as_u64() {
-                Some(secs) => out += &format!("  blocked {cidr} ({secs} s left)\n"),
-                None => out += &format!("  blocked {cidr} (until unblocked)\n"),
-            }
-        }
-    } else {
-        out += "xdp: no pinned maps (agent never started with [xdp]?)\n";
+    match &stats.xdp {
+        Some(xdp) => render_xdp(&mut out, xdp, previous.and_then(|p| p.xdp.as_ref()), secs),
+        None => out += "xdp: no pinned maps (agent never started with [xdp]?)\n",
     }
-    match &stats["proxy"] {
-        Value::Object(proxy) => {
-            out += "proxy:\n";
-            for (name, value) in proxy.iter().filter(|(_, v)| v.is_number()) {
-                // A JSON value ignores the width; its text does not.
-                out += &format!("  {name:<22} {:>12}\n", value.to_string());
-            }
-            let policies = proxy.get("policies").and_then(Value::as_array).into_iter().flatten();
-            for policy in policies {
-                let name =
-                    format!("{} {}", policy["kind"].as_str().unwrap_or("?"), policy["name"].as_str().unwrap_or("?"));
-                let count = |field: &str| policy[field].as_u64().unwrap_or(0);
-                let mut counts = format!(
-                    "forwarded {} · throttled {} · rejected {}",
-                    count("forwarded"),
-                    count("throttled"),
-                    count("rejected")
-                );
-                // Only deny and tag rules have these.
-                for field in ["denied", "tagged"] {
-                    if count(field) > 0 {
-                        counts += &format!(" · {field} {}", count(field));
-                    }
-                }
-                out += &format!("  {name:<28} {counts}\n");
-            }
-        }
+    match &stats.proxy {
+        Some(proxy) => render_proxy(&mut out, proxy),
         // An agent that answers without proxy counters runs without `[proxy]`.
-        _ if stats["agent"]["running"].as_bool() == Some(true) => out += "proxy: not configured\n",
-        _ => out += "proxy: agent not reachable\n",
+        None if stats.agent.running => out += "proxy: not configured\n",
+        None => out += "proxy: agent not reachable\n",
     }
     out
 }
 
+fn render_xdp(out: &mut String, xdp: &XdpStats, previous: Option<&XdpStats>, secs: f64) {
+    let attached: Vec<String> = xdp
+        .attached
+        .iter()
+        .map(|a| {
+            let fallback = if a.fallback { ", native refused" } else { "" };
+            format!("{} ({}{fallback})", a.interface, a.mode)
+        })
+        .collect();
+    *out += &format!(
+        "xdp: {} · {} · {} clock · sources {}/{}\n",
+        if attached.is_empty() { "not attached".to_owned() } else { attached.join(", ") },
+        if xdp.enforce { "enforcing" } else { "dry run" },
+        if xdp.coarse_clock { "coarse" } else { "precise" },
+        xdp.sources.tracked,
+        xdp.sources.capacity
+    );
+    for (name, value) in &xdp.packets.0 {
+        match previous.and_then(|p| p.packets.0.get(name)) {
+            Some(before) => {
+                let rate = value.saturating_sub(*before) as f64 / secs;
+                *out += &format!("  {name:<22} {value:>12} {rate:>12.1}/s\n");
+            }
+            None => *out += &format!("  {name:<22} {value:>12}\n"),
+        }
+    }
+    for (name, budget) in [("new_sources", &xdp.new_sources), ("syn", &xdp.syn)] {
+        if let Some(budget) = budget {
+            *out += &format!(
+                "  budget {name}: {} pps, burst {}, {} tokens left, {} of {} refused\n",
+                budget.packets_per_second, budget.burst, budget.tokens, budget.dropped, budget.packets
+            );
+        }
+    }
+    *out += &format!(
+        "  prefixes {}/{} · verified {}/{}\n",
+        xdp.aggregates.tracked, xdp.aggregates.capacity, xdp.verified.tracked, xdp.verified.capacity
+    );
+    for block in &xdp.blocks {
+        match block.expires_in_secs {
+            Some(secs) => *out += &format!("  blocked {} ({secs} s left)\n", block.cidr),
+            None => *out += &format!("  blocked {} (until unblocked)\n", block.cidr),
+        }
+    }
+}
+
+fn render_proxy(out: &mut String, proxy: &ProxyStats) {
+    *out += "proxy:\n";
+    for (name, value) in proxy.counters() {
+        *out += &format!("  {name:<22} {value:>12}\n");
+    }
+    for policy in &proxy.policies {
+        let name = format!("{} {}", policy.kind, policy.name);
+        let mut counts =
+            format!("forwarded {} · throttled {} · rejected {}", policy.forwarded, policy.throttled, policy.rejected);
+        // Only deny and tag rules have these.
+        for (field, count) in [("denied", policy.denied), ("tagged", policy.tagged)] {
+            if count > 0 {
+                counts += &format!(" · {field} {count}");
+            }
+        }
+        *out += &format!("  {name:<28} {counts}\n");
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use std::collections::BTreeMap;
 
-    use super::render;
+    use super::{AgentStatus, StatsReport, json, render};
+    use crate::{
+        agent::{EscalationStats, Reloads},
+        limits::{PolicyCounts, PolicyKind},
+        proxy::ProxyStats,
+        xdp::{AttachedMode, Attachment, BlockRow, BudgetRow, CounterSnapshot, SourceCount, XdpStats},
+    };
+
+    fn report(dropped: u64) -> StatsReport {
+        let attachment =
+            |interface: &str, mode, fallback| Attachment { interface: interface.to_owned(), mode, fallback };
+        StatsReport {
+            xdp: Some(XdpStats {
+                attached: vec![
+                    attachment("eth0", AttachedMode::Native, false),
+                    attachment("eth1", AttachedMode::Generic, true),
+                ],
+                enforce: true,
+                coarse_clock: true,
+                packets: CounterSnapshot(BTreeMap::from([("dropped_rate_limit", dropped), ("passed", 10)])),
+                sources: SourceCount { tracked: 2, capacity: 100 },
+                blocks: vec![
+                    BlockRow { cidr: "192.0.2.7/32".to_owned(), expires_in_secs: Some(30) },
+                    BlockRow { cidr: "2001:db8::/48".to_owned(), expires_in_secs: None },
+                ],
+                new_sources: Some(BudgetRow {
+                    packets_per_second: 100,
+                    burst: 200,
+                    tokens: 5,
+                    packets: 900,
+                    dropped: 700,
+                }),
+                syn: None,
+                aggregates: SourceCount { tracked: 3, capacity: 65_536 },
+                verified: SourceCount { tracked: 1, capacity: 65_536 },
+            }),
+            proxy: None,
+            agent: AgentStatus { running: false, reloads: None, escalation: None },
+        }
+    }
+
+    fn policy(name: &str, forwarded: u64, rejected: u64, denied: u64) -> PolicyCounts {
+        PolicyCounts {
+            kind: PolicyKind::Rule,
+            name: name.to_owned(),
+            forwarded,
+            throttled: 0,
+            rejected,
+            denied,
+            tagged: 0,
+        }
+    }
 
     #[test]
     fn table_shows_attachments_rates_blocks_and_proxy() {
-        let stats = |dropped: u64| {
-            json!({
-                "xdp": {
-                    "attached": [{"interface": "eth0", "mode": "native"}, {"interface": "eth1", "mode": "generic", "fallback": true}],
-                    "enforce": true,
-                    "coarse_clock": true,
-                    "packets": {"dropped_rate_limit": dropped, "passed": 10},
-                    "sources": {"tracked": 2, "capacity": 100},
-                    "new_sources": {"packets_per_second": 100, "burst": 200, "tokens": 5, "packets": 900, "dropped": 700},
-                    "syn": null,
-                    "aggregates": {"tracked": 3, "capacity": 65536},
-                    "verified": {"tracked": 1, "capacity": 65536},
-                    "blocks": [{"cidr": "192.0.2.7/32", "expires_in_secs": 30}, {"cidr": "2001:db8::/48", "expires_in_secs": null}]
-                },
-                "proxy": null,
-                "agent": {"running": false}
-            })
-        };
-        let table = render(&stats(3_000), Some(&stats(1_000)), 2.0);
+        let table = render(&report(3_000), Some(&report(1_000)), 2.0);
         assert!(
             table.starts_with(
                 "xdp: eth0 (native), eth1 (generic, native refused) · enforcing · coarse clock · sources 2/100\n"
@@ -210,13 +257,15 @@ mod tests {
         assert!(table.contains("blocked 192.0.2.7/32 (30 s left)"), "{table}");
         assert!(table.contains("blocked 2001:db8::/48 (until unblocked)"), "{table}");
         assert!(table.ends_with("proxy: agent not reachable\n"), "{table}");
-        let once = render(&stats(5), None, 0.0);
+        let once = render(&report(5), None, 0.0);
         assert!(once.contains("dropped_rate_limit                5\n"), "{once}");
-        let mut with_proxy = stats(5);
-        with_proxy["proxy"] = json!({"requests": 12, "store": "memory", "policies": [
-            {"kind": "rule", "name": "login", "forwarded": 5, "throttled": 0, "rejected": 7},
-            {"kind": "rule", "name": "scanners", "forwarded": 0, "throttled": 0, "rejected": 0, "denied": 3, "tagged": 0},
-        ]});
+        let mut with_proxy = report(5);
+        with_proxy.proxy = Some(ProxyStats {
+            requests: 12,
+            store: "memory".to_owned(),
+            policies: vec![policy("login", 5, 7, 0), policy("scanners", 0, 0, 3)],
+            ..ProxyStats::default()
+        });
         let table = render(&with_proxy, None, 0.0);
         assert!(table.contains("  requests                         12\n"), "{table}");
         assert!(table.contains("  rule login                   forwarded 5 · throttled 0 · rejected 7\n"), "{table}");
@@ -224,9 +273,47 @@ mod tests {
             table.ends_with("  rule scanners                forwarded 0 · throttled 0 · rejected 0 · denied 3\n"),
             "{table}"
         );
-        let mut without_proxy = stats(5);
-        without_proxy["agent"] = json!({"running": true, "reloads": {"ok": 0, "rejected": 0}});
+        let mut without_proxy = report(5);
+        without_proxy.agent = AgentStatus {
+            running: true,
+            reloads: Some(Reloads::default()),
+            escalation: Some(EscalationStats::default()),
+        };
         let table = render(&without_proxy, None, 0.0);
         assert!(table.ends_with("proxy: not configured\n"), "{table}");
+    }
+
+    /// `--json` is what scripts read: its keys and their order stay as they were
+    /// when the report was an untyped map.
+    #[test]
+    fn json_keeps_its_keys_and_their_order() {
+        let mut stopped = report(5);
+        stopped.xdp.as_mut().map(|xdp| xdp.blocks.truncate(1));
+        let text = json(&stopped, false).expect("json");
+        assert_eq!(
+            text,
+            concat!(
+                r#"{"agent":{"running":false},"proxy":null,"xdp":{"aggregates":{"capacity":65536,"tracked":3},"#,
+                r#""attached":[{"fallback":false,"interface":"eth0","mode":"native"},"#,
+                r#"{"fallback":true,"interface":"eth1","mode":"generic"}],"#,
+                r#""blocks":[{"cidr":"192.0.2.7/32","expires_in_secs":30}],"coarse_clock":true,"enforce":true,"#,
+                r#""new_sources":{"burst":200,"dropped":700,"packets":900,"packets_per_second":100,"tokens":5},"#,
+                r#""packets":{"dropped_rate_limit":5,"passed":10},"sources":{"capacity":100,"tracked":2},"#,
+                r#""syn":null,"verified":{"capacity":65536,"tracked":1}}}"#
+            )
+        );
+        let running = StatsReport {
+            xdp: None,
+            proxy: None,
+            agent: AgentStatus {
+                running: true,
+                reloads: Some(Reloads { ok: 2, rejected: 1, last_unix: 1_700_000_000 }),
+                escalation: Some(EscalationStats { blocks_refused: 0 }),
+            },
+        };
+        assert_eq!(
+            json(&running, false).expect("json"),
+            r#"{"agent":{"escalation":{"blocks_refused":0},"reloads":{"last_unix":1700000000,"ok":2,"rejected":1},"running":true},"proxy":null,"xdp":null}"#
+        );
     }
 }

@@ -87,8 +87,7 @@ impl RequestInfo<'_> {
 /// What `limiter suggest` says of one policy.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Suggestion {
-    /// `rule` or `plan`.
-    pub kind: String,
+    pub kind: PolicyKind,
     pub name: String,
     /// The limit now, per `window_secs`.
     pub limit: u32,
@@ -141,6 +140,60 @@ pub enum Verdict {
     StoreUnavailable,
 }
 
+/// A verdict's name, as the decision log and `limiter explain` give it; `deny` is a
+/// `deny` rule's, which refuses before the limits decide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictKind {
+    Forward,
+    Delay,
+    Reject,
+    MissingKey,
+    StoreUnavailable,
+    Deny,
+}
+
+impl VerdictKind {
+    pub const ALL: [Self; 6] =
+        [Self::Forward, Self::Delay, Self::Reject, Self::MissingKey, Self::StoreUnavailable, Self::Deny];
+}
+
+impl std::fmt::Display for VerdictKind {
+    /// As the JSON names it (a test holds the two together).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Forward => "forward",
+            Self::Delay => "delay",
+            Self::Reject => "reject",
+            Self::MissingKey => "missing_key",
+            Self::StoreUnavailable => "store_unavailable",
+            Self::Deny => "deny",
+        })
+    }
+}
+
+impl Verdict {
+    #[must_use]
+    pub fn kind(&self) -> VerdictKind {
+        match self {
+            Self::Forward => VerdictKind::Forward,
+            Self::Delay(_) => VerdictKind::Delay,
+            Self::Reject { .. } => VerdictKind::Reject,
+            Self::MissingKey { .. } => VerdictKind::MissingKey,
+            Self::StoreUnavailable => VerdictKind::StoreUnavailable,
+        }
+    }
+
+    /// How long a delay holds the request, or when a refused one may come back.
+    #[must_use]
+    pub fn wait(&self) -> Option<Duration> {
+        match self {
+            Self::Delay(wait) | Self::Reject { retry_after: wait } => Some(*wait),
+            Self::Forward | Self::MissingKey { .. } | Self::StoreUnavailable => None,
+        }
+    }
+}
+
 /// One policy's quota, for the response headers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyStatus {
@@ -165,11 +218,35 @@ pub struct Engine<C: Clock> {
     stores: Arc<Stores>,
 }
 
+/// Where a policy comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// A `[[proxy.rules]]` entry.
+    Rule,
+    /// A `[proxy.plans.NAME]`, for the keys on it.
+    Plan,
+}
+
+impl PolicyKind {
+    pub const ALL: [Self; 2] = [Self::Rule, Self::Plan];
+}
+
+impl std::fmt::Display for PolicyKind {
+    /// As the JSON, the metrics' `kind` label and `limiter stats` name it (a test
+    /// holds them together).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Rule => "rule",
+            Self::Plan => "plan",
+        })
+    }
+}
+
 /// A limit with a name and the identity its state is stored under.
 #[derive(Debug)]
 pub(super) struct Policy {
-    /// `rule` or `plan`.
-    pub(super) kind: &'static str,
+    pub(super) kind: PolicyKind,
     pub(super) name: String,
     /// Name, key spec, algorithm and window: what must stay the same for the state
     /// to carry over a reload (a changed `limit` keeps the counts).
@@ -189,8 +266,7 @@ struct PolicyDecisions([AtomicU64; 5]);
 /// A request another policy refused counts for none of the others.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PolicyCounts {
-    /// `rule` or `plan`.
-    pub kind: String,
+    pub kind: PolicyKind,
     pub name: String,
     /// Requests it let through without delaying them.
     pub forwarded: u64,
@@ -222,21 +298,15 @@ impl PolicyDecisions {
         self.0[decided as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    fn counts(&self, kind: &str, name: &str) -> PolicyCounts {
+    fn counts(&self, kind: PolicyKind, name: &str) -> PolicyCounts {
         let [forwarded, throttled, rejected, denied, tagged] = self.0.each_ref().map(|n| n.load(Ordering::Relaxed));
-        PolicyCounts { kind: kind.to_owned(), name: name.to_owned(), forwarded, throttled, rejected, denied, tagged }
+        PolicyCounts { kind, name: name.to_owned(), forwarded, throttled, rejected, denied, tagged }
     }
 }
 
 impl Policy {
-    fn new(kind: &'static str, name: &str, key: &KeySpec, spec: &LimitSpec, now: Duration) -> Self {
-        let route = if key.per_route { "+route" } else { "" };
-        let identity = format!(
-            "{kind} {name:?} by {}{route} {:?} {}ns",
-            key_kind_name(&key.by),
-            spec.algorithm,
-            spec.window.as_nanos()
-        );
+    fn new(kind: PolicyKind, name: &str, key: &KeySpec, spec: &LimitSpec, now: Duration) -> Self {
+        let identity = format!("{kind} {name:?} by {} {:?} {}ns", key, spec.algorithm, spec.window.as_nanos());
         Self {
             kind,
             name: name.to_owned(),
@@ -251,7 +321,7 @@ impl Policy {
         let peaks = self.observation.peaks(self.spec.limit.get(), now);
         let suggested = (peaks.keys > 0).then(|| (f64::from(peaks.p99) * headroom).ceil().max(1.0) as u32);
         Suggestion {
-            kind: self.kind.to_owned(),
+            kind: self.kind,
             name: self.name.clone(),
             limit: self.spec.limit.get(),
             window_secs: self.spec.window.as_secs_f64(),
@@ -301,7 +371,9 @@ impl Policies {
             rules: config
                 .rules
                 .iter()
-                .filter_map(|rule| Some((rule.clone(), Policy::new("rule", &rule.name, &rule.key, rule.limit()?, now))))
+                .filter_map(|rule| {
+                    Some((rule.clone(), Policy::new(PolicyKind::Rule, &rule.name, &rule.key, rule.limit()?, now)))
+                })
                 .collect(),
             screens: config
                 .rules
@@ -312,7 +384,7 @@ impl Policies {
             plans: config
                 .plans
                 .iter()
-                .map(|(name, plan)| (name.clone(), Policy::new("plan", name, &api_key, &plan.spec, now)))
+                .map(|(name, plan)| (name.clone(), Policy::new(PolicyKind::Plan, name, &api_key, &plan.spec, now)))
                 .collect(),
             keys: config.keys.iter().map(|key| (key.id.clone(), key.plan.clone())).collect(),
             missing_key: config.missing_key,
@@ -361,12 +433,13 @@ impl Policies {
                 policy.observation = Arc::clone(kept);
             }
         }
-        let screens = old.screens.iter().map(|(rule, decisions)| (("rule", rule.name.as_str()), decisions));
-        let kept: HashMap<(&str, &str), &Arc<PolicyDecisions>> =
+        let screens = old.screens.iter().map(|(rule, decisions)| ((PolicyKind::Rule, rule.name.as_str()), decisions));
+        let kept: HashMap<(PolicyKind, &str), &Arc<PolicyDecisions>> =
             old.all().map(|p| ((p.kind, p.name.as_str()), &p.decisions)).chain(screens).collect();
         let rules = self.rules.iter_mut().map(|(_, policy)| (policy.kind, policy.name.as_str(), &mut policy.decisions));
         let plans = self.plans.values_mut().map(|policy| (policy.kind, policy.name.as_str(), &mut policy.decisions));
-        let screens = self.screens.iter_mut().map(|(rule, decisions)| ("rule", rule.name.as_str(), decisions));
+        let screens =
+            self.screens.iter_mut().map(|(rule, decisions)| (PolicyKind::Rule, rule.name.as_str(), decisions));
         for (kind, name, decisions) in rules.chain(screens).chain(plans) {
             if let Some(kept) = kept.get(&(kind, name)) {
                 *decisions = Arc::clone(kept);
@@ -505,7 +578,7 @@ impl<C: Clock> Engine<C> {
     pub fn policy_counts(&self) -> Vec<PolicyCounts> {
         let policies = self.snapshot();
         let rules = policies.rules.iter().map(|(_, policy)| policy.counts());
-        let screens = policies.screens.iter().map(|(rule, decisions)| decisions.counts("rule", &rule.name));
+        let screens = policies.screens.iter().map(|(rule, decisions)| decisions.counts(PolicyKind::Rule, &rule.name));
         rules.chain(screens).chain(policies.plans_by_name().into_iter().map(Policy::counts)).collect()
     }
 
@@ -657,13 +730,5 @@ fn ip_key(ip: IpAddr) -> String {
             Some(v4) => format!("ip={v4}"),
             None => format!("ip={}/64", std::net::Ipv6Addr::from(v6.to_bits() & !u128::from(u64::MAX))),
         },
-    }
-}
-
-fn key_kind_name(by: &KeyKind) -> String {
-    match by {
-        KeyKind::Ip => "ip".to_owned(),
-        KeyKind::ApiKey => "api_key".to_owned(),
-        KeyKind::Header(name) => format!("header:{name}"),
     }
 }

@@ -3,12 +3,12 @@ use std::{net::IpAddr, path::Path, sync::Barrier};
 
 use std::time::Duration;
 
-use limiter_core::FakeClock;
+use limiter_core::{Algorithm, FakeClock};
 
 use crate::{
     backend::Stores,
     config::{Config, ProxyConfig},
-    limits::{Decision, Engine, PolicyStatus, RequestInfo, Verdict},
+    limits::{Decision, Engine, PolicyKind, PolicyStatus, RequestInfo, Verdict, VerdictKind},
 };
 
 /// On a minute boundary, as windows are aligned to the epoch.
@@ -555,19 +555,25 @@ key = "ip"
     }
     for _ in 0..4 {
         let explained = ready(engine.explain(&login.info(), true));
-        assert_eq!(explained.verdict, Some("forward"));
-        let names: Vec<(&str, &str, &str)> =
+        assert_eq!(explained.verdict, Some(VerdictKind::Forward));
+        let names: Vec<(PolicyKind, &str, &str)> =
             explained.policies.iter().map(|p| (p.kind, p.name.as_str(), p.key.as_str())).collect();
-        assert_eq!(names, [("rule", "login", "ip=192.0.2.7"), ("plan", "free", "api_key=k-free-1")]);
+        assert_eq!(
+            names,
+            [(PolicyKind::Rule, "login", "ip=192.0.2.7"), (PolicyKind::Plan, "free", "api_key=k-free-1")]
+        );
         assert_eq!(explained.policies[0].remaining, Some(2), "3 of 5 spent, explaining spends none");
         assert_eq!(explained.policies[1].remaining, Some(97));
-        assert_eq!((explained.policies[0].algorithm, explained.policies[0].limit), ("sliding_window_counter", 5));
+        assert_eq!(
+            (explained.policies[0].algorithm, explained.policies[0].limit),
+            (Algorithm::SlidingWindowCounter, 5)
+        );
     }
     assert_eq!((0..5).filter(|_| is_forward(&login.to(&engine))).count(), 2, "exactly the 2 explain showed");
     let refused = ready(engine.explain(&login.info(), true));
     assert_eq!(
         (refused.verdict, refused.policies[0].admits, refused.policies[1].admits),
-        (Some("reject"), Some(false), Some(true))
+        (Some(VerdictKind::Reject), Some(false), Some(true))
     );
     assert!(refused.wait_ms.is_some_and(|ms| ms > 0), "{refused:?}");
 
@@ -598,8 +604,9 @@ fn each_rule_and_plan_counts_what_it_forwarded_throttled_and_refused() {
     assert_eq!(counts_of(&engine, "per-ip"), (90, 0, 5));
     assert_eq!(counts_of(&engine, "free"), (80, 10, 0));
     assert_eq!(counts_of(&engine, "pro"), (0, 0, 0));
-    let kinds: Vec<(String, String)> = engine.policy_counts().into_iter().map(|p| (p.kind, p.name)).collect();
-    let expected = [("rule", "per-ip"), ("plan", "free"), ("plan", "pro")].map(|(k, n)| (k.to_owned(), n.to_owned()));
+    let kinds: Vec<(PolicyKind, String)> = engine.policy_counts().into_iter().map(|p| (p.kind, p.name)).collect();
+    let expected = [(PolicyKind::Rule, "per-ip"), (PolicyKind::Plan, "free"), (PolicyKind::Plan, "pro")]
+        .map(|(k, n)| (k, n.to_owned()));
     assert_eq!(kinds, expected, "rules first, then plans by name");
 
     // A reload that keeps the names keeps the counts, whatever else changed.
@@ -619,4 +626,15 @@ fn a_request_refused_for_a_missing_key_counts_as_its_rules_refusal() {
     assert_eq!(counts_of(&engine, "by-key"), (0, 0, 1));
     assert_eq!(counts_of(&engine, "by-tenant"), (0, 0, 1));
     assert_eq!(counts_of(&engine, "free"), (0, 0, 0));
+}
+
+#[test]
+fn kinds_display_as_the_json_names_them() {
+    let json = |value: serde_json::Value| value.as_str().map(str::to_owned);
+    for kind in VerdictKind::ALL {
+        assert_eq!(json(serde_json::json!(kind)), Some(kind.to_string()));
+    }
+    for kind in PolicyKind::ALL {
+        assert_eq!(json(serde_json::json!(kind)), Some(kind.to_string()));
+    }
 }

@@ -4,17 +4,16 @@
 
 use std::time::Duration;
 
-use limiter_core::{Clock, limits::Charge};
-use serde::Serialize;
+use limiter_core::{Algorithm, Clock, limits::Charge};
+use serde::{Deserialize, Serialize};
 
-use super::engine::{Engine, RequestInfo, Verdict, decision};
+use super::engine::{Engine, PolicyKind, RequestInfo, Verdict, VerdictKind, decision};
 
 /// One request, explained.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Explanation {
-    /// What the request would get now: `forward`, `delay`, `reject`, `missing_key` or
-    /// `store_unavailable`; `None` when the quotas were not looked up.
-    pub verdict: Option<&'static str>,
+    /// What the request would get now; `None` when the quotas were not looked up.
+    pub verdict: Option<VerdictKind>,
     /// The wait a `delay` would impose, or a `reject`'s `Retry-After`, in ms.
     pub wait_ms: Option<u64>,
     /// The rule whose key is missing (`missing_key = "reject"`).
@@ -26,15 +25,15 @@ pub struct Explanation {
 }
 
 /// One rule or plan that would count the request.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ExplainedPolicy {
-    /// `rule` or `plan`.
-    pub kind: &'static str,
+    pub kind: PolicyKind,
     pub name: String,
     /// The bucket the request would be counted in (`ip=…`, `api_key=…`, `header=…`,
     /// `<missing>`).
     pub key: String,
-    pub algorithm: &'static str,
+    #[serde(with = "algorithm_name")]
+    pub algorithm: Algorithm,
     pub limit: u32,
     pub window_secs: f64,
     /// Requests this bucket would let through back to back now; `None` when the
@@ -55,9 +54,9 @@ impl<C: Clock> Engine<C> {
         let counted = match counted {
             Ok(counted) => counted,
             Err(verdict) => {
-                let (name, wait, missing_key) = describe(verdict);
+                let (kind, wait, missing_key) = describe(verdict);
                 return Explanation {
-                    verdict: Some(name),
+                    verdict: Some(kind),
                     wait_ms: wait.map(millis),
                     missing_key,
                     require_signature,
@@ -72,7 +71,7 @@ impl<C: Clock> Engine<C> {
             None => None,
         };
         let (verdict, wait, missing_key) = match verdict.map(describe) {
-            Some((name, wait, missing_key)) => (Some(name), wait, missing_key),
+            Some((kind, wait, missing_key)) => (Some(kind), wait, missing_key),
             None => (None, None, None),
         };
         let explained = counted.iter().enumerate().map(|(i, (policy, key))| {
@@ -81,7 +80,7 @@ impl<C: Clock> Engine<C> {
                 kind: policy.kind,
                 name: policy.name.clone(),
                 key: key.clone(),
-                algorithm: policy.spec.algorithm.name(),
+                algorithm: policy.spec.algorithm,
                 limit: policy.spec.limit.get(),
                 window_secs: policy.spec.window.as_secs_f64(),
                 remaining: outcome.map(|o| o.before.remaining),
@@ -99,17 +98,30 @@ impl<C: Clock> Engine<C> {
     }
 }
 
-/// A verdict's name, its wait, and the rule of a missing key.
-fn describe(verdict: Verdict) -> (&'static str, Option<Duration>, Option<String>) {
-    match verdict {
-        Verdict::Forward => ("forward", None, None),
-        Verdict::Delay(delay) => ("delay", Some(delay), None),
-        Verdict::Reject { retry_after } => ("reject", Some(retry_after), None),
-        Verdict::MissingKey { rule } => ("missing_key", None, Some(rule)),
-        Verdict::StoreUnavailable => ("store_unavailable", None, None),
-    }
+/// A verdict's kind, its wait, and the rule of a missing key.
+fn describe(verdict: Verdict) -> (VerdictKind, Option<Duration>, Option<String>) {
+    let (kind, wait) = (verdict.kind(), verdict.wait());
+    let missing_key = match verdict {
+        Verdict::MissingKey { rule } => Some(rule),
+        _ => None,
+    };
+    (kind, wait, missing_key)
 }
 
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// An [`Algorithm`] by the name the config gives it (`limiter-core` has no serde).
+mod algorithm_name {
+    use limiter_core::Algorithm;
+    use serde::{Deserialize, Deserializer, Serializer, de};
+
+    pub(super) fn serialize<S: Serializer>(algorithm: &Algorithm, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(algorithm.name())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Algorithm, D::Error> {
+        String::deserialize(deserializer)?.parse().map_err(de::Error::custom)
+    }
 }

@@ -21,7 +21,7 @@ use std::{
 use serde::Serialize;
 use tokio::{io::AsyncWriteExt as _, sync::mpsc};
 
-use crate::limits::{RequestInfo, Verdict};
+use crate::limits::{RequestInfo, VerdictKind};
 
 /// Lines waiting for the disk; past this they are dropped.
 const QUEUE: usize = 4096;
@@ -51,8 +51,7 @@ pub(super) struct Entry<'a> {
     pub(super) method: &'a str,
     /// The canonical path, without the query.
     pub(super) path: &'a str,
-    /// `forward`, `delay`, `reject`, `missing_key`, `store_unavailable` or `deny`.
-    pub(super) verdict: &'static str,
+    pub(super) verdict: VerdictKind,
     /// For `delay`, and for `reject` (its `Retry-After`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) wait_ms: Option<u64>,
@@ -71,13 +70,13 @@ pub(super) struct Entry<'a> {
 
 impl<'a> Entry<'a> {
     /// `request` at `now`, forwarded, with nothing counted yet.
-    pub(super) fn new(now: Duration, method: &'a http::Method, request: &RequestInfo<'a>, enforced: bool) -> Self {
+    pub(super) fn new(now: Duration, request: &RequestInfo<'a>, enforced: bool) -> Self {
         Self {
             time: (now.as_millis() as f64) / 1000.0,
             client: request.client,
-            method: method.as_str(),
+            method: request.method.as_str(),
             path: request.path,
-            verdict: "forward",
+            verdict: VerdictKind::Forward,
             wait_ms: None,
             policies: Vec::new(),
             plan: None,
@@ -115,17 +114,6 @@ impl DecisionLog {
 
     pub(super) fn counts(&self) -> (u64, u64) {
         (self.counts.written.load(Ordering::Relaxed), self.counts.dropped.load(Ordering::Relaxed))
-    }
-}
-
-/// `verdict`'s name in the log and its wait, if it has one.
-pub(super) fn verdict_name(verdict: &Verdict) -> (&'static str, Option<Duration>) {
-    match verdict {
-        Verdict::Forward => ("forward", None),
-        Verdict::Delay(delay) => ("delay", Some(*delay)),
-        Verdict::Reject { retry_after } => ("reject", Some(*retry_after)),
-        Verdict::MissingKey { .. } => ("missing_key", None),
-        Verdict::StoreUnavailable => ("store_unavailable", None),
     }
 }
 

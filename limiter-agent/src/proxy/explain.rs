@@ -25,8 +25,18 @@ pub struct ExplainRequest {
     pub peer: IpAddr,
 }
 
+/// How a request proves its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProofKind {
+    /// Its id in `X-API-Key` (`auth = "bearer"`).
+    Bearer,
+    /// A signature, assumed valid: explain cannot check one it is not given.
+    Signature,
+}
+
 /// What the proxy would do with an [`ExplainRequest`].
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProxyExplanation {
     /// The path rules see (canonical, without the query).
     pub route: String,
@@ -34,9 +44,8 @@ pub struct ProxyExplanation {
     pub client: IpAddr,
     /// The key the request would prove, if any.
     pub key: Option<String>,
-    /// How: `bearer` (its id in `X-API-Key`) or `signature` (assumed valid: explain
-    /// cannot check a signature it is not given).
-    pub proof: Option<&'static str>,
+    /// How it would prove it.
+    pub proof: Option<ProofKind>,
     /// The `deny` rule that would refuse it (403) before the limits.
     pub denied_by: Option<String>,
     /// The `tag` rules that would mark it.
@@ -93,7 +102,7 @@ pub async fn explain<C: Clock>(
 
 /// The configured key `X-API-Key` names (one value only, as the pipeline takes it),
 /// and how the request would prove it.
-fn proven_key(config: &ProxyConfig, headers: &HeaderMap) -> Option<(String, &'static str)> {
+fn proven_key(config: &ProxyConfig, headers: &HeaderMap) -> Option<(String, ProofKind)> {
     let mut values = headers.get_all(API_KEY_HEADER).iter();
     let id = values.next()?.to_str().ok()?;
     if values.next().is_some() {
@@ -101,8 +110,8 @@ fn proven_key(config: &ProxyConfig, headers: &HeaderMap) -> Option<(String, &'st
     }
     let key = config.keys.iter().find(|key| key.id == id)?;
     let proof = match key.auth {
-        KeyAuth::Bearer => "bearer",
-        KeyAuth::Signature => "signature",
+        KeyAuth::Bearer => ProofKind::Bearer,
+        KeyAuth::Signature => ProofKind::Signature,
     };
     Some((key.id.clone(), proof))
 }

@@ -30,7 +30,7 @@ use super::{
     ProxyError,
     body::{self, ProxyBody, TimedBody, full_body},
     connections::{Connections, Refused, Slot},
-    decision_log::{self, DecisionLog, Entry},
+    decision_log::{DecisionLog, Entry},
     exchange::{Exchange, Proof},
     forward::{Origin, Upstream},
     headers,
@@ -57,7 +57,7 @@ use crate::{
     },
     escalation::Escalator,
     fleet::FleetError,
-    limits::{Decision, Engine, RequestInfo, Screened, Verdict},
+    limits::{Decision, Engine, RequestInfo, Screened, Verdict, VerdictKind},
     signature::{BodyError, KeySecrets, read_body_hashed},
     tls::ServerTls,
 };
@@ -406,10 +406,10 @@ impl<C: Clock + Clone> Pipeline<C> {
         if let Some(rule) = &screened.denied_by {
             self.counters.add(Event::Denied);
             self.log_decision(config, || Entry {
-                verdict: "deny",
+                verdict: VerdictKind::Deny,
                 violated: std::slice::from_ref(rule),
                 tagged: &screened.tagged,
-                ..Entry::new(self.clock.now(), request.method, request, config.enforce)
+                ..Entry::new(self.clock.now(), request, config.enforce)
             });
             self.heavy.record(Client::Address(request.client), Some(rule));
             if config.enforce {
@@ -438,19 +438,19 @@ impl<C: Clock + Clone> Pipeline<C> {
         tagged: &'e [String],
     ) -> Entry<'e> {
         let plan = info.api_key.and_then(|key| config.keys.iter().find(|k| k.id == key)).map(|key| key.plan.as_str());
-        let (verdict, wait) = decision_log::verdict_name(&decision.verdict);
+        let wait = decision.verdict.wait();
         let violated = match &decision.verdict {
             Verdict::MissingKey { rule } => std::slice::from_ref(rule),
             _ => &decision.violated,
         };
         Entry {
-            verdict,
+            verdict: decision.verdict.kind(),
             wait_ms: wait.map(|wait| u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
             policies: decision.policies.iter().map(|policy| policy.name.as_str()).collect(),
             plan,
             violated,
             tagged,
-            ..Entry::new(self.clock.now(), info.method, info, config.enforce)
+            ..Entry::new(self.clock.now(), info, config.enforce)
         }
     }
 

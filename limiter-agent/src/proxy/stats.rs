@@ -81,6 +81,21 @@ pub struct DecisionHistogram {
     pub sum_seconds: f64,
 }
 
+impl ProxyStats {
+    /// Every scalar counter by its `--json` name, in name order. Read from the JSON
+    /// itself, so that a counter added to this struct shows in `limiter stats`'s
+    /// table without a second list.
+    #[must_use]
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(fields)) => {
+                fields.into_iter().filter_map(|(name, value)| Some((name, value.as_u64()?))).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
 impl Counters {
     pub(super) fn add(&self, event: Event) {
         let counter = match event {

@@ -24,7 +24,7 @@ const LINK_PREFIX: &str = "link@";
 const FALLBACK_MODE: &str = "generic-fallback";
 
 /// Where the program is attached, and how.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Attachment {
     pub interface: String,
     pub mode: AttachedMode,
@@ -33,7 +33,7 @@ pub struct Attachment {
 }
 
 /// The mode an attachment got.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AttachedMode {
     Native,

@@ -21,7 +21,7 @@ pub use self::{
     load::{Floor, Kernel, LoadOptions, Logger},
     map_access::{coarse_tick_ns, monotonic_now_ns},
     maps::{BlockEntry, CidrChanges, KernelMaps, settings_for},
-    stats::{CounterSnapshot, SourceRow, XdpStats},
+    stats::{BlockRow, BudgetRow, CounterSnapshot, SourceCount, SourceRow, XdpStats},
     verified::{Verifier, source_key},
 };
 

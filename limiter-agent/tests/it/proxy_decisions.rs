@@ -61,13 +61,15 @@ async fn decisions_are_counted_by_rule_and_plan_and_a_sample_is_logged_without_k
     assert_eq!(statuses, [[StatusCode::OK; 3].as_slice(), &[too_many; 2], &[StatusCode::OK; 3]].concat());
 
     let stats = proxy.proxy.stats();
-    let counts: Vec<(&str, &str, u64, u64, u64)> = stats
+    let counts: Vec<(String, &str, u64, u64, u64)> = stats
         .policies
         .iter()
-        .map(|p| (p.kind.as_str(), p.name.as_str(), p.forwarded, p.throttled, p.rejected))
+        .map(|p| (p.kind.to_string(), p.name.as_str(), p.forwarded, p.throttled, p.rejected))
         .collect();
     // The two refused logins count for the rule only: the plan let 6 through.
-    assert_eq!(counts, [("rule", "login", 3, 0, 2), ("plan", "basic", 6, 0, 0)]);
+    let expected =
+        [("rule", "login", 3, 0, 2), ("plan", "basic", 6, 0, 0)].map(|(k, n, f, t, r)| (k.to_owned(), n, f, t, r));
+    assert_eq!(counts, expected);
     assert_eq!(stats.store, "memory");
 
     // One decision in two, evenly: the 2nd, 4th, 6th and 8th.
