@@ -4,7 +4,7 @@
 pub mod accept;
 pub mod agent;
 pub mod backend;
-pub mod cli;
+mod cli;
 /// The agent's modules, its tests and the fuzz targets name the config `limiter::config`.
 pub use limiter_config as config;
 pub mod escalation;
@@ -15,3 +15,5 @@ pub mod proxy;
 pub mod signature;
 pub mod tls;
 pub mod xdp;
+
+pub use self::cli::main;

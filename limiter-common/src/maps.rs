@@ -4,6 +4,8 @@
 //! CLI find the same state. [`LAYOUT_VERSION`] changes whenever any record below
 //! changes shape; an agent refuses pinned maps of another layout.
 
+use core::mem::size_of;
+
 use crate::bucket::Rate;
 
 /// Bumped on every change of a map's key, value or meaning.
@@ -56,20 +58,75 @@ pub const OCCUPIED_CIDR_V6: u32 = 3;
 /// Entries of [`OCCUPANCY`].
 pub const OCCUPANCY_SLOTS: u32 = 4;
 
-/// Every pinned map, for tools that walk the pin directory.
-pub const ALL: [&str; 12] = [
-    SOURCES,
-    CIDR_V4,
-    CIDR_V6,
-    BLOCK_V4,
-    BLOCK_V6,
-    SETTINGS,
-    SETTINGS_ACTIVE,
-    COUNTERS,
-    OCCUPANCY,
-    BUDGETS,
-    AGGREGATES,
-    VERIFIED,
+/// How many entries a pinned map holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entries {
+    Fixed(u32),
+    /// Sized from the config when the maps are created.
+    Configured(Sizing),
+}
+
+/// The `[xdp]` keys that size a map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sizing {
+    MaxSources,
+    MaxPrefixes,
+    MaxVerified,
+}
+
+impl Sizing {
+    /// The key under `[xdp]`.
+    #[must_use]
+    pub const fn key(self) -> &'static str {
+        match self {
+            Self::MaxSources => "max_sources",
+            Self::MaxPrefixes => "aggregate.max_prefixes",
+            Self::MaxVerified => "verified.max",
+        }
+    }
+}
+
+/// A pinned map's name and shape, which pinned maps are checked against before a
+/// program reuses them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PinnedMap {
+    pub name: &'static str,
+    pub key_size: usize,
+    pub value_size: usize,
+    pub entries: Entries,
+}
+
+impl PinnedMap {
+    const fn new(name: &'static str, key_size: usize, value_size: usize, entries: Entries) -> Self {
+        Self { name, key_size, value_size, entries }
+    }
+}
+
+/// An LPM trie's key: the prefix length, then the address.
+const fn lpm_key<const N: usize>() -> usize {
+    size_of::<u32>() + N
+}
+
+/// Every pinned map: the one list the loader, the layout check and `limiter detach`
+/// walk.
+pub const ALL: [PinnedMap; 12] = [
+    PinnedMap::new(SOURCES, size_of::<SourceKey>(), size_of::<SourceState>(), Entries::Configured(Sizing::MaxSources)),
+    PinnedMap::new(
+        AGGREGATES,
+        size_of::<SourceKey>(),
+        size_of::<SourceState>(),
+        Entries::Configured(Sizing::MaxPrefixes),
+    ),
+    PinnedMap::new(VERIFIED, size_of::<SourceKey>(), size_of::<Verified>(), Entries::Configured(Sizing::MaxVerified)),
+    PinnedMap::new(BUDGETS, size_of::<u32>(), size_of::<SourceState>(), Entries::Fixed(BUDGET_SLOTS)),
+    PinnedMap::new(CIDR_V4, lpm_key::<4>(), size_of::<CidrPolicy>(), Entries::Fixed(MAX_CIDRS)),
+    PinnedMap::new(CIDR_V6, lpm_key::<16>(), size_of::<CidrPolicy>(), Entries::Fixed(MAX_CIDRS)),
+    PinnedMap::new(BLOCK_V4, lpm_key::<4>(), size_of::<Block>(), Entries::Fixed(MAX_BLOCKS)),
+    PinnedMap::new(BLOCK_V6, lpm_key::<16>(), size_of::<Block>(), Entries::Fixed(MAX_BLOCKS)),
+    PinnedMap::new(SETTINGS, size_of::<u32>(), size_of::<Settings>(), Entries::Fixed(SETTINGS_SLOTS)),
+    PinnedMap::new(SETTINGS_ACTIVE, size_of::<u32>(), size_of::<u32>(), Entries::Fixed(1)),
+    PinnedMap::new(COUNTERS, size_of::<u32>(), size_of::<u64>(), Entries::Fixed(crate::counters::Counter::COUNT)),
+    PinnedMap::new(OCCUPANCY, size_of::<u32>(), size_of::<u32>(), Entries::Fixed(OCCUPANCY_SLOTS)),
 ];
 
 /// [`BUDGETS`] slot of the bucket every new source's first packet takes a token from.

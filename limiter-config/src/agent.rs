@@ -4,25 +4,31 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use serde::{Deserialize, Deserializer, de};
 
+use crate::changes::Changes;
+
 /// `[agent]`.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
     /// bpffs directory for the maps and XDP links.
+    #[changes(restart)]
     pub pin_dir: PathBuf,
     /// Unix socket of the running agent (reload, proxy stats).
+    #[changes(restart)]
     pub admin_socket: PathBuf,
     /// Prometheus endpoint; `""` disables it.
     #[serde(deserialize_with = "metrics_address")]
+    #[changes(restart)]
     pub metrics: Option<SocketAddr>,
     /// Leave the XDP filter attached (through its pinned link) when the agent stops.
     pub keep_attached_on_exit: bool,
     /// `text` or `json` log lines.
+    #[changes(restart = "the logger is set up at start")]
     pub log_format: LogFormat,
 }
 
 /// Shape of the agent's log lines.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Changes)]
 #[serde(rename_all = "snake_case")]
 pub enum LogFormat {
     #[default]

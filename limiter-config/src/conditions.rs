@@ -70,7 +70,7 @@ pub struct Seen<'a> {
 }
 
 /// Every condition must hold for the rule to apply; none set: any request.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, crate::changes::Changes)]
 pub struct Conditions {
     /// The canonical path matches.
     pub path_matches: Option<Pattern>,

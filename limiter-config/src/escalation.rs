@@ -5,12 +5,13 @@ use std::{num::NonZeroU32, time::Duration};
 use serde::Deserialize;
 
 use super::units::HumanDuration;
+use crate::changes::Changes;
 
 /// A source (client address, connected directly) that collects more than
 /// `threshold` rejections (429 or 401) within `window` is blocked in the kernel layer
 /// for `block_ttl`, through the blocks map of `limiter block`. Sources in an
 /// `[[xdp.cidr]]` with `action = "allow"` never are.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(deny_unknown_fields, try_from = "RawEscalation")]
 pub struct EscalationConfig {
     pub enabled: bool,

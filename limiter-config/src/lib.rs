@@ -6,6 +6,7 @@
 //! the raw records, which keeps the error attached to the right table and line.
 
 pub mod agent;
+pub mod changes;
 pub mod conditions;
 pub mod escalation;
 pub mod proxy;
@@ -20,13 +21,18 @@ use std::{
 
 use serde::Deserialize;
 
+// The derived `Changes` impls name this crate by its own name, here as elsewhere.
+extern crate self as limiter_config;
+
+use self::changes::Changes;
+
 pub use self::{agent::AgentConfig, escalation::EscalationConfig, proxy::ProxyConfig, xdp::XdpConfig};
 
 /// Where every command looks for the config unless `-c` says otherwise.
 pub const DEFAULT_PATH: &str = "/etc/limiter/limiter.toml";
 
 /// A whole, validated config.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Changes)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -73,6 +79,21 @@ impl Config {
         })?;
         config.validate().map_err(|(key, message)| ConfigError::at_key(text, path, key, message))?;
         Ok(config)
+    }
+
+    /// Trusted proxies whose most specific covering `[[xdp.cidr]]` rule is not an
+    /// `allow` or `limit` (none, or a `deny`): the kernel layer limits each as one
+    /// ordinary client, or drops it, though it carries all of its clients' traffic.
+    #[must_use]
+    pub fn unshielded_trusted_proxies(&self) -> Vec<ipnet::IpNet> {
+        let (Some(xdp), Some(proxy)) = (&self.xdp, &self.proxy) else { return Vec::new() };
+        let shielded = |trusted: &ipnet::IpNet| {
+            // The kernel's trie applies the longest prefix that matches.
+            let applying =
+                xdp.cidr.iter().filter(|rule| rule.cidr.contains(trusted)).max_by_key(|rule| rule.cidr.prefix_len());
+            applying.is_some_and(|rule| !matches!(rule.action, xdp::CidrAction::Deny))
+        };
+        proxy.trusted_proxies.iter().filter(|trusted| !shielded(trusted)).copied().collect()
     }
 
     /// Checks that span records (references, duplicates); returns the key at fault.

@@ -18,18 +18,21 @@ use limiter_core::{
 use serde::{Deserialize, Deserializer, de};
 
 use super::{
+    changes::{Changes, Keyed},
     conditions::{Conditions, RawConditions, Seen},
     units::HumanDuration,
     xdp::parse_cidr,
 };
 
 /// `[proxy]`.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Changes)]
 #[serde(deny_unknown_fields)]
 pub struct ProxyConfig {
+    #[changes(restart)]
     pub listen: SocketAddr,
     /// Threads serving connections, each with its own upstream pool; `None`: one per
     /// CPU the agent may run on.
+    #[changes(restart = "the threads start with the proxy")]
     pub workers: Option<NonZeroUsize>,
     /// `http://host:port` of the application.
     #[serde(deserialize_with = "upstream")]
@@ -64,18 +67,23 @@ pub struct ProxyConfig {
     #[serde(default = "default_max_tracked_keys")]
     pub max_tracked_keys: NonZeroUsize,
     #[serde(default)]
+    #[changes(restart)]
     pub store: StoreKind,
     #[serde(default = "default_redis_url")]
+    #[changes(restart, redacted)]
     pub redis_url: String,
     /// Start of every key this agent's fleet uses in Redis: agents sharing limits
     /// share it, and unrelated fleets on one server pick different ones.
     #[serde(default = "default_redis_prefix")]
+    #[changes(restart)]
     pub redis_prefix: String,
     /// Longest wait for Redis per decision; past it, `store_failure` decides.
     #[serde(default = "default_redis_timeout")]
+    #[changes(restart)]
     pub redis_timeout: HumanDuration,
     /// With `rediss://` or `rediss+cluster://`: the CA (PEM) the servers' certificates
     /// must chain to, instead of the system's roots.
+    #[changes(restart)]
     pub redis_tls_ca: Option<std::path::PathBuf>,
     /// Verdict while the store is unreachable.
     #[serde(default)]
@@ -95,8 +103,10 @@ pub struct ProxyConfig {
     #[serde(default)]
     pub plans: BTreeMap<String, Plan>,
     #[serde(default)]
+    #[changes(keyed)]
     pub keys: Vec<ApiKey>,
     #[serde(default)]
+    #[changes(keyed)]
     pub rules: Vec<Rule>,
     #[serde(default)]
     pub signature: SignatureConfig,
@@ -117,7 +127,7 @@ pub struct ProxyConfig {
 }
 
 /// `[proxy.tls]`: the listener's certificates, read at start and on every reload.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// The certificate chain (PEM) for clients naming no host, or one no `sni` entry names.
@@ -126,11 +136,12 @@ pub struct TlsConfig {
     pub key: std::path::PathBuf,
     /// Certificates chosen by the host the client names (SNI).
     #[serde(default)]
+    #[changes(keyed)]
     pub sni: Vec<SniCertificate>,
 }
 
 /// `[[proxy.tls.sni]]`.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(deny_unknown_fields)]
 pub struct SniCertificate {
     /// The host name, matched without regard to case.
@@ -139,8 +150,14 @@ pub struct SniCertificate {
     pub key: std::path::PathBuf,
 }
 
+impl Keyed for SniCertificate {
+    fn id(&self) -> String {
+        self.name.clone()
+    }
+}
+
 /// `[proxy.http2]`: HTTP/2 from clients (over TLS it is offered by ALPN).
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(deny_unknown_fields, default)]
 pub struct Http2Config {
     /// Cleartext HTTP/2 from clients that know the listener speaks it (prior knowledge).
@@ -166,7 +183,7 @@ impl Default for Http2Config {
 }
 
 /// `proxy.proxy_protocol`: which PROXY protocol header trusted peers send.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Changes)]
 #[serde(rename_all = "snake_case")]
 pub enum ProxyProtocol {
     #[default]
@@ -178,10 +195,11 @@ pub enum ProxyProtocol {
 }
 
 /// `proxy.decision_log = { path, sample }`.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Changes)]
 #[serde(deny_unknown_fields)]
 pub struct DecisionLogConfig {
     /// The file lines are appended to; opened at start.
+    #[changes(restart = "the file is opened at start")]
     pub path: std::path::PathBuf,
     /// Share of decisions written: 1 writes every one, 0.01 one in a hundred.
     #[serde(default = "every_decision", deserialize_with = "sample")]
@@ -202,7 +220,7 @@ fn sample<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
 }
 
 /// Where per-key state lives.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Changes)]
 #[serde(rename_all = "snake_case")]
 pub enum StoreKind {
     #[default]
@@ -211,7 +229,7 @@ pub enum StoreKind {
 }
 
 /// Verdict while the shared store is unreachable.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Changes)]
 #[serde(rename_all = "snake_case")]
 pub enum StoreFailure {
     #[default]
@@ -223,7 +241,7 @@ pub enum StoreFailure {
 }
 
 /// Policy for a request that lacks the key a rule counts by.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Changes)]
 #[serde(rename_all = "snake_case")]
 pub enum MissingKey {
     /// All such requests share one bucket per rule: limited together, never unlimited.
@@ -287,9 +305,10 @@ with_limit! {
 }
 
 /// One `[proxy.plans.NAME]`: the limit every request of its keys is counted in.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Changes)]
 #[serde(try_from = "RawPlan")]
 pub struct Plan {
+    #[changes(flatten)]
     pub spec: LimitSpec,
     /// What the rate-limit headers tell this plan's clients, instead of `proxy.disclose`.
     pub disclose: Option<Disclose>,
@@ -305,7 +324,7 @@ impl TryFrom<RawPlan> for Plan {
 }
 
 /// How much the rate-limit headers and refusals tell a client about the policies.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Changes)]
 #[serde(rename_all = "snake_case")]
 pub enum Disclose {
     /// Every policy that counted the request, by name, with its quota; the names of
@@ -363,13 +382,14 @@ impl RedisUrl {
 }
 
 /// One `[[proxy.keys]]`: an API key, its plan and its signing secrets.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKey {
     pub id: String,
     pub plan: String,
     /// `file:PATH` or `env:NAME` references; several for rotation.
     #[serde(default)]
+    #[changes(redacted)]
     pub secrets: Vec<String>,
     /// What proves that a request is this key's, and so may spend its plan.
     #[serde(default)]
@@ -380,8 +400,14 @@ pub struct ApiKey {
     pub sign_host: bool,
 }
 
+impl Keyed for ApiKey {
+    fn id(&self) -> String {
+        self.id.clone()
+    }
+}
+
 /// `auth` of a `[[proxy.keys]]`.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Changes)]
 #[serde(rename_all = "snake_case")]
 pub enum KeyAuth {
     /// A valid signature (key ids are not secrets).
@@ -393,7 +419,8 @@ pub enum KeyAuth {
 }
 
 /// What a rule counts requests by.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Changes)]
+#[changes(display)]
 pub struct KeySpec {
     pub by: KeyKind,
     /// `+route`: count per rule path as well.
@@ -458,7 +485,7 @@ impl<'de> Deserialize<'de> for KeySpec {
 }
 
 /// One `[[proxy.rules]]`.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(try_from = "RawRule")]
 pub struct Rule {
     pub name: String,
@@ -468,14 +495,21 @@ pub struct Rule {
     pub methods: Vec<http::Method>,
     /// `when`: what else a request must show for the rule to apply.
     pub when: Conditions,
+    #[changes(flatten)]
     pub action: RuleAction,
     /// What a limit counts by (`ip` for `deny` and `tag`, which count nothing).
     pub key: KeySpec,
     pub require_signature: bool,
 }
 
+impl Keyed for Rule {
+    fn id(&self) -> String {
+        self.name.clone()
+    }
+}
+
 /// What a rule does with the requests it applies to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Changes)]
 pub enum RuleAction {
     /// Counts them in a bucket per key.
     Limit(LimitSpec),
@@ -588,19 +622,24 @@ fn path_has_prefix(path: &str, prefix: &str) -> bool {
 }
 
 /// `[proxy.signature]`.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(deny_unknown_fields, default)]
 pub struct SignatureConfig {
     pub max_skew: HumanDuration,
+    #[changes(restart)]
     pub idempotency_ttl: HumanDuration,
     /// Bound on remembered signatures (replay protection).
+    #[changes(restart)]
     pub replay_cache_size: NonZeroUsize,
     /// Bound on stored idempotent responses.
+    #[changes(restart)]
     pub idempotency_max_entries: NonZeroUsize,
     /// Responses larger than this are not stored for idempotent replay.
+    #[changes(restart)]
     pub idempotency_max_body_bytes: usize,
     /// Bound on the idempotency store's memory (responses and keys), shared out
     /// equally among the configured keys.
+    #[changes(restart)]
     pub idempotency_max_bytes: NonZeroUsize,
 }
 

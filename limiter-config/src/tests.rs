@@ -437,3 +437,31 @@ fn every_key_kind_reads_back_from_its_name() {
     }
     assert_eq!("header:".parse::<KeyKind>(), Err(()));
 }
+
+#[test]
+fn a_reload_report_names_every_changed_proxy_key_and_marks_the_restart_only_ones() {
+    use crate::changes::{Change, Changes as _};
+    let before = format!(
+        "{PROXY}[[proxy.rules]]\nname = \"login\"\npath = \"/login\"\nkey = \"ip\"\nlimit = 5\nwindow = \"1m\"\n"
+    );
+    let after = before
+        .replace(
+            "listen = \"127.0.0.1:8080\"",
+            "listen = \"127.0.0.1:8081\"\nmax_connections = 20000\nbody_timeout = \"5s\"\nstore_failure = \"deny\"",
+        )
+        .replace("limit = 5", "limit = 10");
+    let (old, new) = (parse(&before).expect("before"), parse(&after).expect("after"));
+    let mut changes = Vec::new();
+    old.changes(&new, "", &mut changes);
+    let lines: Vec<String> = changes.iter().map(ToString::to_string).collect();
+    for wanted in [
+        "proxy.listen: 127.0.0.1:8080 -> 127.0.0.1:8081",
+        "proxy.max_connections: 10000 -> 20000",
+        "proxy.body_timeout: 30s -> 5s",
+        "proxy.store_failure: allow -> deny",
+        "proxy.rules[login]: limit 5 per 1m (sliding_window_counter) -> limit 10 per 1m (sliding_window_counter)",
+    ] {
+        assert!(lines.iter().any(|line| line == wanted), "{wanted} missing from {lines:#?}");
+    }
+    assert_eq!(changes.iter().filter_map(Change::needing_restart).collect::<Vec<_>>(), ["proxy.listen"]);
+}

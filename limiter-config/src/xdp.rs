@@ -8,20 +8,24 @@ use limiter_common::bucket::{MAX_PER_SECOND, Rate};
 use serde::Deserialize;
 
 use super::units::HumanDuration;
+use crate::changes::{Changes, Keyed};
 
 /// `[xdp]`.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, PartialEq, Changes)]
 #[serde(deny_unknown_fields)]
 pub struct XdpConfig {
     /// Interfaces to attach to.
+    #[changes(skip = "a reload reports each interface it attaches or detaches")]
     pub interfaces: Vec<String>,
     #[serde(default)]
+    #[changes(restart = "attached interfaces keep theirs")]
     pub mode: AttachMode,
     /// `false`: dry run, count would-drops and drop nothing.
     #[serde(default = "yes")]
     pub enforce: bool,
     /// Bound on tracked sources (LRU); fixed when the maps are created.
     #[serde(default = "default_max_sources")]
+    #[changes(restart = "the sources map is sized when created")]
     pub max_sources: NonZeroU32,
     /// IPv6 sources share one bucket per prefix of this many bits.
     #[serde(default = "default_ipv6_prefix")]
@@ -32,6 +36,7 @@ pub struct XdpConfig {
     pub limit: PacketLimit,
     /// CIDR rules; the longest matching prefix wins.
     #[serde(default)]
+    #[changes(keyed)]
     pub cidr: Vec<CidrRule>,
     /// The budget a source without a bucket takes a token from; `None`: off, every
     /// new source gets a bucket.
@@ -47,12 +52,13 @@ pub struct XdpConfig {
 }
 
 /// `[xdp.aggregate]`: without a rate, only rules with their own aggregate use it.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(try_from = "RawAggregate")]
 pub struct AggregateConfig {
     pub ipv4_prefix: Ipv4Prefix,
     pub ipv6_prefix: Ipv6Prefix,
     /// Bound on tracked prefixes (LRU); fixed when the maps are created.
+    #[changes(restart = "the map is sized when created")]
     pub max_prefixes: NonZeroU32,
     /// The bucket of each prefix; `None`: no aggregate outside rules that set one.
     pub limit: Option<PacketLimit>,
@@ -94,12 +100,13 @@ impl TryFrom<RawAggregate> for AggregateConfig {
 }
 
 /// `[xdp.verified]`.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(deny_unknown_fields, default)]
 pub struct VerifiedConfig {
     /// How long a completed handshake vouches for its source.
     pub ttl: HumanDuration,
     /// Bound on verified sources (LRU); fixed when the maps are created.
+    #[changes(restart = "the map is sized when created")]
     pub max: NonZeroU32,
 }
 
@@ -110,7 +117,7 @@ impl Default for VerifiedConfig {
 }
 
 /// How to attach the program.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Changes)]
 #[serde(rename_all = "snake_case")]
 pub enum AttachMode {
     /// Native, falling back to generic where the driver has no XDP support.
@@ -121,7 +128,7 @@ pub enum AttachMode {
 }
 
 /// Verdict for frames whose headers are cut short or inconsistent.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Changes)]
 #[serde(rename_all = "snake_case")]
 pub enum MalformedAction {
     /// Pass (a frame whose source is known is still limited).
@@ -131,7 +138,7 @@ pub enum MalformedAction {
 }
 
 /// An IPv6 prefix length, 1 to 128.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(try_from = "u8")]
 pub struct Ipv6Prefix(pub u8);
 
@@ -149,7 +156,7 @@ fn prefix_len(bits: u8, max: u8) -> Result<u8, String> {
 }
 
 /// An IPv4 prefix length, 1 to 32.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(try_from = "u8")]
 pub struct Ipv4Prefix(pub u8);
 
@@ -162,8 +169,9 @@ impl TryFrom<u8> for Ipv4Prefix {
 }
 
 /// A packet rate and burst.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(deny_unknown_fields, try_from = "RawPacketLimit")]
+#[changes(display)]
 pub struct PacketLimit {
     pub packets_per_second: NonZeroU32,
     pub burst: NonZeroU32,
@@ -220,7 +228,7 @@ impl std::fmt::Display for PacketLimit {
 }
 
 /// One `[[xdp.cidr]]`.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(try_from = "RawCidrRule")]
 pub struct CidrRule {
     pub cidr: IpNet,
@@ -230,8 +238,14 @@ pub struct CidrRule {
     pub aggregate: Option<PacketLimit>,
 }
 
+impl Keyed for CidrRule {
+    fn id(&self) -> String {
+        self.cidr.to_string()
+    }
+}
+
 /// What a CIDR rule does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Changes)]
 pub enum CidrAction {
     Allow,
     Deny,

@@ -92,7 +92,7 @@ fn rust_src() -> Result<Outcome> {
 }
 
 /// bpf-linker must use the very LLVM that nightly rustc emits bitcode for; nightly ships
-/// it as libLLVM.so.22.1-rust-<ver>-nightly, which bpf-linker's build links against.
+/// it as `libLLVM.so.22.1-rust-<ver>-nightly`, which bpf-linker's build links against.
 fn bpf_linker() -> Result<Outcome> {
     let sysroot =
         probe("rustc", &["+nightly", "--print", "sysroot"]).context("`rustc +nightly --print sysroot` failed")?;

@@ -32,8 +32,9 @@ pub enum Request {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Response {
+    /// Empty: nothing changed.
     Reloaded {
-        changes: Vec<String>,
+        changes: Vec<crate::config::changes::Change>,
     },
     Rejected {
         error: String,

@@ -29,7 +29,7 @@ pub use self::{
 use limiter_core::{Clock as _, SystemClock};
 
 use crate::{
-    config::{self, Config, ConfigError},
+    config::{self, Config, ConfigError, changes::Change},
     escalation::{self, Escalation, Escalator},
     fleet::Fleet,
     metrics::{AgentGauges, MetricsSources},
@@ -217,17 +217,18 @@ impl Agent {
 
     /// Re-reads the config (from `path`, or the agent's own file) and applies it.
     /// On error nothing changed and the running config stays in force.
-    pub fn reload(&mut self, path: Option<&Path>) -> Result<Vec<String>, ReloadError> {
+    pub fn reload(&mut self, path: Option<&Path>) -> Result<Vec<Change>, ReloadError> {
         self.reload_text(path, None)
     }
 
     /// Reloads `text` when given (what the watcher saw settle), else the file.
-    fn reload_text(&mut self, path: Option<&Path>, text: Option<String>) -> Result<Vec<String>, ReloadError> {
+    fn reload_text(&mut self, path: Option<&Path>, text: Option<String>) -> Result<Vec<Change>, ReloadError> {
         let result = self.try_reload(path.unwrap_or(&self.config_path.clone()), text);
         match &result {
             Ok(changes) => {
                 self.gauges.reloads_ok.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(changes = ?changes, "config reloaded");
+                let changes: Vec<String> = changes.iter().map(ToString::to_string).collect();
+                tracing::info!(?changes, "config reloaded");
             }
             Err(error) => {
                 self.gauges.reloads_rejected.fetch_add(1, Ordering::Relaxed);
@@ -239,7 +240,7 @@ impl Agent {
         result
     }
 
-    fn try_reload(&mut self, path: &Path, text: Option<String>) -> Result<Vec<String>, ReloadError> {
+    fn try_reload(&mut self, path: &Path, text: Option<String>) -> Result<Vec<Change>, ReloadError> {
         let text = match text {
             Some(text) => text,
             None => std::fs::read_to_string(path).map_err(|source| {
@@ -248,12 +249,12 @@ impl Agent {
         };
         // Secrets are read here, in the agent's environment, not the CLI's.
         let LoadedConfig { config: new, secrets } = LoadedConfig::parse(&text, path)?;
-        reload::check_restartless(&self.config, &new)?;
+        let mut changes = reload::changes(&self.config, &new);
+        reload::check_restartless(&changes)?;
         // Escalation is wired to the proxy and the kernel layer when the agent starts.
         if self.escalation.is_none() && new.proxy.is_some() && new.escalation.as_ref().is_some_and(|e| e.enabled) {
             return Err(ReloadError::NeedsRestart("escalation (the agent started without [xdp])".to_owned()));
         }
-        let mut changes = Vec::new();
         // The proxy first: its reconfigure is all or nothing, and it is undone below
         // if the kernel layer then fails.
         if let (Some(runtime), Some(proxy)) = (&self.proxy, &new.proxy) {
@@ -261,8 +262,9 @@ impl Agent {
                 .proxy
                 .reconfigure(Arc::new(proxy.clone()), secrets.clone())
                 .map_err(|e| ReloadError::Proxy(e.to_string()))?;
-            if let Some(old) = &self.config.proxy {
-                changes.extend(reload::describe_proxy(old, proxy));
+            if proxy.tls.is_some() {
+                // Read again whether or not the paths changed: a renewed certificate keeps its path.
+                changes.push(Change::note("proxy.tls", "certificates read again for new connections".to_owned()));
             }
         }
         match self.apply_xdp(&new, &mut changes) {
@@ -276,12 +278,6 @@ impl Agent {
         }
         if let Some(escalation) = &self.escalation {
             escalation.escalator.reconfigure(&new);
-            if self.config.escalation != new.escalation {
-                changes.push("escalation changed".to_owned());
-            }
-        }
-        if changes.is_empty() {
-            changes.push("no changes".to_owned());
         }
         self.config = new;
         self.secrets = secrets;
@@ -295,12 +291,14 @@ impl Agent {
         Ok(changes)
     }
 
-    fn apply_xdp(&mut self, new: &Config, changes: &mut Vec<String>) -> Result<(), ReloadError> {
+    /// Puts `new`'s kernel layer in force, adding the interfaces it attached and
+    /// detached to `changes`.
+    fn apply_xdp(&mut self, new: &Config, changes: &mut Vec<Change>) -> Result<(), ReloadError> {
         match (&mut self.xdp, &new.xdp) {
             (Some(runtime), Some(xdp)) => {
                 let added = runtime.attach_all(&xdp.interfaces, xdp.mode)?;
-                let cidrs = match runtime.kernel.maps_mut().apply(xdp) {
-                    Ok(cidrs) => cidrs,
+                match runtime.kernel.maps_mut().apply(xdp) {
+                    Ok(()) => {}
                     Err(error) => {
                         // Back to the running config: this reload's interfaces off, its
                         // settings and rules replaced by the old ones.
@@ -314,9 +312,8 @@ impl Agent {
                         }
                         return Err(error.into());
                     }
-                };
-                changes.extend(reload::describe_xdp(self.config.xdp.as_ref(), Some(xdp), &cidrs));
-                changes.extend(added.iter().map(|a| format!("xdp.interfaces attached {} ({})", a.interface, a.mode)));
+                }
+                changes.extend(added.iter().map(attached));
                 let removed: Vec<String> = runtime
                     .attachments()
                     .into_iter()
@@ -325,26 +322,19 @@ impl Agent {
                     .collect();
                 for interface in removed {
                     runtime.detach(&interface);
-                    changes.push(format!("xdp.interfaces detached {interface}"));
+                    changes.push(detached(&interface));
                 }
             }
             (None, Some(xdp)) => {
                 self.lock.pin_dir(&new.agent.pin_dir)?;
                 let runtime = XdpRuntime::start(new, xdp)?;
-                changes.extend(reload::describe_xdp(None, Some(xdp), &Default::default()));
-                changes.extend(
-                    runtime
-                        .attachments()
-                        .iter()
-                        .map(|a| format!("xdp.interfaces attached {} ({})", a.interface, a.mode)),
-                );
+                changes.extend(runtime.attachments().iter().map(attached));
                 self.xdp = Some(runtime);
             }
             (Some(runtime), None) => {
                 for attachment in runtime.detach_all() {
-                    changes.push(format!("xdp.interfaces detached {}", attachment.interface));
+                    changes.push(detached(&attachment.interface));
                 }
-                changes.extend(reload::describe_xdp(self.config.xdp.as_ref(), None, &Default::default()));
                 self.xdp = None;
             }
             (None, None) => {}
@@ -438,7 +428,7 @@ pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), Agent
     let socket_path = loaded.config.agent.admin_socket.clone();
     let metrics_addr = loaded.config.agent.metrics;
     let lock = lock::AgentLock::acquire(&loaded.config)?;
-    for proxy in escalation::unshielded_trusted_proxies(&loaded.config) {
+    for proxy in loaded.config.unshielded_trusted_proxies() {
         tracing::warn!(%proxy, "trusted proxy not covered by an [[xdp.cidr]] allow or limit rule: XDP limits it as one client");
     }
     let mut agent = Agent::start(config_path, loaded, lock).await?;
@@ -503,6 +493,15 @@ pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), Agent
     agent.stop(detach).await;
     let _ = std::fs::remove_file(&socket_path);
     Ok(())
+}
+
+/// The reload report's line for an interface a reload attached.
+fn attached(attachment: &crate::xdp::Attachment) -> Change {
+    Change::note("xdp.interfaces", format!("attached {} ({})", attachment.interface, attachment.mode))
+}
+
+fn detached(interface: &str) -> Change {
+    Change::note("xdp.interfaces", format!("detached {interface}"))
 }
 
 /// The next escalation, or never without escalation.

@@ -11,7 +11,7 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
             for warning in secrets.warnings() {
                 eprintln!("warning: {warning}");
             }
-            for proxy in crate::escalation::unshielded_trusted_proxies(&config) {
+            for proxy in config.unshielded_trusted_proxies() {
                 eprintln!(
                     "warning: proxy.trusted_proxies {proxy} is not covered by an [[xdp.cidr]] allow or limit rule: \
                      the kernel layer limits it as one client (or a deny rule drops it), with all of its clients' \

@@ -2,19 +2,19 @@
 //! library. Every command takes `-c PATH`; the pin directory and the admin socket
 //! come from that config.
 
-pub mod block;
-pub mod check;
-pub mod completions;
-pub mod detach;
-pub mod explain;
-pub mod man;
-pub mod reload;
-pub mod run;
-pub mod sign;
-pub mod stats;
-pub mod suggest;
-pub mod top;
-pub mod verify;
+mod block;
+mod check;
+mod completions;
+mod detach;
+mod explain;
+mod man;
+mod reload;
+mod run;
+mod sign;
+mod stats;
+mod suggest;
+mod top;
+mod verify;
 
 use std::path::PathBuf;
 
@@ -98,8 +98,20 @@ pub enum CliError {
     UnexpectedAnswer(String),
 }
 
+/// The `limiter` command: parses the command line and runs it; the process's exit code.
+pub fn main() -> std::process::ExitCode {
+    match dispatch(Cli::parse()) {
+        Ok(code) => code,
+        Err(error) => {
+            // anyhow's alternate form prints the whole chain of causes on one line.
+            eprintln!("limiter: {:#}", anyhow::Error::from(error));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs the parsed command line; the process exit code.
-pub fn dispatch(cli: Cli) -> Result<std::process::ExitCode, CliError> {
+fn dispatch(cli: Cli) -> Result<std::process::ExitCode, CliError> {
     match cli.command {
         Command::Run => run::run(&cli.config),
         Command::Check => check::run(&cli.config),

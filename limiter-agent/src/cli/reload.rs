@@ -12,6 +12,9 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
     let request = Request::Reload { config: Some(std::fs::canonicalize(path)?) };
     match admin::ask_blocking(&socket, &request, super::AGENT_TIMEOUT)? {
         Response::Reloaded { changes } => {
+            if changes.is_empty() {
+                println!("no changes");
+            }
             for change in changes {
                 println!("{change}");
             }

@@ -74,7 +74,7 @@ pub struct SignArgs {
     /// Unix timestamp to sign instead of now.
     #[arg(long)]
     pub timestamp: Option<u64>,
-    /// Print a curl command for this proxy base URL (scheme://host[:port]) instead of
+    /// Print a curl command for this proxy base URL (`scheme://host[:port]`) instead of
     /// the headers; --path is appended to it.
     #[arg(long, value_name = "URL")]
     pub curl: Option<String>,

@@ -217,21 +217,6 @@ impl Escalator {
     }
 }
 
-/// Trusted proxies whose most specific covering `[[xdp.cidr]]` rule is not an `allow`
-/// or `limit` (none, or a `deny`): the kernel layer limits each as one ordinary
-/// client, or drops it, though it carries all of its clients' traffic.
-#[must_use]
-pub fn unshielded_trusted_proxies(config: &Config) -> Vec<IpNet> {
-    let (Some(xdp), Some(proxy)) = (&config.xdp, &config.proxy) else { return Vec::new() };
-    let shielded = |trusted: &IpNet| {
-        // The kernel's trie applies the longest prefix that matches.
-        let applying =
-            xdp.cidr.iter().filter(|rule| rule.cidr.contains(trusted)).max_by_key(|rule| rule.cidr.prefix_len());
-        applying.is_some_and(|rule| !matches!(rule.action, CidrAction::Deny))
-    };
-    proxy.trusted_proxies.iter().filter(|trusted| !shielded(trusted)).copied().collect()
-}
-
 /// The fleet's names for escalations.
 fn blocks_key(fleet: &Fleet) -> String {
     fleet.key("blocks")

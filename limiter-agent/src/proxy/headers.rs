@@ -1,4 +1,4 @@
-//! The rate-limit headers of every counted response (interface.md section 6):
+//! The rate-limit headers of every counted response:
 //! `X-RateLimit-*` from the most restrictive policy, and `RateLimit-Policy` /
 //! `RateLimit` per draft-ietf-httpapi-ratelimit-headers-11, as much as `disclose`
 //! allows: every policy by name (`full`), the most restrictive one under the neutral

@@ -166,8 +166,8 @@ pub fn detach_all(pin_dir: &Path) -> Result<Vec<Attachment>, XdpError> {
     for attachment in &attachments {
         detach(pin_dir, attachment)?;
     }
-    for name in limiter_common::maps::ALL {
-        let path = pin_dir.join(name);
+    for map in limiter_common::maps::ALL {
+        let path = pin_dir.join(map.name);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}

@@ -4,13 +4,7 @@ use std::path::{Path, PathBuf};
 
 use aya::{Ebpf, EbpfLoader, maps::MapInfo, programs::Xdp};
 use aya_log::EbpfLogger;
-use limiter_common::{
-    counters::Counter,
-    maps::{
-        self as names, BUDGET_SLOTS, Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, OCCUPANCY_SLOTS, SETTINGS_SLOTS,
-        Settings, SourceKey, SourceState, Verified,
-    },
-};
+use limiter_common::maps::{self as names, Entries, Sizing};
 
 use super::{XdpError, bpffs, maps::KernelMaps};
 use crate::config::xdp::{AggregateConfig, VerifiedConfig, XdpConfig};
@@ -65,6 +59,17 @@ pub struct LoadOptions {
 }
 
 impl LoadOptions {
+    /// How many entries a map of `entries` is created with.
+    #[must_use]
+    pub fn entries(&self, entries: Entries) -> u32 {
+        match entries {
+            Entries::Fixed(n) => n,
+            Entries::Configured(Sizing::MaxSources) => self.max_sources,
+            Entries::Configured(Sizing::MaxPrefixes) => self.max_prefixes,
+            Entries::Configured(Sizing::MaxVerified) => self.max_verified,
+        }
+    }
+
     /// The map sizes of `config`, without logging.
     #[must_use]
     pub fn for_config(pin_dir: PathBuf, config: &XdpConfig) -> Self {
@@ -113,14 +118,12 @@ impl Kernel {
         // aya-log checks this level before formatting anything: with logging off,
         // a log statement costs the program one load and one branch.
         let log_level: u8 = if options.log { LOG_LEVEL_INFO } else { LOG_LEVEL_OFF };
-        let mut ebpf = EbpfLoader::new()
-            .override_global("AYA_LOG_LEVEL", &log_level, true)
-            .default_map_pin_directory(&options.pin_dir)
-            .map_max_entries(names::SOURCES, options.max_sources)
-            .map_max_entries(names::AGGREGATES, options.max_prefixes)
-            .map_max_entries(names::VERIFIED, options.max_verified)
-            .load(PROGRAM)
-            .map_err(XdpError::Load)?;
+        let mut loader = EbpfLoader::new();
+        loader.override_global("AYA_LOG_LEVEL", &log_level, true).default_map_pin_directory(&options.pin_dir);
+        for map in names::ALL.iter().filter(|map| matches!(map.entries, Entries::Configured(_))) {
+            loader.map_max_entries(map.name, options.entries(map.entries));
+        }
+        let mut ebpf = loader.load(PROGRAM).map_err(XdpError::Load)?;
         let logger = if options.log { Some(EbpfLogger::init(&mut ebpf).map_err(XdpError::Log)?) } else { None };
         let program: &mut Xdp =
             ebpf.program_mut(PROGRAM_NAME).ok_or(XdpError::MissingProgram)?.try_into().map_err(XdpError::Program)?;
@@ -184,45 +187,26 @@ impl Kernel {
 /// Refuses pinned maps whose kind or record sizes differ from this build's: aya
 /// would otherwise reuse them silently and the program would misread them.
 fn check_pinned_layout(options: &LoadOptions) -> Result<(), XdpError> {
-    use std::mem::size_of;
     let pin_dir = &options.pin_dir;
-    let sized = [
-        (names::SOURCES, "max_sources", options.max_sources),
-        (names::AGGREGATES, "aggregate.max_prefixes", options.max_prefixes),
-        (names::VERIFIED, "verified.max", options.max_verified),
-    ];
-    let expected: [(&'static str, usize, usize, Option<u32>); 12] = [
-        (names::SOURCES, size_of::<SourceKey>(), size_of::<SourceState>(), Some(options.max_sources)),
-        (names::AGGREGATES, size_of::<SourceKey>(), size_of::<SourceState>(), Some(options.max_prefixes)),
-        (names::VERIFIED, size_of::<SourceKey>(), size_of::<Verified>(), Some(options.max_verified)),
-        (names::BUDGETS, 4, size_of::<SourceState>(), Some(BUDGET_SLOTS)),
-        (names::CIDR_V4, 4 + 4, size_of::<CidrPolicy>(), Some(MAX_CIDRS)),
-        (names::CIDR_V6, 4 + 16, size_of::<CidrPolicy>(), Some(MAX_CIDRS)),
-        (names::BLOCK_V4, 4 + 4, size_of::<Block>(), Some(MAX_BLOCKS)),
-        (names::BLOCK_V6, 4 + 16, size_of::<Block>(), Some(MAX_BLOCKS)),
-        (names::SETTINGS, 4, size_of::<Settings>(), Some(SETTINGS_SLOTS)),
-        (names::SETTINGS_ACTIVE, 4, 4, Some(1)),
-        (names::COUNTERS, 4, 8, Some(Counter::COUNT)),
-        (names::OCCUPANCY, 4, 4, Some(OCCUPANCY_SLOTS)),
-    ];
-    for (name, key_size, value_size, max_entries) in expected {
-        let path = pin_dir.join(name);
+    for map in names::ALL {
+        let path = pin_dir.join(map.name);
         if !path.exists() {
             continue;
         }
+        let name = map.name;
         let info = MapInfo::from_pin(&path).map_err(|source| XdpError::Map { name, source })?;
         let found = (info.key_size() as usize, info.value_size() as usize, info.max_entries());
-        let matches = found.0 == key_size && found.1 == value_size && max_entries.is_none_or(|m| m == found.2);
-        if !matches {
-            let resized =
-                sized.iter().find(|(map, _, _)| *map == name).filter(|_| (found.0, found.1) == (key_size, value_size));
-            let hint = if let Some((_, key, configured)) = resized {
-                format!("{key} {} pinned, {configured} configured", found.2)
-            } else {
-                format!("key {} bytes, value {} bytes, {} entries", found.0, found.1, found.2)
-            };
-            return Err(XdpError::IncompatibleLayout { name, dir: pin_dir.display().to_string(), found: hint });
+        let records_match = (found.0, found.1) == (map.key_size, map.value_size);
+        if records_match && found.2 == options.entries(map.entries) {
+            continue;
         }
+        let hint = match map.entries {
+            Entries::Configured(sizing) if records_match => {
+                format!("{} {} pinned, {} configured", sizing.key(), found.2, options.entries(map.entries))
+            }
+            _ => format!("key {} bytes, value {} bytes, {} entries", found.0, found.1, found.2),
+        };
+        return Err(XdpError::IncompatibleLayout { name, dir: pin_dir.display().to_string(), found: hint });
     }
     Ok(())
 }

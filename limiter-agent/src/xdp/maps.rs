@@ -55,21 +55,6 @@ pub struct BlockEntry {
     pub expires_in: Option<Duration>,
 }
 
-/// What a CIDR sync changed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CidrChanges {
-    pub added: Vec<IpNet>,
-    pub removed: Vec<IpNet>,
-    pub changed: Vec<IpNet>,
-}
-
-impl CidrChanges {
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
-    }
-}
-
 impl KernelMaps {
     /// Opens the maps pinned under `pin_dir` (works whether or not an agent runs).
     pub fn open_pinned(pin_dir: &Path) -> Result<Self, XdpError> {
@@ -133,7 +118,7 @@ impl KernelMaps {
     }
 
     /// Puts `config` in force: settings first (one atomic flip), then the CIDR rules.
-    pub fn apply(&mut self, config: &XdpConfig) -> Result<CidrChanges, XdpError> {
+    pub fn apply(&mut self, config: &XdpConfig) -> Result<(), XdpError> {
         self.write_settings(settings_for(config, coarse_tick_ns()))?;
         self.sync_cidrs(&config.cidr)
     }
@@ -148,9 +133,8 @@ impl KernelMaps {
     /// Makes the CIDR tries hold exactly `rules`. New and changed entries are
     /// written before stale ones are removed, and each write replaces one entry in
     /// place, so no source is ever without its rule mid-sync.
-    pub fn sync_cidrs(&mut self, rules: &[CidrRule]) -> Result<CidrChanges, XdpError> {
+    pub fn sync_cidrs(&mut self, rules: &[CidrRule]) -> Result<(), XdpError> {
         let current = self.cidrs()?;
-        let mut changes = CidrChanges::default();
         // Flags up before the first insert, so no new rule is ever skipped.
         for slot in self.cidrs.slots() {
             if rules.iter().any(|rule| self.cidrs.slot(rule.cidr) == slot) {
@@ -159,22 +143,18 @@ impl KernelMaps {
         }
         for rule in rules {
             let policy = policy_of(rule);
-            match current.get(&rule.cidr) {
-                Some(existing) if *existing == policy => continue,
-                Some(_) => changes.changed.push(rule.cidr),
-                None => changes.added.push(rule.cidr),
+            if current.get(&rule.cidr) != Some(&policy) {
+                self.cidrs.insert(rule.cidr, policy)?;
             }
-            self.cidrs.insert(rule.cidr, policy)?;
         }
         for cidr in current.keys().filter(|cidr| !rules.iter().any(|rule| rule.cidr == **cidr)) {
-            changes.removed.push(*cidr);
             self.cidrs.remove(*cidr)?;
         }
         // Only the agent writes CIDRs, so a trie seen empty here stays empty.
         for slot in self.cidrs.slots() {
             self.set_occupied(slot, !self.cidrs.is_empty(slot))?;
         }
-        Ok(changes)
+        Ok(())
     }
 
     fn set_occupied(&mut self, slot: u32, occupied: bool) -> Result<(), XdpError> {

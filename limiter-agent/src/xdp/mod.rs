@@ -20,7 +20,7 @@ pub use self::{
     explain::{BucketState, Limit, RuleMatch, SourceExplanation},
     load::{Floor, Kernel, LoadOptions, Logger},
     map_access::{coarse_tick_ns, monotonic_now_ns},
-    maps::{BlockEntry, CidrChanges, KernelMaps, settings_for},
+    maps::{BlockEntry, KernelMaps, settings_for},
     stats::{BlockRow, BudgetRow, CounterSnapshot, SourceCount, SourceRow, XdpStats},
     verified::{Verifier, source_key},
 };

@@ -111,7 +111,7 @@ fn rejected_configs_leave_the_running_limits_in_force() {
     lab.agent.write_config(&format!("{good}{rule}"));
     let output = lab.agent.cli(&["reload"]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    assert!(String::from_utf8_lossy(&output.stdout).contains("xdp.cidr added 10.0.0.0/8"));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("xdp.cidr[10.0.0.0/8] added: "));
     let stats = lab.agent.cli_json(&["stats", "--json"]);
     assert!(stats["agent"]["reloads"]["rejected"].as_u64() >= Some(bad_configs.len() as u64), "{stats}");
 }
@@ -393,7 +393,7 @@ fn a_reload_attaches_and_detaches_only_the_interfaces_that_changed() {
     );
     let output = lab.agent.reload_with(&both);
     let printed = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert_eq!(printed.trim(), format!("xdp.interfaces attached {} (native)", second.host_if));
+    assert_eq!(printed.trim(), format!("xdp.interfaces: attached {} (native)", second.host_if));
     assert!(xdp_on(&lab.net.host_if) && xdp_on(&second.host_if));
     assert!(
         limiter::xdp::attached(&lab.agent.pin_dir).expect("attached").contains(&first_link[0]),
@@ -402,7 +402,7 @@ fn a_reload_attaches_and_detaches_only_the_interfaces_that_changed() {
 
     let only_second = both.replace(&format!("\"{}\", ", lab.net.host_if), "");
     let output = lab.agent.reload_with(&only_second);
-    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), format!("xdp.interfaces detached {}", lab.net.host_if));
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), format!("xdp.interfaces: detached {}", lab.net.host_if));
     assert!(!xdp_on(&lab.net.host_if) && xdp_on(&second.host_if));
 }
 

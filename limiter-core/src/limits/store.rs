@@ -1,4 +1,4 @@
-//! Where bucket state lives: the [`Store`] contract, and [`MemoryStore`].
+//! Where bucket state lives: the contract every store keeps, and [`MemoryStore`].
 //!
 //! A bucket is named by its policy's identity (a string that stays the same across
 //! reloads while the policy's name, key spec, algorithm and window do) and a key

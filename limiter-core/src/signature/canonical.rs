@@ -1,4 +1,4 @@
-//! The string to sign and the signature over it (interface.md section 7).
+//! The string to sign and the signature over it.
 //!
 //! Client (`limiter sign`) and server ([`super::Verifier`]) both build the string
 //! here, so the two sides cannot drift apart.

@@ -1,4 +1,4 @@
-//! Signed requests (interface.md section 7): HMAC-SHA256 verification, replay
+//! Signed requests: HMAC-SHA256 verification, replay
 //! protection, idempotency keys, and the pieces `limiter sign` shares with the proxy.
 //! Reading the body and loading secrets are I/O, so they live in the agent.
 //!
