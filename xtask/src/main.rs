@@ -48,7 +48,7 @@ enum Cmd {
     },
     /// Install the release binary, the config and the systemd unit.
     Install(install::Opts),
-    /// Build the Debian package of the release binary: target/debian/limiter_VERSION_ARCH.deb.
+    /// Build the Debian package of the release binary (`--debug`: of the debug one) in target/debian/.
     Package(package::Opts),
     /// Run the namespace lab demo.
     Demo,

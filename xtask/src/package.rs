@@ -203,6 +203,10 @@ mod tests {
     #[test]
     fn the_package_installs_checks_and_purges_clean() {
         let _lab = crate::util::LAB.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The machine has one dpkg database: a suite run in another worktree at the
+        // same time would install and purge the package under this one.
+        let machine = fs::File::create("/run/lock/limiter-package-test").expect("lock file");
+        machine.lock().expect("lock");
         assert!(
             target_dir().join("debug/limiter").is_file(),
             "run through `cargo xtask test` (cargo test --workspace builds target/debug/limiter)"
