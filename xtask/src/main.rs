@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod fuzz;
 mod install;
+mod package;
 mod setup;
 mod test;
 mod util;
@@ -47,6 +48,8 @@ enum Cmd {
     },
     /// Install the release binary, the config and the systemd unit.
     Install(install::Opts),
+    /// Build the Debian package of the release binary (`--debug`: of the debug one) in target/debian/.
+    Package(package::Opts),
     /// Run the namespace lab demo.
     Demo,
     /// Run the benchmarks (`--quick`: about two minutes); report in target/bench/.
@@ -67,6 +70,9 @@ fn dispatch(command: Cmd) -> Result<()> {
     if !matches!(&command, Cmd::Install(o) if o.dry_run) {
         setup::run()?;
     }
+    if makes_a_package(&command) {
+        setup::run_packaging()?;
+    }
     match command {
         Cmd::Setup => Ok(()),
         Cmd::Build { release } => util::cargo_build(release),
@@ -77,11 +83,22 @@ fn dispatch(command: Cmd) -> Result<()> {
         }
         Cmd::Fuzz(opts) => fuzz::run(&opts),
         Cmd::Install(opts) => install::run(&opts),
+        Cmd::Package(opts) => package::run(&opts),
         Cmd::Demo => {
             util::cargo_build(false)?;
             demo::run()
         }
         Cmd::Bench(opts) => bench::run(&opts),
+    }
+}
+
+/// `package`, and the tests that include xtask's (its package test); `setup`
+/// prepares for them too.
+fn makes_a_package(command: &Cmd) -> bool {
+    match command {
+        Cmd::Setup | Cmd::Package(_) => true,
+        Cmd::Test { packages, .. } => packages.is_empty() || packages.iter().any(|p| p == "xtask"),
+        _ => false,
     }
 }
 

@@ -30,15 +30,24 @@ impl fmt::Display for Outcome {
 type Step = fn() -> Result<Outcome>;
 
 pub fn run() -> Result<()> {
-    let steps: [(&str, Step); 6] = [
+    run_steps(&[
         ("root", root),
         ("nightly", nightly),
         ("rust-src", rust_src),
         ("bpf-linker", bpf_linker),
         ("cargo-fuzz", cargo_fuzz),
         ("packages", packages),
-    ];
-    for (name, step) in steps {
+    ])
+}
+
+/// What making the Debian package needs besides [`run`]'s steps: only `package`,
+/// `setup` and the tests that include xtask's make one.
+pub fn run_packaging() -> Result<()> {
+    run_steps(&[("cargo-deb", cargo_deb)])
+}
+
+fn run_steps(steps: &[(&str, Step)]) -> Result<()> {
+    for &(name, step) in steps {
         match step() {
             Ok(outcome) => println!("setup: {name}: {outcome}"),
             Err(e) => {
@@ -176,6 +185,22 @@ fn cargo_fuzz() -> Result<Outcome> {
     Ok(Outcome::Installed)
 }
 
+/// The cargo-deb `cargo xtask package` runs: pinned, as its options and the
+/// maintainer scripts it generates change between releases.
+const CARGO_DEB_VERSION: &str = "3.8.0";
+
+/// Installed from source (about 5 minutes here, once), like cargo-fuzz.
+fn cargo_deb() -> Result<Outcome> {
+    let pinned = format!("cargo-deb {CARGO_DEB_VERSION}");
+    if probe("cargo-deb", &["--version"]).is_some_and(|v| v.trim() == pinned) {
+        return Ok(Outcome::Ok);
+    }
+    let version = format!("={CARGO_DEB_VERSION}");
+    run_cmd(cmd("cargo").args(["install", "cargo-deb", "--version", &version, "--locked", "--force"]))
+        .with_context(|| format!("install it by hand: cargo install cargo-deb --version {version} --locked"))?;
+    Ok(Outcome::Installed)
+}
+
 /// Commands the tests, demo and bench call, and the Debian package providing each.
 const PACKAGES: &[(&str, &str)] = &[
     ("ip", "iproute2"),
@@ -199,6 +224,8 @@ const PACKAGES: &[(&str, &str)] = &[
     // v2, and an HTTP/2 load generator (also the bench's).
     ("haproxy", "haproxy"),
     ("h2load", "nghttp2-client"),
+    // cargo-deb finds the package's Depends with it.
+    ("dpkg-shlibdeps", "dpkg-dev"),
 ];
 
 /// Python modules the tests import, from Debian's packages (see [`debian_python`]).

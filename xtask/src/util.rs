@@ -109,6 +109,7 @@ pub fn exec(program: &Path, args: &[String]) -> Result<()> {
 }
 
 /// Held by the tests that drive the namespace lab and time what they see (the demo,
-/// the bench smoke run), so that they do not skew each other's figures.
+/// the bench smoke run), so that they do not skew each other's figures, and by the
+/// package test, whose cargo-deb and man-db runs would take the CPU from under them.
 #[cfg(test)]
 pub static LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
