@@ -1,0 +1,46 @@
+//! Tools built with `cargo install`, each at a pinned version.
+
+use anyhow::{Context, Result, bail};
+
+use super::background::Job;
+use crate::util::{cmd, find_program};
+
+/// A binary and the `cargo install` arguments that bring it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CargoTool {
+    binary: &'static str,
+    install: &'static [&'static str],
+}
+
+/// Runs the `fuzz/` targets (on nightly, which has the sanitizer and coverage flags
+/// libFuzzer needs).
+pub const CARGO_FUZZ: CargoTool =
+    CargoTool { binary: "cargo-fuzz", install: &["cargo-fuzz", "--version", "=0.13.2", "--locked"] };
+/// The bench's fixed-rate load tool (it corrects for coordinated omission). Without its
+/// default feature, rustls on aws-lc, whose C build was most of oha's: the bench loads
+/// plain HTTP on the loopback.
+pub const OHA: CargoTool =
+    CargoTool { binary: "oha", install: &["oha", "--version", "=1.16.0", "--locked", "--no-default-features"] };
+
+impl CargoTool {
+    pub fn name(self) -> &'static str {
+        self.binary
+    }
+
+    pub fn present(self) -> bool {
+        find_program(self.binary).is_some()
+    }
+
+    /// `cargo install` in the background.
+    pub fn install(self) -> Result<Job> {
+        let what = self.install.join(" ");
+        Job::spawn(self.binary, &format!("`cargo install {what}`"), move |log| {
+            let hint = format!("install it by hand: cargo install {what}");
+            log.run(cmd("cargo").arg("install").args(self.install)).context(hint.clone())?;
+            if !self.present() {
+                bail!("`{}` is not on PATH after cargo install; {hint}", self.binary);
+            }
+            Ok(())
+        })
+    }
+}
