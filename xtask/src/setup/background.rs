@@ -90,3 +90,25 @@ fn tail(log: &Path) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step that fails names itself, as a foreground step does, and leaves what its
+    /// command printed in its log.
+    #[test]
+    fn a_failed_step_is_named_and_its_output_kept_in_its_log() {
+        let job = Job::spawn("xtask-test-failing-step", "nothing", |log| {
+            log.run(Command::new("sh").args(["-c", "echo printed-by-the-command; exit 3"]))
+        })
+        .expect("spawn");
+        let log = job.log.clone();
+        let error = job.join().expect_err("the command exits 3");
+        assert_eq!(error.to_string(), "setup failed at step `xtask-test-failing-step`");
+        let text = fs::read_to_string(&log).expect("the log");
+        assert_eq!(text, "$ sh -c 'echo printed-by-the-command; exit 3'\nprinted-by-the-command\n");
+        assert_eq!(tail(&log), text.trim_end());
+        let _ = fs::remove_file(log);
+    }
+}
