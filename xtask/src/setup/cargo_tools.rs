@@ -16,11 +16,14 @@ pub struct CargoTool {
 /// libFuzzer needs).
 pub const CARGO_FUZZ: CargoTool =
     CargoTool { binary: "cargo-fuzz", install: &["cargo-fuzz", "--version", "=0.13.2", "--locked"] };
-/// The bench's fixed-rate load tool (it corrects for coordinated omission). Without its
-/// default feature, rustls on aws-lc, whose C build was most of oha's: the bench loads
-/// plain HTTP on the loopback.
-pub const OHA: CargoTool =
-    CargoTool { binary: "oha", install: &["oha", "--version", "=1.16.0", "--locked", "--no-default-features"] };
+/// The bench's fixed-rate load tool (it corrects for coordinated omission), with only
+/// the crates a request goes through optimised (see `xtask/oha-profile.toml`; cargo
+/// runs from the workspace root). oha needs a TLS feature to build at all, so its
+/// default (rustls) stays.
+pub const OHA: CargoTool = CargoTool {
+    binary: "oha",
+    install: &["oha", "--version", "=1.16.0", "--locked", "--config", "xtask/oha-profile.toml"],
+};
 
 impl CargoTool {
     pub fn name(self) -> &'static str {
@@ -35,7 +38,7 @@ impl CargoTool {
     pub fn install(self) -> Result<Job> {
         let what = self.install.join(" ");
         Job::spawn(self.binary, &format!("`cargo install {what}`"), move |log| {
-            let hint = format!("install it by hand: cargo install {what}");
+            let hint = format!("install it by hand, from the repository's root: cargo install {what}");
             log.run(cmd("cargo").arg("install").args(self.install)).context(hint.clone())?;
             if !self.present() {
                 bail!("`{}` is not on PATH after cargo install; {hint}", self.binary);
