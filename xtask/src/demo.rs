@@ -1,10 +1,21 @@
 //! `cargo xtask demo`: the namespace lab of `limiter-agent/examples/demo.rs`, run on
 //! `config/demo.toml` with the freshly built agent.
 
-use crate::util;
+use crate::{
+    setup::{HPING3, IP, Needs, Pending, ROOT_AND_BUILD},
+    util,
+};
 
-pub fn run() -> anyhow::Result<()> {
-    util::run(util::cmd("cargo").args(["build", "--quiet", "-p", "limiter-agent", "--example", "demo"]))?;
+/// Root to load XDP and create the lab's namespace; the lab calls `ip` and floods from
+/// random sources with `hping3`.
+pub const NEEDS: Needs = Needs { steps: ROOT_AND_BUILD, debian: &[IP, HPING3], cargo: &[] };
+
+pub fn run(setup: Pending) -> anyhow::Result<()> {
+    // One build of both: the example's dev-dependencies turn on features (tokio's
+    // test-util) that a build of the binary alone leaves off, and two builds compiled
+    // tokio and everything above it twice.
+    util::run(util::cmd("cargo").args(["build", "-p", "limiter-agent", "--bin", "limiter", "--example", "demo"]))?;
+    setup.finish()?;
     let target = util::target_dir();
     util::run(
         util::cmd(target.join("debug/examples/demo"))

@@ -6,7 +6,13 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 
-use crate::util::{cmd, run as run_cmd, target_dir, workspace_root};
+use crate::{
+    setup::{BUILD_STEPS, CARGO_FUZZ, Needs},
+    util::{cmd, run as run_cmd, target_dir, workspace_root},
+};
+
+/// The targets link the agent, whose build.rs needs the build's steps.
+pub const NEEDS: Needs = Needs { steps: BUILD_STEPS, debian: &[], cargo: &[CARGO_FUZZ] };
 
 /// Every target in `fuzz/fuzz_targets`, by name.
 pub const TARGETS: [&str; 5] = ["config", "signature", "path", "packet", "proxy_header"];

@@ -10,7 +10,13 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::util::{cargo_build, cmd, find_program, run as run_cmd, target_dir, workspace_root};
+use crate::{
+    setup::{Needs, ROOT_AND_BUILD},
+    util::{cargo_build, cmd, find_program, run as run_cmd, target_dir, workspace_root},
+};
+
+/// Root to write /usr/local, /etc and the unit; the build's steps for the release build.
+pub const NEEDS: Needs = Needs { steps: ROOT_AND_BUILD, debian: &[], cargo: &[] };
 
 #[derive(Debug, clap::Args)]
 pub struct Opts {

@@ -1,5 +1,5 @@
-//! `cargo xtask`: project automation. Every subcommand runs `setup` first so a fresh
-//! machine needs no manual preparation.
+//! `cargo xtask`: project automation. Every subcommand first sets up what it needs
+//! (see [`Cmd::needs`]) so a fresh machine needs no manual preparation.
 
 mod bench;
 mod demo;
@@ -12,6 +12,7 @@ mod util;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use setup::{Needs, ROOT_AND_BUILD};
 
 #[derive(Debug, Parser)]
 #[command(name = "cargo xtask", about = "Project automation for limiter")]
@@ -22,7 +23,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Check and install what building and testing need (root, nightly, bpf-linker, packages).
+    /// Check and install what every other command needs (root, nightly, bpf-linker,
+    /// cargo-fuzz, oha, the Debian packages).
     Setup,
     /// Build the agent (its build.rs compiles the eBPF program).
     Build {
@@ -65,45 +67,74 @@ fn main() {
     }
 }
 
-fn dispatch(command: Cmd) -> Result<()> {
-    // A dry run must not change the machine, and setup may install packages.
-    if !matches!(&command, Cmd::Install(o) if o.dry_run) {
-        setup::run()?;
-    }
-    if makes_a_package(&command) {
-        setup::run_packaging()?;
-    }
-    match command {
-        Cmd::Setup => Ok(()),
-        Cmd::Build { release } => util::cargo_build(release),
-        Cmd::Test { packages, test_args } => test::run(&packages, &test_args),
-        Cmd::Run { args } => {
-            util::cargo_build(false)?;
-            util::exec(&util::target_dir().join("debug/limiter"), &args)
+/// Root and the build's steps: `run` starts the agent, which loads XDP programs.
+const RUN: Needs = Needs { steps: ROOT_AND_BUILD, debian: &[], cargo: &[] };
+
+/// What `cargo xtask setup` alone provides: what any command needs.
+const EVERY_COMMAND: &[Needs] =
+    &[setup::BUILD, RUN, test::NEEDS, fuzz::NEEDS, install::NEEDS, package::NEEDS, demo::NEEDS, bench::NEEDS];
+
+impl Cmd {
+    /// What setup provides before the command runs.
+    fn needs(&self) -> &'static [Needs] {
+        match self {
+            Cmd::Setup => EVERY_COMMAND,
+            Cmd::Build { .. } => &[setup::BUILD],
+            // Only the whole run fuzzes; xtask's tests make a package.
+            Cmd::Test { packages, test_args } if packages.is_empty() && test_args.is_empty() => {
+                &[test::NEEDS, fuzz::NEEDS, package::NEEDS]
+            }
+            Cmd::Test { packages, .. } if packages.iter().any(|p| p == "xtask") => &[test::NEEDS, package::NEEDS],
+            Cmd::Test { .. } => &[test::NEEDS],
+            Cmd::Run { .. } => &[RUN],
+            Cmd::Fuzz(_) => &[fuzz::NEEDS],
+            // A dry run must not change the machine, and setup may install packages.
+            Cmd::Install(o) if o.dry_run => &[],
+            Cmd::Install(_) => &[install::NEEDS],
+            Cmd::Package(_) => &[package::NEEDS],
+            Cmd::Demo => &[demo::NEEDS],
+            Cmd::Bench(_) => &[bench::NEEDS],
         }
-        Cmd::Fuzz(opts) => fuzz::run(&opts),
-        Cmd::Install(opts) => install::run(&opts),
-        Cmd::Package(opts) => package::run(&opts),
-        Cmd::Demo => {
-            util::cargo_build(false)?;
-            demo::run()
-        }
-        Cmd::Bench(opts) => bench::run(&opts),
     }
 }
 
-/// `package`, and the tests that include xtask's (its package test); `setup`
-/// prepares for them too.
-fn makes_a_package(command: &Cmd) -> bool {
+fn dispatch(command: Cmd) -> Result<()> {
+    // The background installs run while the commands build; each waits for them
+    // before it calls what they install.
+    let setup = setup::start(command.needs())?;
     match command {
-        Cmd::Setup | Cmd::Package(_) => true,
-        Cmd::Test { packages, .. } => packages.is_empty() || packages.iter().any(|p| p == "xtask"),
-        _ => false,
+        Cmd::Setup => setup.finish(),
+        Cmd::Build { release } => {
+            setup.finish()?;
+            util::cargo_build(release)
+        }
+        Cmd::Test { packages, test_args } => test::run(&packages, &test_args, setup),
+        Cmd::Run { args } => {
+            setup.finish()?;
+            util::cargo_build(false)?;
+            util::exec(&util::target_dir().join("debug/limiter"), &args)
+        }
+        Cmd::Fuzz(opts) => {
+            setup.finish()?;
+            fuzz::run(&opts)
+        }
+        Cmd::Install(opts) => {
+            setup.finish()?;
+            install::run(&opts)
+        }
+        Cmd::Package(opts) => {
+            setup.finish()?;
+            package::run(&opts)
+        }
+        Cmd::Demo => demo::run(setup),
+        Cmd::Bench(opts) => bench::run(&opts, setup),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory as _;
+
     use super::*;
 
     #[test]
@@ -114,5 +145,24 @@ mod tests {
         };
         assert_eq!(packages, ["limiter-common"]);
         assert_eq!(test_args, ["--test-threads=2", "config"]);
+    }
+
+    /// `cargo xtask setup` alone must leave a machine ready for every command: a
+    /// command added with needs of its own but left out of [`EVERY_COMMAND`] fails here.
+    #[test]
+    fn setup_alone_provides_what_every_command_needs() {
+        let provided = |needs: &Needs| {
+            needs.steps.iter().all(|s| EVERY_COMMAND.iter().any(|e| e.steps.contains(s)))
+                && needs.debian.iter().all(|d| EVERY_COMMAND.iter().any(|e| e.debian.contains(d)))
+                && needs.cargo.iter().all(|c| EVERY_COMMAND.iter().any(|e| e.cargo.contains(c)))
+        };
+        let subcommands: Vec<String> = Cli::command().get_subcommands().map(|c| c.get_name().to_owned()).collect();
+        assert!(subcommands.iter().any(|c| c == "demo"), "{subcommands:?}");
+        for name in subcommands {
+            let command = Cli::try_parse_from(["xtask", &name]).expect("every subcommand parses bare").command;
+            for needs in command.needs() {
+                assert!(provided(needs), "`cargo xtask setup` does not provide all of {needs:?}, which `{name}` needs");
+            }
+        }
     }
 }

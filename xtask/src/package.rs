@@ -12,8 +12,12 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     install::{MAN_PAGES, install_docs},
+    setup::{BUILD_STEPS, CARGO_DEB, DPKG_DEV, Needs},
     util::{cargo_build, cmd, show, target_dir},
 };
+
+/// The build, cargo-deb and the `dpkg-shlibdeps` it finds the package's Depends with.
+pub const NEEDS: Needs = Needs { steps: BUILD_STEPS, debian: &[DPKG_DEV], cargo: &[CARGO_DEB] };
 
 #[derive(Debug, clap::Args)]
 pub struct Opts {

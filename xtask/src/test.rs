@@ -7,7 +7,7 @@ use std::{
     io::{Read, Write},
     net::{TcpListener, TcpStream},
     path::Path,
-    process::{Child, Stdio},
+    process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -16,22 +16,47 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     fuzz,
-    setup::debian_python,
+    setup::{
+        BPFTOOL, CURL, GROFF, H2LOAD, HAPROXY, HPING3, IP, NFT, NGINX, Needs, OPENSSL, PROMTOOL, PYTHON_WEBSOCKETS,
+        Pending, REDIS_SENTINEL, REDIS_SERVER, ROOT_AND_BUILD, TASKSET, TMUX, TRAFGEN, WRK, debian_python,
+    },
     util::{cmd, find_program, run as run_cmd, show, target_dir},
 };
 
-pub fn run(packages: &[String], test_args: &[String]) -> Result<()> {
+/// The tests' real peers and tools; the demo's and the bench's too, as the tests run
+/// both (the bench with tiny counts, and without oha, whose columns it then leaves empty).
+pub const NEEDS: Needs = Needs {
+    steps: ROOT_AND_BUILD,
+    debian: &[
+        IP,
+        HPING3,
+        REDIS_SERVER,
+        REDIS_SENTINEL,
+        BPFTOOL,
+        NFT,
+        WRK,
+        TRAFGEN,
+        TASKSET,
+        NGINX,
+        PROMTOOL,
+        OPENSSL,
+        CURL,
+        TMUX,
+        HAPROXY,
+        H2LOAD,
+        GROFF,
+        PYTHON_WEBSOCKETS,
+    ],
+    cargo: &[],
+};
+
+pub fn run(packages: &[String], test_args: &[String], setup: Pending) -> Result<()> {
+    // Built first, while the background installs run; the tests need them.
+    run_cmd(cargo_test(packages).arg("--no-run"))?;
+    setup.finish()?;
     let server = find_program("redis-server").context("redis-server not found; run `cargo xtask setup`")?;
     let redis = Redis::start(&server)?;
-    let mut c = cmd("cargo");
-    c.args(["test", "--no-fail-fast"]);
-    if packages.is_empty() {
-        // The eBPF crate is nightly- and BPF-only; the agent's build.rs compiles it.
-        c.args(["--workspace", "--exclude", "limiter-ebpf"]);
-    }
-    for p in packages {
-        c.args(["-p", p]);
-    }
+    let mut c = cargo_test(packages);
     c.arg("--")
         .args(test_args)
         .env("RUST_BACKTRACE", "1")
@@ -51,6 +76,19 @@ pub fn run(packages: &[String], test_args: &[String]) -> Result<()> {
     };
     // Both run whatever the other did; either failing fails the run.
     result.and(fuzzed)
+}
+
+fn cargo_test(packages: &[String]) -> Command {
+    let mut c = cmd("cargo");
+    c.args(["test", "--no-fail-fast"]);
+    if packages.is_empty() {
+        // The eBPF crate is nightly- and BPF-only; the agent's build.rs compiles it.
+        c.args(["--workspace", "--exclude", "limiter-ebpf"]);
+    }
+    for p in packages {
+        c.args(["-p", p]);
+    }
+    c
 }
 
 /// A redis-server child that is killed when dropped, so a failing or panicking run

@@ -21,8 +21,8 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
-/// The python3 that imports Debian's `scapy` and `websockets`: `cargo xtask test`
-/// names it, as the one on PATH may be a build that cannot see them.
+/// The python3 that imports Debian's `websockets`: `cargo xtask test`
+/// names it, as the one on PATH may be a build that cannot see it.
 #[must_use]
 pub fn python() -> PathBuf {
     std::env::var_os("LIMITER_TEST_PYTHON").map_or_else(|| PathBuf::from("/usr/bin/python3"), PathBuf::from)

@@ -4,8 +4,11 @@ use std::{fs, process::Command, thread};
 
 use limiter_lab::report::Environment;
 
+use crate::util::cmd;
+
+/// Through [`cmd`]'s PATH, which has cargo's bin directory, where oha is.
 fn first_line(program: &str, args: &[&str]) -> String {
-    Command::new(program)
+    cmd(program)
         .args(args)
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or_default().trim().to_owned())

@@ -38,7 +38,26 @@ use anyhow::{Context, Result, bail};
 use limiter_lab::report::{Outcome, Report};
 use serde::de::DeserializeOwned;
 
-use crate::util::{cmd, find_program, run as run_cmd, show, target_dir};
+use crate::{
+    setup::{
+        BPFTOOL, H2LOAD, IP, NFT, NGINX, Needs, OHA, OPENSSL, Pending, REDIS_SERVER, ROOT_AND_BUILD, TASKSET, TRAFGEN,
+        WRK,
+    },
+    util::{cmd, run as run_cmd, show, target_dir},
+};
+
+/// Root for the kernel groups; the floods' tools (trafgen pinned with taskset, nft,
+/// bpftool for the memory group), the HTTP groups' servers and load tools, and the
+/// store group's redis-server.
+pub const NEEDS: Needs = Needs {
+    steps: ROOT_AND_BUILD,
+    debian: &[IP, TRAFGEN, TASKSET, NFT, BPFTOOL, NGINX, WRK, H2LOAD, OPENSSL, REDIS_SERVER],
+    cargo: &[OHA],
+};
+
+/// The example programs a run measures with.
+const EXAMPLES: [&str; 6] =
+    ["xdp_cost", "bench_flood", "bench_algorithms", "bench_hmac", "bench_memory", "bench_store"];
 
 #[derive(Debug, clap::Args)]
 pub struct Opts {
@@ -141,22 +160,19 @@ impl Sizes {
     };
 }
 
-pub fn run(opts: &Opts) -> Result<()> {
-    let mut build = cmd("cargo");
-    build.args(["build", "--release", "-p", "limiter-agent", "--bins", "--examples"]);
-    run_cmd(&mut build)?;
-    if find_program("oha").is_none() {
-        // The fixed-rate load tool (it corrects for coordinated omission); without it
-        // the fixed-rate columns stay empty rather than the bench failing.
-        let mut install = cmd("cargo");
-        install.args(["install", "oha", "--locked"]);
-        if let Err(e) = run_cmd(&mut install) {
-            eprintln!("warning: {e:#}; fixed-rate latencies will be missing");
-        }
-    }
+pub fn run(opts: &Opts, setup: Pending) -> Result<()> {
     if let Some(unknown) = opts.only.iter().find(|g| !GROUPS.contains(&g.as_str())) {
         bail!("--only: no group {unknown:?} (groups: {})", GROUPS.join(", "));
     }
+    // Only the examples a run uses: each release binary is a fat-LTO link of its own.
+    let mut build = cmd("cargo");
+    build.args(["build", "--release", "-p", "limiter-agent", "--bins"]);
+    for example in EXAMPLES {
+        build.args(["--example", example]);
+    }
+    run_cmd(&mut build)?;
+    // Nothing is measured while an install still takes CPU.
+    setup.finish()?;
     let sizes = if opts.quick { Sizes::QUICK } else { Sizes::FULL };
     let mut bench = Bench::new(sizes, target_dir().join("release"), target_dir().join("bench"));
     bench.only = opts.only.clone();
@@ -304,8 +320,7 @@ mod tests {
     fn bench_harness_smoke() {
         let _lab = crate::util::LAB.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let bin_dir = target_dir().join("debug");
-        let needed = ["xdp_cost", "bench_flood", "bench_algorithms", "bench_hmac", "bench_memory", "bench_store"];
-        if let Some(missing) = needed.iter().find(|n| !bin_dir.join("examples").join(n).is_file()) {
+        if let Some(missing) = EXAMPLES.iter().find(|n| !bin_dir.join("examples").join(n).is_file()) {
             panic!(
                 "{missing} is not built: run through `cargo xtask test` (cargo test --workspace builds the examples)"
             );
