@@ -28,6 +28,8 @@ const BINARY: &str = "limiter";
 /// per-packet difference in `xdp_cost` beyond noise, and about 0.2 s more verifier
 /// time on every load, which the kernel tests pay some thirty times.
 const BPF_CPU: &str = "v1";
+/// Where the nested build goes, if not beside the agent's own build.
+const EBPF_TARGET_DIR: &str = "LIMITER_EBPF_TARGET_DIR";
 
 fn main() {
     // Printed by hand: returning the error would add a backtrace whenever
@@ -51,7 +53,10 @@ fn build() -> anyhow::Result<()> {
     // differ in OUT_DIR whenever features unify differently, and each would otherwise
     // compile core and the program from scratch). Not the outer target directory
     // itself: cargo holds its lock (rust-lang/cargo#6412).
-    let target_dir = out_dir.join("../../ebpf");
+    // `cargo xtask test` checks the docs in a target directory of its own, alongside
+    // the tests' build: it names this one, so that the program is built once.
+    println!("cargo:rerun-if-env-changed={EBPF_TARGET_DIR}");
+    let target_dir = env::var_os(EBPF_TARGET_DIR).map_or_else(|| out_dir.join("../../ebpf"), PathBuf::from);
 
     let rustflags = [
         format!("--cfg=bpf_target_arch=\"{arch}\""),

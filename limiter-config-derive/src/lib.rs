@@ -4,6 +4,8 @@
 //! `Changes`), under `<key>.<field>`; a field may say
 //! - `#[changes(restart = "why")]` (or just `restart`): read only at start, so a
 //!   reload that changes it is refused, naming it;
+//! - `#[changes(restart_if_added_or_removed = "why")]`: an optional section whose
+//!   keys apply live but whose presence is read only at start;
 //! - `#[changes(keyed)]`: a list whose elements are told apart by their `Keyed::id`
 //!   (rules by name), reported as added, removed or changed one by one;
 //! - `#[changes(redacted)]`: its values are never printed (a URL with a password);
@@ -102,11 +104,15 @@ fn by_field(fields: &syn::FieldsNamed) -> syn::Result<TokenStream> {
         let start = format_ident!("start_{}", ident, span = Span::call_site());
         let mark =
             attrs.restart.map(|why| quote! { ::limiter_config::changes::needs_restart(&mut out[#start..], #why); });
+        let presence = attrs.presence.map(|why| {
+            quote! { ::limiter_config::changes::presence_needs_restart(&mut out[#start..], #at, #why); }
+        });
         let redact = attrs.redacted.then(|| quote! { ::limiter_config::changes::redact(&mut out[#start..]); });
         compared.push(quote! {
             let #start = out.len();
             #compare;
             #mark
+            #presence
             #redact
         });
         let shown = if attrs.redacted {
@@ -155,6 +161,8 @@ impl TypeAttrs {
 struct FieldAttrs {
     /// Why it needs a restart; `Some("")` when no reason is given.
     restart: Option<LitStr>,
+    /// Why adding or removing it needs a restart.
+    presence: Option<LitStr>,
     keyed: bool,
     redacted: bool,
     flatten: bool,
@@ -173,6 +181,8 @@ impl FieldAttrs {
                         LitStr::new("", meta.path.span())
                     };
                     attrs.restart = Some(why);
+                } else if meta.path.is_ident("restart_if_added_or_removed") {
+                    attrs.presence = Some(meta.value()?.parse()?);
                 } else if meta.path.is_ident("keyed") {
                     attrs.keyed = true;
                 } else if meta.path.is_ident("redacted") {
@@ -185,7 +195,7 @@ impl FieldAttrs {
                     attrs.skip = true;
                 } else {
                     return Err(
-                        meta.error("on a field: restart [= \"why\"], keyed, redacted, flatten or skip = \"why\"")
+                        meta.error("on a field: restart [= \"why\"], restart_if_added_or_removed = \"why\", keyed, redacted, flatten or skip = \"why\"")
                     );
                 }
                 Ok(())

@@ -109,6 +109,14 @@ pub fn needs_restart(changes: &mut [Change], why: &str) {
     }
 }
 
+/// Marks the change of `key` itself (a section added or removed) as applied only by
+/// a restart, for `why`; the changes of the keys under it apply live.
+pub fn presence_needs_restart(changes: &mut [Change], key: &str, why: &str) {
+    for change in changes.iter_mut().filter(|change| change.key == key) {
+        change.restart.get_or_insert_with(|| why.to_owned());
+    }
+}
+
 /// Keeps the keys of `changes` and hides their values.
 pub fn redact(changes: &mut [Change]) {
     for change in changes {
@@ -295,6 +303,8 @@ mod tests {
         password: String,
         #[changes(keyed)]
         entries: Vec<Entry>,
+        #[changes(restart_if_added_or_removed = "opened at start")]
+        log: Option<Entry>,
     }
 
     fn entry(name: &str, weight: u32) -> Entry {
@@ -309,6 +319,7 @@ mod tests {
             a_new_key: Duration::from_secs(60),
             password: "old".to_owned(),
             entries: vec![entry("a", 1), entry("b", 2)],
+            log: None,
         };
         let new = Section {
             rate: Some(limit(100)),
@@ -316,6 +327,7 @@ mod tests {
             a_new_key: Duration::from_millis(1500),
             password: "new".to_owned(),
             entries: vec![entry("b", 3), entry("c", 1)],
+            log: Some(entry("log", 1)),
         };
         let mut changes = Vec::new();
         old.changes(&new, "section", &mut changes);
@@ -330,10 +342,15 @@ mod tests {
                 "section.entries[b].weight: 2 -> 3",
                 "section.entries[c] added: {name = c, weight = 1}",
                 "section.entries[a] removed",
+                "section.log: off -> {name = log, weight = 1}",
             ]
         );
         let restart: Vec<String> = changes.iter().filter_map(Change::needing_restart).collect();
-        assert_eq!(restart, ["section.size (sized at start)"]);
+        assert_eq!(restart, ["section.size (sized at start)", "section.log (opened at start)"]);
+        let heavier = Section { log: Some(entry("log", 2)), ..new.clone() };
+        let mut live = Vec::new();
+        new.changes(&heavier, "section", &mut live);
+        assert_eq!(live, [Change::modified("section.log.weight", "1".to_owned(), "2".to_owned())]);
         let mut none = Vec::new();
         old.changes(&old.clone(), "section", &mut none);
         assert_eq!(none, []);

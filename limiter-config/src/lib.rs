@@ -40,6 +40,7 @@ pub struct Config {
     /// The kernel layer; absent: no XDP program is loaded.
     pub xdp: Option<XdpConfig>,
     /// The HTTP proxy; absent: no proxy runs.
+    #[changes(restart_if_added_or_removed = "adding or removing the proxy")]
     pub proxy: Option<ProxyConfig>,
     /// Blocks in the kernel layer for sources the proxy keeps refusing; absent: none.
     pub escalation: Option<EscalationConfig>,

@@ -111,6 +111,7 @@ pub struct ProxyConfig {
     #[serde(default)]
     pub signature: SignatureConfig,
     /// A JSON line for a sample of the limits' decisions; `None`: none.
+    #[changes(restart_if_added_or_removed = "the file is opened at start")]
     pub decision_log: Option<DecisionLogConfig>,
     /// TLS on the listener; `None`: cleartext.
     pub tls: Option<TlsConfig>,

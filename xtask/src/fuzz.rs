@@ -2,23 +2,24 @@
 //! for a bounded time. `cargo xtask test` runs each briefly too, so that they keep
 //! building and a regression in what they check fails the run.
 
-use std::path::PathBuf;
+use std::{fs::File, path::PathBuf, process::Command};
 
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    setup::{BUILD_STEPS, CARGO_FUZZ, Needs},
-    util::{cmd, run as run_cmd, target_dir, workspace_root},
+    setup::{CARGO_FUZZ, Needs, Step},
+    util::{cmd, probe, run as run_cmd, target_dir, workspace_root},
 };
 
-/// The targets link the agent, whose build.rs needs the build's steps.
-pub const NEEDS: Needs = Needs { steps: BUILD_STEPS, debian: &[], cargo: &[CARGO_FUZZ] };
+/// The targets build with nightly (for libFuzzer's flags) and link neither the agent
+/// nor the eBPF program: no bpf-linker.
+pub const NEEDS: Needs = Needs { steps: &[Step::Nightly], debian: &[], cargo: &[CARGO_FUZZ] };
 
 /// Every target in `fuzz/fuzz_targets`, by name.
 pub const TARGETS: [&str; 5] = ["config", "signature", "path", "packet", "proxy_header"];
 
-/// Per target in `cargo xtask test`: long enough to pass the easy inputs, short
-/// enough that the five add about a minute and a quarter.
+/// Per target in `cargo xtask test`, all at once: long enough to pass the easy
+/// inputs, short enough that the five add a quarter of a minute.
 pub const TEST_SECONDS: u32 = 15;
 
 #[derive(Debug, clap::Args)]
@@ -44,35 +45,90 @@ pub fn run(opts: &Opts) -> Result<()> {
 /// Builds once, then runs each target for `seconds`; the first that fails stops the run
 /// and names the input that made it fail.
 pub fn run_targets(targets: &[&str], seconds: u32) -> Result<()> {
-    run_cmd(cargo_fuzz("build").arg("--sanitizer=none")).context("the fuzz targets do not build")?;
+    run_cmd(&mut build()).context("the fuzz targets do not build")?;
     for target in targets {
-        let corpus = target_dir().join("fuzz/corpus").join(target);
-        std::fs::create_dir_all(&corpus).with_context(|| format!("cannot create {}", corpus.display()))?;
-        let artifacts = target_dir().join("fuzz/artifacts").join(target);
-        std::fs::create_dir_all(&artifacts).with_context(|| format!("cannot create {}", artifacts.display()))?;
-        let mut c = cargo_fuzz("run");
-        // New inputs go to the first directory; the seeds are only read.
-        c.args(["--sanitizer=none", target])
-            .arg(&corpus)
-            .args(Some(seeds(target)).filter(|dir| dir.is_dir()))
-            .arg("--")
-            .arg(format!("-max_total_time={seconds}"))
-            .arg(format!("-artifact_prefix={}/", artifacts.display()))
-            // Inputs larger than a request line or a config file test nothing more.
-            .arg("-max_len=4096")
-            .arg("-print_final_stats=1");
-        run_cmd(&mut c).with_context(|| {
-            format!(
-                "fuzz target `{target}` failed: the input is in {}; reproduce it from {} with \
-                 `cargo +nightly fuzz run --sanitizer=none --target-dir {} {target} FILE`, and make it a regression test",
-                artifacts.display(),
-                workspace_root().join("fuzz").display(),
-                target_dir().join("fuzz").display()
-            )
-        })?;
+        run_cmd(&mut target_run(target, seconds)?).with_context(|| failed(target))?;
         println!("fuzz: {target}: ok ({seconds} s)");
     }
     Ok(())
+}
+
+/// `cargo +nightly fuzz build`, without a sanitizer: what the targets check are
+/// assertions and panics, and the build is several times quicker.
+pub fn build() -> Command {
+    let mut c = cargo_fuzz("build");
+    c.arg("--sanitizer=none");
+    c
+}
+
+/// Every target at once (they are built), for `seconds` each, each writing to a log
+/// of its own; the ones that failed are named with their log's end.
+pub fn run_together(targets: &[&str], seconds: u32) -> Result<()> {
+    let logs = target_dir().join("fuzz/logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+    let mut running = Vec::new();
+    for target in targets {
+        let log = logs.join(format!("{target}.log"));
+        let out = File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+        let mut c = target_run(target, seconds)?;
+        c.stdout(out.try_clone().context("cannot share the log file")?).stderr(out);
+        let child = c.spawn().with_context(|| format!("cannot start fuzz target `{target}`"))?;
+        running.push((*target, child, log));
+    }
+    let mut failures = Vec::new();
+    for (target, mut child, log) in running {
+        let status = child.wait().with_context(|| format!("cannot wait for fuzz target `{target}`"))?;
+        if status.success() {
+            println!("fuzz: {target}: ok ({seconds} s)");
+        } else {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(20).collect();
+            eprintln!("fuzz: {target}: FAILED ({status}); the end of {}:", log.display());
+            for line in tail.into_iter().rev() {
+                eprintln!("  {line}");
+            }
+            failures.push(failed(target));
+        }
+    }
+    if failures.is_empty() { Ok(()) } else { bail!("{}", failures.join("\n")) }
+}
+
+/// A built target's own binary over its corpus and seeds, for `seconds`.
+fn target_run(target: &str, seconds: u32) -> Result<Command> {
+    let corpus = target_dir().join("fuzz/corpus").join(target);
+    std::fs::create_dir_all(&corpus).with_context(|| format!("cannot create {}", corpus.display()))?;
+    let artifacts = artifacts(target);
+    std::fs::create_dir_all(&artifacts).with_context(|| format!("cannot create {}", artifacts.display()))?;
+    // cargo-fuzz always builds for the host's triple, and names it in the path.
+    let host = probe("rustc", &["+nightly", "-vV"])
+        .and_then(|info| info.lines().find_map(|line| line.strip_prefix("host: ").map(str::to_owned)))
+        .context("`rustc +nightly -vV` names no host")?;
+    let mut c = cmd(target_dir().join("fuzz").join(host).join("release").join(target));
+    // New inputs go to the first directory; the seeds are only read.
+    c.arg(&corpus)
+        .args(Some(seeds(target)).filter(|dir| dir.is_dir()))
+        .arg(format!("-max_total_time={seconds}"))
+        .arg(format!("-artifact_prefix={}/", artifacts.display()))
+        // Inputs larger than a request line or a config file test nothing more.
+        .arg("-max_len=4096")
+        .arg("-print_final_stats=1");
+    Ok(c)
+}
+
+/// Where a target's failing inputs are written.
+fn artifacts(target: &str) -> PathBuf {
+    target_dir().join("fuzz/artifacts").join(target)
+}
+
+/// What to do when `target` fails.
+fn failed(target: &str) -> String {
+    format!(
+        "fuzz target `{target}` failed: the input is in {}; reproduce it from {} with \
+         `cargo +nightly fuzz run --sanitizer=none --target-dir {} {target} FILE`, and make it a regression test",
+        artifacts(target).display(),
+        workspace_root().join("fuzz").display(),
+        target_dir().join("fuzz").display()
+    )
 }
 
 /// Inputs each target starts from: the example configs, hand-written bypass attempts.

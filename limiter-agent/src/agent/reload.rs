@@ -5,12 +5,12 @@
 //!
 //! What a reload changes is derived from the config types (`limiter_config::changes`):
 //! every key is compared, and a key read only at start is marked where it is
-//! declared. What no single key says is added here: adding or removing `[proxy]`,
-//! and escalation following the fleet's blocks.
+//! declared. What no single key says is added here: escalation following the
+//! fleet's blocks, which depends on two sections.
 
 use crate::config::{
     Config,
-    changes::{Change, Changes as _},
+    changes::{Change, Changes as _, presence_needs_restart},
     proxy::StoreKind,
 };
 
@@ -35,14 +35,6 @@ pub enum ReloadError {
 pub fn changes(old: &Config, new: &Config) -> Vec<Change> {
     let mut changes = Vec::new();
     old.changes(new, "", &mut changes);
-    let mark = |changes: &mut Vec<Change>, keys: &[&str], why: &str| {
-        for change in changes.iter_mut().filter(|change| keys.contains(&change.key.as_str())) {
-            change.restart.get_or_insert_with(|| why.to_owned());
-        }
-    };
-    if old.proxy.is_some() != new.proxy.is_some() {
-        mark(&mut changes, &["proxy"], "adding or removing the proxy");
-    }
     // The fleet's blocks are followed (or not) from the start. A change of the store
     // itself is refused already.
     let follows = |c: &Config| {
@@ -50,7 +42,9 @@ pub fn changes(old: &Config, new: &Config) -> Vec<Change> {
             && c.escalation.as_ref().is_some_and(|e| e.enabled)
     };
     if follows(old) != follows(new) {
-        mark(&mut changes, &["escalation", "escalation.enabled"], "with store = \"redis\"");
+        for key in ["escalation", "escalation.enabled"] {
+            presence_needs_restart(&mut changes, key, "with store = \"redis\"");
+        }
     }
     changes
 }
