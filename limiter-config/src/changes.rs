@@ -9,14 +9,10 @@ use std::{
     net::SocketAddr,
     num::{NonZeroU32, NonZeroUsize},
     path::PathBuf,
-    time::Duration,
 };
 
 use ipnet::IpNet;
-use limiter_core::LimitSpec;
 use serde::{Deserialize, Serialize};
-
-use crate::{conditions::Pattern, units::HumanDuration};
 
 pub use limiter_config_derive::Changes;
 
@@ -210,9 +206,9 @@ impl<T: Changes> Changes for BTreeMap<String, T> {
 /// Values compared whole and shown by `$show`.
 macro_rules! shown {
     ($($type:ty => $show:expr),* $(,)?) => {$(
-        impl Changes for $type {
-            fn changes(&self, new: &Self, key: &str, out: &mut Vec<Change>) {
-                whole(self, new, key, out);
+        impl $crate::changes::Changes for $type {
+            fn changes(&self, new: &Self, key: &str, out: &mut Vec<$crate::changes::Change>) {
+                $crate::changes::whole(self, new, key, out);
             }
 
             fn describe(&self) -> String {
@@ -222,6 +218,7 @@ macro_rules! shown {
         }
     )*};
 }
+pub(crate) use shown;
 
 /// Values shown as they print.
 macro_rules! shown_by_display {
@@ -248,24 +245,9 @@ shown_by_display!(
     http::HeaderName,
     limiter_core::Algorithm,
     limiter_core::path::EscapedSlashes,
-    HumanDuration,
 );
 
-shown!(
-    PathBuf => |path| path.display().to_string(),
-    Duration => |duration| HumanDuration(*duration).to_string(),
-    Pattern => |pattern| pattern.as_str().to_owned(),
-    LimitSpec => describe_limit,
-);
-
-/// `5 per 1m (sliding_window_log, throttle from 4 by 100ms)`.
-fn describe_limit(spec: &LimitSpec) -> String {
-    let mut options = vec![spec.algorithm.to_string()];
-    options.extend(spec.burst.map(|burst| format!("burst {burst}")));
-    options.extend(spec.throttle.map(|t| format!("throttle from {} by {}", t.from, HumanDuration(t.delay))));
-    options.extend(spec.queue.map(|queue| format!("queue {queue}")));
-    format!("{} per {} ({})", spec.limit, HumanDuration(spec.window), options.join(", "))
-}
+shown!(PathBuf => |path| path.display().to_string());
 
 #[cfg(test)]
 mod tests {

@@ -15,6 +15,8 @@ use http::{
 use ipnet::IpNet;
 use regex::bytes::{Regex, RegexBuilder};
 
+use crate::changes::shown;
+
 /// Longest pattern text accepted.
 pub const MAX_PATTERN_BYTES: usize = 1024;
 /// Bound on a compiled pattern (and on its lazy DFA), so that a pattern such as
@@ -24,6 +26,8 @@ const COMPILED_BYTES: usize = 1 << 20;
 /// A compiled pattern, compared by its text.
 #[derive(Clone, Debug)]
 pub struct Pattern(Regex);
+
+shown!(Pattern => |pattern| pattern.as_str().to_owned());
 
 impl Pattern {
     pub fn new(text: &str) -> Result<Self, String> {

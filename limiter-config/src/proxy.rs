@@ -18,7 +18,7 @@ use limiter_core::{
 use serde::{Deserialize, Deserializer, de};
 
 use super::{
-    changes::{Changes, Keyed},
+    changes::{Changes, Keyed, shown},
     conditions::{Conditions, RawConditions, Seen},
     units::HumanDuration,
     xdp::parse_cidr,
@@ -861,4 +861,15 @@ fn default_redis_timeout() -> HumanDuration {
 
 fn default_redis_url() -> String {
     "redis://127.0.0.1:6379/".to_owned()
+}
+
+shown!(LimitSpec => describe_limit);
+
+/// `5 per 1m (sliding_window_log, throttle from 4 by 100ms)`.
+fn describe_limit(spec: &LimitSpec) -> String {
+    let mut options = vec![spec.algorithm.to_string()];
+    options.extend(spec.burst.map(|burst| format!("burst {burst}")));
+    options.extend(spec.throttle.map(|t| format!("throttle from {} by {}", t.from, HumanDuration(t.delay))));
+    options.extend(spec.queue.map(|queue| format!("queue {queue}")));
+    format!("{} per {} ({})", spec.limit, HumanDuration(spec.window), options.join(", "))
 }

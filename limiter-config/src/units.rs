@@ -4,6 +4,8 @@ use std::{fmt, time::Duration};
 
 use serde::{Deserialize, Deserializer, de};
 
+use crate::changes::shown;
+
 /// A duration written with a unit: `ms`, `s`, `m`, `h` or `d` (`"1m"`, `"250ms"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct HumanDuration(pub Duration);
@@ -80,3 +82,8 @@ mod tests {
         }
     }
 }
+
+shown!(
+    HumanDuration => ToString::to_string,
+    Duration => |duration| HumanDuration(*duration).to_string(),
+);

@@ -14,8 +14,6 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited, combinators::BoxB
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
-use super::problem::Refusal;
-
 pub(super) type BoxError = Box<dyn Error + Send + Sync>;
 
 /// Every body the proxy sends, in either direction.
@@ -25,10 +23,31 @@ pub(super) fn full_body(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into()).map_err(|never| match never {}).boxed()
 }
 
+/// Why a request body is not forwarded.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum BodyRefused {
+    TooLarge { limit: u64 },
+    TimedOut,
+    Unreadable,
+}
+
+impl BodyRefused {
+    /// The refusal of a body that failed while read with `Limited` to `limit` bytes.
+    pub(super) fn of_read(error: &(dyn Error + 'static), limit: u64) -> Self {
+        if error.is::<LengthLimitError>() {
+            Self::TooLarge { limit }
+        } else if timed_out(error) {
+            Self::TimedOut
+        } else {
+            Self::Unreadable
+        }
+    }
+}
+
 /// Refuses a body whose `Content-Length` is over the limit, before reading any of it.
-pub(super) fn check_announced(body: &Incoming, max_bytes: u64) -> Result<(), Refusal> {
+pub(super) fn check_announced(body: &Incoming, max_bytes: u64) -> Result<(), BodyRefused> {
     if body.size_hint().lower() > max_bytes {
-        return Err(Refusal::BodyTooLarge { limit: max_bytes });
+        return Err(BodyRefused::TooLarge { limit: max_bytes });
     }
     Ok(())
 }
@@ -98,20 +117,12 @@ pub(super) fn timed_out(error: &(dyn Error + 'static)) -> bool {
 /// The body to forward. One of known length (already checked) streams through; a
 /// chunked one is read in full first, so that one found too large halfway is refused
 /// before the upstream has seen any part of the request.
-pub(super) async fn forwardable(body: TimedBody, max_bytes: u64) -> Result<ProxyBody, Refusal> {
+pub(super) async fn forwardable(body: TimedBody, max_bytes: u64) -> Result<ProxyBody, BodyRefused> {
     let known_length = body.size_hint().exact().is_some();
     let limited = Limited::new(body, usize::try_from(max_bytes).unwrap_or(usize::MAX));
     if known_length {
         return Ok(limited.boxed());
     }
-    let collected = limited.collect().await.map_err(|error| {
-        if error.is::<LengthLimitError>() {
-            Refusal::BodyTooLarge { limit: max_bytes }
-        } else if error.is::<BodyTimedOut>() {
-            Refusal::BodyTimeout
-        } else {
-            Refusal::BodyUnreadable
-        }
-    })?;
+    let collected = limited.collect().await.map_err(|error| BodyRefused::of_read(&*error, max_bytes))?;
     Ok(full_body(collected.to_bytes()))
 }

@@ -11,8 +11,8 @@ use super::{
     forward::{Origin, Upstream},
     heavy::Client,
     keys,
-    pipeline::Snapshot,
     problem::Refusal,
+    snapshot::Snapshot,
 };
 use crate::{backend::Claim, config::ProxyConfig, limits::RequestInfo};
 

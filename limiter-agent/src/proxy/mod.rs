@@ -12,6 +12,7 @@
 mod body;
 mod connections;
 mod decision_log;
+mod error;
 mod exchange;
 pub mod explain;
 mod forward;
@@ -26,6 +27,7 @@ mod problem;
 pub mod proxy_protocol;
 mod resets;
 mod server;
+mod snapshot;
 mod stats;
 mod tunnel;
 
@@ -41,38 +43,11 @@ use limiter_core::{Clock, SystemClock};
 
 use self::pipeline::Pipeline;
 pub use self::{
+    error::ProxyError,
     heavy::ClientRow,
     stats::{DECISION_BUCKETS, DecisionHistogram, ProxyStats},
 };
 use crate::{accept::AcceptHook, config::ProxyConfig, signature::KeySecrets};
-
-/// Why the proxy could not start or take a new config. A refused config leaves the
-/// running one in place, whole.
-#[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("proxy.redis_url: {0}")]
-    Store(#[from] crate::fleet::FleetError),
-    #[error("proxy.decision_log.path: cannot open {path}: {source}")]
-    DecisionLog {
-        path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("proxy.listen changed from {running} to {requested}: the agent must restart the proxy to move it")]
-    ListenChanged { running: SocketAddr, requested: SocketAddr },
-    #[error("cannot start proxy worker {worker}: {source}")]
-    Worker {
-        worker: usize,
-        #[source]
-        source: std::io::Error,
-    },
-}
 
 /// A bound proxy. `run` serves until shutdown; `reconfigure` and `stats` may be
 /// called meanwhile from elsewhere (share the proxy in an `Arc`).

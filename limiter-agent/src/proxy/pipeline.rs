@@ -17,20 +17,19 @@
 //! reached the upstream, or was answered from the idempotency store, burns it.
 
 use std::{
-    collections::{HashMap, HashSet},
     net::IpAddr,
     sync::{Arc, OnceLock, PoisonError, RwLock},
     time::{Duration, Instant},
 };
 
-use http::{HeaderMap, Request, Response, StatusCode, request, uri::PathAndQuery};
+use http::{Request, Response, StatusCode, request, uri::PathAndQuery};
 use hyper::body::Incoming;
 
 use super::{
-    ProxyError,
-    body::{self, ProxyBody, TimedBody, full_body},
+    body::{self, BodyRefused, ProxyBody, TimedBody, full_body},
     connections::{Connections, Refused, Slot},
     decision_log::{DecisionLog, Entry},
+    error::ProxyError,
     exchange::{Exchange, Proof},
     forward::{Origin, Upstream},
     headers,
@@ -38,14 +37,15 @@ use super::{
     idempotent, keys,
     problem::Refusal,
     proxy_protocol::Accepted,
+    snapshot::Snapshot,
     stats::{Counters, Event, ProxyStats},
 };
 use limiter_core::{
     Clock,
     signature::{
-        Authenticated, Begin, Failure, SignedRequest, Verifier,
+        Authenticated, Begin, Failure, SignedRequest,
         idempotency::{self, IDEMPOTENCY_KEY_HEADER, MAX_IDEMPOTENCY_KEY_BYTES},
-        verify::{API_KEY_HEADER, SIGNATURE_HEADER},
+        verify::SIGNATURE_HEADER,
     },
 };
 
@@ -53,7 +53,7 @@ use crate::{
     backend::{Claim, Stores},
     config::{
         ProxyConfig,
-        proxy::{Disclose, Http2Config, KeyAuth, KeyKind, ProxyProtocol, StoreFailure},
+        proxy::{Disclose, Http2Config, KeyKind, ProxyProtocol, StoreFailure},
     },
     escalation::Escalator,
     fleet::FleetError,
@@ -61,44 +61,6 @@ use crate::{
     signature::{BodyError, KeySecrets, read_body_hashed},
     tls::ServerTls,
 };
-
-/// What one config makes of requests: swapped whole on reload.
-#[derive(Debug)]
-pub(super) struct Snapshot {
-    pub config: Arc<ProxyConfig>,
-    /// The listener's certificates, as loaded with the config.
-    tls: Option<ServerTls>,
-    verifier: Verifier,
-    /// Ids of the keys with `auth = "bearer"`.
-    bearer: HashSet<String>,
-    /// Keys whose plan sets its own `disclose`.
-    disclose_of: HashMap<String, Disclose>,
-}
-
-impl Snapshot {
-    fn new(config: Arc<ProxyConfig>, secrets: KeySecrets) -> Self {
-        let bearer = config.keys.iter().filter(|key| key.auth == KeyAuth::Bearer).map(|key| key.id.clone()).collect();
-        let disclose_of = config
-            .keys
-            .iter()
-            .filter_map(|key| Some((key.id.clone(), config.plans.get(&key.plan)?.disclose?)))
-            .collect();
-        let tls = secrets.tls().cloned();
-        Self { verifier: Verifier::new(secrets.into_keys()), tls, config, bearer, disclose_of }
-    }
-
-    /// What the rate-limit headers and refusals may tell a client that proved `key`.
-    fn disclose(&self, key: Option<&str>) -> Disclose {
-        key.and_then(|key| self.disclose_of.get(key)).copied().unwrap_or(self.config.disclose)
-    }
-
-    /// The bearer key `X-API-Key` names, if it names one (and only one).
-    fn bearer_key(&self, headers: &HeaderMap) -> Option<String> {
-        let mut values = headers.get_all(API_KEY_HEADER).iter();
-        let id = values.next()?.to_str().ok()?;
-        (values.next().is_none() && self.bearer.contains(id)).then(|| id.to_owned())
-    }
-}
 
 /// The request after the checks that come before the limits.
 enum Admission {
@@ -278,7 +240,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         {
             escalator.record(peer);
         }
-        tracing::debug!(%peer, reason = refused.as_str(), "connection refused");
+        tracing::debug!(%peer, reason = refused.as_str(), "refused at accept");
         None
     }
 
@@ -543,9 +505,8 @@ impl<C: Clock + Clone> Pipeline<C> {
         let limit = config.max_body_bytes;
         let (bytes, body_sha256) = read_body_hashed(body, usize::try_from(limit).unwrap_or(usize::MAX)).await.map_err(
             |error| match error {
-                BodyError::TooLarge { .. } => Refusal::BodyTooLarge { limit },
-                BodyError::Read(error) if error.is::<body::BodyTimedOut>() => Refusal::BodyTimeout,
-                BodyError::Read(_) => Refusal::BodyUnreadable,
+                BodyError::TooLarge { .. } => BodyRefused::TooLarge { limit },
+                BodyError::Read(error) => BodyRefused::of_read(&*error, limit),
             },
         )?;
         let parts = &exchange.parts;

@@ -9,7 +9,7 @@ use limiter_core::path::PathError;
 use serde::Serialize;
 
 use super::{
-    body::{BoxError, ProxyBody, full_body},
+    body::{BodyRefused, BoxError, ProxyBody, full_body},
     headers::ceil_secs,
 };
 
@@ -60,6 +60,16 @@ pub(super) enum Refusal {
     /// The shared store is unreachable and `store_failure = "deny"`.
     #[error("limits store unreachable")]
     StoreUnavailable,
+}
+
+impl From<BodyRefused> for Refusal {
+    fn from(refused: BodyRefused) -> Self {
+        match refused {
+            BodyRefused::TooLarge { limit } => Self::BodyTooLarge { limit },
+            BodyRefused::TimedOut => Self::BodyTimeout,
+            BodyRefused::Unreadable => Self::BodyUnreadable,
+        }
+    }
 }
 
 /// The body of every problem response.
