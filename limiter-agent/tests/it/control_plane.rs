@@ -549,7 +549,7 @@ fn a_reload_that_changes_a_key_read_only_at_start_is_refused_naming_it_and_appli
             "proxy.decision_log",
             lab.config_with("", &body("", 99, "decision_log = { path = \"/dev/null\" }", "", "false")),
         ),
-        ("[proxy]", lab.config_with("", &limit(99, 100))),
+        ("proxy (adding or removing the proxy)", lab.config_with("", &limit(99, 100))),
         (
             "agent.pin_dir",
             lab.config_with("", &body("", 99, "", "", "false"))
