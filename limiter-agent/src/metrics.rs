@@ -53,7 +53,7 @@ pub struct MetricsSources {
 
 /// The whole exposition.
 #[must_use]
-pub fn render(sources: &MetricsSources) -> String {
+pub(crate) fn render(sources: &MetricsSources) -> String {
     let mut out = String::new();
     if let Ok(mut maps) = KernelMaps::open_pinned(&sources.pin_dir) {
         render_xdp(&mut out, &mut maps);

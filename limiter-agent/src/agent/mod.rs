@@ -210,11 +210,6 @@ impl Agent {
         }
     }
 
-    #[must_use]
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
     /// Re-reads the config (from `path`, or the agent's own file) and applies it.
     /// On error nothing changed and the running config stays in force.
     pub fn reload(&mut self, path: Option<&Path>) -> Result<Vec<Change>, ReloadError> {

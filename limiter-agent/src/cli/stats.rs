@@ -187,9 +187,12 @@ mod tests {
     use super::{AgentStatus, StatsReport, json, render};
     use crate::{
         agent::{EscalationStats, Reloads},
-        limits::{PolicyCounts, PolicyKind},
+        limits::{PolicyCounts, engine::PolicyKind},
         proxy::ProxyStats,
-        xdp::{AttachedMode, Attachment, BlockRow, BudgetRow, CounterSnapshot, SourceCount, XdpStats},
+        xdp::{
+            AttachedMode, Attachment, CounterSnapshot, XdpStats,
+            stats::{BlockRow, BudgetRow, SourceCount},
+        },
     };
 
     fn report(dropped: u64) -> StatsReport {

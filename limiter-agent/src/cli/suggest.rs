@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn the_table_shows_each_policy_and_the_kernel_layer() {
         let suggestion = Suggestion {
-            kind: crate::limits::PolicyKind::Rule,
+            kind: crate::limits::engine::PolicyKind::Rule,
             name: "per-ip".to_owned(),
             limit: 10,
             window_secs: 60.0,

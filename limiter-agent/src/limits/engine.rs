@@ -154,6 +154,7 @@ pub enum VerdictKind {
 }
 
 impl VerdictKind {
+    #[cfg(test)]
     pub const ALL: [Self; 6] =
         [Self::Forward, Self::Delay, Self::Reject, Self::MissingKey, Self::StoreUnavailable, Self::Deny];
 }
@@ -564,12 +565,6 @@ impl<C: Clock> Engine<C> {
             .collect();
         // Without the store a penalty is lost: the signature was refused anyway.
         let _ = self.apply(&counted, Charge::EachAdmitting).await;
-    }
-
-    /// The key's plan name if the API key is known.
-    #[must_use]
-    pub fn plan_of(&self, api_key: &str) -> Option<String> {
-        self.snapshot().keys.get(api_key).cloned()
     }
 
     /// What each configured rule and plan decided: limit rules, then deny and tag

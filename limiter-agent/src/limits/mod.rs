@@ -31,9 +31,6 @@ pub mod observe;
 mod engine_tests;
 
 pub use self::{
-    engine::{
-        Decision, Engine, PolicyCounts, PolicyKind, PolicyStatus, RequestInfo, Screened, Suggestion, Verdict,
-        VerdictKind,
-    },
-    explain::{ExplainedPolicy, Explanation},
+    engine::{Decision, Engine, PolicyCounts, PolicyStatus, RequestInfo, Screened, Suggestion, Verdict, VerdictKind},
+    explain::Explanation,
 };

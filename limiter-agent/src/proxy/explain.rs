@@ -16,7 +16,7 @@ use crate::{
 
 /// A request as the operator describes it to `limiter explain`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExplainRequest {
+pub(crate) struct ExplainRequest {
     pub method: String,
     pub path: String,
     /// `(name, value)` pairs, in order.
@@ -28,7 +28,7 @@ pub struct ExplainRequest {
 /// How a request proves its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ProofKind {
+pub(crate) enum ProofKind {
     /// Its id in `X-API-Key` (`auth = "bearer"`).
     Bearer,
     /// A signature, assumed valid: explain cannot check one it is not given.
@@ -37,7 +37,7 @@ pub enum ProofKind {
 
 /// What the proxy would do with an [`ExplainRequest`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ProxyExplanation {
+pub(crate) struct ProxyExplanation {
     /// The path rules see (canonical, without the query).
     pub route: String,
     /// The client the limits key by: the peer, or the address a trusted proxy names.
@@ -56,7 +56,7 @@ pub struct ProxyExplanation {
 
 /// A described request the proxy would refuse before its limits, or could not read.
 #[derive(Debug, thiserror::Error)]
-pub enum ExplainError {
+pub(crate) enum ExplainError {
     #[error("method {0:?}: not an HTTP method")]
     Method(String),
     #[error("header {0:?}: not a valid header name and value")]

@@ -42,7 +42,7 @@ struct Counts {
 
 /// One client as `limiter top` shows it: counts since it entered the table.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClientRow {
+pub(crate) struct ClientRow {
     /// `key ID`, `key ABCD…` (a bearer key) or `ip ADDRESS`.
     pub client: String,
     pub requests: u64,

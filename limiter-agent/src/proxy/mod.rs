@@ -14,7 +14,7 @@ mod connections;
 mod decision_log;
 mod error;
 mod exchange;
-pub mod explain;
+pub(crate) mod explain;
 mod forward;
 mod headers;
 mod heavy;
@@ -24,7 +24,7 @@ mod keys;
 mod pipeline;
 mod prefixed;
 mod problem;
-pub mod proxy_protocol;
+mod proxy_protocol;
 mod resets;
 mod server;
 mod snapshot;
@@ -41,10 +41,10 @@ use tokio::{net::TcpListener, sync::watch};
 
 use limiter_core::{Clock, SystemClock};
 
+pub(crate) use self::heavy::ClientRow;
 use self::pipeline::Pipeline;
 pub use self::{
     error::ProxyError,
-    heavy::ClientRow,
     stats::{DECISION_BUCKETS, DecisionHistogram, ProxyStats},
 };
 use crate::{accept::AcceptHook, config::ProxyConfig, signature::KeySecrets};
@@ -156,7 +156,7 @@ impl<C: Clock + Clone> Proxy<C> {
     }
 
     /// What the proxy would do with `request` now, charging nothing.
-    pub async fn explain(
+    pub(crate) async fn explain(
         &self,
         request: &explain::ExplainRequest,
     ) -> Result<explain::ProxyExplanation, explain::ExplainError> {
@@ -170,7 +170,7 @@ impl<C: Clock + Clone> Proxy<C> {
 
     /// Tells `hook` of every connection accepted from now on; only the first call
     /// counts.
-    pub fn on_accept(&self, hook: Arc<dyn AcceptHook>) {
+    pub(crate) fn on_accept(&self, hook: Arc<dyn AcceptHook>) {
         let _ = self.on_accept.set(hook);
     }
 
@@ -189,7 +189,7 @@ impl<C: Clock + Clone> Proxy<C> {
 
     /// The `n` clients with the most requests lately (see [`ClientRow`]).
     #[must_use]
-    pub fn top_clients(&self, n: usize) -> Vec<ClientRow> {
+    pub(crate) fn top_clients(&self, n: usize) -> Vec<ClientRow> {
         self.pipeline.top_clients(n)
     }
 

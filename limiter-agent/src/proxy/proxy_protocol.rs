@@ -9,7 +9,7 @@ pub use limiter_core::proxy_protocol::{Accepted, Header, ParseError, SIGNATURE_B
 /// Why a connection's PROXY header was refused: the spec has the connection aborted,
 /// so none of these is recoverable.
 #[derive(Debug, thiserror::Error)]
-pub enum ProxyProtocolError {
+pub(crate) enum ProxyProtocolError {
     #[error(transparent)]
     Parse(#[from] ParseError),
     #[error("cannot read the PROXY header: {0}")]

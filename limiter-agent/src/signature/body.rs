@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 
 /// Why a body could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum BodyError {
+pub(crate) enum BodyError {
     /// More than `limit` bytes arrived, or were announced (the proxy answers 413).
     #[error("body larger than {limit} bytes")]
     TooLarge {
@@ -26,7 +26,7 @@ pub enum BodyError {
 /// before any frame when the body announces a larger size (`Content-Length`), so an
 /// oversized body is never buffered. Trailers are not part of the signed body and are
 /// dropped.
-pub async fn read_body_hashed<B>(body: B, max_bytes: usize) -> Result<(Bytes, [u8; 32]), BodyError>
+pub(crate) async fn read_body_hashed<B>(body: B, max_bytes: usize) -> Result<(Bytes, [u8; 32]), BodyError>
 where
     B: Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,

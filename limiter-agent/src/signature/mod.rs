@@ -9,6 +9,6 @@ pub mod shared;
 #[cfg(test)]
 mod tests;
 
-pub use body::{BodyError, read_body_hashed};
-pub use secrets::{KeySecretError, KeySecrets, SecretError, load_secret};
+pub(crate) use body::{BodyError, read_body_hashed};
+pub use secrets::{KeySecretError, KeySecrets, SecretError};
 pub use shared::{SharedGuard, SharedIdempotency, SharedReplay};

@@ -45,7 +45,7 @@ pub enum SecretError {
 
 /// Loads the secret `reference` points to: `file:PATH` (one trailing line ending is
 /// removed, as editors and `echo` add one) or `env:NAME` (taken as is).
-pub fn load_secret(reference: &str) -> Result<Vec<u8>, SecretError> {
+pub(crate) fn load_secret(reference: &str) -> Result<Vec<u8>, SecretError> {
     let empty = || SecretError::Empty { reference: reference.to_owned() };
     let secret = if let Some(path) = reference.strip_prefix("file:") {
         if path.is_empty() {
@@ -71,15 +71,15 @@ pub fn load_secret(reference: &str) -> Result<Vec<u8>, SecretError> {
 
 /// The most a secret file may hold: a key is tens of bytes, and a path pointing at
 /// something else (a log, a device) must not be read into memory whole.
-pub const MAX_SECRET_BYTES: u64 = 4096;
+pub(crate) const MAX_SECRET_BYTES: u64 = 4096;
 
 /// Shorter secrets are warned about: a guessable key lets anyone sign.
-pub const MIN_SECRET_BYTES: usize = 16;
+pub(crate) const MIN_SECRET_BYTES: usize = 16;
 
 /// Reads a secret file the way both the proxy and `limiter sign` must, so that they
 /// agree on the key bytes: contents minus one trailing `\n` or `\r\n`. A file
 /// larger than [`MAX_SECRET_BYTES`] is refused.
-pub fn read_secret_file(path: &Path) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_secret_file(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     std::fs::File::open(path)?.take(MAX_SECRET_BYTES + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > MAX_SECRET_BYTES {
@@ -178,13 +178,13 @@ impl KeySecrets {
     /// What `limiter check` and `limiter run` warn about: secret files others can
     /// read, secrets too short to resist guessing. Never the secrets themselves.
     #[must_use]
-    pub fn warnings(&self) -> &[String] {
+    pub(crate) fn warnings(&self) -> &[String] {
         &self.warnings
     }
 
     /// Key id and secrets, for [`limiter_core::signature::Verifier::new`].
     #[must_use]
-    pub fn into_keys(self) -> Vec<(String, SigningKey)> {
+    pub(crate) fn into_keys(self) -> Vec<(String, SigningKey)> {
         self.keys
     }
 }

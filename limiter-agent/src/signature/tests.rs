@@ -127,7 +127,7 @@ mod secrets {
     use std::path::PathBuf;
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    use crate::signature::{SecretError, load_secret};
+    use crate::signature::{SecretError, secrets::load_secret};
 
     fn temp_file(contents: &[u8]) -> PathBuf {
         static N: AtomicU32 = AtomicU32::new(0);

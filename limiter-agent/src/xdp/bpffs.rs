@@ -10,7 +10,7 @@ const BPFFS_ROOT: &str = "/sys/fs/bpf";
 
 /// Makes sure `pin_dir` exists on a bpf filesystem, mounting bpffs at
 /// `/sys/fs/bpf` first where nothing is mounted there (as systemd would).
-pub fn ensure_mounted(pin_dir: &Path) -> Result<(), XdpError> {
+pub(crate) fn ensure_mounted(pin_dir: &Path) -> Result<(), XdpError> {
     // Two loads at once must not stack two mounts, hiding the first one's pins.
     static MOUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = MOUNTING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -16,7 +16,7 @@ use super::{
 
 /// The kernel layer's view of one source.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct SourceExplanation {
+pub(crate) struct SourceExplanation {
     /// The bucket's key: the address, or its IPv6 prefix.
     pub source: String,
     /// `link-local` or `unspecified` for the link's own chatter.
@@ -39,7 +39,7 @@ pub struct SourceExplanation {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RuleMatch {
+pub(crate) struct RuleMatch {
     pub cidr: IpNet,
     /// `allow`, `deny` or `limit`.
     pub action: &'static str,
@@ -52,7 +52,7 @@ pub struct Limit {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct BucketState {
+pub(crate) struct BucketState {
     pub packets: u64,
     pub dropped: u64,
     pub tokens: u64,
@@ -60,7 +60,7 @@ pub struct BucketState {
 
 impl KernelMaps {
     /// Explains packets from `ip`.
-    pub fn explain_source(&mut self, ip: IpAddr) -> Result<SourceExplanation, XdpError> {
+    pub(crate) fn explain_source(&mut self, ip: IpAddr) -> Result<SourceExplanation, XdpError> {
         let settings = self.settings()?;
         let ip = ip.to_canonical();
         let key = source_key(ip, settings.ipv6_prefix);

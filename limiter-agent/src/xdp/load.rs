@@ -10,13 +10,13 @@ use super::{XdpError, bpffs, maps::KernelMaps};
 use crate::config::xdp::{AggregateConfig, VerifiedConfig, XdpConfig};
 
 /// aya-log's reader, forwarding to the `log` crate.
-pub type Logger = EbpfLogger<&'static dyn log::Log>;
+pub(crate) type Logger = EbpfLogger<&'static dyn log::Log>;
 
 /// The compiled XDP program (built by `build.rs` from `limiter-ebpf`).
 static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter"));
 
 /// Name of the XDP function in the object.
-pub const PROGRAM_NAME: &str = "limiter";
+pub(crate) const PROGRAM_NAME: &str = "limiter";
 
 /// `aya_log_common::Level` values: records at or below the level are emitted.
 const LOG_LEVEL_OFF: u8 = 0;
@@ -144,7 +144,7 @@ impl Kernel {
         self.ebpf.program(PROGRAM_NAME).ok_or(XdpError::MissingProgram)?.try_into().map_err(XdpError::Program)
     }
 
-    pub fn program_mut(&mut self) -> Result<&mut Xdp, XdpError> {
+    pub(crate) fn program_mut(&mut self) -> Result<&mut Xdp, XdpError> {
         self.ebpf.program_mut(PROGRAM_NAME).ok_or(XdpError::MissingProgram)?.try_into().map_err(XdpError::Program)
     }
 
@@ -179,7 +179,7 @@ impl Kernel {
 
     /// The aya-log reader, to be polled while the program runs; dropping it closes
     /// the log ring buffer the program writes to.
-    pub fn take_logger(&mut self) -> Option<Logger> {
+    pub(crate) fn take_logger(&mut self) -> Option<Logger> {
         self.logger.take()
     }
 }

@@ -125,7 +125,7 @@ impl KernelMaps {
 
     /// Whether the pinned settings were written by a build with this map layout
     /// (a fresh, never-written set of maps counts as compatible).
-    pub fn layout_matches(&self) -> Result<bool, XdpError> {
+    pub(crate) fn layout_matches(&self) -> Result<bool, XdpError> {
         let version = self.settings()?.layout_version;
         Ok(version == 0 || version == LAYOUT_VERSION)
     }
@@ -241,7 +241,7 @@ impl KernelMaps {
     /// How many sources have a bucket: one walk over the keys, without reading the
     /// buckets (a full map holds `max_sources` of them).
     #[must_use]
-    pub fn sources_tracked(&self) -> u64 {
+    pub(crate) fn sources_tracked(&self) -> u64 {
         self.sources.keys().count() as u64
     }
 
@@ -252,7 +252,7 @@ impl KernelMaps {
 
     /// Bound on tracked sources (`xdp.max_sources` when the maps were created).
     #[must_use]
-    pub fn sources_capacity(&self) -> u32 {
+    pub(crate) fn sources_capacity(&self) -> u32 {
         self.sources_capacity
     }
 
@@ -273,7 +273,7 @@ impl KernelMaps {
 
     /// Bound on tracked prefixes (`xdp.aggregate.max_prefixes` when the maps were created).
     #[must_use]
-    pub fn aggregates_capacity(&self) -> u32 {
+    pub(crate) fn aggregates_capacity(&self) -> u32 {
         self.aggregates_capacity
     }
 
@@ -289,7 +289,7 @@ impl KernelMaps {
     }
 
     /// Sources verified now.
-    pub fn verified_count(&self) -> Result<usize, XdpError> {
+    pub(crate) fn verified_count(&self) -> Result<usize, XdpError> {
         self.verified.count()
     }
 
@@ -304,7 +304,7 @@ impl KernelMaps {
 /// `tick_ns`: the buckets read the coarse clock only if its error fits every rate
 /// in force (`limiter_common::bucket::coarse_clock_fits`), else the precise one.
 #[must_use]
-pub fn settings_for(config: &XdpConfig, tick_ns: u64) -> Settings {
+pub(crate) fn settings_for(config: &XdpConfig, tick_ns: u64) -> Settings {
     let rate = |limit: Option<PacketLimit>| limit.map(|l| l.rate()).unwrap_or_default();
     let feature = |on: bool, bit: u8| if on { bit } else { 0 };
     Settings {

@@ -10,19 +10,24 @@ mod explain;
 mod load;
 mod map_access;
 mod maps;
-mod stats;
+pub(crate) mod stats;
 mod tries;
 mod verified;
 
 pub use self::{
     attach::{AttachedMode, Attachment, attach, attached, detach, detach_all},
-    bpffs::ensure_mounted,
-    explain::{BucketState, Limit, RuleMatch, SourceExplanation},
-    load::{Floor, Kernel, LoadOptions, Logger},
+    explain::Limit,
+    load::{Floor, Kernel, LoadOptions},
     map_access::{coarse_tick_ns, monotonic_now_ns},
-    maps::{BlockEntry, KernelMaps, settings_for},
-    stats::{BlockRow, BudgetRow, CounterSnapshot, SourceCount, SourceRow, XdpStats},
+    maps::{BlockEntry, KernelMaps},
+    stats::CounterSnapshot,
     verified::{Verifier, source_key},
+};
+pub(crate) use self::{
+    bpffs::ensure_mounted,
+    explain::SourceExplanation,
+    load::Logger,
+    stats::{SourceRow, XdpStats},
 };
 
 /// Everything that can go wrong in the kernel layer.

@@ -18,7 +18,7 @@ use super::{Attachment, BlockEntry, KernelMaps, XdpError, monotonic_now_ns};
 
 /// `xdp` in `limiter stats --json`.
 #[derive(Clone, Debug, Serialize)]
-pub struct XdpStats {
+pub(crate) struct XdpStats {
     pub attached: Vec<Attachment>,
     pub enforce: bool,
     /// The buckets read the tick-grained clock: its error fits every rate in force.
@@ -38,7 +38,7 @@ pub struct XdpStats {
 
 /// A global budget: its rate, what is left and what it has seen.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct BudgetRow {
+pub(crate) struct BudgetRow {
     pub packets_per_second: u64,
     pub burst: u64,
     pub tokens: u64,
@@ -60,13 +60,13 @@ impl CounterSnapshot {
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct SourceCount {
+pub(crate) struct SourceCount {
     pub tracked: u64,
     pub capacity: u32,
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct BlockRow {
+pub(crate) struct BlockRow {
     pub cidr: String,
     /// Seconds left; `null` for a block without expiry.
     pub expires_in_secs: Option<u64>,
@@ -74,7 +74,7 @@ pub struct BlockRow {
 
 /// One row of `limiter top`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct SourceRow {
+pub(crate) struct SourceRow {
     pub source: String,
     pub packets: u64,
     pub dropped: u64,
@@ -105,7 +105,7 @@ impl KernelMaps {
     }
 
     /// The whole `xdp` object of `limiter stats`.
-    pub fn stats(&mut self, attached: Vec<Attachment>) -> Result<XdpStats, XdpError> {
+    pub(crate) fn stats(&mut self, attached: Vec<Attachment>) -> Result<XdpStats, XdpError> {
         let blocks = self
             .blocks()?
             .into_iter()
@@ -155,7 +155,7 @@ impl KernelMaps {
     }
 
     /// The `n` sources with the most packets.
-    pub fn top(&self, n: usize) -> Result<Vec<SourceRow>, XdpError> {
+    pub(crate) fn top(&self, n: usize) -> Result<Vec<SourceRow>, XdpError> {
         let mut rows = self.source_rows()?;
         rows.sort_by(|a, b| b.packets.cmp(&a.packets).then_with(|| a.source.cmp(&b.source)));
         rows.truncate(n);
@@ -163,7 +163,7 @@ impl KernelMaps {
     }
 
     /// Every tracked source, in the map's order.
-    pub fn source_rows(&self) -> Result<Vec<SourceRow>, XdpError> {
+    pub(crate) fn source_rows(&self) -> Result<Vec<SourceRow>, XdpError> {
         let settings = self.settings()?;
         let cidrs = self.cidrs()?;
         let now = monotonic_now_ns();
