@@ -512,13 +512,12 @@ impl EscalationRuntime {
     /// follows the fleet's blocks.
     fn start(config: &Config, proxy: &Proxy, gauges: &AgentGauges) -> Self {
         let (sender, requests) = mpsc::channel(ESCALATION_QUEUE);
-        let escalator = Arc::new(Escalator::new(config, sender.clone()));
-        proxy.escalate_to(escalator.clone());
         let enabled = config.escalation.as_ref().is_some_and(|e| e.enabled);
         // The proxy's own connection: the store is chosen once, in `backend`.
         let fleet = proxy.fleet().filter(|_| enabled).cloned();
+        let escalator = Arc::new(Escalator::new(config, sender.clone(), SystemClock, fleet.clone()));
+        proxy.escalate_to(escalator.clone());
         if let Some(fleet) = &fleet {
-            escalator.share_counts(fleet.clone());
             tokio::spawn(escalation::follow(fleet.clone(), sender, gauges.blocks_refused.clone()));
         }
         Self { escalator, requests: Some(requests), fleet }

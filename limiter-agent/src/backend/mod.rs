@@ -1,6 +1,7 @@
 //! Where the proxy's state lives: this agent's memory or the fleet's Redis, chosen
 //! once from `proxy.store` for the limits, the replay cache and the idempotency store
-//! alike, and only the chosen side is built.
+//! alike (and for escalation's counts, which follow the limits), and only the chosen
+//! side is built. The memory side is `limiter_core`'s; the Redis side is in `redis/`.
 //!
 //! Each store answers the same on both sides. The memory side never fails; the Redis
 //! side fails with a [`FleetError`] when the server cannot be reached, and the caller
@@ -28,10 +29,9 @@ use limiter_core::{
 use crate::{
     config::{ProxyConfig, proxy::StoreKind},
     fleet::{Fleet, FleetError},
-    signature::{SharedGuard, SharedIdempotency, SharedReplay},
 };
 
-pub use self::redis::{RedisStore, TimeSource};
+pub use self::redis::{RedisClaim, RedisIdempotency, RedisReplay, RedisStore, TimeSource};
 
 /// One store, in memory or in Redis.
 #[derive(Debug)]
@@ -43,12 +43,12 @@ pub enum Backend<M, R> {
 /// The limits' buckets.
 pub type Limits = Backend<MemoryStore, RedisStore>;
 /// Accepted signatures.
-pub type Replay = Backend<ReplayCache, SharedReplay>;
+pub type Replay = Backend<ReplayCache, RedisReplay>;
 /// Idempotent responses.
-pub type Idempotency = Backend<IdempotencyStore, SharedIdempotency>;
+pub type Idempotency = Backend<IdempotencyStore, RedisIdempotency>;
 /// A request's hold on its idempotency key; boxed in Redis, where it carries its
 /// connection and key names.
-pub type Claim = Backend<Guard, Box<SharedGuard>>;
+pub type Claim = Backend<Guard, Box<RedisClaim>>;
 
 /// The stores of one proxy. They outlive reloads: forgetting accepted signatures
 /// would reopen the replay window, and sizes are taken from the first config
@@ -104,8 +104,8 @@ impl Stores {
                     Fleet::connect_tls(&config.redis_url, &config.redis_prefix, config.redis_timeout.0, ca.as_deref())?;
                 (
                     Backend::Redis(RedisStore::new(fleet.clone(), TimeSource::Server)),
-                    Backend::Redis(SharedReplay::new(fleet.clone(), signature.replay_cache_size.get())),
-                    Backend::Redis(SharedIdempotency::new(fleet.clone(), idempotency)),
+                    Backend::Redis(RedisReplay::new(fleet.clone(), signature.replay_cache_size.get())),
+                    Backend::Redis(RedisIdempotency::new(fleet.clone(), idempotency)),
                     Some(fleet),
                 )
             }

@@ -2,12 +2,13 @@
 //! kernel layer, so that it stops costing the proxy anything.
 //!
 //! The proxy counts each 429 and 401 it gives a directly connected client in the
-//! [`Escalator`], a sliding window log per source (the limits' own algorithm, in
-//! memory: counting is per agent). The rejection past `threshold` within `window`
-//! sends an [`Escalation`] to the agent loop, which owns the kernel maps and blocks
-//! the source for `block_ttl` (the kernel drops it from then on, and lets it pass
-//! again when the TTL lapses). Clients behind a trusted proxy are never escalated:
-//! their packets come from the proxy, which a block would cut off whole.
+//! [`Escalator`], a sliding window log per source (the limits' own algorithm), kept
+//! where `proxy.store` keeps the limits (`counts.rs`). The rejection past
+//! `threshold` within `window` sends an [`Escalation`] to the agent loop, which owns
+//! the kernel maps and blocks the source for `block_ttl` (the kernel drops it from
+//! then on, and lets it pass again when the TTL lapses). Clients behind a trusted
+//! proxy are never escalated: their packets come from the proxy, which a block would
+//! cut off whole.
 //!
 //! With `store = "redis"` the agent also publishes each escalation ([`publish`]):
 //! every agent of the fleet follows the channel ([`follow`]) and blocks the source
@@ -20,11 +21,12 @@
 //! trusted proxy. Whoever can publish on the channel could otherwise drop all
 //! traffic of every agent with one `0.0.0.0/0`.
 
+mod counts;
+
 use std::{
     net::IpAddr,
-    num::NonZeroUsize,
     sync::{
-        Arc, OnceLock, PoisonError, RwLock,
+        Arc, PoisonError, RwLock,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -35,20 +37,14 @@ use ipnet::IpNet;
 use redis::Script;
 use tokio::sync::mpsc;
 
-use limiter_core::{
-    Algorithm, Clock as _, LimitSpec, SystemClock,
-    limits::{Bucket, Charge, MemoryStore},
-};
+use limiter_core::{Algorithm, Clock, LimitSpec, SystemClock, limits::Bucket};
 
+use self::counts::Counts;
 use crate::{
-    backend::{RedisStore, TimeSource},
+    backend::Backend,
     config::{Config, xdp::CidrAction},
     fleet::{Fleet, FleetError, MAX_BACKOFF, MIN_BACKOFF},
 };
-
-/// Sources whose rejections are counted at once; beyond it the store evicts the
-/// quietest, which at worst delays one escalation.
-const MAX_COUNTED_SOURCES: usize = 100_000;
 
 /// A block to put in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,16 +55,13 @@ pub struct Escalation {
     pub local: bool,
 }
 
-/// Counts rejections per source and escalates those past the threshold.
+/// Counts rejections per source and escalates those past the threshold, measuring
+/// the window with the proxy's clock `C`.
 #[derive(Debug)]
-pub struct Escalator {
+pub struct Escalator<C: Clock = SystemClock> {
     settings: RwLock<Arc<Settings>>,
-    /// This agent's counts: all of them in memory, and the fallback while the
-    /// fleet's Redis is away.
-    counts: Arc<MemoryStore>,
-    /// The fleet's counts, when its agents share a Redis: a client spreading its
-    /// abuse over the agents is blocked as soon as one hitting one agent would be.
-    shared: OnceLock<Arc<RedisStore>>,
+    counts: Counts,
+    clock: C,
     sender: mpsc::Sender<Escalation>,
 }
 
@@ -131,12 +124,6 @@ impl Settings {
         Some(Bucket { policy: &self.identity, key, spec: self.limit.as_ref()? })
     }
 
-    /// Counts one rejection of `key` in `counts`; whether it crossed the threshold.
-    fn crossed(&self, counts: &MemoryStore, key: &str) -> bool {
-        let Some(bucket) = self.bucket(key) else { return false };
-        counts.apply(&[bucket], SystemClock.now(), Charge::AllOrNothing).iter().any(|o| !o.admitted)
-    }
-
     fn check(&self, cidr: IpNet) -> Result<(), BlockRefused> {
         if self.cidr(cidr.addr()) != cidr {
             return Err(BlockRefused::NotOneSource(cidr));
@@ -150,22 +137,13 @@ impl Settings {
     }
 }
 
-impl Escalator {
-    /// Escalations go to `sender`, the agent loop.
+impl<C: Clock> Escalator<C> {
+    /// Escalations go to `sender`, the agent loop. Rejections are counted in the
+    /// Redis of `fleet` when there is one (then [`Self::record`] needs a tokio
+    /// runtime), else in memory; `clock` is the proxy's.
     #[must_use]
-    pub fn new(config: &Config, sender: mpsc::Sender<Escalation>) -> Self {
-        Self {
-            settings: RwLock::new(Arc::new(Settings::new(config))),
-            counts: Arc::new(MemoryStore::new(NonZeroUsize::new(MAX_COUNTED_SOURCES).unwrap_or(NonZeroUsize::MIN))),
-            shared: OnceLock::new(),
-            sender,
-        }
-    }
-
-    /// Counts rejections in the fleet's Redis from now on (only the first call
-    /// counts). Needs a tokio runtime for [`Self::record`].
-    pub fn share_counts(&self, fleet: Fleet) {
-        let _ = self.shared.set(Arc::new(RedisStore::new(fleet, TimeSource::Server)));
+    pub fn new(config: &Config, sender: mpsc::Sender<Escalation>, clock: C, fleet: Option<Fleet>) -> Self {
+        Self { settings: RwLock::new(Arc::new(Settings::new(config))), counts: counts::new(fleet), clock, sender }
     }
 
     /// Takes a new config's `[escalation]` and allowlist.
@@ -189,32 +167,32 @@ impl Escalator {
             return;
         }
         let escalation = Escalation { cidr, ttl: settings.block_ttl, local: true };
-        let Some(shared) = self.shared.get() else {
-            if settings.crossed(&self.counts, &cidr.to_string()) {
-                self.escalate(escalation);
+        // Read at the rejection: a count that falls back after Redis failed to answer
+        // is still of its time.
+        let (key, now) = (cidr.to_string(), self.clock.now());
+        match &self.counts {
+            Backend::Memory(counts) => {
+                if settings.bucket(&key).is_some_and(|bucket| counts::crossed(counts, bucket, now)) {
+                    escalate(&self.sender, escalation);
+                }
             }
-            return;
-        };
-        let (shared, counts, sender) = (Arc::clone(shared), Arc::clone(&self.counts), self.sender.clone());
-        tokio::spawn(async move {
-            let key = cidr.to_string();
-            let Some(bucket) = settings.bucket(&key) else { return };
-            let crossed = match shared.apply(&[bucket], SystemClock.now(), Charge::AllOrNothing).await {
-                Ok(outcomes) => outcomes.iter().any(|o| !o.admitted),
-                // Without the fleet's Redis, this agent's own count.
-                Err(_) => settings.crossed(&counts, &key),
-            };
-            if crossed {
-                let _ = sender.try_send(escalation);
+            Backend::Redis(counts) => {
+                let (counts, sender) = (Arc::clone(counts), self.sender.clone());
+                tokio::spawn(async move {
+                    let Some(bucket) = settings.bucket(&key) else { return };
+                    if counts.crossed(bucket, now).await {
+                        escalate(&sender, escalation);
+                    }
+                });
             }
-        });
+        }
     }
+}
 
-    fn escalate(&self, escalation: Escalation) {
-        // A full queue means the agent is busy blocking; the source's next
-        // rejection tries again.
-        let _ = self.sender.try_send(escalation);
-    }
+fn escalate(sender: &mpsc::Sender<Escalation>, escalation: Escalation) {
+    // A full queue means the agent is busy blocking; the source's next rejection
+    // tries again.
+    let _ = sender.try_send(escalation);
 }
 
 /// The fleet's names for escalations.

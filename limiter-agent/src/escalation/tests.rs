@@ -1,12 +1,21 @@
-use std::{net::IpAddr, path::Path};
+use std::{net::IpAddr, path::Path, sync::PoisonError, time::Duration};
 
+use limiter_core::{
+    Clock as _, FakeClock,
+    limits::{Charge, MemoryStore},
+};
 use tokio::sync::mpsc;
 
-use super::{BlockRefused, Escalator};
-use crate::config::Config;
+use super::{BlockRefused, Escalation, Escalator};
+use crate::{backend::Backend, config::Config, fleet::Fleet};
 
-/// Escalation after three rejections, an IPv6 allow CIDR narrower than the /64
-/// prefix, and a trusted proxy.
+/// As [`CONFIG`] says.
+const THRESHOLD: usize = 3;
+const WINDOW: Duration = Duration::from_secs(10);
+const BLOCK_TTL: Duration = Duration::from_secs(60);
+
+/// Escalation past three rejections within ten seconds, an IPv6 allow CIDR narrower
+/// than the /64 prefix, and a trusted proxy.
 const CONFIG: &str = r#"
 [xdp]
 interfaces = ["eth0"]
@@ -22,30 +31,104 @@ upstream = "http://127.0.0.1:1"
 trusted_proxies = ["2001:db8:2::1/128", "198.51.100.7/32"]
 [escalation]
 threshold = 3
-window = "1m"
+window = "10s"
 block_ttl = "1m"
 "#;
 
-fn escalator() -> (Escalator, mpsc::Receiver<super::Escalation>) {
+const SOURCE: &str = "203.0.113.9";
+
+/// An escalator on [`CONFIG`] counting in `fleet`'s Redis, or in memory without one,
+/// on a clock that moves only when the test advances it.
+fn escalator(fleet: Option<Fleet>) -> (Escalator<FakeClock>, FakeClock, mpsc::Receiver<Escalation>) {
     let config = Config::parse(CONFIG, Path::new("test.toml")).expect("config");
     let (sender, receiver) = mpsc::channel(16);
-    (Escalator::new(&config, sender), receiver)
+    let clock = FakeClock::new(Duration::from_secs(1_700_000_000));
+    (Escalator::new(&config, sender, clock.clone(), fleet), clock, receiver)
 }
 
-/// Whether `source`, rejected ten times, is escalated.
-fn escalated(source: &str) -> bool {
-    let (escalator, mut receiver) = escalator();
+fn reject(escalator: &Escalator<FakeClock>, source: &str, times: usize) {
     let source: IpAddr = source.parse().expect("address");
-    for _ in 0..10 {
+    for _ in 0..times {
         escalator.record(source);
     }
-    receiver.try_recv().is_ok()
+}
+
+/// The escalations sent so far: counted in memory, a rejection's is sent before
+/// [`Escalator::record`] returns.
+fn sent(receiver: &mut mpsc::Receiver<Escalation>) -> Vec<Escalation> {
+    std::iter::from_fn(|| receiver.try_recv().ok()).collect()
+}
+
+fn block(cidr: &str) -> Escalation {
+    Escalation { cidr: cidr.parse().expect("cidr"), ttl: BLOCK_TTL, local: true }
+}
+
+/// Rejections `key` may still take in `counts` before it is escalated.
+fn remaining(escalator: &Escalator<FakeClock>, counts: &MemoryStore, key: &str) -> u64 {
+    let settings = escalator.settings.read().unwrap_or_else(PoisonError::into_inner);
+    let bucket = settings.bucket(key).expect("escalation on");
+    counts.apply(&[bucket], escalator.clock.now(), Charge::Nothing)[0].before.remaining
+}
+
+/// Whether `source`, rejected ten times at once, is escalated.
+fn escalated(source: &str) -> bool {
+    let (escalator, _clock, mut receiver) = escalator(None);
+    reject(&escalator, source, 10);
+    !sent(&mut receiver).is_empty()
+}
+
+#[test]
+fn each_rejection_past_the_threshold_within_the_window_is_escalated() {
+    let (escalator, clock, mut receiver) = escalator(None);
+    // Three over six seconds: the most the window allows.
+    for _ in 0..THRESHOLD {
+        reject(&escalator, SOURCE, 1);
+        clock.advance(Duration::from_secs(3));
+    }
+    assert_eq!(sent(&mut receiver), []);
+    // The first counts at nine seconds, and still a nanosecond before ten.
+    reject(&escalator, SOURCE, 1);
+    clock.advance(WINDOW - Duration::from_secs(9) - Duration::from_nanos(1));
+    reject(&escalator, SOURCE, 1);
+    assert_eq!(sent(&mut receiver), [block("203.0.113.9/32"); 2]);
+    // At ten the first has left (the escalated ones were refused, so never counted),
+    // and one more fits.
+    clock.advance(Duration::from_nanos(1));
+    reject(&escalator, SOURCE, 1);
+    assert_eq!(sent(&mut receiver), []);
+    reject(&escalator, SOURCE, 1);
+    assert_eq!(sent(&mut receiver), [block("203.0.113.9/32")]);
+}
+
+#[test]
+fn rejections_of_a_window_past_are_forgotten() {
+    let (escalator, clock, mut receiver) = escalator(None);
+    reject(&escalator, SOURCE, THRESHOLD);
+    clock.advance(WINDOW);
+    reject(&escalator, SOURCE, THRESHOLD);
+    assert_eq!(sent(&mut receiver), [], "twice the threshold, but over two windows");
+    clock.advance(WINDOW - Duration::from_nanos(1));
+    reject(&escalator, SOURCE, 1);
+    assert_eq!(sent(&mut receiver), [block("203.0.113.9/32")], "one more within the second window");
+}
+
+#[tokio::test]
+async fn with_the_fleets_redis_unreachable_this_agents_own_count_decides() {
+    // Nothing listens on port 1: each count fails, at once or refused by the backoff.
+    let fleet = Fleet::connect("redis://127.0.0.1:1/", "test:", Duration::from_secs(2)).expect("fleet");
+    let (escalator, _clock, mut receiver) = escalator(Some(fleet));
+    reject(&escalator, SOURCE, THRESHOLD + 1);
+    let escalation = tokio::time::timeout(Duration::from_secs(30), receiver.recv()).await.expect("escalated in time");
+    assert_eq!(escalation, Some(block("203.0.113.9/32")));
+    // Refused because the first three filled this agent's own window.
+    let Backend::Redis(counts) = &escalator.counts else { panic!("counted in memory alone") };
+    assert_eq!(remaining(&escalator, counts.fallback(), "203.0.113.9/32"), 0);
 }
 
 #[test]
 fn a_source_sharing_its_prefix_with_a_narrower_allow_cidr_or_a_trusted_proxy_is_never_escalated() {
     assert!(escalated("2001:db8:3::9"), "an ordinary IPv6 source is escalated");
-    assert!(escalated("203.0.113.9"), "an ordinary IPv4 source is escalated");
+    assert!(escalated(SOURCE), "an ordinary IPv4 source is escalated");
     assert!(!escalated("2001:db8:1::77"), "its /64 holds an allow CIDR");
     assert!(!escalated("2001:db8:2::2"), "its /64 holds a trusted proxy");
     assert!(!escalated("198.51.100.7"), "a trusted proxy");
@@ -53,7 +136,7 @@ fn a_source_sharing_its_prefix_with_a_narrower_allow_cidr_or_a_trusted_proxy_is_
 
 #[test]
 fn blocks_wider_than_one_source_or_over_a_protected_address_are_refused() {
-    let (escalator, _receiver) = escalator();
+    let (escalator, _clock, _receiver) = escalator(None);
     let check = |cidr: &str| escalator.check(cidr.parse().expect("cidr"));
     assert_eq!(check("203.0.113.9/32"), Ok(()));
     assert_eq!(check("2001:db8:3::/64"), Ok(()));

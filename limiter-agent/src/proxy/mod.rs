@@ -164,7 +164,7 @@ impl<C: Clock + Clone> Proxy<C> {
     }
 
     /// Counts this proxy's 429 and 401 answers towards escalation to the kernel layer.
-    pub fn escalate_to(&self, escalator: Arc<crate::escalation::Escalator>) {
+    pub fn escalate_to(&self, escalator: Arc<crate::escalation::Escalator<C>>) {
         self.pipeline.escalate_to(escalator);
     }
 

@@ -104,7 +104,7 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     /// measures with a clone.
     clock: C,
     /// Set by the agent when it runs the kernel layer too.
-    escalator: OnceLock<Arc<Escalator>>,
+    escalator: OnceLock<Arc<Escalator<C>>>,
     max_stored_body: usize,
     counters: Counters,
     connections: Arc<Connections>,
@@ -192,7 +192,7 @@ impl<C: Clock + Clone> Pipeline<C> {
     }
 
     /// Sends this proxy's rejections to `escalator`; only the first call counts.
-    pub(super) fn escalate_to(&self, escalator: Arc<Escalator>) {
+    pub(super) fn escalate_to(&self, escalator: Arc<Escalator<C>>) {
         let _ = self.escalator.set(escalator);
     }
 

@@ -268,10 +268,7 @@ async fn rejections_spread_over_two_agents_escalate_as_if_on_one() {
         for _ in 0..2 {
             let proxy = RunningProxy::start(&config, upstream.addr).await;
             let (sender, receiver) = tokio::sync::mpsc::channel(8);
-            let escalator = Escalator::new(&whole, sender);
-            if shared {
-                escalator.share_counts(fleet.clone());
-            }
+            let escalator = Escalator::new(&whole, sender, proxy.clock.clone(), shared.then(|| fleet.clone()));
             proxy.proxy.escalate_to(Arc::new(escalator));
             proxies.push(proxy);
             escalated.push(receiver);

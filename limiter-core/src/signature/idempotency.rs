@@ -104,7 +104,7 @@ impl StoredResponse {
 }
 
 /// What to do with a request carrying an idempotency key; `G` is the claim on the
-/// key (a [`Guard`] here, the agent's `SharedGuard` in the fleet's store).
+/// key (a [`Guard`] here, the agent's `RedisClaim` in the fleet's store).
 #[derive(Debug)]
 pub enum Begin<G = Guard> {
     /// First use: forward it, then complete the claim with the response.

@@ -239,7 +239,7 @@ impl RunningProxy {
         .replace("{upstream}", &upstream.to_string());
         let whole = Config::parse(&whole, Path::new("test.toml")).unwrap_or_else(|e| panic!("escalation config: {e}"));
         let (escalations, escalated) = mpsc::channel(8);
-        self.proxy.escalate_to(Arc::new(Escalator::new(&whole, escalations)));
+        self.proxy.escalate_to(Arc::new(Escalator::new(&whole, escalations, self.clock.clone(), None)));
         escalated
     }
 

@@ -1,122 +1,24 @@
-//! Bucket state in the fleet's Redis (`proxy.store = "redis"`): limits that hold
-//! across every agent sharing the server.
+//! The Redis side of every store (`proxy.store = "redis"`): state that holds across
+//! every agent sharing the server, one file per store, each driven by its own Lua
+//! script beside it (one atomic round trip per step). The in-memory stores of
+//! `limiter_core` stay the reference: each answers as its memory counterpart does,
+//! and its keys expire by themselves.
 //!
-//! Each step of the [`MemoryStore::apply`](limiter_core::limits::MemoryStore::apply)
-//! contract (check every bucket, then charge) is one script call, so one atomic round
-//! trip: the script (`apply.lua` after one
-//! file per algorithm, loaded once and called by its SHA, reloaded when the server
-//! answers NOSCRIPT) runs the same arithmetic as the in-memory algorithms, which stay
-//! the reference. Differences, all deliberate:
+//! - [`RedisStore`] (`limits.rs`): the limits' buckets, and escalation's rejection
+//!   counts; keys `{prefix}limit:…`.
+//! - [`RedisReplay`] (`replay.rs`): accepted signatures; keys `{prefix}replay:…`.
+//! - [`RedisIdempotency`] and its [`RedisClaim`] (`idempotency.rs`): idempotent
+//!   responses; keys `{prefix}idem:…`, `{prefix}idem-index:…`, `{prefix}idem-sizes:…`.
 //!
-//! - Time is the server's (`TIME`), so hosts with skewed clocks agree; it has
-//!   microsecond resolution, which every configurable window (whole milliseconds)
-//!   divides.
-//! - A bucket's key expires when the bucket is back to full, as a missing bucket is
-//!   full: Redis holds only live state, and `max_tracked_keys` does not apply.
-//! - Lua counts in doubles, so the config refuses a redis-stored limit whose
-//!   `limit × window` or `capacity × window` would pass 2^53 units
-//!   (`LimitSpec::check_exact_in_doubles`); below that the arithmetic is exact.
-//!
-//! Keys are `{prefix}limit:{policy identity}:{bucket key}`.
+//! The connection they share, and the fleet's own keys (heartbeats), are `fleet.rs`'s;
+//! the escalated blocks the agents publish to one another are `escalation`'s.
 
-use std::time::Duration;
+mod idempotency;
+mod limits;
+mod replay;
 
-use limiter_core::{
-    Algorithm,
-    limits::{Bucket, Charge, Outcome, Outcomes, Quota},
+pub use self::{
+    idempotency::{RedisClaim, RedisIdempotency},
+    limits::{RedisStore, TimeSource},
+    replay::RedisReplay,
 };
-use redis::Script;
-
-use crate::fleet::{Fleet, FleetError};
-
-/// The script: shared helpers, one part per algorithm, then the step itself.
-const SCRIPT: &str = concat!(
-    include_str!("prelude.lua"),
-    include_str!("gcra.lua"),
-    include_str!("fixed_window.lua"),
-    include_str!("sliding_window_counter.lua"),
-    include_str!("sliding_window_log.lua"),
-    include_str!("apply.lua"),
-);
-
-/// Numbers per bucket in the script's reply.
-const REPLY_FIELDS: usize = 8;
-
-/// Whose clock a step is measured with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TimeSource {
-    /// The Redis server's: what a fleet uses.
-    Server,
-    /// The `now` given to [`RedisStore::apply`], truncated to the microsecond: for
-    /// tests that replay a schedule against both stores.
-    Caller,
-}
-
-/// Buckets in Redis.
-pub struct RedisStore {
-    fleet: Fleet,
-    script: Script,
-    time: TimeSource,
-}
-
-impl std::fmt::Debug for RedisStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStore").field("fleet", &self.fleet).field("time", &self.time).finish_non_exhaustive()
-    }
-}
-
-impl RedisStore {
-    #[must_use]
-    pub fn new(fleet: Fleet, time: TimeSource) -> Self {
-        Self { fleet, script: Script::new(SCRIPT), time }
-    }
-
-    /// [`MemoryStore::apply`](limiter_core::limits::MemoryStore::apply) in one round
-    /// trip; `now` is used only with [`TimeSource::Caller`].
-    pub async fn apply(&self, buckets: &[Bucket<'_>], now: Duration, charge: Charge) -> Result<Outcomes, FleetError> {
-        if buckets.is_empty() {
-            return Ok(Outcomes::new());
-        }
-        let mut invocation = self.script.prepare_invoke();
-        invocation.arg(match charge {
-            Charge::AllOrNothing => "all",
-            Charge::EachAdmitting => "each",
-            Charge::Nothing => "none",
-        });
-        invocation.arg(match self.time {
-            TimeSource::Server => String::new(),
-            TimeSource::Caller => now.as_micros().to_string(),
-        });
-        for bucket in buckets {
-            invocation.key(self.fleet.key(&format!("limit:{}:{}", bucket.policy, bucket.key)));
-            let spec = bucket.spec;
-            let shaper = spec.algorithm == Algorithm::LeakyBucket && spec.queue.is_some();
-            invocation
-                .arg(spec.algorithm.name())
-                .arg(spec.limit.get())
-                .arg(spec.window_micros())
-                .arg(spec.capacity().get())
-                .arg(u8::from(shaper));
-        }
-        let reply: Vec<i64> =
-            self.fleet.call(|mut connection| async move { invocation.invoke_async(&mut connection).await }).await?;
-        if reply.len() != buckets.len() * REPLY_FIELDS {
-            return Err(FleetError::Reply(format!("{} numbers for {} buckets", reply.len(), buckets.len())));
-        }
-        Ok(reply.chunks_exact(REPLY_FIELDS).map(outcome).collect())
-    }
-}
-
-/// One bucket's part of the reply.
-fn outcome(fields: &[i64]) -> Outcome {
-    let number = |i: usize| fields.get(i).map_or(0, |&v| u64::try_from(v).unwrap_or(0));
-    let nanos = |i: usize| Duration::from_nanos(number(i));
-    Outcome {
-        admitted: number(0) == 1,
-        before: Quota { remaining: number(1), reset_after: nanos(2) },
-        after: Quota { remaining: number(3), reset_after: nanos(4) },
-        retry_after: nanos(5),
-        used: number(6),
-        wait: nanos(7),
-    }
-}

@@ -1,21 +1,15 @@
-//! The replay cache and the idempotency store in the fleet's Redis (`proxy.store =
-//! "redis"`), so that a signature used on one agent is a replay on every other, and
-//! a repeat of an idempotent request lands on the first one's response wherever it
-//! arrives. Same answers as `limiter_core`'s `ReplayCache` and `IdempotencyStore`,
-//! and entries expire by themselves.
+//! The idempotency store in the fleet's Redis, so that a repeat of an idempotent
+//! request lands on the first one's response wherever it arrives: the answers of
+//! `limiter_core`'s `IdempotencyStore`, with entries that expire by themselves.
 //!
-//! - Replay: `{prefix}replay:{len(key id)}:{key id}`, a sorted set driven by
-//!   `replay.lua`: each key id holds at most its share of `replay_cache_size`, so one
-//!   tenant cannot fill the fleet's cache for the others.
-//! - Idempotency: `{prefix}idem:{len(key id)}:{key id}:{Idempotency-Key}`, a hash
-//!   driven by `idempotency.lua`, with the key id's `idem-index:` and `idem-sizes:`
-//!   keeping it within its share of `idempotency_max_entries` and
-//!   `idempotency_max_bytes`. An in-flight claim is a lease of at most
-//!   [`IN_FLIGHT_LEASE`]: an agent that dies before sending cannot block the key for
-//!   the whole TTL. A claim dropped once its request was sent records the outcome as
-//!   unknown for the TTL instead of freeing the key; and once sent, the claim is held
-//!   for the TTL ([`SharedGuard::hold`]), so an agent that dies after sending leaves
-//!   the key in flight rather than free.
+//! Keys are `{prefix}idem:{len(key id)}:{key id}:{Idempotency-Key}`, a hash driven
+//! by `idempotency.lua`, with the key id's `idem-index:` and `idem-sizes:` keeping
+//! it within its share of `idempotency_max_entries` and `idempotency_max_bytes`. An
+//! in-flight claim is a lease of at most [`IN_FLIGHT_LEASE`]: an agent that dies
+//! before sending cannot block the key for the whole TTL. A claim dropped once its
+//! request was sent records the outcome as unknown for the TTL instead of freeing
+//! the key; and once sent, the claim is held for the TTL ([`RedisClaim::hold`]), so
+//! an agent that dies after sending leaves the key in flight rather than free.
 
 use std::{
     fmt,
@@ -30,103 +24,16 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use redis::Script;
 
-use limiter_core::signature::{
-    Begin, IdempotencyConfig, StoredResponse, idempotency::ENTRY_OVERHEAD, replay::ReplayError, share,
-};
+use limiter_core::signature::{Begin, IdempotencyConfig, StoredResponse, idempotency::ENTRY_OVERHEAD, share};
 
 use crate::fleet::{Fleet, FleetError};
 
 /// Longest an in-flight claim holds its key without completing.
-pub const IN_FLIGHT_LEASE: Duration = Duration::from_secs(300);
-
-/// Accepted signatures, in Redis.
-#[derive(Clone)]
-pub struct SharedReplay {
-    fleet: Fleet,
-    script: Arc<Script>,
-    /// `replay_cache_size`.
-    capacity: usize,
-    /// Most signatures one key id holds.
-    share: Arc<AtomicUsize>,
-}
-
-impl fmt::Debug for SharedReplay {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedReplay").field("capacity", &self.capacity).finish_non_exhaustive()
-    }
-}
-
-impl SharedReplay {
-    /// `capacity` is shared among the key ids (see [`Self::set_keys`]).
-    #[must_use]
-    pub fn new(fleet: Fleet, capacity: usize) -> Self {
-        let script = Arc::new(Script::new(include_str!("replay.lua")));
-        Self { fleet, script, capacity, share: Arc::new(AtomicUsize::new(capacity)) }
-    }
-
-    /// As [`ReplayCache::set_keys`](limiter_core::signature::ReplayCache::set_keys).
-    pub fn set_keys(&self, keys: usize) {
-        self.share.store(share(self.capacity, keys), Ordering::Relaxed);
-    }
-
-    fn key(&self, key_id: &str) -> String {
-        self.fleet.key(&format!("replay:{}:{key_id}", key_id.len()))
-    }
-
-    /// Records `signature` of `key_id` as used, as
-    /// [`ReplayCache::check_and_insert`](limiter_core::signature::ReplayCache::check_and_insert); the
-    /// outer error is an unreachable store.
-    pub async fn check_and_insert(
-        &self,
-        key_id: &str,
-        signature: &[u8; 32],
-        timestamp: u64,
-        max_skew: Duration,
-        now: u64,
-    ) -> Result<Result<(), ReplayError>, FleetError> {
-        // Kept until the request fails the timestamp check, and a second beyond.
-        let expires = timestamp.saturating_add(max_skew.as_secs()).saturating_add(1).saturating_mul(1000);
-        let key = self.key(key_id);
-        let share = self.share.load(Ordering::Relaxed);
-        let reply: String = self
-            .fleet
-            .call(|mut connection| {
-                let mut invocation = self.script.key(&key);
-                invocation
-                    .arg("insert")
-                    .arg(hex::encode(signature))
-                    .arg(now.saturating_mul(1000))
-                    .arg(expires)
-                    .arg(share);
-                async move { invocation.invoke_async(&mut connection).await }
-            })
-            .await?;
-        match reply.as_str() {
-            "ok" => Ok(Ok(())),
-            "replay" => Ok(Err(ReplayError::Replay)),
-            "full" => Ok(Err(ReplayError::Full)),
-            other => Err(FleetError::Reply(other.to_owned())),
-        }
-    }
-
-    /// As [`ReplayCache::forget`](limiter_core::signature::ReplayCache::forget).
-    pub async fn forget(&self, key_id: &str, signature: &[u8; 32]) -> Result<(), FleetError> {
-        let key = self.key(key_id);
-        let _: i64 = self
-            .fleet
-            .call(|mut connection| {
-                let mut invocation = self.script.key(&key);
-                invocation.arg("forget").arg(hex::encode(signature));
-                async move { invocation.invoke_async(&mut connection).await }
-            })
-            .await?;
-        Ok(())
-    }
-}
+const IN_FLIGHT_LEASE: Duration = Duration::from_secs(300);
 
 /// Idempotent responses, in Redis.
 #[derive(Clone)]
-pub struct SharedIdempotency {
+pub struct RedisIdempotency {
     fleet: Fleet,
     config: IdempotencyConfig,
     script: Arc<Script>,
@@ -134,13 +41,13 @@ pub struct SharedIdempotency {
     keys: Arc<AtomicUsize>,
 }
 
-impl fmt::Debug for SharedIdempotency {
+impl fmt::Debug for RedisIdempotency {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedIdempotency").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("RedisIdempotency").field("config", &self.config).finish_non_exhaustive()
     }
 }
 
-impl SharedIdempotency {
+impl RedisIdempotency {
     /// The bounds of `config` are shared among the key ids (see [`Self::set_keys`]).
     #[must_use]
     pub fn new(fleet: Fleet, config: IdempotencyConfig) -> Self {
@@ -165,7 +72,7 @@ impl SharedIdempotency {
         key_id: &str,
         idem_key: &str,
         fingerprint: [u8; 32],
-    ) -> Result<Begin<SharedGuard>, FleetError> {
+    ) -> Result<Begin<RedisClaim>, FleetError> {
         let key = self.fleet.key(&format!("idem:{}:{key_id}:{idem_key}", key_id.len()));
         let tenant = Tenant {
             index: self.fleet.key(&format!("idem-index:{}:{key_id}", key_id.len())),
@@ -188,9 +95,9 @@ impl SharedIdempotency {
             .await?;
         let field = |i: usize| reply.get(i).map_or(&[][..], Vec::as_slice);
         Ok(match field(0) {
-            b"proceed" => Begin::Proceed(SharedGuard {
+            b"proceed" => Begin::Proceed(RedisClaim {
                 store: self.clone(),
-                claim: Some(Claim { key, tenant, fingerprint, owner }),
+                entry: Some(Entry { key, tenant, fingerprint, owner }),
                 sent: false,
             }),
             b"full" => Begin::Full,
@@ -213,15 +120,15 @@ struct Tenant {
 
 /// One held entry.
 #[derive(Debug)]
-struct Claim {
+struct Entry {
     key: String,
     tenant: Tenant,
     fingerprint: String,
     owner: String,
 }
 
-impl Claim {
-    /// A call of the script on this entry: `op` and the claim's identity.
+impl Entry {
+    /// A call of the script on this entry: `op` and the entry's identity.
     fn invocation<'s>(&self, script: &'s Script, op: &str) -> redis::ScriptInvocation<'s> {
         let mut invocation = script.key(&self.key);
         invocation.key(&self.tenant.index).key(&self.tenant.sizes);
@@ -232,21 +139,21 @@ impl Claim {
 
 /// The in-flight claim on a key in Redis. Complete it with the response; dropping it
 /// instead frees the key so that a retry can proceed, unless the request was
-/// [`SharedGuard::sent`]: then the outcome is recorded as unknown for the TTL.
-pub struct SharedGuard {
-    store: SharedIdempotency,
+/// [`RedisClaim::sent`]: then the outcome is recorded as unknown for the TTL.
+pub struct RedisClaim {
+    store: RedisIdempotency,
     /// `None` once completed.
-    claim: Option<Claim>,
+    entry: Option<Entry>,
     sent: bool,
 }
 
-impl fmt::Debug for SharedGuard {
+impl fmt::Debug for RedisClaim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedGuard").field("claim", &self.claim).finish_non_exhaustive()
+        f.debug_struct("RedisClaim").field("entry", &self.entry).finish_non_exhaustive()
     }
 }
 
-impl SharedGuard {
+impl RedisClaim {
     /// Whether the request has been sent upstream (see [`Guard::sent`](limiter_core::signature::Guard::sent)).
     pub fn sent(&mut self, sent: bool) {
         self.sent = sent;
@@ -257,12 +164,12 @@ impl SharedGuard {
     /// request again. If Redis cannot be reached the lease still holds the key.
     pub async fn hold(&mut self) {
         self.sent = true;
-        let Some(claim) = &self.claim else { return };
+        let Some(entry) = &self.entry else { return };
         let store = &self.store;
         let result: Result<i64, FleetError> = store
             .fleet
             .call(|mut connection| {
-                let mut invocation = claim.invocation(&store.script, "hold");
+                let mut invocation = entry.invocation(&store.script, "hold");
                 invocation.arg(millis(store.config.ttl));
                 async move { invocation.invoke_async(&mut connection).await }
             })
@@ -276,7 +183,7 @@ impl SharedGuard {
     /// than `max_response_bytes`). If Redis cannot be reached the claim lapses with
     /// its lease, and a retry runs again.
     pub async fn complete(mut self, response: StoredResponse) {
-        let Some(claim) = self.claim.take() else { return };
+        let Some(entry) = self.entry.take() else { return };
         let store = &self.store;
         let stored = (response.stored_size() <= store.config.max_response_bytes).then_some(response);
         let (status, headers, body) = match &stored {
@@ -288,7 +195,7 @@ impl SharedGuard {
         let result: Result<i64, FleetError> = store
             .fleet
             .call(|mut connection| {
-                let mut invocation = claim.invocation(&store.script, "complete");
+                let mut invocation = entry.invocation(&store.script, "complete");
                 invocation.arg(millis(store.config.ttl)).arg(status).arg(headers).arg(body.as_ref());
                 invocation.arg(store.byte_share());
                 async move { invocation.invoke_async(&mut connection).await }
@@ -300,9 +207,9 @@ impl SharedGuard {
     }
 }
 
-impl Drop for SharedGuard {
+impl Drop for RedisClaim {
     fn drop(&mut self) {
-        let Some(claim) = self.claim.take() else { return };
+        let Some(entry) = self.entry.take() else { return };
         // Drop cannot wait: the release runs on its own, and if it never reaches
         // Redis the lease frees the key.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
@@ -313,11 +220,11 @@ impl Drop for SharedGuard {
                 .fleet
                 .call(|mut connection| {
                     let invocation = if sent {
-                        let mut invocation = claim.invocation(&store.script, "abandon");
+                        let mut invocation = entry.invocation(&store.script, "abandon");
                         invocation.arg(millis(store.config.ttl));
                         invocation
                     } else {
-                        claim.invocation(&store.script, "release")
+                        entry.invocation(&store.script, "release")
                     };
                     async move { invocation.invoke_async(&mut connection).await }
                 })

@@ -1,0 +1,67 @@
+//! Escalation's rejections per source, where `proxy.store` keeps the limits: in
+//! this agent's memory (counting is per agent), or in the fleet's Redis, so that a
+//! client spreading its abuse over the agents is blocked as soon as one hitting one
+//! agent would be. Either way the counting is the limits' own sliding window log.
+
+use std::{num::NonZeroUsize, sync::Arc, time::Duration};
+
+use limiter_core::limits::{Bucket, Charge, MemoryStore, Outcomes};
+
+use crate::{
+    backend::{Backend, RedisStore, TimeSource},
+    fleet::Fleet,
+};
+
+/// Sources whose rejections are counted at once; beyond it the store evicts the
+/// quietest, which at worst delays one escalation.
+const MAX_COUNTED_SOURCES: usize = 100_000;
+
+/// Rejections per source; shared with the tasks that count in Redis.
+pub(super) type Counts = Backend<MemoryStore, Arc<RedisCounts>>;
+
+/// The fleet's counts, and this agent's own to decide by while Redis is away.
+#[derive(Debug)]
+pub(super) struct RedisCounts {
+    fleet: RedisStore,
+    fallback: MemoryStore,
+}
+
+/// In memory without a fleet, else in its Redis. Counting in Redis needs a tokio
+/// runtime.
+pub(super) fn new(fleet: Option<Fleet>) -> Counts {
+    let local = || MemoryStore::new(NonZeroUsize::new(MAX_COUNTED_SOURCES).unwrap_or(NonZeroUsize::MIN));
+    match fleet {
+        None => Backend::Memory(local()),
+        Some(fleet) => Backend::Redis(Arc::new(RedisCounts {
+            fleet: RedisStore::new(fleet, TimeSource::Server),
+            fallback: local(),
+        })),
+    }
+}
+
+/// Counts one rejection in `bucket` of `counts` at `now`; whether it crossed the
+/// threshold.
+pub(super) fn crossed(counts: &MemoryStore, bucket: Bucket<'_>, now: Duration) -> bool {
+    refused(&counts.apply(&[bucket], now, Charge::AllOrNothing))
+}
+
+impl RedisCounts {
+    /// [`crossed`], in the fleet's Redis (with its clock), or in this agent's own
+    /// counts while Redis cannot be reached.
+    pub(super) async fn crossed(&self, bucket: Bucket<'_>, now: Duration) -> bool {
+        match self.fleet.apply(&[bucket], now, Charge::AllOrNothing).await {
+            Ok(outcomes) => refused(&outcomes),
+            Err(_) => crossed(&self.fallback, bucket, now),
+        }
+    }
+
+    /// This agent's own counts.
+    #[cfg(test)]
+    pub(super) fn fallback(&self) -> &MemoryStore {
+        &self.fallback
+    }
+}
+
+fn refused(outcomes: &Outcomes) -> bool {
+    outcomes.iter().any(|outcome| !outcome.admitted)
+}
