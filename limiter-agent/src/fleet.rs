@@ -30,9 +30,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::config::proxy::RedisUrl;
 
 /// First wait between probes of an unreachable server.
-pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
+pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest wait between probes: how late limits resume after the server is back.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// Least time given to making a connection (see [`Fleet::call`]).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -164,7 +164,12 @@ impl Fleet {
 
     /// [`Self::connect`], trusting the CA `tls_ca` (PEM) for `rediss://` servers
     /// instead of the system's roots.
-    pub fn connect_tls(url: &str, prefix: &str, timeout: Duration, tls_ca: Option<&[u8]>) -> Result<Self, FleetError> {
+    pub(crate) fn connect_tls(
+        url: &str,
+        prefix: &str,
+        timeout: Duration,
+        tls_ca: Option<&[u8]>,
+    ) -> Result<Self, FleetError> {
         // redis' rustls comes without a crypto provider; the first call picks ring.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let url_error = |source| FleetError::Url { url: url.to_owned(), source };
@@ -276,7 +281,7 @@ impl Fleet {
 
     /// Whether the server answered the last call (false during an outage).
     #[must_use]
-    pub fn is_up(&self) -> bool {
+    pub(crate) fn is_up(&self) -> bool {
         self.health.lock().is_none()
     }
 
@@ -303,7 +308,7 @@ impl Fleet {
     }
 
     /// Counts one decision taken without the store (by `store_failure`).
-    pub fn count_failure(&self) {
+    pub(crate) fn count_failure(&self) {
         self.health.failures.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -331,7 +336,7 @@ impl Fleet {
 
     /// A dedicated connection for subscriptions (a subscribed connection can do
     /// nothing else).
-    pub async fn pubsub(&self) -> Result<redis::aio::PubSub, FleetError> {
+    pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, FleetError> {
         let subscribe = async {
             match &*self.topology {
                 Topology::Single { client, .. } => client.get_async_pubsub().await,

@@ -31,7 +31,8 @@ use crate::{
     fleet::{Fleet, FleetError},
 };
 
-pub use self::redis::{RedisClaim, RedisIdempotency, RedisReplay, RedisStore, TimeSource};
+pub(crate) use self::redis::{RedisClaim, RedisIdempotency, RedisReplay};
+pub use self::redis::{RedisStore, TimeSource};
 
 /// One store, in memory or in Redis.
 #[derive(Debug)]
@@ -43,18 +44,18 @@ pub enum Backend<M, R> {
 /// The limits' buckets.
 pub type Limits = Backend<MemoryStore, RedisStore>;
 /// Accepted signatures.
-pub type Replay = Backend<ReplayCache, RedisReplay>;
+pub(crate) type Replay = Backend<ReplayCache, RedisReplay>;
 /// Idempotent responses.
-pub type Idempotency = Backend<IdempotencyStore, RedisIdempotency>;
+pub(crate) type Idempotency = Backend<IdempotencyStore, RedisIdempotency>;
 /// A request's hold on its idempotency key; boxed in Redis, where it carries its
 /// connection and key names.
-pub type Claim = Backend<Guard, Box<RedisClaim>>;
+pub(crate) type Claim = Backend<Guard, Box<RedisClaim>>;
 
 /// The stores of one proxy. They outlive reloads: forgetting accepted signatures
 /// would reopen the replay window, and sizes are taken from the first config
 /// (`max_tracked_keys` excepted, which a reload applies).
 #[derive(Debug)]
-pub struct Stores {
+pub(crate) struct Stores {
     pub limits: Limits,
     pub replay: Replay,
     pub idempotency: Idempotency,
@@ -73,7 +74,7 @@ pub struct Stores {
 
 /// How often an agent tells the fleet it is alive; one that has not for three
 /// beats is no longer counted.
-pub const HEARTBEAT: Duration = Duration::from_secs(1);
+pub(crate) const HEARTBEAT: Duration = Duration::from_secs(1);
 
 impl Stores {
     /// The stores `config.store` names. A Redis store connects on first use, so that
@@ -127,7 +128,7 @@ impl Stores {
 
     /// Shares the replay cache and the idempotency store equally among the keys
     /// that sign (see [`limiter_core::signature::share`]); called again on reload.
-    pub fn set_keys(&self, config: &ProxyConfig) {
+    pub(crate) fn set_keys(&self, config: &ProxyConfig) {
         let keys = config.keys.iter().filter(|key| !key.secrets.is_empty()).count();
         match &self.replay {
             Backend::Memory(cache) => cache.set_keys(keys),
@@ -143,7 +144,7 @@ impl Stores {
     /// is alive, counts the fleet's live agents, and reads the server's size. It is
     /// also the probe that ends an outage as soon as Redis is back, whether requests
     /// come or not. Needs a tokio runtime.
-    pub fn start_heartbeat(&self) {
+    pub(crate) fn start_heartbeat(&self) {
         let Some(fleet) = self.fleet.clone() else { return };
         let agents = Arc::downgrade(&self.agents);
         let size = Arc::downgrade(&self.redis_size);
@@ -194,14 +195,14 @@ impl Stores {
 
     /// The fleet's live agents, as the heartbeats last counted them.
     #[must_use]
-    pub fn live_agents(&self) -> u32 {
+    pub(crate) fn live_agents(&self) -> u32 {
         self.agents.load(Ordering::Relaxed)
     }
 
     /// The store the limits fall back on under `store_failure = "local"`; `None` in
     /// memory, where the store never fails. A call that charges is one local
     /// decision; a check that charges nothing (`limiter explain`) is not.
-    pub fn local_fallback(&self, charge: Charge) -> Option<&MemoryStore> {
+    pub(crate) fn local_fallback(&self, charge: Charge) -> Option<&MemoryStore> {
         self.fleet.as_ref()?;
         if charge != Charge::Nothing {
             self.local_decisions.fetch_add(1, Ordering::Relaxed);
@@ -228,7 +229,7 @@ impl Stores {
     }
 
     /// Counts one decision taken without the store (by `store_failure`).
-    pub fn count_failure(&self) {
+    pub(crate) fn count_failure(&self) {
         if let Some(fleet) = &self.fleet {
             fleet.count_failure();
         }
@@ -294,7 +295,7 @@ impl Replay {
 
 impl Idempotency {
     /// Looks up (`key_id`, `idem_key`) for a request identified by `fingerprint`.
-    pub async fn begin(
+    pub(crate) async fn begin(
         &self,
         key_id: &str,
         idem_key: &str,
@@ -323,7 +324,7 @@ impl Claim {
 
     /// Undoes [`Self::sent`] for a request that provably never left (the upstream
     /// refused the connection): dropping the claim then frees the key.
-    pub fn not_sent(&mut self) {
+    pub(crate) fn not_sent(&mut self) {
         match self {
             Self::Memory(guard) => guard.sent(None),
             Self::Redis(guard) => guard.sent(false),

@@ -210,7 +210,7 @@ fn script() -> Script {
 
 /// Tells every agent of the fleet to block `escalation.cidr`, and records the block
 /// for agents that start later.
-pub async fn publish(fleet: &Fleet, escalation: Escalation) -> Result<(), FleetError> {
+pub(crate) async fn publish(fleet: &Fleet, escalation: Escalation) -> Result<(), FleetError> {
     let script = script();
     let (key, channel) = (blocks_key(fleet), channel(fleet));
     let ttl = u64::try_from(escalation.ttl.as_millis()).unwrap_or(u64::MAX).max(1);

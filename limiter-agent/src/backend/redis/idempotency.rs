@@ -33,7 +33,7 @@ const IN_FLIGHT_LEASE: Duration = Duration::from_secs(300);
 
 /// Idempotent responses, in Redis.
 #[derive(Clone)]
-pub struct RedisIdempotency {
+pub(crate) struct RedisIdempotency {
     fleet: Fleet,
     config: IdempotencyConfig,
     script: Arc<Script>,
@@ -56,7 +56,7 @@ impl RedisIdempotency {
     }
 
     /// As [`IdempotencyStore::set_keys`](limiter_core::signature::IdempotencyStore::set_keys).
-    pub fn set_keys(&self, keys: usize) {
+    pub(crate) fn set_keys(&self, keys: usize) {
         self.keys.store(keys, Ordering::Relaxed);
     }
 
@@ -67,7 +67,7 @@ impl RedisIdempotency {
 
     /// As [`IdempotencyStore::begin`](limiter_core::signature::IdempotencyStore::begin); the error is an
     /// unreachable store.
-    pub async fn begin(
+    pub(crate) async fn begin(
         &self,
         key_id: &str,
         idem_key: &str,
@@ -140,7 +140,7 @@ impl Entry {
 /// The in-flight claim on a key in Redis. Complete it with the response; dropping it
 /// instead frees the key so that a retry can proceed, unless the request was
 /// [`RedisClaim::sent`]: then the outcome is recorded as unknown for the TTL.
-pub struct RedisClaim {
+pub(crate) struct RedisClaim {
     store: RedisIdempotency,
     /// `None` once completed.
     entry: Option<Entry>,

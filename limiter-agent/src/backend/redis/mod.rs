@@ -17,8 +17,8 @@ mod idempotency;
 mod limits;
 mod replay;
 
-pub use self::{
+pub use self::limits::{RedisStore, TimeSource};
+pub(crate) use self::{
     idempotency::{RedisClaim, RedisIdempotency},
-    limits::{RedisStore, TimeSource},
     replay::RedisReplay,
 };

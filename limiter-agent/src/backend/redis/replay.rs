@@ -22,7 +22,7 @@ use crate::fleet::{Fleet, FleetError};
 
 /// Accepted signatures, in Redis.
 #[derive(Clone)]
-pub struct RedisReplay {
+pub(crate) struct RedisReplay {
     fleet: Fleet,
     script: Arc<Script>,
     /// `replay_cache_size`.
@@ -46,7 +46,7 @@ impl RedisReplay {
     }
 
     /// As [`ReplayCache::set_keys`](limiter_core::signature::ReplayCache::set_keys).
-    pub fn set_keys(&self, keys: usize) {
+    pub(crate) fn set_keys(&self, keys: usize) {
         self.share.store(share(self.capacity, keys), Ordering::Relaxed);
     }
 
