@@ -1,6 +1,6 @@
 -- One request against every bucket: check them all, then charge all of them if
 -- every one admits ("all"), or each one that admits ("each"), or none ("none": what
--- `limiter explain` shows), as Store::apply.
+-- `limiter explain` shows), as `MemoryStore::apply` does in memory.
 --
 -- KEYS: the buckets. ARGV[1]: "all" | "each" | "none"; ARGV[2]: now in us, or "" for the
 -- server's clock; then per bucket: algorithm, limit, window (us), capacity, shaper
