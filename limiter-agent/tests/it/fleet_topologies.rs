@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use limiter_lab::support::{
-    proxy::{PATIENCE, PROXY_HEAD, RunningProxy, TestClient, Upstream},
+    proxy::{PROXY_HEAD, RunningProxy, TestClient, Upstream},
     redis::{FREE_PLAN as FREE, TestCluster, TestSentinel, TestTlsRedis, unique_prefix},
+    wait::PATIENCE,
 };
 
 fn fleet_config(url: &str, prefix: &str) -> String {

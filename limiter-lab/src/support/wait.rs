@@ -1,0 +1,65 @@
+//! Waiting for the event a test asserts. What the agent counts, logs or writes into
+//! its maps may land after the client has its answer (another worker, a writer task,
+//! the kernel's softirq): a test looks again until what it expects shows, for a
+//! bounded while, and fails naming what it waited for and the last thing it saw.
+
+use std::{
+    fmt::Debug,
+    ops::ControlFlow,
+    time::{Duration, Instant},
+};
+
+/// Long enough for anything that should happen "at once" on a loaded test machine.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Between two looks: short next to [`PATIENCE`], long enough not to busy a core.
+const BETWEEN_LOOKS: Duration = Duration::from_millis(20);
+
+/// Looks with `look` until `done` holds of what it saw, for up to [`PATIENCE`]:
+/// `Ok` with that look, or `Err` with the last one once the time is up.
+pub fn poll<T>(mut look: impl FnMut() -> T, mut done: impl FnMut(&T) -> bool) -> Result<T, T> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let ControlFlow::Break(outcome) = judge(look(), &mut done, deadline) {
+            return outcome;
+        }
+        std::thread::sleep(BETWEEN_LOOKS);
+    }
+}
+
+/// [`poll`] from a task: the runtime goes on (a test upstream on it, say) between looks.
+pub async fn poll_async<T>(mut look: impl FnMut() -> T, mut done: impl FnMut(&T) -> bool) -> Result<T, T> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let ControlFlow::Break(outcome) = judge(look(), &mut done, deadline) {
+            return outcome;
+        }
+        tokio::time::sleep(BETWEEN_LOOKS).await;
+    }
+}
+
+/// What one look decides: done, out of time, or (`Continue`) look again.
+fn judge<T>(seen: T, done: &mut impl FnMut(&T) -> bool, deadline: Instant) -> ControlFlow<Result<T, T>> {
+    if done(&seen) {
+        ControlFlow::Break(Ok(seen))
+    } else if Instant::now() >= deadline {
+        ControlFlow::Break(Err(seen))
+    } else {
+        ControlFlow::Continue(())
+    }
+}
+
+/// [`poll`], failing the test when the time is up.
+pub fn until<T: Debug>(what: &str, look: impl FnMut() -> T, done: impl FnMut(&T) -> bool) -> T {
+    poll(look, done).unwrap_or_else(|last| timed_out(what, &last))
+}
+
+/// [`poll_async`], failing the test when the time is up.
+pub async fn until_async<T: Debug>(what: &str, look: impl FnMut() -> T, done: impl FnMut(&T) -> bool) -> T {
+    poll_async(look, done).await.unwrap_or_else(|last| timed_out(what, &last))
+}
+
+/// Fails the test: `what` did not happen within [`PATIENCE`]; `last` was seen last.
+pub fn timed_out(what: &str, last: &dyn Debug) -> ! {
+    panic!("waited {PATIENCE:?} for {what}; last seen: {last:?}")
+}
