@@ -554,7 +554,10 @@ fn a_reload_that_changes_a_key_read_only_at_start_is_refused_naming_it_and_appli
             lab.config_with("", &body("", 99, "", "", "false")).replace(redis.url(), "redis://127.0.0.1:1/"),
         ),
         ("proxy.redis_prefix", lab.config_with("", &body("", 99, "", "", "false")).replace(&prefix, "other:")),
-        ("proxy.redis_timeout", lab.config_with("", &body("", 99, "redis_timeout = \"250ms\"", "", "false"))),
+        (
+            "proxy.redis_timeout",
+            lab.config_with("", &body("", 99, "", "", "false")).replace("redis_timeout = \"", "redis_timeout = \"1"),
+        ),
         (
             "proxy.signature.replay_cache_size",
             lab.config_with("", &body("", 99, "", "replay_cache_size = 10", "false")),

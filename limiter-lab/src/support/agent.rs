@@ -11,7 +11,7 @@ use std::{
 use limiter::xdp::KernelMaps;
 use limiter_common::counters::Counter;
 
-use super::wait::{poll, timed_out};
+use super::wait::{PATIENCE, poll, timed_out};
 
 /// A running `limiter run`, stopped and cleaned up on drop.
 #[derive(Debug)]
@@ -107,7 +107,8 @@ impl AgentProcess {
     /// reload, a fleet's block) or count a packet after the command or the client
     /// that caused it is done.
     pub fn until<T: Debug>(&self, what: &str, look: impl FnMut() -> T, done: impl FnMut(&T) -> bool) -> T {
-        poll(look, done).unwrap_or_else(|last| timed_out(&format!("{what} (agent log:\n{})", self.log()), &last))
+        poll(look, done)
+            .unwrap_or_else(|last| timed_out(&format!("{what} (agent log:\n{})", self.log()), PATIENCE, &last))
     }
 
     /// `limiter <args> --json` once `done` holds of it.

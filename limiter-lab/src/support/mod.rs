@@ -13,7 +13,6 @@ pub mod kernel;
 pub mod proxy;
 pub mod redis;
 pub mod tls;
-#[cfg(feature = "agent")]
 pub mod wait;
 #[cfg(feature = "agent")]
 pub mod xdp_lab;

@@ -1,7 +1,8 @@
 //! Waiting for the event a test asserts. What the agent counts, logs or writes into
 //! its maps may land after the client has its answer (another worker, a writer task,
-//! the kernel's softirq): a test looks again until what it expects shows, for a
-//! bounded while, and fails naming what it waited for and the last thing it saw.
+//! the kernel's softirq), and a server the lab starts answers some time after it is
+//! spawned: a test looks again until what it expects shows, for a bounded while, and
+//! fails naming what it waited for and the last thing it saw.
 
 use std::{
     fmt::Debug,
@@ -17,8 +18,12 @@ const BETWEEN_LOOKS: Duration = Duration::from_millis(20);
 
 /// Looks with `look` until `done` holds of what it saw, for up to [`PATIENCE`]:
 /// `Ok` with that look, or `Err` with the last one once the time is up.
-pub fn poll<T>(mut look: impl FnMut() -> T, mut done: impl FnMut(&T) -> bool) -> Result<T, T> {
-    let deadline = Instant::now() + PATIENCE;
+pub fn poll<T>(look: impl FnMut() -> T, done: impl FnMut(&T) -> bool) -> Result<T, T> {
+    poll_within(PATIENCE, look, done)
+}
+
+fn poll_within<T>(patience: Duration, mut look: impl FnMut() -> T, mut done: impl FnMut(&T) -> bool) -> Result<T, T> {
+    let deadline = Instant::now() + patience;
     loop {
         if let ControlFlow::Break(outcome) = judge(look(), &mut done, deadline) {
             return outcome;
@@ -28,6 +33,7 @@ pub fn poll<T>(mut look: impl FnMut() -> T, mut done: impl FnMut(&T) -> bool) ->
 }
 
 /// [`poll`] from a task: the runtime goes on (a test upstream on it, say) between looks.
+#[cfg(feature = "agent")]
 pub async fn poll_async<T>(mut look: impl FnMut() -> T, mut done: impl FnMut(&T) -> bool) -> Result<T, T> {
     let deadline = Instant::now() + PATIENCE;
     loop {
@@ -51,15 +57,26 @@ fn judge<T>(seen: T, done: &mut impl FnMut(&T) -> bool, deadline: Instant) -> Co
 
 /// [`poll`], failing the test when the time is up.
 pub fn until<T: Debug>(what: &str, look: impl FnMut() -> T, done: impl FnMut(&T) -> bool) -> T {
-    poll(look, done).unwrap_or_else(|last| timed_out(what, &last))
+    until_within(PATIENCE, what, look, done)
+}
+
+/// [`until`] for what takes longer than [`PATIENCE`] by design (a failover, say).
+pub fn until_within<T: Debug>(
+    patience: Duration,
+    what: &str,
+    look: impl FnMut() -> T,
+    done: impl FnMut(&T) -> bool,
+) -> T {
+    poll_within(patience, look, done).unwrap_or_else(|last| timed_out(what, patience, &last))
 }
 
 /// [`poll_async`], failing the test when the time is up.
+#[cfg(feature = "agent")]
 pub async fn until_async<T: Debug>(what: &str, look: impl FnMut() -> T, done: impl FnMut(&T) -> bool) -> T {
-    poll_async(look, done).await.unwrap_or_else(|last| timed_out(what, &last))
+    poll_async(look, done).await.unwrap_or_else(|last| timed_out(what, PATIENCE, &last))
 }
 
-/// Fails the test: `what` did not happen within [`PATIENCE`]; `last` was seen last.
-pub fn timed_out(what: &str, last: &dyn Debug) -> ! {
-    panic!("waited {PATIENCE:?} for {what}; last seen: {last:?}")
+/// Fails the test: `what` did not happen within `patience`; `last` was seen last.
+pub fn timed_out(what: &str, patience: Duration, last: &dyn Debug) -> ! {
+    panic!("waited {patience:?} for {what}; last seen: {last:?}")
 }
