@@ -55,9 +55,9 @@ async fn free_key_is_throttled_then_rejected_and_pro_key_is_unaffected(client: T
         assert_eq!(reply.header("ratelimit-policy"), r#""free";q=100;w=60"#, "request {n}");
         assert_eq!(reply.header("x-ratelimit-limit"), "100", "request {n}");
         assert_eq!(reply.header("x-ratelimit-remaining"), (100 - n.min(100)).to_string(), "request {n}");
-        if n <= 80 {
-            assert!(reply.elapsed < delay, "request {n} took {:?}, inside the limit", reply.elapsed);
-        } else if n <= 100 {
+        // That no other request was delayed, the count of throttled ones says below: a
+        // request's time on a loaded machine says nothing of the sort.
+        if (81..=100).contains(&n) {
             assert!(reply.elapsed >= delay, "request {n} took {:?}, inside the throttle band", reply.elapsed);
         }
     }
@@ -82,8 +82,9 @@ async fn free_key_is_throttled_then_rejected_and_pro_key_is_unaffected(client: T
     let pro = client.get(&proxy.url("/api"), &[("x-api-key", "k-pro")]).await;
     assert_eq!(pro.status, StatusCode::OK);
     assert_eq!(pro.header("x-ratelimit-remaining"), "999");
-    assert!(pro.elapsed < delay);
 
+    // Delayed: the 20 of the throttle band, and neither a free request inside the
+    // limit nor the pro key's.
     proxy
         .stats_until("every request counted", |stats| {
             (stats.requests, stats.forwarded, stats.throttled, stats.rejected) == (106, 101, 20, 5)
