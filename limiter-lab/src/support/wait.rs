@@ -80,3 +80,28 @@ pub async fn until_async<T: Debug>(what: &str, look: impl FnMut() -> T, done: im
 pub fn timed_out(what: &str, patience: Duration, last: &dyn Debug) -> ! {
     panic!("waited {patience:?} for {what}; last seen: {last:?}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_ends_at_the_look_that_shows_what_it_waits_for() {
+        let mut looks = 0;
+        let seen = until(
+            "the third look",
+            || {
+                looks += 1;
+                looks
+            },
+            |n| *n == 3,
+        );
+        assert_eq!(seen, 3);
+    }
+
+    #[test]
+    #[should_panic(expected = "waited 50ms for a count of 4; last seen: 3")]
+    fn a_wait_past_its_time_fails_naming_what_it_saw_last() {
+        until_within(Duration::from_millis(50), "a count of 4", || 3, |n| *n == 4);
+    }
+}
