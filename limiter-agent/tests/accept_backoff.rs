@@ -10,7 +10,10 @@ use std::{
 };
 
 use limiter::metrics::{AgentGauges, MetricsSources, serve};
-use limiter_lab::support::proxy::{PATIENCE, PROXY_HEAD, RunningProxy, Upstream};
+use limiter_lab::support::{
+    proxy::{PROXY_HEAD, RunningProxy, Upstream},
+    wait::PATIENCE,
+};
 
 /// How long a loop runs out of descriptors while its CPU time is measured.
 const STARVED: Duration = Duration::from_secs(1);

@@ -41,6 +41,7 @@ pub struct Receiver {
 impl Receiver {
     pub fn bind(ip: Ipv4Addr) -> std::io::Result<Self> {
         let socket = UdpSocket::bind((ip, 0))?;
+        hold_a_flood(&socket)?;
         socket.set_read_timeout(Some(Duration::from_millis(50)))?;
         let addr = socket.local_addr()?;
         let arrivals = Arc::new(Mutex::new(Vec::new()));
@@ -81,6 +82,26 @@ impl Receiver {
             seen = now;
         }
     }
+}
+
+/// Room in the socket's buffer for every datagram of a test's flood: on a loaded
+/// machine the receiving thread may be held back while the kernel layer passes a
+/// second's worth, which a default buffer (a few hundred datagrams) would drop.
+fn hold_a_flood(socket: &UdpSocket) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let bytes: libc::c_int = 64 << 20;
+    // SAFETY: setsockopt on a socket we own, with an int it reads and does not keep.
+    let set = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            // Past net.core.rmem_max: the tests run as root.
+            libc::SO_RCVBUFFORCE,
+            std::ptr::from_ref(&bytes).cast(),
+            libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap_or(4),
+        )
+    };
+    if set == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
 }
 
 impl Drop for Receiver {

@@ -8,10 +8,13 @@ use std::{
 };
 
 use limiter::xdp::{KernelMaps, monotonic_now_ns};
-use limiter_common::counters::Counter;
+use limiter_common::{
+    counters::Counter,
+    maps::{SourceKey, SourceState},
+};
 use limiter_lab::{
     netns::VethNamespace,
-    support::{unique, xdp_lab::XdpLab},
+    support::{agent::AgentProcess, unique, xdp_lab::XdpLab},
     traffic,
 };
 
@@ -19,16 +22,40 @@ fn limit(pps: u32, burst: u32) -> String {
     format!("[xdp.limit]\npackets_per_second = {pps}\nburst = {burst}\n")
 }
 
-fn counter(pin_dir: &Path, counter: Counter) -> u64 {
-    KernelMaps::open_pinned(pin_dir).expect("pinned maps").counter_snapshot().expect("counters").get(counter)
-}
-
 fn default_pps(pin_dir: &Path) -> u64 {
     KernelMaps::open_pinned(pin_dir).expect("pinned maps").settings().expect("settings").default_rate.per_second()
 }
 
-fn count_between(arrivals: &[Instant], from: Instant, to: Instant) -> u64 {
-    arrivals.iter().filter(|t| **t >= from && **t < to).count() as u64
+fn key_of(source: std::net::Ipv4Addr) -> SourceKey {
+    SourceKey { addr: limiter_common::addr::v4_mapped(source.octets()) }
+}
+
+/// The program's own record of `source`, if it has one.
+fn source_state(pin_dir: &Path, source: std::net::Ipv4Addr) -> Option<SourceState> {
+    KernelMaps::open_pinned(pin_dir).expect("pinned maps").source(&key_of(source))
+}
+
+/// When, and how many packets of `source` the program had let through by then.
+fn passed_by_now(pin_dir: &Path, source: std::net::Ipv4Addr) -> (Instant, u64) {
+    let state = source_state(pin_dir, source).unwrap_or_default();
+    (Instant::now(), state.packets - state.dropped)
+}
+
+/// The program's record of `source` once it has met all the `sent` packets: it meets
+/// them in the kernel's receive path, which may run after the send returns.
+fn seen_all(agent: &AgentProcess, source: std::net::Ipv4Addr, sent: u64) -> SourceState {
+    let state = agent.until(
+        &format!("the program to meet all {sent} packets"),
+        || source_state(&agent.pin_dir, source),
+        |state| state.is_some_and(|state| state.packets == sent),
+    );
+    state.expect("tracked")
+}
+
+/// Packets a second between two [`passed_by_now`]; the count and the seconds too.
+fn rate_between(from: (Instant, u64), to: (Instant, u64)) -> (f64, u64, f64) {
+    let (passed, secs) = (to.1 - from.1, (to.0 - from.0).as_secs_f64());
+    (passed as f64 / secs, passed, secs)
 }
 
 #[test]
@@ -39,28 +66,28 @@ fn reload_during_a_flood_follows_the_new_limit_without_a_burst() {
     let source = lab.sources[0];
     let receiver = traffic::Receiver::bind(lab.host_ip).expect("receiver");
     let new_config = lab.config_with("keep_attached_on_exit = false", &limit(NEW, 50));
-    let started = Instant::now();
-    let (reloaded_at, flood_end) = std::thread::scope(|scope| {
+    let pins = lab.agent.pin_dir.clone();
+    // The rates are the program's own counts, read at known times: a receiving thread
+    // held back on a loaded machine would record packets passed before the reload
+    // as after it.
+    let (old_from, old_to, new_from, new_to) = std::thread::scope(|scope| {
         // About 30 000 packets per second for two seconds.
         let flood = scope.spawn(|| traffic::send(&lab.net.ns, source, receiver.addr, 60_000, 300).expect("send"));
-        std::thread::sleep(Duration::from_millis(1_000));
+        std::thread::sleep(Duration::from_millis(200));
+        let old_from = passed_by_now(&pins, source);
+        std::thread::sleep(Duration::from_millis(700));
+        let old_to = passed_by_now(&pins, source);
         let output = lab.agent.reload_with(&new_config);
+        let new_from = passed_by_now(&pins, source);
         assert!(output.status.success(), "reload: {}", String::from_utf8_lossy(&output.stderr));
-        let reloaded_at = Instant::now();
         let printed = String::from_utf8_lossy(&output.stdout).into_owned();
         assert!(printed.contains("xdp.limit: 2000 pps, burst 100 -> 500 pps, burst 50"), "{printed}");
         flood.join().expect("flood");
-        (reloaded_at, Instant::now())
+        (old_from, old_to, new_from, passed_by_now(&pins, source))
     });
-    receiver.settle(Duration::from_millis(200));
-    let arrivals = receiver.from(source);
-    let before =
-        count_between(&arrivals, started + Duration::from_millis(200), reloaded_at - Duration::from_millis(100));
-    let before_secs = (reloaded_at - Duration::from_millis(100) - started - Duration::from_millis(200)).as_secs_f64();
-    let after = count_between(&arrivals, reloaded_at, flood_end);
-    let after_secs = (flood_end - reloaded_at).as_secs_f64();
+    let (old_rate, before, before_secs) = rate_between(old_from, old_to);
+    let (_, after, after_secs) = rate_between(new_from, new_to);
     eprintln!("before: {before} in {before_secs:.2}s, after: {after} in {after_secs:.2}s");
-    let old_rate = before as f64 / before_secs;
     assert!((f64::from(OLD) * 0.8..=f64::from(OLD) * 1.1).contains(&old_rate), "old rate {old_rate:.0}/s");
     // No refill at the swap: past the reload, at most the new rate plus a new burst.
     let ceiling = f64::from(NEW) * after_secs + 50.0 + f64::from(NEW) * 0.05;
@@ -112,8 +139,10 @@ fn rejected_configs_leave_the_running_limits_in_force() {
     let output = lab.agent.cli(&["reload"]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(String::from_utf8_lossy(&output.stdout).contains("xdp.cidr[10.0.0.0/8] added: "));
-    let stats = lab.agent.cli_json(&["stats", "--json"]);
-    assert!(stats["agent"]["reloads"]["rejected"].as_u64() >= Some(bad_configs.len() as u64), "{stats}");
+    // At least: the watcher may have caught some of the files too.
+    lab.agent.stats_until("every rejected reload counted", |stats| {
+        stats["agent"]["reloads"]["rejected"].as_u64() >= Some(bad_configs.len() as u64)
+    });
 }
 
 #[test]
@@ -126,19 +155,19 @@ fn a_killed_agent_keeps_dropping_and_its_successor_continues_the_counts() {
     traffic::send(&lab.net.ns, source, receiver.addr, 2_000, 200).expect("send");
     let verified = lab.agent.cli(&["verify", "192.0.2.0/30", "--ttl", "10m"]);
     assert!(verified.status.success(), "{}", String::from_utf8_lossy(&verified.stderr));
-    let dropped_before_kill = counter(&lab.agent.pin_dir, Counter::DroppedRateLimit);
+    let first = seen_all(&lab.agent, source, 2_000);
+    let dropped_before_kill = lab.agent.counter(Counter::DroppedRateLimit);
     assert!(dropped_before_kill > 0);
     let status = lab.agent.stop_with(libc::SIGKILL);
     assert!(!status.success());
     // Nobody holds the program now but its pinned link: it must still be dropping.
-    let received_before = receiver.from(source).len();
     traffic::send(&lab.net.ns, source, receiver.addr, 2_000, 200).expect("send");
-    receiver.settle(Duration::from_millis(200));
-    let dropped_after_kill = counter(&lab.agent.pin_dir, Counter::DroppedRateLimit);
-    let got_through = receiver.from(source).len() - received_before;
+    let second = seen_all(&lab.agent, source, 4_000);
+    let dropped_after_kill = lab.agent.counter(Counter::DroppedRateLimit);
+    let got_through = (second.packets - second.dropped) - (first.packets - first.dropped);
     assert!(dropped_after_kill >= dropped_before_kill + 1_500, "{dropped_before_kill} -> {dropped_after_kill}");
     assert!(got_through <= 500, "{got_through} of 2000 passed with the agent dead");
-    let source_key = limiter_common::maps::SourceKey { addr: limiter_common::addr::v4_mapped(source.octets()) };
+    let source_key = key_of(source);
     let prefix_key = limiter_common::maps::SourceKey { addr: limiter_common::addr::mask_v6(source_key.addr, 96 + 24) };
     let verified_key = limiter::xdp::source_key("192.0.2.1".parse().expect("ip"), 64);
     let (packets_before, budget_before, aggregate_before) = {
@@ -148,7 +177,7 @@ fn a_killed_agent_keeps_dropping_and_its_successor_continues_the_counts() {
     };
 
     lab.agent.spawn();
-    assert!(counter(&lab.agent.pin_dir, Counter::DroppedRateLimit) >= dropped_after_kill, "counters must not reset");
+    assert!(lab.agent.counter(Counter::DroppedRateLimit) >= dropped_after_kill, "counters must not reset");
     let maps = KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps");
     let state = maps.source(&source_key).expect("bucket kept");
     assert_eq!(state.packets, packets_before, "the source's bucket survives the restart");
@@ -162,7 +191,8 @@ fn a_killed_agent_keeps_dropping_and_its_successor_continues_the_counts() {
     assert!(maps.is_verified(&verified_key), "a verified source stays verified");
     drop(maps);
     traffic::send(&lab.net.ns, source, receiver.addr, 1_000, 200).expect("send");
-    assert!(counter(&lab.agent.pin_dir, Counter::DroppedRateLimit) > dropped_after_kill);
+    seen_all(&lab.agent, source, 5_000);
+    assert!(lab.agent.counter(Counter::DroppedRateLimit) > dropped_after_kill);
     let attached = limiter::xdp::attached(&lab.agent.pin_dir).expect("attached");
     assert_eq!(attached.len(), 1, "one link, reused: {attached:?}");
 }
@@ -172,22 +202,23 @@ fn a_block_with_a_ttl_drops_then_lets_traffic_through_again() {
     let lab = XdpLab::start(1, "keep_attached_on_exit = false", &limit(10_000, 10_000));
     let source = lab.sources[0];
     let receiver = traffic::Receiver::bind(lab.host_ip).expect("receiver");
-    let output = lab.agent.cli(&["block", &source.to_string(), "--ttl", "1s"]);
+    // Long enough for the looks below on a loaded machine, all of them before it lapses.
+    let ttl = Duration::from_secs(3);
+    let output = lab.agent.cli(&["block", &source.to_string(), "--ttl", "3s"]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let expires = monotonic_now_ns() + 1_000_000_000;
+    let expires = monotonic_now_ns() + u64::try_from(ttl.as_nanos()).expect("ns");
     let stats = lab.agent.cli_json(&["stats", "--json"]);
     assert_eq!(stats["xdp"]["blocks"][0]["cidr"].as_str(), Some(format!("{source}/32").as_str()), "{stats}");
-    assert!(stats["xdp"]["blocks"][0]["expires_in_secs"].as_u64() <= Some(1));
+    assert!(stats["xdp"]["blocks"][0]["expires_in_secs"].as_u64() <= Some(ttl.as_secs()));
     traffic::send(&lab.net.ns, source, receiver.addr, 50, 10).expect("send");
-    receiver.settle(Duration::from_millis(100));
+    lab.agent.until("the 50 blocked packets dropped", || lab.agent.counter(Counter::DroppedDeny), |n| *n == 50);
+    assert!(monotonic_now_ns() < expires, "the block lapsed while the test looked: make the TTL longer");
     assert_eq!(receiver.from(source).len(), 0, "blocked traffic got through");
-    assert_eq!(counter(&lab.agent.pin_dir, Counter::DroppedDeny), 50);
     while monotonic_now_ns() <= expires {
         std::thread::sleep(Duration::from_millis(50));
     }
     traffic::send(&lab.net.ns, source, receiver.addr, 50, 10).expect("send");
-    receiver.settle(Duration::from_millis(100));
-    assert_eq!(receiver.from(source).len(), 50, "traffic must pass after the TTL");
+    lab.agent.until("the traffic to pass after the TTL", || receiver.from(source).len(), |n| *n == 50);
     let output = lab.agent.cli(&["unblock", &source.to_string()]);
     assert_eq!(output.status.code(), Some(1), "a lapsed block is gone");
 }
@@ -523,7 +554,10 @@ fn a_reload_that_changes_a_key_read_only_at_start_is_refused_naming_it_and_appli
             lab.config_with("", &body("", 99, "", "", "false")).replace(redis.url(), "redis://127.0.0.1:1/"),
         ),
         ("proxy.redis_prefix", lab.config_with("", &body("", 99, "", "", "false")).replace(&prefix, "other:")),
-        ("proxy.redis_timeout", lab.config_with("", &body("", 99, "redis_timeout = \"250ms\"", "", "false"))),
+        (
+            "proxy.redis_timeout",
+            lab.config_with("", &body("", 99, "", "", "false")).replace("redis_timeout = \"", "redis_timeout = \"1"),
+        ),
         (
             "proxy.signature.replay_cache_size",
             lab.config_with("", &body("", 99, "", "replay_cache_size = 10", "false")),
@@ -571,11 +605,11 @@ fn a_reload_that_changes_a_key_read_only_at_start_is_refused_naming_it_and_appli
     let pid = i32::try_from(lab.agent.child.as_ref().expect("agent").id()).expect("pid");
     // SAFETY: plain kill(2) on the test's own child.
     unsafe { libc::kill(pid, libc::SIGHUP) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !lab.agent.log().contains("agent.admin_socket: cannot change") {
-        assert!(Instant::now() < deadline, "SIGHUP with a moved socket: {}", lab.agent.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    lab.agent.until(
+        "SIGHUP with a moved socket refused",
+        || lab.agent.log().contains("agent.admin_socket: cannot change"),
+        |refused| *refused,
+    );
     assert_eq!(default_pps(&lab.agent.pin_dir), 1_234, "agent.admin_socket: nothing of the file may be applied");
 
     // Two at once: both named.
@@ -607,15 +641,11 @@ fn the_watcher_never_applies_a_file_caught_half_written() {
     file.write_all(rest.as_bytes()).expect("write");
     drop(file);
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while default_pps(&lab.agent.pin_dir) != 777 {
-        assert!(Instant::now() < deadline, "the completed file is not applied: {}", lab.agent.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    lab.agent.until("the completed file applied", || default_pps(&lab.agent.pin_dir), |pps| *pps == 777);
     let cidrs = KernelMaps::open_pinned(&lab.agent.pin_dir).expect("maps").cidrs().expect("cidrs");
     assert_eq!(cidrs.len(), 2, "{cidrs:?}");
-    let stats = lab.agent.cli_json(&["stats", "--json"]);
-    assert_eq!(stats["agent"]["reloads"]["ok"], 1, "one reload, of the whole file: {stats}");
+    // Counted once applied, after the maps show it.
+    lab.agent.stats_until("one reload, of the whole file", |stats| stats["agent"]["reloads"]["ok"] == 1);
 }
 
 #[test]
@@ -699,17 +729,19 @@ fn a_reload_whose_kernel_step_fails_rolls_back_its_interfaces_settings_and_rules
         cidrs.len(),
         lab.agent.log()
     );
-    assert!(lab.agent.log().contains("the running config stays in force"), "{}", lab.agent.log());
+    lab.agent.until(
+        "the rollback logged",
+        || lab.agent.log().contains("the running config stays in force"),
+        |logged| *logged,
+    );
 }
 
 #[test]
 fn escalation_added_by_a_reload_to_an_agent_started_without_the_kernel_layer_is_refused() {
     let name = unique("esc-late");
     let proxy = format!("[proxy]\nlisten = \"127.0.0.1:{}\"\nupstream = \"http://127.0.0.1:9\"\n", free_port());
-    let mut agent = limiter_lab::support::agent::AgentProcess::start(
-        &name,
-        &format!("{}{proxy}", limiter_lab::support::agent::agent_section(&name, "")),
-    );
+    let mut agent =
+        AgentProcess::start(&name, &format!("{}{proxy}", limiter_lab::support::agent::agent_section(&name, "")));
     // The interface does not exist: were the refusal missing, the attach would fail
     // with another message.
     let text = format!(
@@ -725,7 +757,7 @@ fn escalation_added_by_a_reload_to_an_agent_started_without_the_kernel_layer_is_
 
 #[test]
 fn a_reload_that_adds_the_kernel_layer_on_pins_another_agent_holds_is_refused() {
-    use limiter_lab::support::agent::{AgentProcess, agent_section};
+    use limiter_lab::support::agent::agent_section;
     let lab = XdpLab::start(1, "", &limit(1_234, 100));
     // A proxy-only agent on the same pin dir (it holds no lock on it yet).
     let name = unique("pins-late");
@@ -761,7 +793,7 @@ fn an_agent_out_of_descriptors_pauses_its_accept_loops_and_its_admin_socket_reco
         free_port()
     );
     let listen = config.lines().find_map(|l| l.strip_prefix("listen = \"")).expect("listen").trim_end_matches('"');
-    let mut agent = limiter_lab::support::agent::AgentProcess::start(&name, &config);
+    let mut agent = AgentProcess::start(&name, &config);
     let pid = agent.child.as_ref().expect("running").id();
     // A soft limit a few descriptors above what it uses, filled by clients that
     // connect and say nothing: the proxy, then the admin socket, find none left.
@@ -774,10 +806,8 @@ fn an_agent_out_of_descriptors_pauses_its_accept_loops_and_its_admin_socket_reco
     assert_eq!(set, 0, "prlimit");
     let silent: Vec<_> = (0..16).map(|_| std::net::TcpStream::connect(listen).expect("connect")).collect();
     let _waiting_admin = std::os::unix::net::UnixStream::connect(&agent.socket).expect("admin connect");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while fd_count(pid) < usize::try_from(soft).expect("soft") {
-        assert!(Instant::now() < deadline, "the agent did not take its descriptors: {}", agent.log());
-    }
+    let soft_count = usize::try_from(soft).expect("soft");
+    agent.until("the agent to take its descriptors", || fd_count(pid), |count| *count >= soft_count);
     let before = cpu_ticks(pid);
     std::thread::sleep(Duration::from_secs(1));
     let spent = cpu_ticks(pid) - before;

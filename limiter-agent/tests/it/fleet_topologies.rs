@@ -7,15 +7,13 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use limiter_lab::support::{
-    proxy::{PATIENCE, PROXY_HEAD, RunningProxy, TestClient, Upstream},
-    redis::{FREE_PLAN as FREE, TestCluster, TestSentinel, TestTlsRedis, unique_prefix},
+    proxy::{PROXY_HEAD, RunningProxy, TestClient, Upstream},
+    redis::{FREE_PLAN as FREE, TestCluster, TestSentinel, TestTlsRedis, redis_keys_at, unique_prefix},
+    wait::PATIENCE,
 };
 
 fn fleet_config(url: &str, prefix: &str) -> String {
-    format!(
-        "{PROXY_HEAD}store = \"redis\"\nredis_url = \"{url}\"\nredis_prefix = \"{prefix}\"\nredis_timeout = \"500ms\"\n\
-         store_failure = \"deny\"\n{FREE}"
-    )
+    format!("{PROXY_HEAD}{}{FREE}", redis_keys_at(url, prefix, "deny"))
 }
 
 /// Sends `count` requests with the key, alternating between `proxies`; the statuses.

@@ -7,9 +7,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter_lab::support::proxy::{
-    PATIENCE, PROXY_HEAD, RunningProxy, Upstream, connect_from, exchange_from, raw_exchange, read_to_close,
-    secret_file, signed_route_config,
+use limiter_lab::support::{
+    proxy::{
+        PROXY_HEAD, RunningProxy, Upstream, connect_from, exchange_from, raw_exchange, read_to_close, secret_file,
+        signed_route_config,
+    },
+    wait::PATIENCE,
 };
 use tokio::{io::AsyncWriteExt, net::TcpStream};
 
@@ -63,9 +66,12 @@ async fn stalled_chunked_bodies_hold_at_most_max_connections_and_only_for_body_t
         assert!(after >= BODY_TIMEOUT && after < BODY_TIMEOUT + PATIENCE, "408 after {after:?}");
     }
     assert_eq!(refused, 1);
-    let stats = proxy.proxy.stats();
-    assert_eq!((stats.connections_refused, stats.connections_refused_reasons["max_connections"]), (1, 1));
-    assert_eq!(stats.body_timeouts, 20);
+    proxy
+        .stats_until("one connection refused and 20 bodies timed out", |stats| {
+            (stats.connections_refused, stats.connections_refused_reasons["max_connections"], stats.body_timeouts)
+                == (1, 1, 20)
+        })
+        .await;
     assert_eq!(upstream.count(), 0, "a chunked body is read whole before forwarding");
 
     // The places are free again once the proxy has closed its ends.
@@ -97,7 +103,7 @@ async fn a_stalled_body_of_known_length_gets_408_on_signed_and_forwarded_routes(
         assert!(after >= BODY_TIMEOUT && after < BODY_TIMEOUT + PATIENCE, "{path}: 408 after {after:?}");
         assert_eq!(upstream.count(), reaches_upstream, "{path}");
     }
-    assert_eq!(proxy.proxy.stats().body_timeouts, 2);
+    proxy.stats_until("both stalled bodies counted", |stats| stats.body_timeouts == 2).await;
     // A body that comes in time is not affected.
     let response = raw_exchange(
         proxy.addr,
@@ -134,9 +140,12 @@ async fn one_peer_gets_max_connections_per_ip_and_its_refusals_escalate() {
     let response = exchange_from([127, 0, 0, 3], proxy.addr, GET).await;
     assert_eq!(status_line(&response), "HTTP/1.1 200 OK", "{response}");
 
-    let stats = proxy.proxy.stats();
-    assert_eq!(stats.connections_refused_reasons["max_connections_per_ip"], 2);
-    assert_eq!(stats.connections_refused_reasons["max_connections"], 0);
+    proxy
+        .stats_until("two connections refused for their peer's", |stats| {
+            let reasons = &stats.connections_refused_reasons;
+            (reasons["max_connections_per_ip"], reasons["max_connections"]) == (2, 0)
+        })
+        .await;
     // Threshold 1: the second refusal crosses it.
     let escalation =
         tokio::time::timeout(PATIENCE, escalated.recv()).await.expect("escalated in time").expect("escalation");

@@ -1,14 +1,15 @@
 //! What the operator sees of the proxy's decisions: counts by rule and plan, and the
 //! sampled decision log, through real sockets.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::{Method, StatusCode};
 use limiter::signature::KeySecrets;
 use limiter_core::Clock as _;
 use limiter_lab::support::{
-    proxy::{PATIENCE, PROXY_HEAD, RunningProxy, TestClient, Upstream, proxy_config},
+    proxy::{PROXY_HEAD, RunningProxy, TestClient, Upstream, proxy_config},
     unique,
+    wait::until_async,
 };
 
 /// A 3-a-minute login rule by IP, and a bearer key whose id must never be logged.
@@ -30,16 +31,16 @@ limit = 3
 window = "1m"
 "#;
 
-/// The lines of `path` once it has `count` of them.
+/// The lines of `path` once it has exactly `count` of them (one more fails too). The
+/// writer task may be halfway through a line: only whole lines count.
 async fn lines(path: &std::path::Path, count: usize) -> Vec<serde_json::Value> {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    let whole_lines = || {
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        if text.lines().count() >= count || Instant::now() > deadline {
-            return text.lines().map(|line| serde_json::from_str(line).expect("a JSON line")).collect();
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        text.split_inclusive('\n').filter(|line| line.ends_with('\n')).map(str::to_owned).collect::<Vec<_>>()
+    };
+    let lines =
+        until_async(&format!("{count} lines in the decision log"), whole_lines, |lines| lines.len() == count).await;
+    lines.iter().map(|line| serde_json::from_str(line).expect("a JSON line")).collect()
 }
 
 #[tokio::test]
@@ -60,16 +61,19 @@ async fn decisions_are_counted_by_rule_and_plan_and_a_sample_is_logged_without_k
     let too_many = StatusCode::TOO_MANY_REQUESTS;
     assert_eq!(statuses, [[StatusCode::OK; 3].as_slice(), &[too_many; 2], &[StatusCode::OK; 3]].concat());
 
-    let stats = proxy.proxy.stats();
-    let counts: Vec<(String, &str, u64, u64, u64)> = stats
-        .policies
-        .iter()
-        .map(|p| (p.kind.to_string(), p.name.as_str(), p.forwarded, p.throttled, p.rejected))
-        .collect();
     // The two refused logins count for the rule only: the plan let 6 through.
     let expected =
         [("rule", "login", 3, 0, 2), ("plan", "basic", 6, 0, 0)].map(|(k, n, f, t, r)| (k.to_owned(), n, f, t, r));
-    assert_eq!(counts, expected);
+    let stats = proxy
+        .stats_until("the decisions counted by rule and plan", |stats| {
+            let counts: Vec<(String, &str, u64, u64, u64)> = stats
+                .policies
+                .iter()
+                .map(|p| (p.kind.to_string(), p.name.as_str(), p.forwarded, p.throttled, p.rejected))
+                .collect();
+            counts == expected
+        })
+        .await;
     assert_eq!(stats.store, "memory");
 
     // One decision in two, evenly: the 2nd, 4th, 6th and 8th.
@@ -88,7 +92,12 @@ async fn decisions_are_counted_by_rule_and_plan_and_a_sample_is_logged_without_k
     assert!((refused["time"].as_f64().expect("time") - expected_time).abs() < 1.0, "{refused}");
     let text = serde_json::to_string(&logged).expect("lines");
     assert!(!text.contains("bearer-id-is-a-secret"), "a key reached the log: {text}");
-    assert_eq!((stats.decision_log_dropped, proxy.proxy.stats().decision_log_written), (0, 4));
+    // The writer counts a line once it is flushed, after a reader may see it.
+    proxy
+        .stats_until("the 4 lines counted as written", |stats| {
+            (stats.decision_log_dropped, stats.decision_log_written) == (0, 4)
+        })
+        .await;
 
     // The share reloads live: every decision from here on.
     let every = format!("{head}{LIMITS}").replace("sample = 0.5", "sample = 1");
@@ -123,6 +132,13 @@ async fn shadow_mode_observes_the_mix_and_suggests_a_limit_that_survives_a_reloa
         }
     }
     assert_eq!(upstream.count(), sent);
+    // Shadow mode counted what enforcing would have refused: the 30-request client's
+    // 20 over the limit.
+    let counts = |stats: &limiter::proxy::ProxyStats| {
+        stats.policies.iter().find(|p| p.name == "per-ip").map(|p| (p.forwarded, p.rejected))
+    };
+    proxy.stats_until("the rule's counts", |stats| counts(stats) == Some((sent as u64 - 20, 20))).await;
+    // A decision is observed before it is counted: the figures are whole now.
     let per_ip = |proxy: &RunningProxy| {
         proxy.proxy.suggest(1.5).into_iter().find(|s| s.name == "per-ip").expect("the rule's suggestion")
     };
@@ -130,10 +146,6 @@ async fn shadow_mode_observes_the_mix_and_suggests_a_limit_that_survives_a_reloa
     let peaks = &suggestion.peaks;
     assert_eq!((peaks.keys, peaks.p50, peaks.p95, peaks.p99, peaks.max), (100, 2, 8, 8, 30));
     assert_eq!((peaks.keys_over, suggestion.limit, suggestion.suggested_limit), (1, 10, Some(12)));
-    // Shadow mode counted what enforcing would have refused: the 30-request client's
-    // 20 over the limit.
-    let rule_counts = proxy.proxy.stats().policies.into_iter().find(|p| p.name == "per-ip").expect("counts");
-    assert_eq!((rule_counts.forwarded, rule_counts.rejected), (sent as u64 - 20, 20));
 
     // A reload that changes the limit keeps what was observed.
     let raised = format!("{head}{rule}").replace("limit = 10", "limit = 20");

@@ -55,9 +55,9 @@ async fn free_key_is_throttled_then_rejected_and_pro_key_is_unaffected(client: T
         assert_eq!(reply.header("ratelimit-policy"), r#""free";q=100;w=60"#, "request {n}");
         assert_eq!(reply.header("x-ratelimit-limit"), "100", "request {n}");
         assert_eq!(reply.header("x-ratelimit-remaining"), (100 - n.min(100)).to_string(), "request {n}");
-        if n <= 80 {
-            assert!(reply.elapsed < delay, "request {n} took {:?}, inside the limit", reply.elapsed);
-        } else if n <= 100 {
+        // That no other request was delayed, the count of throttled ones says below: a
+        // request's time on a loaded machine says nothing of the sort.
+        if (81..=100).contains(&n) {
             assert!(reply.elapsed >= delay, "request {n} took {:?}, inside the throttle band", reply.elapsed);
         }
     }
@@ -82,10 +82,14 @@ async fn free_key_is_throttled_then_rejected_and_pro_key_is_unaffected(client: T
     let pro = client.get(&proxy.url("/api"), &[("x-api-key", "k-pro")]).await;
     assert_eq!(pro.status, StatusCode::OK);
     assert_eq!(pro.header("x-ratelimit-remaining"), "999");
-    assert!(pro.elapsed < delay);
 
-    let stats = proxy.proxy.stats();
-    assert_eq!((stats.requests, stats.forwarded, stats.throttled, stats.rejected), (106, 101, 20, 5));
+    // Delayed: the 20 of the throttle band, and neither a free request inside the
+    // limit nor the pro key's.
+    proxy
+        .stats_until("every request counted", |stats| {
+            (stats.requests, stats.forwarded, stats.throttled, stats.rejected) == (106, 101, 20, 5)
+        })
+        .await;
 
     // Two windows on, the free key has its whole quota back, on the proxy's clock.
     proxy.clock.advance(Duration::from_secs(120));
@@ -312,8 +316,11 @@ auth = "bearer"
     }
     assert_eq!(remaining, ["2", "1", "0", "0", "0"]);
     assert_eq!(upstream.count(), 5);
-    let stats = proxy.proxy.stats();
-    assert_eq!((stats.forwarded, stats.throttled, stats.rejected), (5, 1, 2));
+    proxy
+        .stats_until("what enforcing would have done", |stats| {
+            (stats.forwarded, stats.throttled, stats.rejected) == (5, 1, 2)
+        })
+        .await;
 }
 
 #[tokio::test]
@@ -373,5 +380,5 @@ window = "1m"
     assert_eq!(client.get(&proxy.url("/api"), &[("x-api-key", "k")]).await.status, StatusCode::OK);
     assert_eq!(client.get(&proxy.url("/tenant"), &[("x-tenant", "t1")]).await.status, StatusCode::OK);
     assert_eq!(upstream.count(), 2);
-    assert_eq!(proxy.proxy.stats().rejected, 2);
+    proxy.stats_until("both refusals counted", |stats| stats.rejected == 2).await;
 }

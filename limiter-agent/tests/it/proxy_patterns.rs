@@ -5,8 +5,12 @@
 use std::time::Instant;
 
 use http::{Method, StatusCode};
+use limiter::proxy::ProxyStats;
 use limiter::signature::KeySecrets;
-use limiter_lab::support::proxy::{PATIENCE, PROXY_HEAD, RunningProxy, TestClient, Upstream, proxy_config};
+use limiter_lab::support::{
+    proxy::{PROXY_HEAD, RunningProxy, TestClient, Upstream, proxy_config},
+    wait::PATIENCE,
+};
 
 const PATTERNS: &str = include_str!("../../../config/patterns.toml");
 const BROWSER: &str = "Mozilla/5.0 (X11; Linux x86_64) Firefox/133.0";
@@ -62,12 +66,18 @@ async fn the_shipped_patterns_deny_scanners_and_probes_and_pass_ordinary_request
         assert_eq!(status(&client, &proxy, path, Some(user_agent)).await, StatusCode::OK, "{path} {user_agent}");
     }
     assert_eq!(upstream.count(), passed.len());
-    let stats = proxy.proxy.stats();
-    assert_eq!(stats.denied, denied.len() as u64);
-    let denied_by = |name: &str| stats.policies.iter().find(|p| p.name == name).map(|p| p.denied);
-    assert_eq!(denied_by("scanner-user-agents"), Some(3));
-    assert_eq!(denied_by("dotenv-probe"), Some(3));
-    assert_eq!(denied_by("traversal-probe"), Some(2));
+    proxy
+        .stats_until("every denial counted, by rule", |stats| {
+            let by = |name| denied_by(stats, name);
+            stats.denied == denied.len() as u64
+                && (by("scanner-user-agents"), by("dotenv-probe"), by("traversal-probe")) == (Some(3), Some(3), Some(2))
+        })
+        .await;
+}
+
+/// What the rule `name` denied.
+fn denied_by(stats: &ProxyStats, name: &str) -> Option<u64> {
+    stats.policies.iter().find(|p| p.name == name).map(|p| p.denied)
 }
 
 /// Header, query parameter, body size, method and client conditions together; a
@@ -110,17 +120,17 @@ header_matches = { "user-agent" = '^curl/' }
     for _ in 0..3 {
         assert_eq!(status(&client, &proxy, "/x", Some("curl/8.5.0")).await, StatusCode::OK);
     }
-    let counts = |name: &str| {
-        let stats = proxy.proxy.stats();
-        stats.policies.iter().find(|p| p.name == name).map(|p| (p.denied, p.tagged))
-    };
-    assert_eq!(counts("debug-from-outside"), Some((2, 0)));
-    assert_eq!(counts("curl-watch"), Some((0, 3)));
+    proxy
+        .stats_until("the denials and tags counted", |stats| {
+            let counts = |name: &str| stats.policies.iter().find(|p| p.name == name).map(|p| (p.denied, p.tagged));
+            (counts("debug-from-outside"), counts("curl-watch")) == (Some((2, 0)), Some((0, 3)))
+        })
+        .await;
 
     let shadow = RunningProxy::start(&format!("{PROXY_HEAD}enforce = false\n{rules}"), upstream.addr).await;
     let reply = client.request(Method::POST, &shadow.url("/x?debug"), &[host], b"12345").await;
     assert_eq!(reply.status, StatusCode::OK, "shadow mode counts and forwards");
-    assert_eq!(shadow.proxy.stats().denied, 1);
+    shadow.stats_until("the denial counted", |stats| stats.denied == 1).await;
 }
 
 /// A pattern that a backtracking engine takes exponential time over (`(a|aa)*c` on
@@ -180,8 +190,7 @@ async fn the_pattern_set_reloads_live() {
     assert_eq!(status(&client, &proxy, "/.env", Some(BROWSER)).await, StatusCode::FORBIDDEN);
     reload(format!("{PROXY_HEAD}{wordpress}")).expect("reload");
     assert_eq!(status(&client, &proxy, "/.env", Some(BROWSER)).await, StatusCode::OK);
-    let stats = proxy.proxy.stats();
-    let wordpress_denied = stats.policies.iter().find(|p| p.name == "wordpress-probe").map(|p| p.denied);
-    assert_eq!(wordpress_denied, Some(1));
+    let stats =
+        proxy.stats_until("the kept rule's denials", |stats| denied_by(stats, "wordpress-probe") == Some(1)).await;
     assert!(stats.policies.iter().all(|p| p.name != "dotenv-probe"), "a removed rule is gone from the counts");
 }

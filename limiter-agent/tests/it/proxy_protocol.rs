@@ -8,8 +8,9 @@ use std::{
 };
 
 use limiter_lab::support::{
-    proxy::{PATIENCE, PROXY_HEAD, RunningProxy, Upstream, exchange_from},
+    proxy::{PROXY_HEAD, RunningProxy, Upstream, exchange_from},
     unique,
+    wait::PATIENCE,
 };
 
 const TRUSTED_LB: &str = "trusted_proxies = [\"127.0.0.1/32\"]\n";
@@ -107,7 +108,7 @@ async fn a_header_from_a_peer_not_trusted_is_refused_and_a_trusted_peer_must_sen
     let proxy = RunningProxy::start(&config, upstream.addr).await;
     // 127.0.0.5 is no trusted proxy: it may not speak for 203.0.113.7.
     assert_eq!(exchange_from([127, 0, 0, 5], proxy.addr, V1_THEN_GET).await, "");
-    assert_eq!(proxy.proxy.stats().connections_refused_reasons["proxy_protocol"], 1);
+    proxy.stats_until("the header refused", |stats| stats.connections_refused_reasons["proxy_protocol"] == 1).await;
     assert_eq!(upstream.count(), 0);
     // It may still connect as itself.
     let direct = exchange_from([127, 0, 0, 5], proxy.addr, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
@@ -121,6 +122,10 @@ async fn a_header_from_a_peer_not_trusted_is_refused_and_a_trusted_peer_must_sen
     // Without one, from the trusted peer, the connection is refused: it would be
     // taken for the balancer's own.
     assert_eq!(exchange_from([127, 0, 0, 1], proxy.addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await, "");
-    assert_eq!(proxy.proxy.stats().connections_refused_reasons["proxy_protocol"], 2);
+    proxy
+        .stats_until("the connection without one refused", |stats| {
+            stats.connections_refused_reasons["proxy_protocol"] == 2
+        })
+        .await;
     assert_eq!(upstream.count(), 2);
 }

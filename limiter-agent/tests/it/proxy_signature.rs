@@ -6,7 +6,10 @@ use limiter_core::{
     Clock as _, SystemClock,
     signature::{Canonical, sha256, sign_hex},
 };
-use limiter_lab::support::proxy::{PATIENCE, PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, secret_file};
+use limiter_lab::support::{
+    proxy::{PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, secret_file},
+    wait::PATIENCE,
+};
 
 limiter_lab::over_http1_and_http2!(
     valid_signature_passes_and_any_change_fails_alike,
@@ -182,12 +185,14 @@ async fn valid_signature_passes_and_any_change_fails_alike(client: TestClient) {
     }
     assert_eq!(upstream.count(), 1);
 
-    let stats = proxy.proxy.stats();
-    assert_eq!(stats.signature_failures, 12);
-    assert_eq!(stats.replays, 1);
-    let reasons = &stats.signature_failure_reasons;
-    assert_eq!((reasons["bad_mac"], reasons["skew"], reasons["bad_signature_format"]), (6, 2, 2));
-    assert_eq!((reasons["missing_header"], reasons["replay"]), (1, 1));
+    proxy
+        .stats_until("every failure counted by its reason", |stats| {
+            let reasons = &stats.signature_failure_reasons;
+            (stats.signature_failures, stats.replays) == (12, 1)
+                && (reasons["bad_mac"], reasons["skew"], reasons["bad_signature_format"]) == (6, 2, 2)
+                && (reasons["missing_header"], reasons["replay"]) == (1, 1)
+        })
+        .await;
 }
 
 async fn distinct_nonces_pass_and_a_rotated_key_verifies_with_either_secret(client: TestClient) {
@@ -247,7 +252,7 @@ async fn idempotency_key_replays_conflicts_and_in_flight(client: TestClient) {
     upstream.release(1);
     assert_eq!(in_flight.await.expect("held request").status, StatusCode::OK);
     assert_eq!(upstream.count(), 2);
-    assert_eq!(proxy.proxy.stats().idempotent_replays, 1);
+    proxy.stats_until("the answer from the store counted", |stats| stats.idempotent_replays == 1).await;
 }
 
 /// The operator's tool and the proxy agree: headers printed by the `limiter sign`
@@ -355,7 +360,11 @@ async fn one_key_cannot_fill_the_replay_cache_for_another() {
     assert_eq!(flood, [StatusCode::OK, StatusCode::OK, StatusCode::UNAUTHORIZED, StatusCode::UNAUTHORIZED]);
     let other = Signed { key_id: "k-other", nonce: Some("1"), ..Signed::post("/api/transfer", b"x") };
     assert_eq!(other.send_with(&client, &proxy, &other.signature(OTHER)).await.status, StatusCode::OK);
-    assert_eq!(proxy.proxy.stats().signature_failure_reasons["replay_cache_full"], 2);
+    proxy
+        .stats_until("both refusals for a full share counted", |stats| {
+            stats.signature_failure_reasons["replay_cache_full"] == 2
+        })
+        .await;
 }
 
 fn idempotent<'a>(nonce: &'a str, target: &'a str, key: &'a str) -> Signed<'a> {

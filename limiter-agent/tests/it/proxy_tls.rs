@@ -6,12 +6,11 @@ use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     path::Path,
     process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio},
-    time::{Duration, Instant},
 };
 
 use limiter_lab::support::{
     agent::{AgentProcess, agent_section},
-    proxy::{PATIENCE, RunningProxy, Upstream},
+    proxy::{RunningProxy, Upstream},
     tls::TestTls,
     unique,
 };
@@ -51,11 +50,8 @@ async fn tls_1_3_and_1_2_are_spoken_with_alpn_and_older_versions_are_refused() {
     // The client allows TLS 1.1 at security level 0, so the refusal is the server's.
     let tls11 = s_client(&addr, &tls.ca, &["-tls1_1", "-cipher", "DEFAULT:@SECLEVEL=0"]).await;
     assert!(!tls11.contains("New, TLSv1.1"), "{tls11}");
-    let deadline = Instant::now() + PATIENCE;
-    while proxy.proxy.stats().tls_handshake_failures == before {
-        assert!(Instant::now() < deadline, "the refused handshake was not counted");
-        tokio::task::yield_now().await;
-    }
+    // Counted once the worker sees the handshake end, after the client has the alert.
+    proxy.stats_until("the refused handshake counted", |stats| stats.tls_handshake_failures == before + 1).await;
     assert_eq!(upstream.count(), 0);
 }
 
@@ -213,10 +209,10 @@ async fn certificates_replaced_under_the_agent_serve_new_connections_and_a_bad_o
     let (third_cert, third_key) = tls.issue("third", "third.example.test", "IP:127.0.0.1");
     std::fs::copy(&third_key, &key).expect("key");
     std::fs::copy(&third_cert, &cert).expect("cert");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while subject(&addr, &tls.ca) != "subject=CN = third.example.test" {
-        assert!(Instant::now() < deadline, "the watcher did not apply the renewed certificate: {}", agent.log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    agent.until(
+        "the watcher to apply the renewed certificate",
+        || subject(&addr, &tls.ca),
+        |subject| subject == "subject=CN = third.example.test",
+    );
     assert_eq!(open.get(), "HTTP/1.1 200 OK");
 }

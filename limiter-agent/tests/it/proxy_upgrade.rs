@@ -5,8 +5,9 @@
 use std::{process::Stdio, time::Duration};
 
 use limiter_lab::support::{
-    proxy::{PATIENCE, PROXY_HEAD, RunningProxy, raw_exchange},
+    proxy::{PROXY_HEAD, RunningProxy, raw_exchange},
     python,
+    wait::PATIENCE,
 };
 use tokio::{
     io::{AsyncBufReadExt as _, BufReader, Lines},
@@ -113,8 +114,9 @@ async fn messages_echo_through_the_proxy_and_the_upgrade_over_the_limit_gets_429
         assert_eq!(client.json().await, serde_json::json!({"echo": format!("hello {n}")}));
     }
     assert_eq!(client.json().await, serde_json::json!({"status": 429}));
-    let stats = proxy.proxy.stats();
-    assert_eq!((stats.upgrades, stats.rejected), (3, 1));
+    // A tunnel is counted once the upstream's side of it is open, after the client
+    // has its 101.
+    proxy.stats_until("three tunnels and a refusal", |stats| (stats.upgrades, stats.rejected) == (3, 1)).await;
 }
 
 #[tokio::test]
@@ -136,7 +138,9 @@ async fn open_tunnels_hold_their_places_and_an_idle_one_is_closed() {
     assert_eq!(client.line().await, "open");
     // Both places are the tunnels': a third connection is closed at accept.
     assert_eq!(raw_exchange(proxy.addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await, "");
-    assert_eq!(proxy.proxy.stats().connections_refused_reasons["max_connections"], 1);
+    proxy
+        .stats_until("the third connection refused", |stats| stats.connections_refused_reasons["max_connections"] == 1)
+        .await;
     for _ in 0..2 {
         let silent = client.json().await["silent_for"].as_f64().expect("seconds");
         // Counted by the client from its last read, a little after the proxy's last write.

@@ -1,12 +1,9 @@
 //! `limiter top --watch` on a real terminal: tmux runs it, types into it and reads its
 //! screen. Without an agent or pinned maps, the screen says so and still answers keys.
 
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::process::Command;
 
-use limiter_lab::support::{agent::limiter_bin, proxy::PATIENCE, unique};
+use limiter_lab::support::{agent::limiter_bin, unique, wait::until};
 
 fn tmux(args: &[&str]) -> std::process::Output {
     Command::new("tmux").args(args).output().expect("tmux (cargo xtask setup installs it)")
@@ -21,16 +18,14 @@ impl Drop for Session {
     }
 }
 
-/// The screen once `want` is on it; the last screen seen otherwise.
+/// What the terminal shows.
+fn capture(session: &str) -> String {
+    String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", session]).stdout).into_owned()
+}
+
+/// The screen once `want` is on it.
 fn screen_with(session: &str, want: &str) -> String {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let screen = String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", session]).stdout).into_owned();
-        if screen.contains(want) || Instant::now() > deadline {
-            return screen;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    until(&format!("{want:?} on the screen"), || capture(session), |screen| screen.contains(want))
 }
 
 #[test]
@@ -57,10 +52,7 @@ fn the_screen_sorts_on_s_and_quits_on_q() {
     let screen = screen_with(&name, "sorted by drops");
     assert!(screen.contains("sorted by drops"), "{screen}");
     tmux(&["send-keys", "-t", &name, "q"]);
-    let deadline = Instant::now() + PATIENCE;
-    while tmux(&["has-session", "-t", &name]).status.success() {
-        assert!(Instant::now() < deadline, "q did not quit: {}", screen_with(&name, "\u{0}"));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let running = || tmux(&["has-session", "-t", &name]).status.success().then(|| capture(&name));
+    until("q to quit the screen", running, Option::is_none);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -24,14 +24,23 @@ fn flood_is_held_to_its_rate_while_a_slow_flow_loses_nothing() {
         scope.spawn(|| traffic::send(&lab.net.ns, polite, receiver.addr, POLITE, 1).expect("send"));
         flood.join().expect("flood")
     });
-    receiver.settle(Duration::from_millis(200));
-
-    let flood_received = receiver.from(flooder).len() as u64;
-    let polite_received = receiver.from(polite).len() as u64;
-    eprintln!(
-        "flood: {flood_received} of {FLOOD} received in {flood_elapsed:?}; slow flow: {polite_received} of {POLITE}"
+    // The program meets each packet in the kernel's receive path, which may run after
+    // the send returned, and the receiving thread gets those it passed later still.
+    let row = |top: &serde_json::Value, ip: std::net::Ipv4Addr| {
+        top.as_array().and_then(|rows| rows.iter().find(|r| r["source"] == ip.to_string())).cloned()
+    };
+    let count = |top: &serde_json::Value, ip, what: &str| row(top, ip).and_then(|row| row[what].as_u64());
+    let top = lab.agent.json_until(&["top", "-n", "5", "--json"], "the program to meet every packet", |top| {
+        (count(top, flooder, "packets"), count(top, polite, "packets")) == (Some(FLOOD), Some(POLITE))
+    });
+    assert_eq!(count(&top, polite, "dropped"), Some(0), "the slow flow lost packets");
+    let flood_received = FLOOD - count(&top, flooder, "dropped").expect("the flooder's drops");
+    lab.agent.until(
+        "every packet passed to reach the receiver",
+        || (receiver.from(flooder).len() as u64, receiver.from(polite).len() as u64),
+        |received| *received == (flood_received, POLITE),
     );
-    assert_eq!(polite_received, POLITE, "the slow flow lost packets");
+    eprintln!("flood: {flood_received} of {FLOOD} received in {flood_elapsed:?}; slow flow: {POLITE} of {POLITE}");
     let ceiling = BURST + (flood_elapsed.as_secs_f64() * RATE as f64).ceil() as u64 + RATE / 20;
     let floor = (flood_elapsed.as_secs_f64() * RATE as f64 * 0.8) as u64;
     assert!(
@@ -39,18 +48,10 @@ fn flood_is_held_to_its_rate_while_a_slow_flow_loses_nothing() {
         "flood got {flood_received} through in {flood_elapsed:?}; expected {floor}..={ceiling}"
     );
 
+    // Read after the program met the last packet: the counters are final.
     let stats = lab.agent.cli_json(&["stats", "--json"]);
     assert_eq!(stats["xdp"]["packets"]["dropped_rate_limit"].as_u64(), Some(FLOOD - flood_received), "{stats}");
     assert_eq!(stats["xdp"]["attached"][0]["interface"].as_str(), Some(lab.net.host_if.as_str()));
-    let top = lab.agent.cli_json(&["top", "-n", "5", "--json"]);
-    let row = |ip: std::net::Ipv4Addr| {
-        top.as_array().and_then(|rows| rows.iter().find(|r| r["source"] == ip.to_string())).cloned()
-    };
-    let flood_row = row(flooder).expect("flooder in top");
-    assert_eq!(flood_row["packets"].as_u64(), Some(FLOOD));
-    assert_eq!(flood_row["dropped"].as_u64(), Some(FLOOD - flood_received));
-    let polite_row = row(polite).expect("polite source in top");
-    assert_eq!((polite_row["packets"].as_u64(), polite_row["dropped"].as_u64()), (Some(POLITE), Some(0)));
 }
 
 /// `limiter top --watch` with its output going to a pipe, not a terminal: plain
@@ -58,7 +59,10 @@ fn flood_is_held_to_its_rate_while_a_slow_flow_loses_nothing() {
 /// a client the proxy refuses, and the rule refusing it.
 #[tokio::test(flavor = "multi_thread")]
 async fn top_watch_prints_plain_frames_with_both_layers_rates_when_not_on_a_terminal() {
-    use limiter_lab::support::proxy::{PATIENCE, TestClient, Upstream};
+    use limiter_lab::support::{
+        proxy::{TestClient, Upstream},
+        wait::PATIENCE,
+    };
     use std::io::BufRead as _;
 
     let upstream = Upstream::start().await;

@@ -1,11 +1,17 @@
 //! The `limiter` binary run as the agent, with a private config, pins and socket.
 
 use std::{
+    fmt::Debug,
     io::Write as _,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     time::{Duration, Instant},
 };
+
+use limiter::xdp::KernelMaps;
+use limiter_common::counters::Counter;
+
+use super::wait::{PATIENCE, poll, timed_out};
 
 /// A running `limiter run`, stopped and cleaned up on drop.
 #[derive(Debug)]
@@ -94,6 +100,35 @@ impl AgentProcess {
         let output = self.cli(args);
         assert!(output.status.success(), "limiter {args:?}: {}", String::from_utf8_lossy(&output.stderr));
         serde_json::from_slice(&output.stdout).expect("JSON output")
+    }
+
+    /// What `look` sees once `done` holds of it (see [`super::wait::until`]), failing
+    /// with the agent's log too: the agent may act on what it was told (a watcher's
+    /// reload, a fleet's block) or count a packet after the command or the client
+    /// that caused it is done.
+    pub fn until<T: Debug>(&self, what: &str, look: impl FnMut() -> T, done: impl FnMut(&T) -> bool) -> T {
+        poll(look, done)
+            .unwrap_or_else(|last| timed_out(&format!("{what} (agent log:\n{})", self.log()), PATIENCE, &last))
+    }
+
+    /// `limiter <args> --json` once `done` holds of it.
+    pub fn json_until(
+        &self,
+        args: &[&str],
+        what: &str,
+        done: impl FnMut(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        self.until(what, || self.cli_json(args), done)
+    }
+
+    /// `limiter stats --json` once `done` holds of it.
+    pub fn stats_until(&self, what: &str, done: impl FnMut(&serde_json::Value) -> bool) -> serde_json::Value {
+        self.json_until(&["stats", "--json"], what, done)
+    }
+
+    /// The kernel layer's `counter`, read from the pins.
+    pub fn counter(&self, counter: Counter) -> u64 {
+        KernelMaps::open_pinned(&self.pin_dir).expect("pinned maps").counter_snapshot().expect("counters").get(counter)
     }
 
     /// Writes `config` to a new file and runs `limiter reload -c` on it. The agent

@@ -1,7 +1,7 @@
 //! The helpers of limiter-agent's integration tests, one tree: Redis servers,
 //! hand-built frames and unique names here; with the `agent` feature, what drives the
 //! agent's own types (a running proxy and test upstream, the XDP program under test,
-//! the agent process, the namespace lab around it). Each test gets its own names,
+//! the agent process, the namespace lab around it, waiting for what they count). Each test gets its own names,
 //! and everything is removed in `Drop`.
 
 #[cfg(feature = "agent")]
@@ -13,6 +13,7 @@ pub mod kernel;
 pub mod proxy;
 pub mod redis;
 pub mod tls;
+pub mod wait;
 #[cfg(feature = "agent")]
 pub mod xdp_lab;
 

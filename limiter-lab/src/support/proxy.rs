@@ -24,7 +24,7 @@ use hyper_util::{
 use limiter::{
     config::Config,
     escalation::{Escalation, Escalator},
-    proxy::{Proxy, Serving},
+    proxy::{Proxy, ProxyStats, Serving},
     signature::KeySecrets,
 };
 use limiter_core::{Clock as _, FakeClock, SystemClock};
@@ -35,8 +35,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-/// Long enough for anything that should happen "at once" on a loaded test machine.
-pub const PATIENCE: Duration = Duration::from_secs(10);
+use super::wait::{PATIENCE, until_async};
 
 /// A request as the upstream received it.
 #[derive(Clone, Debug)]
@@ -245,6 +244,13 @@ impl RunningProxy {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// The proxy's counters once `done` holds of them (see [`until_async`]): a worker
+    /// may count a request after its client has the answer. For a count the test
+    /// states exactly, wait for that very value: one past it fails too.
+    pub async fn stats_until(&self, what: &str, done: impl FnMut(&ProxyStats) -> bool) -> ProxyStats {
+        until_async(what, || self.proxy.stats(), done).await
     }
 
     /// Asks the proxy to stop and waits until its workers have drained.

@@ -2,7 +2,7 @@
 //! (`LIMITER_TEST_REDIS_URL`), or a private `redis-server` on a free port, so that
 //! plain `cargo test` works too. Each test names its keys with its own prefix.
 
-use super::tls::TestTls;
+use super::{tls::TestTls, wait::until_within};
 use std::{
     net::TcpListener,
     process::{Child, Command, Stdio},
@@ -93,12 +93,25 @@ pub fn unique_prefix(test: &str) -> String {
     format!("test:{test}:{}:{nanos}:{}:", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
+/// How long a test proxy waits for Redis. The default (100 ms) is a deployment's, next
+/// to its server: on a loaded test machine a slow answer would become
+/// `store_failure`'s verdict, and a count the test states would be off by it. The
+/// outages the tests make (a killed server, an unknown CA) are refused at once, not
+/// waited out.
+pub const REDIS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The `[proxy]` keys that put a proxy on the server at `url` under `prefix`.
+pub fn redis_keys_at(url: &str, prefix: &str, store_failure: &str) -> String {
+    format!(
+        "store = \"redis\"\nredis_url = \"{url}\"\nredis_prefix = \"{prefix}\"\nstore_failure = \"{store_failure}\"\n\
+         redis_timeout = \"{}ms\"\n",
+        REDIS_TIMEOUT.as_millis()
+    )
+}
+
 /// The `[proxy]` keys that put a proxy on this server under `prefix`.
 pub fn redis_keys(redis: &TestRedis, prefix: &str, store_failure: &str) -> String {
-    format!(
-        "store = \"redis\"\nredis_url = \"{}\"\nredis_prefix = \"{prefix}\"\nstore_failure = \"{store_failure}\"\n",
-        redis.url()
-    )
+    redis_keys_at(redis.url(), prefix, store_failure)
 }
 
 /// A free port on the loopback.
@@ -120,13 +133,9 @@ pub fn redis_cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// Polls `done` every 50 ms for at most `within`.
-fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what} did not happen within {within:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Waits at most `within` until `done` says so.
+fn wait_for(what: &str, within: Duration, done: impl FnMut() -> bool) {
+    until_within(within, what, done, |happened| *happened);
 }
 
 /// Redis servers of one test, killed when dropped.
