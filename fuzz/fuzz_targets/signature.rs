@@ -2,8 +2,8 @@
 //! header lines `name: value`, an empty line, the body), so that the seeds in
 //! `fuzz/seeds/signature` are real signed requests the fuzzer mutates field by field:
 //! an arbitrary request gets a verdict, never a panic; the same request signed with
-//! the key's secret verifies exactly when its headers can carry it, and another body
-//! does not.
+//! the key's secret verifies exactly when its headers can carry it, and neither
+//! another body nor the request without its `Idempotency-Key` does.
 
 #![no_main]
 
@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use libfuzzer_sys::fuzz_target;
-use limiter_core::signature::{Canonical, Failure, SignedRequest, Verifier, sha256, sign_hex};
+use limiter_core::signature::{
+    Canonical, Failure, SignedRequest, Verifier, canonical::IDEMPOTENCY_KEY_LABEL, sha256, sign_hex,
+};
 
 const SECRET: &[u8] = b"fuzz-secret";
 const NOW: u64 = 1_700_000_000;
@@ -62,7 +64,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = verifier.authenticate(&as_sent, NOW, MAX_SKEW);
 
     // The same request signed properly: its timestamp where that is within the skew,
-    // its nonce where it sent one that is text.
+    // its nonce and idempotency key where it sent ones that are text.
     let timestamp = request
         .headers
         .get("x-timestamp")
@@ -70,10 +72,10 @@ fuzz_target!(|data: &[u8]| {
         .filter(|sent| sent.abs_diff(NOW) < MAX_SKEW.as_secs())
         .unwrap_or(NOW)
         .to_string();
-    let nonce = match request.headers.get("x-nonce").map(|value| std::str::from_utf8(value.as_bytes())) {
-        Some(Err(_)) => return,
-        Some(Ok(nonce)) => Some(nonce),
-        None => None,
+    let (Ok(nonce), Ok(idempotency_key)) =
+        (text_header(&request.headers, "x-nonce"), text_header(&request.headers, "idempotency-key"))
+    else {
+        return;
     };
     let canonical = Canonical {
         method: request.method.as_str(),
@@ -81,6 +83,7 @@ fuzz_target!(|data: &[u8]| {
         timestamp: &timestamp,
         body_sha256: &body_sha256,
         nonce,
+        idempotency_key,
         // The key signs without the host, as keys do unless `sign_host` is set.
         host: None,
     };
@@ -90,6 +93,9 @@ fuzz_target!(|data: &[u8]| {
     let hash = hex::encode(body_sha256);
     let mut expected = vec![request.method.as_str(), request.target, timestamp.as_str(), hash.as_str()];
     expected.extend(nonce);
+    if let Some(key) = idempotency_key {
+        expected.extend([IDEMPOTENCY_KEY_LABEL, key]);
+    }
     assert_eq!(fields, expected, "the string to sign does not split back into its fields");
 
     let mut headers = HeaderMap::new();
@@ -102,16 +108,35 @@ fuzz_target!(|data: &[u8]| {
         panic!("a hex signature is a header value");
     };
     headers.insert("x-signature", signature);
-    if let Some(nonce) = request.headers.get("x-nonce") {
-        headers.insert("x-nonce", nonce.clone());
+    for name in ["x-nonce", "idempotency-key"] {
+        if let Some(value) = request.headers.get(name) {
+            headers.insert(name, value.clone());
+        }
     }
     let signed = SignedRequest { headers: &headers, ..as_sent };
-    let visible_nonce = nonce.is_none_or(|nonce| nonce.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)));
-    match verifier.authenticate(&signed, NOW, MAX_SKEW) {
-        Ok(authenticated) => assert!(visible_nonce && authenticated.key_id == "k"),
-        Err(failure) => assert!(!visible_nonce && failure == Failure::MalformedHeader("x-nonce"), "{failure}"),
+    // The nonce is read first, so it is the one named when both are unreadable.
+    let unreadable = [("x-nonce", nonce), ("idempotency-key", idempotency_key)]
+        .into_iter()
+        .find(|(_, value)| value.is_some_and(|value| !value.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b))))
+        .map(|(name, _)| name);
+    match (verifier.authenticate(&signed, NOW, MAX_SKEW), unreadable) {
+        (Ok(authenticated), None) => assert_eq!(authenticated.key_id, "k"),
+        (Err(failure), Some(name)) => assert_eq!(failure, Failure::MalformedHeader(name)),
+        (outcome, unreadable) => panic!("{outcome:?} with unreadable header {unreadable:?}"),
     }
     let other_body = sha256(&[request.body, b"!"].concat());
     let tampered = SignedRequest { body_sha256: &other_body, ..signed };
     assert!(verifier.authenticate(&tampered, NOW, MAX_SKEW).is_err());
+    if idempotency_key.is_some() {
+        let mut stripped = headers.clone();
+        stripped.remove("idempotency-key");
+        let stripped = SignedRequest { headers: &stripped, ..signed };
+        assert!(verifier.authenticate(&stripped, NOW, MAX_SKEW).is_err(), "the idempotency key is not signed");
+    }
 });
+
+/// The value of `name` as UTF-8 (not necessarily a valid header string), `None` when
+/// absent; `Err` where it is no text at all.
+fn text_header<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, std::str::Utf8Error> {
+    headers.get(name).map(|value| std::str::from_utf8(value.as_bytes())).transpose()
+}

@@ -24,9 +24,16 @@ const SECRET: &[u8] = b"bench-secret-0123456789abcdef";
 
 fn signed_headers(method: &str, target: &str, body_hash: &[u8; 32], nonce: &str, now: u64) -> HeaderMap {
     let timestamp = now.to_string();
-    let message =
-        Canonical { method, target, timestamp: &timestamp, body_sha256: body_hash, nonce: Some(nonce), host: None }
-            .string_to_sign();
+    let message = Canonical {
+        method,
+        target,
+        timestamp: &timestamp,
+        body_sha256: body_hash,
+        nonce: Some(nonce),
+        idempotency_key: None,
+        host: None,
+    }
+    .string_to_sign();
     let mut headers = HeaderMap::new();
     let value = |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static(""));
     headers.insert("x-api-key", value(KEY_ID));
@@ -56,6 +63,7 @@ fn wrk_script(args: &[String]) -> anyhow::Result<()> {
             timestamp: &timestamp,
             body_sha256: &body_hash,
             nonce: Some(&nonce),
+            idempotency_key: None,
             host: None,
         }
         .string_to_sign();

@@ -316,6 +316,7 @@ fn signed(target: &str, body: &str, nonce: &str) -> Vec<(&'static str, String)> 
         timestamp: &timestamp,
         body_sha256: &sha256(body.as_bytes()),
         nonce: Some(nonce),
+        idempotency_key: None,
         host: None,
     };
     let signature = sign_hex(SECRET.as_bytes(), &canonical.string_to_sign());

@@ -278,19 +278,6 @@ impl Replay {
             Self::Redis(shared) => shared.check_and_insert(key_id, signature, *timestamp, max_skew, now).await,
         }
     }
-
-    /// Forgets a signature recorded by [`Self::check_and_insert`] whose request a limit
-    /// then refused, so that its sender can send it again.
-    pub async fn forget(&self, authenticated: &Authenticated) -> Result<(), FleetError> {
-        let Authenticated { key_id, timestamp, signature } = authenticated;
-        match self {
-            Self::Memory(cache) => {
-                cache.forget(key_id, signature, *timestamp);
-                Ok(())
-            }
-            Self::Redis(shared) => shared.forget(key_id, signature).await,
-        }
-    }
 }
 
 impl Idempotency {

@@ -11,7 +11,7 @@ use http::uri::{InvalidUri, PathAndQuery, Uri};
 
 use limiter_core::{
     Clock as _, SystemClock,
-    signature::{Canonical, sha256, sign_hex},
+    signature::{Canonical, idempotency::MAX_IDEMPOTENCY_KEY_BYTES, sha256, sign_hex},
 };
 
 use crate::signature::secrets::read_secret_file;
@@ -42,6 +42,8 @@ pub enum SignError {
     Host { host: String, source: InvalidUri },
     #[error("body file path {} is not UTF-8", .0.display())]
     BodyPathNotUtf8(PathBuf),
+    #[error("--idempotency-key must be 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes of visible ASCII, got {0:?}")]
+    IdempotencyKey(String),
     #[error("reading /dev/urandom for a nonce")]
     Nonce(#[source] std::io::Error),
 }
@@ -67,6 +69,10 @@ pub struct SignArgs {
     /// Add a random 128-bit X-Nonce, so that identical requests get distinct signatures.
     #[arg(long)]
     pub nonce: bool,
+    /// The Idempotency-Key the request will carry: sent, and covered by the signature
+    /// (the proxy refuses a request whose key was stripped or changed).
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
     /// The Host header the request will carry (`host[:port]`), for a key with
     /// `sign_host = true`: its signature covers it, lowercased.
     #[arg(long)]
@@ -117,12 +123,17 @@ fn render(
     if let Some(host) = &args.host {
         http::uri::Authority::from_str(host).map_err(|source| SignError::Host { host: host.clone(), source })?;
     }
+    let idempotency_key = args.idempotency_key.as_deref();
+    if let Some(key) = idempotency_key {
+        check_idempotency_key(key)?;
+    }
     let message = Canonical {
         method: &args.method,
         target: &args.path,
         timestamp: &timestamp,
         body_sha256: &body_sha256,
         nonce,
+        idempotency_key,
         host: args.host.as_deref(),
     }
     .string_to_sign();
@@ -131,6 +142,9 @@ fn render(
     let mut headers = vec![("X-API-Key", args.key_id.as_str()), ("X-Timestamp", timestamp.as_str())];
     if let Some(nonce) = nonce {
         headers.push(("X-Nonce", nonce));
+    }
+    if let Some(key) = idempotency_key {
+        headers.push(("Idempotency-Key", key));
     }
     headers.push(("X-Signature", signature.as_str()));
 
@@ -160,6 +174,17 @@ fn render(
         }
     }
     Ok(out)
+}
+
+/// A key the proxy takes as sent: one header value (visible ASCII, no surrounding
+/// blanks, which a server's parser would trim) within the length the proxy accepts.
+fn check_idempotency_key(key: &str) -> Result<(), SignError> {
+    let visible = key.bytes().all(|b| (b' '..=b'~').contains(&b));
+    let trimmed = key.trim_matches(' ') == key;
+    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES || !visible || !trimmed {
+        return Err(SignError::IdempotencyKey(key.to_owned()));
+    }
+    Ok(())
 }
 
 /// The base URL without a trailing slash. A path or query in it would change the request
@@ -212,6 +237,7 @@ mod tests {
             path: path.into(),
             body_file: body_file.map(PathBuf::from),
             nonce: false,
+            idempotency_key: None,
             host: None,
             timestamp: Some(TS),
             curl: curl.map(str::to_owned),
@@ -276,6 +302,33 @@ mod tests {
             };
             verifier.authenticate(&req, TS + 5, Duration::from_secs(300)).unwrap();
         }
+    }
+
+    #[test]
+    fn the_idempotency_key_is_sent_and_signed() {
+        let verifier = Verifier::new([("k-free-1".to_owned(), vec![b"s".to_vec()])]);
+        let a = SignArgs { idempotency_key: Some("order-7731".into()), ..args("POST", "/pay", None, None) };
+        let out = render(&a, b"s", b"payload", TS, Some("n")).unwrap();
+        let names: Vec<&str> = out.lines().filter_map(|line| Some(line.split_once(": ")?.0)).collect();
+        assert_eq!(names, ["X-API-Key", "X-Timestamp", "X-Nonce", "Idempotency-Key", "X-Signature"]);
+        let digest = sha256(b"payload");
+        let verify = |headers: &HeaderMap| {
+            let req = SignedRequest { method: &Method::POST, target: "/pay", headers, body_sha256: &digest };
+            verifier.authenticate(&req, TS, Duration::from_secs(300)).map(|_| ())
+        };
+        let mut headers = parse_headers(&out);
+        assert_eq!(headers["idempotency-key"], "order-7731");
+        verify(&headers).unwrap();
+        headers.remove("idempotency-key");
+        assert_eq!(verify(&headers), Err(limiter_core::signature::Failure::BadMac));
+        let curl = render(&SignArgs { curl: Some("http://h".into()), ..a.clone() }, b"s", b"", TS, None).unwrap();
+        assert!(curl.contains(" -H 'Idempotency-Key: order-7731' "), "{curl}");
+        for bad in [String::new(), "k".repeat(256), " padded".into(), "caf\u{e9}".into(), "tab\there".into()] {
+            let a = SignArgs { idempotency_key: Some(bad.clone()), ..a.clone() };
+            assert!(matches!(render(&a, b"s", b"", TS, None), Err(SignError::IdempotencyKey(_))), "{bad:?}");
+        }
+        let longest = SignArgs { idempotency_key: Some("k".repeat(255)), ..a };
+        render(&longest, b"s", b"", TS, None).unwrap();
     }
 
     #[test]

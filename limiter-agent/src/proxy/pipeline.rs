@@ -11,10 +11,11 @@
 //! whatever `X-API-Key` says: its `api_key` rules follow `missing_key` and its IP
 //! rules count it, so a client that only knows a key id cannot spend that key.
 //!
-//! A signature is recorded as used before the limits decide (so that concurrent
-//! copies are replays) and forgotten again if the request is refused before it is
-//! forwarded (a 429, or a 409/422/503 from its idempotency key): only a request that
-//! reached the upstream, or was answered from the idempotency store, burns it.
+//! A signature is recorded as used once its MAC verified, before the idempotency
+//! key and the limits are asked (so that concurrent copies are replays), and stays
+//! used whatever they answer: a request refused with 429, or 409/422/503 for its
+//! idempotency key, cannot be sent again byte for byte once the plan refills. The
+//! idempotency key is signed, so it cannot be stripped or changed on the way either.
 
 use std::{
     net::IpAddr,
@@ -315,12 +316,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         let disclose = snapshot.disclose(exchange.proof.key_id());
         let outcome = match self.act(config, verdict, violated, disclose).await {
             Ok(()) => self.forward(exchange, body).await,
-            Err(refusal) => {
-                if let Proof::Signed(authenticated) = &exchange.proof {
-                    self.unrecord(authenticated).await;
-                }
-                Err(refusal)
-            }
+            Err(refusal) => Err(refusal),
         };
         let mut response = outcome.unwrap_or_else(|refusal| self.refuse(origin, refusal));
         headers::add_rate_limit_headers(response.headers_mut(), &policies, self.clock.now(), disclose);
@@ -413,15 +409,6 @@ impl<C: Clock + Clone> Pipeline<C> {
             violated,
             tagged,
             ..Entry::new(self.clock.now(), info, config.enforce)
-        }
-    }
-
-    /// Forgets the signature of a request refused before it was forwarded, so that it can be sent again.
-    async fn unrecord(&self, authenticated: &Authenticated) {
-        if let Err(error) = self.stores.replay.forget(authenticated).await {
-            // The signature stays used until it expires: the sender signs anew.
-            self.stores.count_failure();
-            tracing::debug!(%error, "refused signature not forgotten");
         }
     }
 
@@ -530,11 +517,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             exchange.claim = match self.claim(config, &authenticated.key_id, key, fingerprint).await {
                 Ok(Taken::Claim(claim)) => claim,
                 Ok(Taken::Replay(response)) => return Ok(Admission::Answered(response)),
-                Err(refusal) => {
-                    // Refused before it ran: the same request may be sent again.
-                    self.unrecord(&authenticated).await;
-                    return Err(refusal);
-                }
+                Err(refusal) => return Err(refusal),
             };
         }
         exchange.proof = Proof::Signed(authenticated);

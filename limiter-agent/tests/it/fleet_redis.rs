@@ -389,6 +389,7 @@ impl Signed<'_> {
             timestamp: &timestamp,
             body_sha256: &sha256(self.body),
             nonce: Some(self.nonce),
+            idempotency_key: self.idempotency_key,
             host: None,
         };
         let signature = sign_hex(self.key.1, &canonical.string_to_sign());
@@ -441,10 +442,11 @@ fn two_keys_config(keys: &str, extra: &str) -> String {
 }
 
 /// One key filling the fleet's replay cache used to be impossible to bound (Redis
-/// held every signature); each key now holds its share of `replay_cache_size`, and a
-/// signature refused by a limit is not burnt.
+/// held every signature); each key now holds its share of `replay_cache_size`. A
+/// signature refused by a limit used to be forgotten (issue 25 item 10): it is burnt
+/// fleet-wide, so its bytes sent again to another agent are a replay.
 #[tokio::test]
-async fn on_redis_each_key_has_its_share_of_the_replay_cache_and_a_429_burns_nothing() {
+async fn on_redis_each_key_has_its_share_of_the_replay_cache_and_a_429_burns_the_signature() {
     let redis = TestRedis::shared();
     let keys = redis_keys(&redis, &unique_prefix("replay-share"), "deny");
     let per_key = "[[proxy.rules]]\nname = \"per-key\"\npath = \"/api/once\"\nkey = \"api_key\"\nalgorithm = \"sliding_window_log\"\nlimit = 1\nwindow = \"1h\"\n";
@@ -462,12 +464,13 @@ async fn on_redis_each_key_has_its_share_of_the_replay_cache_and_a_429_burns_not
     let other = |target, nonce| Signed { key: ("k-other", OTHER), target, body: b"x", nonce, idempotency_key: None };
     assert_eq!(other("/api/transfer", "1").send(&client, &b.url("")).await.status, StatusCode::OK);
     // k-other's second request on /api/once is over its limit: 429, and the same
-    // signed request is still good for later (here: not a replay on the other proxy).
+    // signed request sent again, to the other proxy, is a replay.
     assert_eq!(other("/api/once", "2").send(&client, &a.url("")).await.status, StatusCode::OK);
     let refused = other("/api/once", "3");
     assert_eq!(refused.send(&client, &a.url("")).await.status, StatusCode::TOO_MANY_REQUESTS);
     let again = refused.send(&client, &b.url("")).await;
-    assert_eq!(again.status, StatusCode::TOO_MANY_REQUESTS, "a limit refusal, not a 401 replay: {:?}", again.body);
+    assert_eq!(again.status, StatusCode::UNAUTHORIZED, "a replay, not another 429: {:?}", again.body);
+    b.stats_until("the resend counted as a replay", |stats| stats.replays == 1).await;
     assert_eq!(upstream.count(), 5);
 }
 

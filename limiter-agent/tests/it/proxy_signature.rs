@@ -18,7 +18,9 @@ limiter_lab::over_http1_and_http2!(
     idempotency_key_replays_conflicts_and_in_flight,
     an_unsigned_request_naming_a_key_never_spends_its_quota,
     a_bearer_key_is_charged_on_its_id_alone,
-    a_signature_refused_by_the_limits_is_not_burnt,
+    a_signed_request_refused_by_the_limits_cannot_be_replayed_once_they_refill,
+    a_signed_request_refused_for_its_idempotency_key_cannot_be_replayed,
+    the_idempotency_key_is_signed_and_cannot_be_stripped_or_changed,
     a_sign_host_key_signs_the_host,
     the_target_is_signed_as_sent_and_forwarded_in_canonical_form,
 );
@@ -66,6 +68,7 @@ window = "1s"
 }
 
 /// A request and how to sign it.
+#[derive(Clone)]
 struct Signed<'a> {
     key_id: &'a str,
     method: Method,
@@ -99,6 +102,7 @@ impl<'a> Signed<'a> {
             timestamp: &self.timestamp.to_string(),
             body_sha256: &sha256(self.body),
             nonce: self.nonce,
+            idempotency_key: self.idempotency_key,
             host: self.host,
         };
         sign_hex(secret, &canonical.string_to_sign())
@@ -256,7 +260,8 @@ async fn idempotency_key_replays_conflicts_and_in_flight(client: TestClient) {
 }
 
 /// The operator's tool and the proxy agree: headers printed by the `limiter sign`
-/// binary, pasted onto a request, pass; the same headers on a changed body do not.
+/// binary, pasted onto a request, pass; the same headers on a changed body do not,
+/// nor without the `Idempotency-Key` it signed.
 #[tokio::test]
 async fn limiter_sign_output_is_accepted_by_the_proxy() {
     let upstream = Upstream::start().await;
@@ -264,25 +269,38 @@ async fn limiter_sign_output_is_accepted_by_the_proxy() {
     let client = TestClient::default();
     let body = br#"{"amount":5,"to":"acct-7"}"#;
     let body_file = secret_file(body);
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_limiter"))
-        .args(["sign", "--key-id", "k-pay", "--method", "POST", "--path", "/api/transfer?x=1", "--nonce"])
-        .arg("--secret-file")
-        .arg(secret_file(SECRET))
-        .arg("--body-file")
-        .arg(&body_file)
-        .output()
-        .expect("run limiter sign");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let printed = String::from_utf8(output.stdout).expect("utf-8");
-    let headers: Vec<(&str, &str)> = printed.lines().filter_map(|line| line.split_once(": ")).collect();
-    assert_eq!(headers.len(), 4, "key, timestamp, nonce, signature: {printed}");
-    let reply = client.request(Method::POST, &proxy.url("/api/transfer?x=1"), &headers, body).await;
-    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
-    assert_eq!(upstream.seen()[0].body, &body[..]);
-    let tampered = client
-        .request(Method::POST, &proxy.url("/api/transfer?x=1"), &headers, br#"{"amount":500,"to":"acct-7"}"#)
-        .await;
-    assert_eq!(tampered.status, StatusCode::UNAUTHORIZED);
+    let url = proxy.url("/api/transfer?x=1");
+    for idempotency_key in [None, Some("order-7")] {
+        let mut sign = std::process::Command::new(env!("CARGO_BIN_EXE_limiter"));
+        sign.args(["sign", "--key-id", "k-pay", "--method", "POST", "--path", "/api/transfer?x=1", "--nonce"])
+            .arg("--secret-file")
+            .arg(secret_file(SECRET))
+            .arg("--body-file")
+            .arg(&body_file);
+        if let Some(key) = idempotency_key {
+            sign.args(["--idempotency-key", key]);
+        }
+        let output = sign.output().expect("run limiter sign");
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let printed = String::from_utf8(output.stdout).expect("utf-8");
+        let headers: Vec<(&str, &str)> = printed.lines().filter_map(|line| line.split_once(": ")).collect();
+        let expected = if idempotency_key.is_some() { 5 } else { 4 };
+        assert_eq!(headers.len(), expected, "key, timestamp, nonce, [idempotency key,] signature: {printed}");
+        let tampered = client.request(Method::POST, &url, &headers, br#"{"amount":500,"to":"acct-7"}"#).await;
+        assert_eq!(tampered.status, StatusCode::UNAUTHORIZED);
+        if idempotency_key.is_some() {
+            let without_key: Vec<(&str, &str)> =
+                headers.iter().copied().filter(|(name, _)| !name.eq_ignore_ascii_case("idempotency-key")).collect();
+            let stripped = client.request(Method::POST, &url, &without_key, body).await;
+            assert_eq!(stripped.status, StatusCode::UNAUTHORIZED);
+        }
+        let reply = client.request(Method::POST, &url, &headers, body).await;
+        assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    }
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].body, &body[..]);
+    assert_eq!(seen[1].headers["idempotency-key"], "order-7");
 }
 
 /// Seed attack (issue 10 §3): key ids are not secrets. Unsigned requests naming the
@@ -323,21 +341,99 @@ async fn a_bearer_key_is_charged_on_its_id_alone(client: TestClient) {
     assert_eq!(statuses, [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
 }
 
-/// A signed request refused by a limit (429) has not used its signature: sent again
-/// once the limit allows, it passes (it used to be a 401 replay).
-async fn a_signature_refused_by_the_limits_is_not_burnt(client: TestClient) {
+/// Issue 25 item 10: a signed request refused by a limit (429) used to be forgotten,
+/// so anyone who saw it could send its exact bytes once the plan refilled and have the
+/// upstream run it. Its signature is now burnt: the resend is a replay (401).
+async fn a_signed_request_refused_by_the_limits_cannot_be_replayed_once_they_refill(client: TestClient) {
     let upstream = Upstream::start().await;
     let per_key = "[[proxy.rules]]\nname = \"per-key\"\npath = \"/api\"\nkey = \"api_key\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\n";
     let proxy = RunningProxy::start(&config(&[SECRET], per_key), upstream.addr).await;
     let first = Signed { nonce: Some("a"), ..Signed::post("/api/transfer", b"x") };
     assert_eq!(first.send(&client, &proxy).await.status, StatusCode::OK);
-    let second = Signed { nonce: Some("b"), ..Signed::post("/api/transfer", b"x") };
-    assert_eq!(second.send(&client, &proxy).await.status, StatusCode::TOO_MANY_REQUESTS);
+    let refused = Signed { nonce: Some("b"), ..Signed::post("/api/transfer", b"x") };
+    assert_eq!(refused.send(&client, &proxy).await.status, StatusCode::TOO_MANY_REQUESTS);
     proxy.clock.advance(std::time::Duration::from_secs(60));
-    assert_eq!(second.send(&client, &proxy).await.status, StatusCode::OK);
-    // Recorded once admitted: the same request again is a replay.
-    assert_eq!(second.send(&client, &proxy).await.status, StatusCode::UNAUTHORIZED);
+    let resent = refused.send(&client, &proxy).await;
+    assert_eq!(resent.status, StatusCode::UNAUTHORIZED, "{:?}", resent.body);
+    proxy.stats_until("the resend counted as a replay", |stats| stats.replays == 1).await;
+    assert_eq!(upstream.count(), 1);
+    // The client itself retries by signing anew, and the refilled plan lets it through.
+    let retry = Signed { nonce: Some("c"), ..Signed::post("/api/transfer", b"x") };
+    assert_eq!(retry.send(&client, &proxy).await.status, StatusCode::OK);
     assert_eq!(upstream.count(), 2);
+}
+
+/// Issue 25 item 10, with idempotency refusals: a request refused with 422 (its key
+/// reused for another body) or 409 (its key in flight) used to be forgotten, and its
+/// key was not signed: the same bytes were good again, and without the
+/// `Idempotency-Key` header the upstream ran them.
+async fn a_signed_request_refused_for_its_idempotency_key_cannot_be_replayed(client: TestClient) {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
+    let with_key = |nonce, target, body: &'static [u8], key| Signed {
+        nonce: Some(nonce),
+        idempotency_key: Some(key),
+        ..Signed::post(target, body)
+    };
+    assert_eq!(with_key("1", "/api/transfer", b"pay 10", "idem-1").send(&client, &proxy).await.status, StatusCode::OK);
+    let conflicting = with_key("2", "/api/transfer", b"pay 99", "idem-1");
+    assert_eq!(conflicting.send(&client, &proxy).await.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let signature = conflicting.signature(SECRET);
+    let resends = [
+        conflicting.send(&client, &proxy).await,
+        Signed { idempotency_key: None, ..conflicting.clone() }.send_with(&client, &proxy, &signature).await,
+        Signed { idempotency_key: Some("idem-fresh"), ..conflicting.clone() }
+            .send_with(&client, &proxy, &signature)
+            .await,
+    ];
+    for (case, reply) in ["as sent", "key stripped", "key changed"].iter().zip(&resends) {
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{case}: {:?}", reply.body);
+    }
+
+    let held = with_key("3", "/api/transfer/hold", b"pay 5", "idem-2");
+    let in_flight = held.spawn(&client, &proxy);
+    upstream.arrived(2).await;
+    let duplicate = with_key("4", "/api/transfer/hold", b"pay 5", "idem-2");
+    assert_eq!(duplicate.send(&client, &proxy).await.status, StatusCode::CONFLICT);
+    upstream.release(1);
+    assert_eq!(in_flight.await.expect("held request").status, StatusCode::OK);
+    // Before, the 409's bytes were answered from the store; now they are a replay.
+    assert_eq!(duplicate.send(&client, &proxy).await.status, StatusCode::UNAUTHORIZED);
+    proxy.stats_until("every resend counted as a replay", |stats| stats.replays == 2).await;
+    assert_eq!(upstream.count(), 2);
+}
+
+/// Issue 25 item 10: the signature covers `Idempotency-Key` when it is sent, so that
+/// nobody on the way can drop it (and have a retried request run twice) or change it;
+/// a client that sends no key signs as it always did.
+async fn the_idempotency_key_is_signed_and_cannot_be_stripped_or_changed(client: TestClient) {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
+    let signed = Signed { nonce: Some("1"), idempotency_key: Some("idem-s"), ..Signed::post("/api/transfer", b"pay") };
+    let signature = signed.signature(SECRET);
+    let old_client = Signed { nonce: Some("2"), ..Signed::post("/api/transfer", b"pay") };
+    let tampered = [
+        Signed { idempotency_key: None, ..signed.clone() }.send_with(&client, &proxy, &signature).await,
+        Signed { idempotency_key: Some("idem-t"), ..signed.clone() }.send_with(&client, &proxy, &signature).await,
+        Signed { idempotency_key: Some("idem-s"), ..old_client.clone() }
+            .send_with(&client, &proxy, &old_client.signature(SECRET))
+            .await,
+    ];
+    for (case, reply) in ["stripped", "changed", "added"].iter().zip(&tampered) {
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{case}: {:?}", reply.body);
+    }
+    assert_eq!(upstream.count(), 0);
+    assert_eq!(signed.send(&client, &proxy).await.status, StatusCode::OK);
+    assert_eq!(old_client.send(&client, &proxy).await.status, StatusCode::OK);
+    let seen: Vec<Option<String>> = upstream
+        .seen()
+        .iter()
+        .map(|seen| seen.headers.get("idempotency-key").map(|key| key.to_str().expect("ascii").to_owned()))
+        .collect();
+    assert_eq!(seen, [Some("idem-s".to_owned()), None]);
+    proxy
+        .stats_until("the tampered ones counted as bad MACs", |stats| stats.signature_failure_reasons["bad_mac"] == 3)
+        .await;
 }
 
 /// One key filling the replay cache made every other key's valid requests fail; each
@@ -440,30 +536,31 @@ async fn an_idempotency_key_over_255_bytes_is_refused() {
     assert_eq!(upstream.count(), 1);
 }
 
-/// A signed request refused with 409 while its idempotency key was in flight used to
-/// burn its signature: the client's retry of the very same request was a 401 replay.
-/// Now the retry is answered from the store once the first one has completed.
+/// A client whose request got 409 while its idempotency key was in flight retries by
+/// signing anew (the 409's signature is burnt), and is answered from the store once
+/// the first one has completed.
 #[tokio::test]
-async fn a_signature_refused_for_an_idempotency_key_in_flight_is_not_burnt() {
+async fn a_request_refused_for_an_idempotency_key_in_flight_is_retried_signed_anew() {
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
     let client = TestClient::default();
     let in_flight = idempotent("1", "/api/transfer/hold", "idem-retry").spawn(&client, &proxy);
     upstream.arrived(1).await;
-    let retry = idempotent("2", "/api/transfer/hold", "idem-retry");
-    assert_eq!(retry.send(&client, &proxy).await.status, StatusCode::CONFLICT);
+    assert_eq!(
+        idempotent("2", "/api/transfer/hold", "idem-retry").send(&client, &proxy).await.status,
+        StatusCode::CONFLICT
+    );
     upstream.release(1);
     assert_eq!(in_flight.await.expect("held request").status, StatusCode::OK);
-    let again = retry.send(&client, &proxy).await;
+    let again = idempotent("3", "/api/transfer/hold", "idem-retry").send(&client, &proxy).await;
     assert_eq!((again.status, again.header("idempotency-replayed")), (StatusCode::OK, "true"));
     assert_eq!(upstream.count(), 1);
-    // Answered from the store, it has now been used.
-    assert_eq!(retry.send(&client, &proxy).await.status, StatusCode::UNAUTHORIZED);
 }
 
-/// A malformed `Idempotency-Key` is refused before the signature is recorded.
+/// A malformed `Idempotency-Key` is refused (400), and as the key is signed, dropping
+/// it does not make the same signature good for an unprotected request.
 #[tokio::test]
-async fn a_signature_refused_for_a_malformed_idempotency_key_is_not_burnt() {
+async fn a_malformed_idempotency_key_cannot_be_dropped_to_reuse_the_signature() {
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(&config(&[SECRET], ""), upstream.addr).await;
     let client = TestClient::default();
@@ -471,10 +568,9 @@ async fn a_signature_refused_for_a_malformed_idempotency_key_is_not_burnt() {
     let request = idempotent("1", "/api/transfer", &too_long);
     let signature = request.signature(SECRET);
     assert_eq!(request.send_with(&client, &proxy, &signature).await.status, StatusCode::BAD_REQUEST);
-    let fixed = Signed { idempotency_key: None, ..request };
-    // The key is not signed, so the client can drop it and send the same signature.
-    assert_eq!(fixed.send_with(&client, &proxy, &signature).await.status, StatusCode::OK);
-    assert_eq!(upstream.count(), 1);
+    let dropped = Signed { idempotency_key: None, ..request };
+    assert_eq!(dropped.send_with(&client, &proxy, &signature).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(upstream.count(), 0);
 }
 
 /// Twenty identical requests at once: exactly one reaches the upstream, the others

@@ -23,22 +23,34 @@ pub struct Canonical<'a> {
     pub body_sha256: &'a [u8; 32],
     /// The `X-Nonce` value, only when the header was sent.
     pub nonce: Option<&'a str>,
+    /// The `Idempotency-Key` value, only when the header was sent: signed, so that
+    /// nobody can strip it or change it and have the upstream run the request again.
+    pub idempotency_key: Option<&'a str>,
     /// The `Host` header as sent, for keys with `sign_host`; lowercased here.
     pub host: Option<&'a str>,
 }
 
+/// The line that announces the idempotency key on the line after it.
+pub const IDEMPOTENCY_KEY_LABEL: &str = "idempotency-key";
+
 impl Canonical<'_> {
     /// The string to sign: the fields joined by `\n`, without a trailing newline.
     ///
-    /// No field can contain `\n` (methods are tokens, URIs and header values exclude
-    /// control characters, the hash is hex) and the optional nonce and host come last,
-    /// so two different requests never produce the same string: whether the host is
-    /// signed is fixed per key (`sign_host`), so the line count tells whether a nonce is.
+    /// After the four fixed lines come, each only when present and in this order: the
+    /// nonce (one line), the idempotency key (two lines: [`IDEMPOTENCY_KEY_LABEL`], then
+    /// the key) and the host (one line). No field can contain `\n` (methods are tokens,
+    /// URIs and header values exclude control characters, the hash is hex), so the
+    /// lines split back into the fields, and two different requests never produce the
+    /// same string: whether the host is signed is fixed per key (`sign_host`), and the
+    /// 0 to 3 lines left between the hash and the host say which of the others are
+    /// there (an odd count: a nonce; two or more: an idempotency key). That is why the
+    /// key takes two lines: on one line, a nonce `n` and a key `n` would sign alike.
     #[must_use]
     pub fn string_to_sign(&self) -> String {
-        let optional = self.nonce.map_or(0, str::len) + self.host.map_or(0, str::len);
+        let idempotency = self.idempotency_key.map_or(0, |key| IDEMPOTENCY_KEY_LABEL.len() + 1 + key.len());
+        let optional = self.nonce.map_or(0, str::len) + idempotency + self.host.map_or(0, str::len);
         let mut s =
-            String::with_capacity(self.method.len() + self.target.len() + self.timestamp.len() + 64 + 5 + optional);
+            String::with_capacity(self.method.len() + self.target.len() + self.timestamp.len() + 64 + 6 + optional);
         s.push_str(self.method);
         s.push('\n');
         s.push_str(self.target);
@@ -49,6 +61,12 @@ impl Canonical<'_> {
         if let Some(nonce) = self.nonce {
             s.push('\n');
             s.push_str(nonce);
+        }
+        if let Some(key) = self.idempotency_key {
+            s.push('\n');
+            s.push_str(IDEMPOTENCY_KEY_LABEL);
+            s.push('\n');
+            s.push_str(key);
         }
         if let Some(host) = self.host {
             s.push('\n');

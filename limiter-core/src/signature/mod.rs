@@ -5,9 +5,9 @@
 //! # The scheme
 //!
 //! A client holding the secret of key `K` sends `X-API-Key: K`, `X-Timestamp` (unix
-//! seconds), optionally `X-Nonce`, and `X-Signature`: the lowercase hex
-//! HMAC-SHA256(secret, string to sign), where the string to sign is these lines joined
-//! by `\n`, without a trailing newline:
+//! seconds), optionally `X-Nonce` and `Idempotency-Key`, and `X-Signature`: the
+//! lowercase hex HMAC-SHA256(secret, string to sign), where the string to sign is these
+//! lines joined by `\n`, without a trailing newline:
 //!
 //! ```text
 //! METHOD
@@ -15,7 +15,11 @@
 //! TIMESTAMP as sent
 //! lowercase hex SHA-256 of the raw body (of "" when there is none)
 //! NONCE, only when X-Nonce is sent
+//! idempotency-key, then the KEY as sent: two lines, only when Idempotency-Key is sent
+//! HOST lowercased, only for keys with sign_host
 //! ```
+//!
+//! [`Canonical::string_to_sign`] says why no two requests sign the same string.
 //!
 //! Worked example, reproducible with standard tools (also a test vector in `tests`):
 //!
@@ -33,8 +37,9 @@
 //!    forward and their SHA-256.
 //! 2. [`Verifier::authenticate`] checks headers, timestamp window and MAC (constant
 //!    time, any of the key's secrets); the agent then records the signature in a
-//!    replay cache ([`ReplayCache`] in memory, or the fleet's). Every [`Failure`] gets
-//!    the same 401; [`Failure::reason`] is the metrics label.
+//!    replay cache ([`ReplayCache`] in memory, or the fleet's), where it stays
+//!    whatever the limits and the idempotency store then answer. Every [`Failure`]
+//!    gets the same 401; [`Failure::reason`] is the metrics label.
 //! 3. For [`idempotency::applies_to`] methods with an `Idempotency-Key`,
 //!    [`IdempotencyStore::begin`] decides between forwarding (then
 //!    [`idempotency::Guard::complete`]), replaying a stored response, 422, 409 or 503.

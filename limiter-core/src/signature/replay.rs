@@ -1,5 +1,11 @@
 //! Memory of accepted signatures, so that each can be used once.
 //!
+//! A signature is used once its MAC verified, whatever then becomes of the request:
+//! refused by a limit or for its idempotency key, it is still burnt. Forgetting it
+//! would let anyone who saw the refused request send its exact bytes again later
+//! (once the plan refilled) and have the upstream run it; a client that retries
+//! signs anew (another timestamp or `X-Nonce`).
+//!
 //! # Capacity policy: fail closed
 //!
 //! When every entry is still live and a new signature arrives, the cache refuses it
@@ -132,16 +138,6 @@ impl ReplayCache {
         inner.live.insert(entry);
         inner.per_key.insert(key_id.into(), held + 1);
         Ok(())
-    }
-
-    /// Forgets a signature recorded by [`Self::check_and_insert`] whose request was
-    /// then refused by a limit: it never took effect, so its sender may use it again.
-    pub fn forget(&self, key_id: &str, signature: &[u8; 32], timestamp: u64) {
-        let mut inner = self.lock();
-        let entry: Entry = (key_id.into(), *signature);
-        if inner.by_timestamp.remove(&(timestamp, entry.clone())) {
-            inner.remove(&entry);
-        }
     }
 
     /// Entries currently held, live or not yet purged.

@@ -51,8 +51,16 @@ fn signed_headers(
     nonce: Option<&str>,
 ) -> HeaderMap {
     let digest = sha256(body);
-    let message = Canonical { method: method.as_str(), target, timestamp: ts, body_sha256: &digest, nonce, host: None }
-        .string_to_sign();
+    let message = Canonical {
+        method: method.as_str(),
+        target,
+        timestamp: ts,
+        body_sha256: &digest,
+        nonce,
+        idempotency_key: None,
+        host: None,
+    }
+    .string_to_sign();
     let mut headers = HeaderMap::new();
     headers.insert("x-api-key", HeaderValue::from_str(key_id).unwrap());
     headers.insert("x-timestamp", HeaderValue::from_str(ts).unwrap());
@@ -64,7 +72,10 @@ fn signed_headers(
 }
 
 mod canonical {
+    use proptest::prelude::*;
+
     use super::*;
+    use crate::signature::canonical::IDEMPOTENCY_KEY_LABEL;
 
     /// Fixed vector, derived with:
     ///
@@ -88,6 +99,7 @@ mod canonical {
             timestamp: "1700000000",
             body_sha256: &digest,
             nonce: None,
+            idempotency_key: None,
             host: None,
         };
         assert_eq!(
@@ -133,8 +145,16 @@ mod canonical {
         for &(method, target, ts, body, nonce, key) in cases {
             let digest = sha256(body);
             assert_eq!(hex::encode(digest), openssl_sha256(body));
-            let ours =
-                Canonical { method, target, timestamp: ts, body_sha256: &digest, nonce, host: None }.string_to_sign();
+            let ours = Canonical {
+                method,
+                target,
+                timestamp: ts,
+                body_sha256: &digest,
+                nonce,
+                idempotency_key: None,
+                host: None,
+            }
+            .string_to_sign();
             let theirs = contract_string(method, target, ts, body, nonce);
             assert_eq!(ours, theirs);
             assert!(!ours.ends_with('\n') || nonce == Some(""));
@@ -145,7 +165,15 @@ mod canonical {
     #[test]
     fn host_line_last_and_lowercase() {
         let d = sha256(b"");
-        let base = Canonical { method: "GET", target: "/", timestamp: "1", body_sha256: &d, nonce: None, host: None };
+        let base = Canonical {
+            method: "GET",
+            target: "/",
+            timestamp: "1",
+            body_sha256: &d,
+            nonce: None,
+            idempotency_key: None,
+            host: None,
+        };
         let with = Canonical { nonce: Some("n"), host: Some("API.Example.com:8443"), ..base };
         assert_eq!(with.string_to_sign(), format!("GET\n/\n1\n{EMPTY_SHA256}\nn\napi.example.com:8443"));
     }
@@ -153,10 +181,196 @@ mod canonical {
     #[test]
     fn nonce_line_only_when_sent() {
         let d = sha256(b"");
-        let base = Canonical { method: "GET", target: "/", timestamp: "1", body_sha256: &d, nonce: None, host: None };
+        let base = Canonical {
+            method: "GET",
+            target: "/",
+            timestamp: "1",
+            body_sha256: &d,
+            nonce: None,
+            idempotency_key: None,
+            host: None,
+        };
         assert_eq!(base.string_to_sign().lines().count(), 4);
         let with = Canonical { nonce: Some("n"), ..base };
         assert_eq!(with.string_to_sign(), format!("GET\n/\n1\n{EMPTY_SHA256}\nn"));
+    }
+
+    /// The README's worked example with `Idempotency-Key: transfer-7731`, and with a
+    /// nonce and a `sign_host` host as well, derived with:
+    ///
+    /// ```text
+    /// printf 'POST\n/api/transfer?dry_run=1\n1700000000\nee08…8e9d\nidempotency-key\ntransfer-7731' \
+    ///   | openssl dgst -sha256 -hmac 'k-free-1-secret'
+    ///   -> ebf028f0ba8537c7629d2a1069b7fc38cb48b6f1ab1527a03adc62b2527e6a7a
+    /// printf '…8e9d\n0123456789abcdef0123456789abcdef\nidempotency-key\ntransfer-7731\npay.example.com' | …
+    ///   -> f740c692f679a609d803d951cc47b554ac75ff521c7461ad84f376e735a55f62
+    /// ```
+    #[test]
+    fn idempotency_key_vector_after_the_nonce_before_the_host() {
+        let digest = sha256(br#"{"amount":100,"to":"acct-42"}"#);
+        let c = Canonical {
+            method: "POST",
+            target: "/api/transfer?dry_run=1",
+            timestamp: "1700000000",
+            body_sha256: &digest,
+            nonce: None,
+            idempotency_key: Some("transfer-7731"),
+            host: None,
+        };
+        let hash = hex::encode(digest);
+        assert_eq!(
+            c.string_to_sign(),
+            format!("POST\n/api/transfer?dry_run=1\n1700000000\n{hash}\nidempotency-key\ntransfer-7731")
+        );
+        assert_eq!(
+            sign_hex(b"k-free-1-secret", &c.string_to_sign()),
+            "ebf028f0ba8537c7629d2a1069b7fc38cb48b6f1ab1527a03adc62b2527e6a7a"
+        );
+        let everything =
+            Canonical { nonce: Some("0123456789abcdef0123456789abcdef"), host: Some("Pay.Example.com"), ..c };
+        let string = everything.string_to_sign();
+        assert_eq!(
+            string.split('\n').skip(4).collect::<Vec<_>>(),
+            ["0123456789abcdef0123456789abcdef", IDEMPOTENCY_KEY_LABEL, "transfer-7731", "pay.example.com"]
+        );
+        assert_eq!(sign_hex(b"k-free-1-secret", &string), openssl_hmac("k-free-1-secret", string.as_bytes()));
+        assert_eq!(
+            sign_hex(b"k-free-1-secret", &string),
+            "f740c692f679a609d803d951cc47b554ac75ff521c7461ad84f376e735a55f62"
+        );
+    }
+
+    /// The fields of a request, as a verifier reads them back from a string to sign.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct Fields {
+        method: String,
+        target: String,
+        timestamp: String,
+        body_sha256: [u8; 32],
+        nonce: Option<String>,
+        idempotency_key: Option<String>,
+        /// Lowercase, as signed.
+        host: Option<String>,
+    }
+
+    impl Fields {
+        fn string_to_sign(&self) -> String {
+            Canonical {
+                method: &self.method,
+                target: &self.target,
+                timestamp: &self.timestamp,
+                body_sha256: &self.body_sha256,
+                nonce: self.nonce.as_deref(),
+                idempotency_key: self.idempotency_key.as_deref(),
+                host: self.host.as_deref(),
+            }
+            .string_to_sign()
+        }
+    }
+
+    /// Reads `string` back by the documented rule alone: four fixed lines, the host
+    /// last when the key signs it, and between them 0 to 3 lines, an odd count
+    /// starting with the nonce, two or more ending with the label and the key.
+    fn read_back(string: &str, sign_host: bool) -> Option<Fields> {
+        let mut lines: Vec<&str> = string.split('\n').collect();
+        if lines.len() < 4 + usize::from(sign_host) {
+            return None;
+        }
+        let host = if sign_host { lines.pop().map(str::to_owned) } else { None };
+        let optional = lines.split_off(4);
+        let (nonce, idempotency_key) = match optional.as_slice() {
+            [] => (None, None),
+            [nonce] => (Some(*nonce), None),
+            [IDEMPOTENCY_KEY_LABEL, key] => (None, Some(*key)),
+            [nonce, IDEMPOTENCY_KEY_LABEL, key] => (Some(*nonce), Some(*key)),
+            _ => return None,
+        };
+        let mut body_sha256 = [0; 32];
+        hex::decode_to_slice(lines[3], &mut body_sha256).ok()?;
+        Some(Fields {
+            method: lines[0].to_owned(),
+            target: lines[1].to_owned(),
+            timestamp: lines[2].to_owned(),
+            body_sha256,
+            nonce: nonce.map(str::to_owned),
+            idempotency_key: idempotency_key.map(str::to_owned),
+            host,
+        })
+    }
+
+    /// Values chosen to collide if the layout allowed it: empty lines, the label
+    /// itself, one value in every optional field.
+    #[test]
+    fn optional_fields_never_sign_alike() {
+        let tricky = [None, Some(""), Some(IDEMPOTENCY_KEY_LABEL), Some("k"), Some("pay.example.com")];
+        let digest = sha256(b"");
+        for sign_host in [false, true] {
+            let hosts: &[Option<&str>] =
+                if sign_host { &[Some(""), Some("k"), Some("pay.example.com")] } else { &[None] };
+            let mut seen = std::collections::HashMap::new();
+            for nonce in tricky {
+                for idempotency_key in tricky {
+                    for &host in hosts {
+                        let c = Canonical {
+                            method: "POST",
+                            target: "/",
+                            timestamp: "1",
+                            body_sha256: &digest,
+                            nonce,
+                            idempotency_key,
+                            host,
+                        };
+                        let fields = (nonce, idempotency_key, host);
+                        if let Some(earlier) = seen.insert(c.string_to_sign(), fields) {
+                            panic!("{earlier:?} and {fields:?} sign the same string");
+                        }
+                    }
+                }
+            }
+            assert_eq!(seen.len(), tricky.len() * tricky.len() * hosts.len());
+        }
+    }
+
+    /// A line of a header value: visible ASCII, blanks and the label included.
+    fn line() -> impl Strategy<Value = String> {
+        prop_oneof![Just(String::new()), Just(IDEMPOTENCY_KEY_LABEL.to_owned()), "[ -~]{1,12}"]
+    }
+
+    fn fields(sign_host: bool) -> impl Strategy<Value = Fields> {
+        let host = if sign_host { "[a-z0-9.:-]{0,12}".prop_map(Some).boxed() } else { Just(None).boxed() };
+        (
+            "[A-Z]{1,7}",
+            "/[!-~]{0,12}",
+            "[0-9]{1,10}",
+            any::<[u8; 32]>(),
+            proptest::option::of(line()),
+            proptest::option::of(line()),
+            host,
+        )
+            .prop_map(|(method, target, timestamp, body_sha256, nonce, idempotency_key, host)| Fields {
+                method,
+                target,
+                timestamp,
+                body_sha256,
+                nonce,
+                idempotency_key,
+                host,
+            })
+    }
+
+    proptest! {
+        /// Every string to sign reads back into the one request that made it, so two
+        /// different requests never produce the same string (for a key without
+        /// `sign_host`, then with it).
+        #[test]
+        fn reads_back_without_host(request in fields(false)) {
+            prop_assert_eq!(read_back(&request.string_to_sign(), false), Some(request));
+        }
+
+        #[test]
+        fn reads_back_with_host(request in fields(true)) {
+            prop_assert_eq!(read_back(&request.string_to_sign(), true), Some(request));
+        }
     }
 }
 
@@ -338,7 +552,7 @@ mod verify {
     #[test]
     fn malformed_headers() {
         let v = verifier(100);
-        for name in ["x-api-key", "x-timestamp", "x-signature", "x-nonce"] {
+        for name in ["x-api-key", "x-timestamp", "x-signature", "x-nonce", "idempotency-key"] {
             let mut h = valid(NOW, None);
             h.insert(name, HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap());
             assert_eq!(reason(&v, &h), FailureReason::MalformedHeader, "{name}");
@@ -480,6 +694,70 @@ mod verify {
         assert_eq!(admitted, 1);
     }
 
+    /// `valid(NOW, nonce)` with `key` sent as `Idempotency-Key` and signed.
+    fn valid_with_key(nonce: Option<&str>, key: &str) -> HeaderMap {
+        let digest = sha256(b"{\"amount\":1}");
+        let ts = NOW.to_string();
+        let message = Canonical {
+            method: "POST",
+            target: "/api/transfer?to=a",
+            timestamp: &ts,
+            body_sha256: &digest,
+            nonce,
+            idempotency_key: Some(key),
+            host: None,
+        }
+        .string_to_sign();
+        let mut headers = valid(NOW, nonce);
+        headers.insert("x-signature", HeaderValue::from_str(&sign_hex(b"new-secret", &message)).unwrap());
+        headers.insert("idempotency-key", HeaderValue::from_str(key).unwrap());
+        headers
+    }
+
+    #[test]
+    fn the_idempotency_key_is_signed_when_sent() {
+        let v = verifier(100);
+        let signed = valid_with_key(Some("n1"), "idem-1");
+        let mut stripped = signed.clone();
+        stripped.remove("idempotency-key");
+        let mut changed = signed.clone();
+        changed.insert("idempotency-key", HeaderValue::from_static("idem-2"));
+        // An old client's request, with a key added on the way.
+        let mut added = valid(NOW, Some("n1"));
+        added.insert("idempotency-key", HeaderValue::from_static("idem-1"));
+        // The nonce moved into the key: the two-line layout tells them apart.
+        let mut moved = valid(NOW, Some("idem-1"));
+        moved.remove("x-nonce");
+        moved.insert("idempotency-key", HeaderValue::from_static("idem-1"));
+        for (case, headers) in [("stripped", &stripped), ("changed", &changed), ("added", &added), ("moved", &moved)] {
+            assert_eq!(reason(&v, headers), FailureReason::BadMac, "{case}");
+        }
+        let mut twice = signed.clone();
+        twice.append("idempotency-key", HeaderValue::from_static("idem-1"));
+        assert_eq!(reason(&v, &twice), FailureReason::DuplicateHeader);
+        assert_eq!(v.replay_cache().len(), 0);
+        check(&v, &Method::POST, "/api/transfer?to=a", &signed, b"{\"amount\":1}", NOW).unwrap();
+        // Without the header, the string to sign is what it always was.
+        check(&v, &Method::POST, "/api/transfer?to=a", &valid(NOW, Some("n2")), b"{\"amount\":1}", NOW).unwrap();
+        check(&v, &Method::POST, "/api/transfer?to=a", &valid_with_key(None, "idem-3"), b"{\"amount\":1}", NOW)
+            .unwrap();
+    }
+
+    #[test]
+    fn accepts_an_openssl_signature_over_an_idempotency_key() {
+        let v = verifier(100);
+        let ts = NOW.to_string();
+        let message = format!("{}\nidempotency-key\norder-9", contract_string("POST", "/x", &ts, b"pay", Some("nn")));
+        let sig = openssl_hmac("k2-secret", message.as_bytes());
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", HeaderValue::from_static("k2"));
+        h.insert("x-timestamp", HeaderValue::from_str(&ts).unwrap());
+        h.insert("x-nonce", HeaderValue::from_static("nn"));
+        h.insert("idempotency-key", HeaderValue::from_static("order-9"));
+        h.insert("x-signature", HeaderValue::from_str(&sig).unwrap());
+        check(&v, &Method::POST, "/x", &h, b"pay", NOW).unwrap();
+    }
+
     #[test]
     fn reason_labels_are_distinct() {
         let labels: std::collections::HashSet<_> = FailureReason::ALL.iter().map(|r| r.as_str()).collect();
@@ -538,18 +816,19 @@ mod replay {
     }
 
     #[test]
-    fn each_key_holds_its_share_and_forgotten_signatures_can_be_used() {
+    fn each_key_holds_its_share_until_its_entries_expire() {
         let c = ReplayCache::new(4);
         c.set_keys(2);
         c.check_and_insert("hostile", &[1; 32], 1000, SKEW, 1000).unwrap();
         c.check_and_insert("hostile", &[2; 32], 1000, SKEW, 1000).unwrap();
         assert_eq!(c.check_and_insert("hostile", &[3; 32], 1000, SKEW, 1000), Err(ReplayError::Full));
         c.check_and_insert("victim", &[1; 32], 1000, SKEW, 1000).unwrap();
-        c.forget("hostile", &[2; 32], 1000);
-        assert_eq!(c.len(), 2);
-        c.check_and_insert("hostile", &[2; 32], 1000, SKEW, 1000).unwrap();
-        // Expiry gives the share back.
+        assert_eq!(c.check_and_insert("hostile", &[2; 32], 1000, SKEW, 1300), Err(ReplayError::Replay));
+        assert_eq!(c.len(), 3);
+        // Expiry, and only expiry, gives the share back: both entries at once.
         c.check_and_insert("hostile", &[4; 32], 1301, SKEW, 1301).unwrap();
+        c.check_and_insert("hostile", &[5; 32], 1301, SKEW, 1301).unwrap();
+        assert_eq!(c.check_and_insert("hostile", &[6; 32], 1301, SKEW, 1301), Err(ReplayError::Full));
     }
 
     #[test]

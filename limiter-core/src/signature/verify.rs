@@ -9,6 +9,7 @@ use http::{HeaderMap, HeaderValue, Method};
 use subtle::{Choice, ConstantTimeEq};
 
 use super::canonical::{Canonical, HmacSha256, hmac_key};
+use super::idempotency::IDEMPOTENCY_KEY_HEADER;
 use super::replay::ReplayError;
 
 /// The header carrying the key id.
@@ -277,6 +278,7 @@ impl Verifier {
         let signature_raw =
             header_str(req.headers, SIGNATURE_HEADER)?.ok_or(Failure::MissingHeader(SIGNATURE_HEADER))?;
         let nonce = header_str(req.headers, NONCE_HEADER)?;
+        let idempotency_key = header_str(req.headers, IDEMPOTENCY_KEY_HEADER)?;
 
         let timestamp = parse_timestamp(timestamp_raw)?;
         let max_skew_secs = max_skew.as_secs();
@@ -298,6 +300,7 @@ impl Verifier {
             timestamp: timestamp_raw,
             body_sha256: req.body_sha256,
             nonce,
+            idempotency_key,
             host,
         }
         .string_to_sign();

@@ -3,17 +3,13 @@
 -- pass the timestamp check. The set bounds the key id to its share of
 -- `replay_cache_size`, as the in-memory cache does (limiter-core signature/replay.rs).
 --
--- KEYS[1]: the key id's set. ARGV[1]: insert | forget; ARGV[2]: the MAC.
---   insert ARGV[3]: now (ms), ARGV[4]: expiry (ms), ARGV[5]: the share.
---     Reply: "ok" | "replay" | "full".
---   forget: removes the MAC. Reply: 1 if it was there.
+-- A MAC once recorded stays until it expires, whatever became of its request.
+--
+-- KEYS[1]: the key id's set. ARGV[1]: the MAC, ARGV[2]: now (ms), ARGV[3]: expiry
+-- (ms), ARGV[4]: the share. Reply: "ok" | "replay" | "full".
 
-local key, op, mac = KEYS[1], ARGV[1], ARGV[2]
-if op == 'forget' then
-  return redis.call('ZREM', key, mac)
-end
-
-local now, expires, share = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local key, mac = KEYS[1], ARGV[1]
+local now, expires, share = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
 if redis.call('ZSCORE', key, mac) then
   return 'replay'

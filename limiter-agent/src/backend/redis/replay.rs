@@ -73,12 +73,7 @@ impl RedisReplay {
             .fleet
             .call(|mut connection| {
                 let mut invocation = self.script.key(&key);
-                invocation
-                    .arg("insert")
-                    .arg(hex::encode(signature))
-                    .arg(now.saturating_mul(1000))
-                    .arg(expires)
-                    .arg(share);
+                invocation.arg(hex::encode(signature)).arg(now.saturating_mul(1000)).arg(expires).arg(share);
                 async move { invocation.invoke_async(&mut connection).await }
             })
             .await?;
@@ -88,19 +83,5 @@ impl RedisReplay {
             "full" => Ok(Err(ReplayError::Full)),
             other => Err(FleetError::Reply(other.to_owned())),
         }
-    }
-
-    /// As [`ReplayCache::forget`](limiter_core::signature::ReplayCache::forget).
-    pub async fn forget(&self, key_id: &str, signature: &[u8; 32]) -> Result<(), FleetError> {
-        let key = self.key(key_id);
-        let _: i64 = self
-            .fleet
-            .call(|mut connection| {
-                let mut invocation = self.script.key(&key);
-                invocation.arg("forget").arg(hex::encode(signature));
-                async move { invocation.invoke_async(&mut connection).await }
-            })
-            .await?;
-        Ok(())
     }
 }
