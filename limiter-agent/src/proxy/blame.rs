@@ -9,7 +9,8 @@
 //! rule with `escalate = true`. None of them for a request the browser says another
 //! site made it send (`Sec-Fetch-Site: cross-site`): it is limited as usual, never
 //! escalated. A client may send that header itself to stay unescalated; it still
-//! meets every limit.
+//! meets every limit. The 429s, 401s and 403s spared are counted
+//! (`refusals_not_escalated`), so an operator sees how much escalation left alone.
 
 use http::HeaderMap;
 use limiter_core::signature::verify::{API_KEY_HEADER, SIGNATURE_HEADER};
@@ -18,6 +19,18 @@ use super::problem::Refusal;
 
 /// Set by browsers alone (scripts cannot): which site's page made the request.
 const FETCH_SITE_HEADER: &str = "sec-fetch-site";
+
+/// Whom a refusal is held against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Blame {
+    /// The client caused it: it counts towards the client's escalation.
+    Client,
+    /// A refusal for what was sent (a 429, a signature's 401, a deny rule's 403) that
+    /// someone else could have caused: not counted.
+    Doubtful,
+    /// Not about what the client sent at all (a 502, a 413, a missing key…).
+    Nobody,
+}
 
 /// Who made the client send a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,9 +55,10 @@ pub(super) fn carries_credentials(headers: &HeaderMap) -> bool {
 }
 
 impl Refusal {
-    /// Whether answering this to the directly connected client that sent the request
-    /// at `initiator`'s bidding counts towards its escalation.
-    pub(super) fn escalates(&self, initiator: Initiator) -> bool {
+    /// Whom this refusal is held against, answered to the directly connected client
+    /// that sent the request at `initiator`'s bidding: only [`Blame::Client`] counts
+    /// towards its escalation.
+    pub(super) fn blame(&self, initiator: Initiator) -> Blame {
         let client_caused = match self {
             Self::QuotaExceeded { own_bucket, .. } => *own_bucket,
             Self::Unauthorized { carried_credentials } => *carried_credentials,
@@ -61,9 +75,9 @@ impl Refusal {
             | Self::IdempotencyStoreFull
             | Self::Upstream(_)
             | Self::UpstreamTimeout
-            | Self::StoreUnavailable => false,
+            | Self::StoreUnavailable => return Blame::Nobody,
         };
-        client_caused && initiator == Initiator::Client
+        if client_caused && initiator == Initiator::Client { Blame::Client } else { Blame::Doubtful }
     }
 }
 
@@ -73,7 +87,7 @@ mod tests {
 
     use http::{HeaderMap, HeaderValue, StatusCode};
 
-    use super::{Initiator, Refusal, carries_credentials};
+    use super::{Blame, Initiator, Refusal, carries_credentials};
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         pairs
@@ -94,19 +108,24 @@ mod tests {
             Refusal::Denied { rule: None, escalates: true },
         ];
         for refusal in &escalating {
-            assert!(refusal.escalates(Initiator::Client), "{refusal:?}");
-            assert!(!refusal.escalates(Initiator::OtherSite), "another site's doing: {refusal:?}");
+            assert_eq!(refusal.blame(Initiator::Client), Blame::Client, "{refusal:?}");
+            assert_eq!(refusal.blame(Initiator::OtherSite), Blame::Doubtful, "another site's doing: {refusal:?}");
         }
-        let not_escalating = [
+        let doubtful = [
             over_limit(false),
             Refusal::Unauthorized { carried_credentials: false },
             Refusal::Denied { rule: Some("probe".to_owned()), escalates: false },
+        ];
+        for refusal in &doubtful {
+            assert_eq!(refusal.blame(Initiator::Client), Blame::Doubtful, "{refusal:?}");
+        }
+        let nobodys = [
             Refusal::MissingKey { rule: None, status: StatusCode::UNAUTHORIZED },
             Refusal::StoreUnavailable,
             Refusal::UpstreamTimeout,
         ];
-        for refusal in &not_escalating {
-            assert!(!refusal.escalates(Initiator::Client), "{refusal:?}");
+        for refusal in &nobodys {
+            assert_eq!(refusal.blame(Initiator::Client), Blame::Nobody, "{refusal:?}");
         }
     }
 

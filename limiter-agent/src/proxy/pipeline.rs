@@ -26,7 +26,7 @@ use http::{Request, Response, StatusCode, request, uri::PathAndQuery};
 use hyper::body::Incoming;
 
 use super::{
-    blame::{self, Initiator},
+    blame::{self, Blame, Initiator},
     body::{self, BodyRefused, ProxyBody, TimedBody, full_body},
     connections::{Connections, Refused, Slot},
     decision_log::{DecisionLog, Entry},
@@ -268,13 +268,17 @@ impl<C: Clock + Clone> Pipeline<C> {
     }
 
     /// Answers a refusal; one the directly connected client caused (see
-    /// [`Refusal::escalates`]) counts towards its escalation.
+    /// [`Refusal::blame`]) counts towards its escalation, one it may not have is
+    /// counted as such.
     fn refuse(&self, origin: Origin, initiator: Initiator, refusal: Refusal) -> Response<ProxyBody> {
-        if refusal.escalates(initiator)
-            && let Some(escalator) = self.escalator.get()
+        if let Some(escalator) = self.escalator.get()
             && !origin.peer_trusted
         {
-            escalator.record(origin.peer);
+            match refusal.blame(initiator) {
+                Blame::Client => escalator.record(origin.peer),
+                Blame::Doubtful => self.counters.add(Event::NotEscalated),
+                Blame::Nobody => {}
+            }
         }
         let event = match &refusal {
             Refusal::QuotaExceeded { .. } | Refusal::MissingKey { .. } | Refusal::StoreUnavailable => {

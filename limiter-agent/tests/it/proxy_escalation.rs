@@ -6,7 +6,8 @@
 //!
 //! The escalator counts a refusal before the proxy answers it (the memory store's
 //! count is synchronous), so once a client has its answer, whether it was escalated
-//! is in the channel already.
+//! is in the channel already. The refusals spared are counted in
+//! `refusals_not_escalated`.
 
 use std::future::Future;
 
@@ -67,6 +68,7 @@ async fn unsigned_requests_to_a_signed_route_never_escalate_and_wrong_signatures
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
     }
     assert_not_escalated(&mut escalated, "unsigned requests");
+    proxy.stats_until("the 401s counted as not escalated", |stats| stats.refusals_not_escalated == 60).await;
     let timestamp = SystemClock.now().as_secs().to_string();
     let headers = wrong_signature(&timestamp);
     escalated_by_exactly(&mut escalated, StatusCode::UNAUTHORIZED, || async {
@@ -121,6 +123,7 @@ async fn shared_buckets_another_client_emptied_never_escalate_and_an_own_bucket_
         }
         assert_not_escalated(&mut escalated, path);
     }
+    proxy.stats_until("the 429s counted as not escalated", |stats| stats.refusals_not_escalated == 120).await;
     for _ in 0..2 {
         assert_eq!(client.get(&proxy.url("/ip"), &[]).await.status, StatusCode::OK);
     }
@@ -155,6 +158,8 @@ async fn what_a_browser_sent_for_another_site_is_refused_and_never_escalates() {
         assert_eq!(client.get(&proxy.url("/ip"), &[CROSS_SITE]).await.status, expected, "request {i}");
     }
     assert_not_escalated(&mut escalated, "refusals of cross-site requests");
+    // 60 of each refusal but the first two requests to `/ip`, which passed.
+    proxy.stats_until("the refusals counted as not escalated", |stats| stats.refusals_not_escalated == 178).await;
     escalated_by_exactly(&mut escalated, StatusCode::FORBIDDEN, || async {
         client.get(&proxy.url("/"), &[("user-agent", "sqlmap/1.7")]).await.status
     })

@@ -173,6 +173,7 @@ async fn only_denials_by_escalating_rules_count_towards_escalation() {
         assert_eq!(status(&client, &proxy, path, Some(BROWSER)).await, StatusCode::FORBIDDEN, "{path}");
     }
     assert!(escalated.try_recv().is_err(), "60 denials by path rules escalated");
+    proxy.stats_until("the denials not escalated", |stats| stats.refusals_not_escalated == 60).await;
     for _ in 0..2 {
         assert_eq!(status(&client, &proxy, "/api/items", Some("sqlmap/1.7.2")).await, StatusCode::FORBIDDEN);
     }
