@@ -240,6 +240,11 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
         ),
         ("limiter_proxy_upgrades_total", "Connections upgraded (WebSockets) and relayed.", stats.upgrades),
         (
+            "limiter_proxy_refusals_not_escalated_total",
+            "429, 401 and 403 answers to direct clients that escalation did not count: another could have caused them.",
+            stats.refusals_not_escalated,
+        ),
+        (
             "limiter_proxy_key_evictions_total",
             "Per-key states evicted to stay within max_tracked_keys.",
             stats.evictions,

@@ -8,7 +8,8 @@ use super::units::HumanDuration;
 use crate::changes::Changes;
 
 /// A source (client address, connected directly) that collects more than
-/// `threshold` rejections (429 or 401) within `window` is blocked in the kernel layer
+/// `threshold` refusals it caused itself (an own bucket's 429, a 401 for credentials it
+/// sent, an `escalate = true` deny rule's 403) within `window` is blocked in the kernel layer
 /// for `block_ttl`, through the blocks map of `limiter block`. Sources in an
 /// `[[xdp.cidr]]` with `action = "allow"` never are.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]

@@ -97,6 +97,17 @@ impl Config {
         proxy.trusted_proxies.iter().filter(|trusted| !shielded(trusted)).copied().collect()
     }
 
+    /// With `[escalation]` on, the `deny` rules whose refusals no longer escalate (they
+    /// all did before `escalate` existed): those without `escalate = true`.
+    #[must_use]
+    pub fn deny_rules_not_escalating(&self) -> Vec<&str> {
+        let (Some(proxy), true) = (&self.proxy, self.escalation.as_ref().is_some_and(|e| e.enabled)) else {
+            return Vec::new();
+        };
+        let quiet = |rule: &&proxy::Rule| rule.action == proxy::RuleAction::Deny && !rule.escalate;
+        proxy.rules.iter().filter(quiet).map(|rule| rule.name.as_str()).collect()
+    }
+
     /// Checks that span records (references, duplicates); returns the key at fault.
     fn validate(&self) -> Result<(), (String, String)> {
         if let Some(xdp) = &self.xdp {

@@ -501,6 +501,10 @@ pub struct Rule {
     /// What a limit counts by (`ip` for `deny` and `tag`, which count nothing).
     pub key: KeySpec,
     pub require_signature: bool,
+    /// A `deny` rule's refusals count towards escalation: only for a rule nothing but
+    /// the client itself makes it break (a third party can make a browser send almost
+    /// any path).
+    pub escalate: bool,
 }
 
 impl Keyed for Rule {
@@ -533,6 +537,8 @@ with_limit! {
         key: Option<KeySpec>,
         #[serde(default)]
         require_signature: bool,
+        #[serde(default)]
+        escalate: bool,
     }
 }
 
@@ -582,6 +588,11 @@ impl TryFrom<RawRule> for Rule {
                 "require_signature needs a limit rule with key = \"api_key\" (or \"api_key+route\")".to_owned(),
             ));
         }
+        if raw.escalate && action != RuleAction::Deny {
+            return Err(in_rule(
+                "escalate needs action = \"deny\": limits escalate by whose bucket refused".to_owned(),
+            ));
+        }
         let when = Conditions::try_from(raw.when).map_err(in_rule)?;
         Ok(Self {
             name: raw.name,
@@ -591,6 +602,7 @@ impl TryFrom<RawRule> for Rule {
             action,
             key,
             require_signature: raw.require_signature,
+            escalate: raw.escalate,
         })
     }
 }

@@ -465,3 +465,24 @@ fn a_reload_report_names_every_changed_proxy_key_and_marks_the_restart_only_ones
     }
     assert_eq!(changes.iter().filter_map(Change::needing_restart).collect::<Vec<_>>(), ["proxy.listen"]);
 }
+
+#[test]
+fn escalate_is_for_deny_rules_and_check_names_those_that_no_longer_escalate() {
+    let rules = "[[proxy.rules]]\nname = \"quiet\"\naction = \"deny\"\npath = \"/a\"\n\
+                 [[proxy.rules]]\nname = \"loud\"\naction = \"deny\"\npath = \"/b\"\nescalate = true\n\
+                 [[proxy.rules]]\nname = \"tagged\"\naction = \"tag\"\n";
+    let config = parse(&format!("{XDP}{PROXY}{rules}[escalation]\nthreshold = 5\n")).expect("escalate");
+    let proxy = config.proxy.as_ref().expect("proxy");
+    assert_eq!(proxy.rules.iter().map(|r| r.escalate).collect::<Vec<_>>(), [false, true, false]);
+    assert_eq!(config.deny_rules_not_escalating(), ["quiet"]);
+    let off = parse(&format!("{XDP}{PROXY}{rules}[escalation]\nenabled = false\n")).expect("escalation off");
+    assert!(off.deny_rules_not_escalating().is_empty(), "nothing escalates anyway");
+    assert!(parse(&format!("{XDP}{PROXY}{rules}")).expect("no escalation").deny_rules_not_escalating().is_empty());
+
+    let rule = |body: &str| format!("{PROXY}[[proxy.rules]]\nname = \"r\"\n{body}escalate = true\n");
+    for body in ["action = \"tag\"\n", "key = \"ip\"\nlimit = 5\nwindow = \"1m\"\n"] {
+        let (_, key, message) = refusal(&rule(body));
+        assert!(key.starts_with("proxy.rules[0]"), "{body}: {key}");
+        assert!(message.contains("escalate needs action = \"deny\""), "{body}: {message}");
+    }
+}

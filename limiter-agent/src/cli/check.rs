@@ -18,6 +18,13 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
                      traffic; give it a rule with action = \"allow\" or a \"limit\" sized for it"
                 );
             }
+            for rule in config.deny_rules_not_escalating() {
+                eprintln!(
+                    "warning: proxy.rules {rule:?} (action = \"deny\") no longer counts towards escalation: deny \
+                     rules escalate only with escalate = true, since a third party can make a browser send any \
+                     path; set it if only the client itself makes this rule refuse"
+                );
+            }
             let layers = [config.xdp.is_some().then_some("xdp"), config.proxy.is_some().then_some("proxy")];
             let layers: Vec<&str> = layers.into_iter().flatten().collect();
             println!(

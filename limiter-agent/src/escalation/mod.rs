@@ -1,7 +1,8 @@
 //! Escalation (`[escalation]`): a source the proxy keeps refusing is blocked in the
 //! kernel layer, so that it stops costing the proxy anything.
 //!
-//! The proxy counts each 429 and 401 it gives a directly connected client in the
+//! The proxy counts each refusal a directly connected client caused itself (see
+//! `proxy/blame.rs`: never one a third party can bring about) in the
 //! [`Escalator`], a sliding window log per source (the limits' own algorithm), kept
 //! where `proxy.store` keeps the limits (`counts.rs`). The rejection past
 //! `threshold` within `window` sends an [`Escalation`] to the agent loop, which owns

@@ -20,6 +20,11 @@
 //! in one bucket, [`MISSING_KEY`]; `reject` answers [`Verdict::MissingKey`] and
 //! charges nothing.
 //!
+//! A bucket is the client's own when it is keyed by the client's address or by the
+//! key it proved (its plan too); the missing-key bucket and a header's value are
+//! anyone's who sends the same ([`Holder`]). [`Decision::own_bucket_refused`] says
+//! whether a refusal is the client's doing, which is what escalation counts.
+//!
 //! The strictest verdict wins: a rejection by any bucket rejects (with the longest
 //! `retry_after` of the rejecting ones) and charges no bucket; otherwise the request
 //! is delayed by the longest delay (throttle band or shaper), or forwarded.
@@ -103,6 +108,8 @@ pub struct Suggestion {
 pub struct Screened {
     /// The first `deny` rule that applies.
     pub denied_by: Option<String>,
+    /// That rule has `escalate = true`.
+    pub deny_escalates: bool,
     /// The `tag` rules that apply.
     pub tagged: Vec<String>,
 }
@@ -118,6 +125,26 @@ pub struct Decision {
     pub violated: Vec<String>,
     /// Some matching rule has `require_signature = true`.
     pub require_signature: bool,
+    /// A bucket of the client's own ([`Holder::Client`]) refused the request.
+    pub own_bucket_refused: bool,
+}
+
+/// Whose a bucket is, which says whether its refusals are the client's own doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder {
+    /// The client alone: keyed by its address, or by the key it proved.
+    Client,
+    /// Anyone who sends the same: the missing-key bucket, or a header's value (which
+    /// any client may send, or a third party make a browser send).
+    Anyone,
+}
+
+/// One bucket a request is counted in.
+#[derive(Debug)]
+pub(super) struct Counting<'p> {
+    pub(super) policy: &'p Policy,
+    pub(super) key: String,
+    pub(super) holder: Holder,
 }
 
 /// What to do with a request.
@@ -410,7 +437,7 @@ impl Policies {
             StoreFailure::Allow | StoreFailure::Local => Verdict::Forward,
             StoreFailure::Deny => Verdict::StoreUnavailable,
         };
-        Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature }
+        Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature, own_bucket_refused: false }
     }
 
     /// The plans, by name.
@@ -456,11 +483,12 @@ impl Policies {
         request.api_key.filter(|key| self.keys.contains_key(*key))
     }
 
-    /// The bucket key of `rule` for `request`; `None` if the request lacks it.
-    fn key(&self, rule: &Rule, request: &RequestInfo<'_>) -> Option<String> {
-        let mut key = match &rule.key.by {
-            KeyKind::Ip => ip_key(request.client),
-            KeyKind::ApiKey => format!("api_key={}", self.known_key(request)?),
+    /// The bucket key of `rule` for `request` and whose it is; `None` if the request
+    /// lacks it.
+    fn key(&self, rule: &Rule, request: &RequestInfo<'_>) -> Option<(String, Holder)> {
+        let (mut key, holder) = match &rule.key.by {
+            KeyKind::Ip => (ip_key(request.client), Holder::Client),
+            KeyKind::ApiKey => (format!("api_key={}", self.known_key(request)?), Holder::Client),
             KeyKind::Header(name) => {
                 let mut value = Vec::new();
                 for line in request.headers.get_all(name) {
@@ -472,10 +500,11 @@ impl Policies {
                 if value.is_empty() {
                     return None;
                 }
-                match std::str::from_utf8(&value) {
+                let key = match std::str::from_utf8(&value) {
                     Ok(text) if text.len() <= MAX_KEY_VALUE => format!("header={text}"),
                     _ => format!("header#{}", hex::encode(Sha256::digest(&value))),
-                }
+                };
+                (key, Holder::Anyone)
             }
         };
         // `+route` counts each path the rule covers on its own: per client per
@@ -491,12 +520,12 @@ impl Policies {
                 key.push_str(&hex::encode(Sha256::digest(request.path.as_bytes())));
             }
         }
-        Some(key)
+        Some((key, holder))
     }
 }
 
 /// Either the counted buckets or the verdict that stops a request before counting.
-pub(super) type Counted<'p> = Result<Vec<(&'p Policy, String)>, Verdict>;
+pub(super) type Counted<'p> = Result<Vec<Counting<'p>>, Verdict>;
 
 impl<C: Clock> Engine<C> {
     /// An engine keeping its buckets in `stores.limits`; while a Redis store is
@@ -535,11 +564,17 @@ impl<C: Clock> Engine<C> {
                 {
                     policy.record(Decided::Rejected);
                 }
-                return Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature };
+                return Decision {
+                    verdict,
+                    policies: Vec::new(),
+                    violated: Vec::new(),
+                    require_signature,
+                    own_bucket_refused: false,
+                };
             }
         };
         let now = self.clock.now();
-        for (policy, key) in &counted {
+        for Counting { policy, key, .. } in &counted {
             policy.observation.observe(key, now);
         }
         match self.apply(&counted, Charge::AllOrNothing).await {
@@ -557,11 +592,14 @@ impl<C: Clock> Engine<C> {
     pub async fn penalize(&self, request: &RequestInfo<'_>) {
         let policies = self.snapshot();
         let seen = request.seen();
-        let counted: Vec<(&Policy, String)> = policies
+        let counted: Vec<Counting<'_>> = policies
             .rules
             .iter()
             .filter(|(rule, _)| rule.key.by == KeyKind::Ip && rule.applies(&seen))
-            .filter_map(|(rule, policy)| Some((policy, policies.key(rule, request)?)))
+            .filter_map(|(rule, policy)| {
+                let (key, holder) = policies.key(rule, request)?;
+                Some(Counting { policy, key, holder })
+            })
             .collect();
         // Without the store a penalty is lost: the signature was refused anyway.
         let _ = self.apply(&counted, Charge::EachAdmitting).await;
@@ -609,6 +647,7 @@ impl<C: Clock> Engine<C> {
             }
             if denies {
                 screened.denied_by = Some(rule.name.clone());
+                screened.deny_escalates = rule.escalate;
                 break;
             }
             screened.tagged.push(rule.name.clone());
@@ -634,9 +673,11 @@ impl<C: Clock> Engine<C> {
 
     /// The outcome of each bucket; `None` if the store could not be reached (counted,
     /// and logged once per outage by the connection).
-    pub(super) async fn apply(&self, counted: &[(&Policy, String)], charge: Charge) -> Option<Outcomes> {
-        let buckets: Vec<Bucket<'_>> =
-            counted.iter().map(|(policy, key)| Bucket { policy: &policy.identity, key, spec: &policy.spec }).collect();
+    pub(super) async fn apply(&self, counted: &[Counting<'_>], charge: Charge) -> Option<Outcomes> {
+        let buckets: Vec<Bucket<'_>> = counted
+            .iter()
+            .map(|Counting { policy, key, .. }| Bucket { policy: &policy.identity, key, spec: &policy.spec })
+            .collect();
         match self.stores.limits.apply(&buckets, self.clock.now(), charge).await {
             Ok(outcomes) => Some(outcomes),
             Err(error) => {
@@ -649,11 +690,12 @@ impl<C: Clock> Engine<C> {
                 // stays near the limit.
                 let local = self.stores.local_fallback(charge)?;
                 let agents = self.stores.live_agents();
-                let shares: Vec<LimitSpec> = counted.iter().map(|(policy, _)| policy.spec.share(agents)).collect();
+                let shares: Vec<LimitSpec> =
+                    counted.iter().map(|counting| counting.policy.spec.share(agents)).collect();
                 let buckets: Vec<Bucket<'_>> = counted
                     .iter()
                     .zip(&shares)
-                    .map(|((policy, key), spec)| Bucket { policy: &policy.identity, key, spec })
+                    .map(|(Counting { policy, key, .. }, spec)| Bucket { policy: &policy.identity, key, spec })
                     .collect();
                 Some(local.apply(&buckets, self.clock.now(), charge))
             }
@@ -663,9 +705,9 @@ impl<C: Clock> Engine<C> {
 
 /// Counts each policy's part in a decision: a refused request only for the policies
 /// that refused it.
-fn record(counted: &[(&Policy, String)], outcomes: &[Outcome]) {
+fn record(counted: &[Counting<'_>], outcomes: &[Outcome]) {
     let refused = outcomes.iter().any(|outcome| !outcome.admitted);
-    for ((policy, _), outcome) in counted.iter().zip(outcomes) {
+    for (Counting { policy, .. }, outcome) in counted.iter().zip(outcomes) {
         match (outcome.admitted, refused) {
             (false, _) => policy.record(Decided::Rejected),
             (true, true) => {}
@@ -676,25 +718,27 @@ fn record(counted: &[(&Policy, String)], outcomes: &[Outcome]) {
 }
 
 /// The decision from each counted bucket's outcome: the strictest verdict wins.
-pub(super) fn decision(counted: &[(&Policy, String)], outcomes: &[Outcome], require_signature: bool) -> Decision {
+pub(super) fn decision(counted: &[Counting<'_>], outcomes: &[Outcome], require_signature: bool) -> Decision {
     let rejecting = || counted.iter().zip(outcomes).filter(|(_, outcome)| !outcome.admitted);
     if let Some(retry_after) = rejecting().map(|(_, outcome)| outcome.retry_after).max() {
         return Decision {
             verdict: Verdict::Reject { retry_after },
-            policies: counted.iter().zip(outcomes).map(|((p, _), o)| p.status(o.before)).collect(),
-            violated: rejecting().map(|((policy, _), _)| policy.name.clone()).collect(),
+            policies: counted.iter().zip(outcomes).map(|(c, o)| c.policy.status(o.before)).collect(),
+            violated: rejecting().map(|(counting, _)| counting.policy.name.clone()).collect(),
             require_signature,
+            own_bucket_refused: rejecting().any(|(counting, _)| counting.holder == Holder::Client),
         };
     }
-    let delay = counted.iter().zip(outcomes).map(|((p, _), o)| o.delay(p.spec.throttle)).max();
+    let delay = counted.iter().zip(outcomes).map(|(c, o)| o.delay(c.policy.spec.throttle)).max();
     Decision {
         verdict: match delay {
             Some(delay) if !delay.is_zero() => Verdict::Delay(delay),
             _ => Verdict::Forward,
         },
-        policies: counted.iter().zip(outcomes).map(|((p, _), o)| p.status(o.after)).collect(),
+        policies: counted.iter().zip(outcomes).map(|(c, o)| c.policy.status(o.after)).collect(),
         violated: Vec::new(),
         require_signature,
+        own_bucket_refused: false,
     }
 }
 
@@ -702,17 +746,17 @@ pub(super) fn decision(counted: &[(&Policy, String)], outcomes: &[Outcome], requ
 fn count_in<'p>(policies: &'p Policies, matching: &[&'p (Rule, Policy)], request: &RequestInfo<'_>) -> Counted<'p> {
     let mut counted = Vec::with_capacity(matching.len() + 1);
     for (rule, policy) in matching {
-        let key = match (policies.key(rule, request), policies.missing_key) {
-            (Some(key), _) => key,
-            (None, MissingKey::Shared) => MISSING_KEY.to_owned(),
+        let (key, holder) = match (policies.key(rule, request), policies.missing_key) {
+            (Some(keyed), _) => keyed,
+            (None, MissingKey::Shared) => (MISSING_KEY.to_owned(), Holder::Anyone),
             (None, MissingKey::Reject) => return Err(Verdict::MissingKey { rule: rule.name.clone() }),
         };
-        counted.push((policy, key));
+        counted.push(Counting { policy, key, holder });
     }
     if let Some(key) = policies.known_key(request)
         && let Some(plan) = policies.keys.get(key).and_then(|plan| policies.plans.get(plan))
     {
-        counted.push((plan, format!("api_key={key}")));
+        counted.push(Counting { policy: plan, key: format!("api_key={key}"), holder: Holder::Client });
     }
     Ok(counted)
 }

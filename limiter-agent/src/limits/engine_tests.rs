@@ -636,3 +636,62 @@ fn kinds_display_as_the_json_names_them() {
         assert_eq!(json(serde_json::json!(kind)), Some(kind.to_string()));
     }
 }
+
+/// A refusal is the client's own doing only when a bucket keyed by its address or its
+/// proven key (or that key's plan) refused: the missing-key bucket and a header's
+/// value are anyone's.
+#[test]
+fn a_refusal_is_the_clients_own_only_from_its_address_or_proven_key() {
+    let rules = r#"
+[[proxy.rules]]
+name = "by-ip"
+path = "/ip"
+key = "ip"
+limit = 2
+window = "1m"
+
+[[proxy.rules]]
+name = "by-key"
+path = "/key"
+key = "api_key"
+limit = 2
+window = "1m"
+
+[[proxy.rules]]
+name = "by-header"
+path = "/header"
+key = "header:x-user"
+limit = 2
+window = "1m"
+
+[[proxy.rules]]
+name = "by-ip-too"
+path = "/header"
+key = "ip"
+limit = 1000
+window = "1m"
+"#;
+    let (engine, clock) = engine(rules);
+    // Past each bucket's 2, then one more: which refusals were the client's own.
+    let third = |request: &Req| {
+        for _ in 0..2 {
+            assert!(matches!(request.to(&engine).verdict, Verdict::Forward | Verdict::Delay(_)));
+        }
+        let refused = request.to(&engine);
+        assert!(matches!(refused.verdict, Verdict::Reject { .. }), "{refused:?}");
+        refused.own_bucket_refused
+    };
+    assert!(third(&get("/ip")), "its own address");
+    assert!(third(&get("/key").key("k-free-1")), "its own proven key");
+    assert!(!third(&get("/key").from("192.0.2.8")), "the shared missing-key bucket");
+    assert!(!third(&get("/header").header("x-user", "victim")), "a header anyone can send");
+    let free = get("/other").key("k-free-1").from("192.0.2.9");
+    for _ in 0..98 {
+        assert!(matches!(free.to(&engine).verdict, Verdict::Forward | Verdict::Delay(_)));
+    }
+    let over_plan = free.to(&engine);
+    assert!(matches!(over_plan.verdict, Verdict::Reject { .. }) && over_plan.own_bucket_refused, "its plan");
+    clock.advance(secs(120));
+    let forwarded = get("/ip").to(&engine);
+    assert!(forwarded.verdict == Verdict::Forward && !forwarded.own_bucket_refused, "{forwarded:?}");
+}

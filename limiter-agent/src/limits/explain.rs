@@ -7,7 +7,7 @@ use std::time::Duration;
 use limiter_core::{Algorithm, Clock, limits::Charge};
 use serde::{Deserialize, Serialize};
 
-use super::engine::{Engine, PolicyKind, RequestInfo, Verdict, VerdictKind, decision};
+use super::engine::{Counting, Engine, PolicyKind, RequestInfo, Verdict, VerdictKind, decision};
 
 /// One request, explained.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -74,7 +74,7 @@ impl<C: Clock> Engine<C> {
             Some((kind, wait, missing_key)) => (Some(kind), wait, missing_key),
             None => (None, None, None),
         };
-        let explained = counted.iter().enumerate().map(|(i, (policy, key))| {
+        let explained = counted.iter().enumerate().map(|(i, Counting { policy, key, .. })| {
             let outcome = outcomes.as_ref().and_then(|o| o.get(i));
             ExplainedPolicy {
                 kind: policy.kind,

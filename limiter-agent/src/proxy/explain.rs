@@ -95,7 +95,7 @@ pub async fn explain<C: Clock>(
     };
     let info =
         RequestInfo { method: &method, path: path.route(), client, api_key: key.as_deref(), headers: &headers, query };
-    let Screened { denied_by, tagged } = engine.would_screen(&info);
+    let Screened { denied_by, tagged, .. } = engine.would_screen(&info);
     let limits = engine.explain(&info, live).await;
     Ok(ProxyExplanation { route: path.route().to_owned(), client, key, proof, denied_by, tagged, limits })
 }

@@ -9,6 +9,7 @@
 //! The agent binds a [`Proxy`], runs it until shutdown (in-flight requests drain),
 //! swaps its config on reload and reads its [`ProxyStats`].
 
+mod blame;
 mod body;
 mod connections;
 mod decision_log;
@@ -163,7 +164,8 @@ impl<C: Clock + Clone> Proxy<C> {
         self.pipeline.explain(request).await
     }
 
-    /// Counts this proxy's 429 and 401 answers towards escalation to the kernel layer.
+    /// Counts the refusals this proxy's clients caused (see `blame`) towards
+    /// escalation to the kernel layer.
     pub fn escalate_to(&self, escalator: Arc<crate::escalation::Escalator<C>>) {
         self.pipeline.escalate_to(escalator);
     }

@@ -27,6 +27,7 @@ use http::{Request, Response, StatusCode, request, uri::PathAndQuery};
 use hyper::body::Incoming;
 
 use super::{
+    blame::{self, Blame, Initiator},
     body::{self, BodyRefused, ProxyBody, TimedBody, full_body},
     connections::{Connections, Refused, Slot},
     decision_log::{DecisionLog, Entry},
@@ -260,20 +261,25 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.counters.add(Event::Request);
         let snapshot = self.snapshot();
         let origin = Origin::of(peer, &snapshot.config.trusted_proxies);
-        match self.process(&snapshot, request, origin, upstream).await {
+        let initiator = Initiator::of(request.headers());
+        match self.process(&snapshot, request, origin, initiator, upstream).await {
             Ok(response) => response,
-            Err(refusal) => self.refuse(origin, refusal),
+            Err(refusal) => self.refuse(origin, initiator, refusal),
         }
     }
 
-    /// Answers a refusal; a 429, 401 or 403 (a deny rule) to a directly connected
-    /// client counts towards its escalation.
-    fn refuse(&self, origin: Origin, refusal: Refusal) -> Response<ProxyBody> {
-        if matches!(refusal, Refusal::QuotaExceeded { .. } | Refusal::Unauthorized | Refusal::Denied { .. })
-            && let Some(escalator) = self.escalator.get()
+    /// Answers a refusal; one the directly connected client caused (see
+    /// [`Refusal::blame`]) counts towards its escalation, one it may not have is
+    /// counted as such.
+    fn refuse(&self, origin: Origin, initiator: Initiator, refusal: Refusal) -> Response<ProxyBody> {
+        if let Some(escalator) = self.escalator.get()
             && !origin.peer_trusted
         {
-            escalator.record(origin.peer);
+            match refusal.blame(initiator) {
+                Blame::Client => escalator.record(origin.peer),
+                Blame::Doubtful => self.counters.add(Event::NotEscalated),
+                Blame::Nobody => {}
+            }
         }
         let event = match &refusal {
             Refusal::QuotaExceeded { .. } | Refusal::MissingKey { .. } | Refusal::StoreUnavailable => {
@@ -297,6 +303,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         snapshot: &Snapshot,
         request: Request<Incoming>,
         origin: Origin,
+        initiator: Initiator,
         upstream: &Upstream,
     ) -> Result<Response<ProxyBody>, Refusal> {
         let (parts, body) = request.into_parts();
@@ -312,13 +319,13 @@ impl<C: Clock + Clone> Pipeline<C> {
             Admission::Forward(body) => body,
         };
         let decision = self.decide(&exchange, &screened.tagged).await;
-        let Decision { verdict, policies, violated, .. } = decision;
+        let Decision { verdict, policies, violated, own_bucket_refused, .. } = decision;
         let disclose = snapshot.disclose(exchange.proof.key_id());
-        let outcome = match self.act(config, verdict, violated, disclose).await {
+        let outcome = match self.act(config, verdict, violated, own_bucket_refused, disclose).await {
             Ok(()) => self.forward(exchange, body).await,
             Err(refusal) => Err(refusal),
         };
-        let mut response = outcome.unwrap_or_else(|refusal| self.refuse(origin, refusal));
+        let mut response = outcome.unwrap_or_else(|refusal| self.refuse(origin, initiator, refusal));
         headers::add_rate_limit_headers(response.headers_mut(), &policies, self.clock.now(), disclose);
         Ok(response)
     }
@@ -372,7 +379,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             self.heavy.record(Client::Address(request.client), Some(rule));
             if config.enforce {
                 let named = exchange.snapshot.disclose(None) == Disclose::Full;
-                return Err(Refusal::Denied { rule: named.then(|| rule.clone()) });
+                return Err(Refusal::Denied { rule: named.then(|| rule.clone()), escalates: screened.deny_escalates });
             }
         }
         Ok(screened)
@@ -420,6 +427,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         config: &ProxyConfig,
         verdict: Verdict,
         violated: Vec<String>,
+        own_bucket: bool,
         disclose: Disclose,
     ) -> Result<(), Refusal> {
         let named = disclose == Disclose::Full;
@@ -433,7 +441,8 @@ impl<C: Clock + Clone> Pipeline<C> {
                 Ok(())
             }
             Verdict::Reject { retry_after } if config.enforce => {
-                Err(Refusal::QuotaExceeded { violated: if named { violated } else { Vec::new() }, retry_after })
+                let violated = if named { violated } else { Vec::new() };
+                Err(Refusal::QuotaExceeded { violated, retry_after, own_bucket })
             }
             Verdict::MissingKey { rule } if config.enforce => {
                 let status = match config.rules.iter().find(|r| r.name == rule).map(|r| &r.key.by) {
@@ -509,7 +518,7 @@ impl<C: Clock + Clone> Pipeline<C> {
                 // Failures count against the client's IP limits, so guessing is rate limited.
                 self.engine.penalize(&exchange.info()).await;
                 tracing::debug!(%failure, "signature refused");
-                return Err(Refusal::Unauthorized);
+                return Err(Refusal::Unauthorized { carried_credentials: blame::carries_credentials(&parts.headers) });
             }
         };
         if let Some(key) = idempotency_key {

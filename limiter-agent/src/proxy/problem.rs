@@ -19,18 +19,22 @@ const TYPE_BASE: &str = "https://limiter.dev/problems#";
 /// A request the proxy refused instead of forwarding.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum Refusal {
+    /// `own_bucket`: a bucket of the client's own refused (see [`crate::limits::engine::Holder`]).
     #[error("over the limit of {violated:?}")]
-    QuotaExceeded { violated: Vec<String>, retry_after: Duration },
+    QuotaExceeded { violated: Vec<String>, retry_after: Duration, own_bucket: bool },
     /// A rule with `missing_key = "reject"` counts by a key the request lacks; named
     /// only where `disclose = "full"`.
     #[error("rule {rule:?} needs a key the request lacks")]
     MissingKey { rule: Option<String>, status: StatusCode },
     /// A `deny` rule applies; named only where `disclose = "full"`.
+    /// `escalates`: the rule has `escalate = true`.
     #[error("denied by rule {rule:?}")]
-    Denied { rule: Option<String> },
+    Denied { rule: Option<String>, escalates: bool },
     /// Every signature failure looks the same from outside; the reason is counted.
+    /// `carried_credentials`: the request carried a signature or a key
+    /// ([`super::blame::carries_credentials`]).
     #[error("signature not accepted")]
-    Unauthorized,
+    Unauthorized { carried_credentials: bool },
     /// The path has no canonical form, or holds an escaped separator
     /// (`escaped_slashes = "reject"`).
     #[error("path refused: {0}")]
@@ -110,7 +114,7 @@ fn problem(status: StatusCode, slug: &str, detail: &str, violated: Option<&[Stri
 impl Refusal {
     pub(super) fn into_response(self) -> Response<ProxyBody> {
         match self {
-            Self::QuotaExceeded { violated, retry_after } => {
+            Self::QuotaExceeded { violated, retry_after, .. } => {
                 let mut response = problem(
                     StatusCode::TOO_MANY_REQUESTS,
                     "quota-exceeded",
@@ -128,14 +132,14 @@ impl Refusal {
                 };
                 problem(status, "missing-key", &detail, None)
             }
-            Self::Denied { rule } => {
+            Self::Denied { rule, .. } => {
                 let detail = match rule {
                     Some(rule) => format!("The request is refused by rule `{rule}`."),
                     None => "The request is refused.".to_owned(),
                 };
                 problem(StatusCode::FORBIDDEN, "denied", &detail, None)
             }
-            Self::Unauthorized => problem(
+            Self::Unauthorized { .. } => problem(
                 StatusCode::UNAUTHORIZED,
                 "invalid-signature",
                 "The request signature could not be verified.",

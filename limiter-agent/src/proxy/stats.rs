@@ -42,6 +42,9 @@ pub(super) enum Event {
     ResetFlood,
     /// A connection upgraded (a WebSocket) and relayed to the upstream.
     Upgraded,
+    /// With escalation on, a 429, 401 or 403 to a directly connected client that did
+    /// not count towards its escalation: someone else could have caused it.
+    NotEscalated,
 }
 
 /// The live counters. Relaxed atomics: each counter is independent, and a reader
@@ -67,6 +70,7 @@ pub(super) struct Counters {
     tls_handshake_failures: AtomicU64,
     http2_reset_floods: AtomicU64,
     upgrades: AtomicU64,
+    not_escalated: AtomicU64,
 }
 
 /// Upper bounds, in seconds, of the `limiter_proxy_decision_seconds` buckets: a
@@ -113,6 +117,7 @@ impl Counters {
             Event::TlsHandshakeFailed => &self.tls_handshake_failures,
             Event::ResetFlood => &self.http2_reset_floods,
             Event::Upgraded => &self.upgrades,
+            Event::NotEscalated => &self.not_escalated,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -174,6 +179,7 @@ impl Counters {
             tls_handshake_failures: load(&self.tls_handshake_failures),
             http2_reset_floods: load(&self.http2_reset_floods),
             upgrades: load(&self.upgrades),
+            refusals_not_escalated: load(&self.not_escalated),
             tracked_keys: u64::try_from(tracked_keys).unwrap_or(u64::MAX),
             decision_seconds: DecisionHistogram {
                 counts: self.decision_seconds.iter().map(load).collect(),
@@ -247,6 +253,11 @@ pub struct ProxyStats {
     /// Connections upgraded (WebSockets) and relayed to the upstream.
     #[serde(default)]
     pub upgrades: u64,
+    /// With `[escalation]`, 429, 401 and 403 answers to directly connected clients
+    /// that did not count towards escalation (a shared or header bucket's, a 401
+    /// without credentials, a deny rule without `escalate`, a cross-site request).
+    #[serde(default)]
+    pub refusals_not_escalated: u64,
     /// Per-key limiter state currently held (with Redis: the server's keys).
     pub tracked_keys: u64,
     /// Per-key state evicted to stay within `max_tracked_keys` (with Redis: keys

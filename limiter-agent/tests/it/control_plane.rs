@@ -676,6 +676,39 @@ fn check_warns_about_a_trusted_proxy_the_kernel_layer_would_limit_as_one_client(
     assert!(!stderr.contains("10.1.0.0/16"), "covered by the allow rule: {stderr}");
 }
 
+/// Deny rules escalated before `escalate` existed: `limiter check` names each one a
+/// config with `[escalation]` on relies on, and not one that says `escalate = true`.
+#[test]
+fn check_names_the_deny_rules_that_no_longer_escalate() {
+    let dir = std::env::temp_dir().join(unique("check-escalate"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("limiter.toml");
+    let config = format!(
+        "[xdp]\ninterfaces = [\"eth0\"]\n{}\
+         [proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:9\"\n\
+         [[proxy.rules]]\nname = \"dotenv-probe\"\naction = \"deny\"\npath = \"/.env\"\n\
+         [[proxy.rules]]\nname = \"scanner\"\naction = \"deny\"\nescalate = true\n\
+         [proxy.rules.when]\nheaders_absent = [\"user-agent\"]\n\
+         [escalation]\nthreshold = 5\n",
+        limit(100, 100)
+    );
+    std::fs::write(&path, config).expect("config");
+    let output = Command::new(limiter_lab::support::agent::limiter_bin())
+        .arg("check")
+        .arg("-c")
+        .arg(&path)
+        .output()
+        .expect("check");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("proxy.rules \"dotenv-probe\" (action = \"deny\") no longer counts towards escalation"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("\"scanner\""), "it escalates: {stderr}");
+}
+
 fn ip(args: &[&str]) -> String {
     let output = Command::new("ip").args(args).output().expect("ip");
     String::from_utf8_lossy(&output.stdout).into_owned()

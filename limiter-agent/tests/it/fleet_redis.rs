@@ -268,7 +268,7 @@ async fn rejections_spread_over_two_agents_escalate_as_if_on_one() {
     use limiter::{config::Config, escalation::Escalator};
     let redis = TestRedis::shared();
     let upstream = Upstream::start().await;
-    let deny = "[[proxy.rules]]\nname = \"probe\"\naction = \"deny\"\npath = \"/wp-login.php\"\n";
+    let deny = "[[proxy.rules]]\nname = \"probe\"\naction = \"deny\"\npath = \"/wp-login.php\"\nescalate = true\n";
     let config = format!("{PROXY_HEAD}{deny}");
     let whole = Config::parse(
         &format!("[xdp]\ninterfaces = [\"lo\"]\n[xdp.limit]\npackets_per_second = 10\nburst = 20\n{config}[escalation]\nthreshold = 3\n")

@@ -12,6 +12,7 @@ mod kernel;
 mod proxy_bounds;
 mod proxy_decisions;
 mod proxy_disclose;
+mod proxy_escalation;
 mod proxy_http2;
 mod proxy_limits;
 mod proxy_paths;

@@ -1,6 +1,6 @@
 //! Suspicious-pattern rules through real sockets: the shipped `config/patterns.toml`
 //! against scanner and probe requests and against ordinary ones, `tag` rules, a
-//! pathological input for a pattern, escalation of denials, and a reload of the set.
+//! pathological input for a pattern, which denials escalate, and a reload of the set.
 
 use std::time::Instant;
 
@@ -158,16 +158,27 @@ async fn a_pathological_input_does_not_slow_the_proxy() {
     eprintln!("32 KiB of a against ^(a|aa)*c$: answered in {:?}", started.elapsed());
 }
 
+/// A page can make its readers' browsers ask for any path, never send a scanner's
+/// User-Agent: the shipped path rules' denials do not escalate, the User-Agent
+/// rules' (`escalate = true`) do. The escalator counts a denial before it is
+/// answered, so the channel shows it once the client has its answer.
 #[tokio::test]
-async fn denials_count_towards_escalation() {
+async fn only_denials_by_escalating_rules_count_towards_escalation() {
     let upstream = Upstream::start().await;
     let head = format!("{PROXY_HEAD}{PATTERNS}");
     let proxy = RunningProxy::start(&head, upstream.addr).await;
     let mut escalated = proxy.escalate(&head, upstream.addr, 2);
     let client = TestClient::default();
-    for _ in 0..3 {
-        assert_eq!(status(&client, &proxy, "/wp-login.php", Some(BROWSER)).await, StatusCode::FORBIDDEN);
+    for path in ["/wp-login.php", "/.env", "/.git/config", "/index.php"].repeat(15) {
+        assert_eq!(status(&client, &proxy, path, Some(BROWSER)).await, StatusCode::FORBIDDEN, "{path}");
     }
+    assert!(escalated.try_recv().is_err(), "60 denials by path rules escalated");
+    proxy.stats_until("the denials not escalated", |stats| stats.refusals_not_escalated == 60).await;
+    for _ in 0..2 {
+        assert_eq!(status(&client, &proxy, "/api/items", Some("sqlmap/1.7.2")).await, StatusCode::FORBIDDEN);
+    }
+    assert!(escalated.try_recv().is_err(), "escalated before the threshold");
+    assert_eq!(status(&client, &proxy, "/api/items", None).await, StatusCode::FORBIDDEN);
     let escalation =
         tokio::time::timeout(PATIENCE, escalated.recv()).await.expect("escalated in time").expect("escalation");
     assert_eq!(escalation.cidr.to_string(), "127.0.0.1/32");

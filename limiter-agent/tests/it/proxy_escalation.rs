@@ -1,0 +1,167 @@
+//! What counts towards escalation, through real sockets: only refusals the client
+//! caused itself. Unsigned requests a page makes its readers' browsers send to a
+//! signed route, shared buckets another client emptied, header buckets and requests
+//! a browser sent for another site are refused as before and never escalate; wrong
+//! signatures and a client's own per-IP bucket still do.
+//!
+//! The escalator counts a refusal before the proxy answers it (the memory store's
+//! count is synchronous), so once a client has its answer, whether it was escalated
+//! is in the channel already. The refusals spared are counted in
+//! `refusals_not_escalated`.
+
+use std::future::Future;
+
+use http::{Method, StatusCode};
+use limiter::escalation::Escalation;
+use limiter_core::{Clock as _, SystemClock};
+use limiter_lab::support::{
+    proxy::{PROXY_HEAD, RunningProxy, TestClient, Upstream, exchange_from, secret_file, signed_route_config},
+    wait::PATIENCE,
+};
+use tokio::sync::mpsc::{Receiver, error::TryRecvError};
+
+/// Refusals tolerated before a client is escalated.
+const THRESHOLD: u32 = 3;
+
+/// A flood of refusals, each far past [`THRESHOLD`].
+const FLOOD: usize = 60;
+
+const CROSS_SITE: (&str, &str) = ("sec-fetch-site", "cross-site");
+
+fn assert_not_escalated(escalated: &mut Receiver<Escalation>, after: &str) {
+    assert_eq!(escalated.try_recv().map(|e| e.cidr), Err(TryRecvError::Empty), "escalated after {after}");
+}
+
+/// Proves that no refusal before counted: `THRESHOLD` refusals `refuse` makes leave the
+/// client unescalated, and one more escalates 127.0.0.1 (that of [`TestClient`]).
+async fn escalated_by_exactly<F: Future<Output = StatusCode>>(
+    escalated: &mut Receiver<Escalation>,
+    refused: StatusCode,
+    mut refuse: impl FnMut() -> F,
+) {
+    for _ in 0..THRESHOLD {
+        assert_eq!(refuse().await, refused);
+    }
+    assert_not_escalated(escalated, "refusals up to the threshold");
+    assert_eq!(refuse().await, refused);
+    let escalation =
+        tokio::time::timeout(PATIENCE, escalated.recv()).await.expect("escalated in time").expect("an escalation");
+    assert_eq!(escalation.cidr.to_string(), "127.0.0.1/32");
+}
+
+/// The headers of a request signed by `k-pay` with a signature no secret makes.
+fn wrong_signature(timestamp: &str) -> [(&'static str, &str); 3] {
+    const NO_SECRETS: &str = "00000000000000000000000000000000000000000000000000000000000000ff";
+    [("x-api-key", "k-pay"), ("x-timestamp", timestamp), ("x-signature", NO_SECRETS)]
+}
+
+#[tokio::test]
+async fn unsigned_requests_to_a_signed_route_never_escalate_and_wrong_signatures_do() {
+    let upstream = Upstream::start().await;
+    let config = signed_route_config("", &secret_file(b"k-pay-secret"));
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let mut escalated = proxy.escalate(&config, upstream.addr, THRESHOLD);
+    let client = TestClient::default();
+    // What 60 `<img src=".../api/transfer?i">` on another site's page make a reader send.
+    for i in 0..FLOOD {
+        let reply = client.get(&proxy.url(&format!("/api/transfer?{i}")), &[]).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    }
+    assert_not_escalated(&mut escalated, "unsigned requests");
+    proxy.stats_until("the 401s counted as not escalated", |stats| stats.refusals_not_escalated == 60).await;
+    let timestamp = SystemClock.now().as_secs().to_string();
+    let headers = wrong_signature(&timestamp);
+    escalated_by_exactly(&mut escalated, StatusCode::UNAUTHORIZED, || async {
+        client.request(Method::POST, &proxy.url("/api/transfer"), &headers, b"{}").await.status
+    })
+    .await;
+    assert_eq!(upstream.count(), 0, "nothing reached the upstream");
+}
+
+/// Limits that are no one client's own (`per-key` for keyless requests, `per-user`
+/// by a header) and one that is (`per-ip`), each 2 an hour; the clock stands still.
+const LIMITS: &str = r#"
+[[proxy.rules]]
+name = "per-key"
+path = "/keyed"
+key = "api_key"
+limit = 2
+window = "1h"
+
+[[proxy.rules]]
+name = "per-user"
+path = "/user"
+key = "header:x-user"
+limit = 2
+window = "1h"
+
+[[proxy.rules]]
+name = "per-ip"
+path = "/ip"
+key = "ip"
+limit = 2
+window = "1h"
+"#;
+
+#[tokio::test]
+async fn shared_buckets_another_client_emptied_never_escalate_and_an_own_bucket_does() {
+    let upstream = Upstream::start().await;
+    let config = format!("{PROXY_HEAD}{LIMITS}");
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let mut escalated = proxy.escalate(&config, upstream.addr, THRESHOLD);
+    let client = TestClient::default();
+    // The shared missing-key bucket, and the bucket of the header value a victim sends.
+    for (path, headers) in [("/keyed", &[][..]), ("/user", &[("x-user", "victim")][..])] {
+        let named: String = headers.iter().map(|(name, value)| format!("{name}: {value}\r\n")).collect();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\n{named}Connection: close\r\n\r\n");
+        for _ in 0..2 {
+            let answer = exchange_from([127, 0, 0, 2], proxy.addr, request.as_bytes()).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "another client spends {path}: {answer}");
+        }
+        for _ in 0..FLOOD {
+            assert_eq!(client.get(&proxy.url(path), headers).await.status, StatusCode::TOO_MANY_REQUESTS, "{path}");
+        }
+        assert_not_escalated(&mut escalated, path);
+    }
+    proxy.stats_until("the 429s counted as not escalated", |stats| stats.refusals_not_escalated == 120).await;
+    for _ in 0..2 {
+        assert_eq!(client.get(&proxy.url("/ip"), &[]).await.status, StatusCode::OK);
+    }
+    escalated_by_exactly(&mut escalated, StatusCode::TOO_MANY_REQUESTS, || async {
+        client.get(&proxy.url("/ip"), &[]).await.status
+    })
+    .await;
+}
+
+/// Wrong signatures, an own bucket's 429s and a deny rule with `escalate = true`, each
+/// sent by a browser for another site: refused, never escalated.
+#[tokio::test]
+async fn what_a_browser_sent_for_another_site_is_refused_and_never_escalates() {
+    let upstream = Upstream::start().await;
+    let deny = "[[proxy.rules]]\nname = \"scanner\"\naction = \"deny\"\nescalate = true\n\
+                [proxy.rules.when]\nheader_matches = { \"user-agent\" = \"sqlmap\" }\n";
+    let config = signed_route_config(&format!("{LIMITS}{deny}"), &secret_file(b"k-pay-secret"));
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let mut escalated = proxy.escalate(&config, upstream.addr, THRESHOLD);
+    let client = TestClient::default();
+    let timestamp = SystemClock.now().as_secs().to_string();
+    let mut signed = wrong_signature(&timestamp).to_vec();
+    signed.push(CROSS_SITE);
+    for _ in 0..FLOOD {
+        let reply = client.request(Method::POST, &proxy.url("/api/transfer"), &signed, b"{}").await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+        let scanner = client.get(&proxy.url("/"), &[("user-agent", "sqlmap/1.7"), CROSS_SITE]).await;
+        assert_eq!(scanner.status, StatusCode::FORBIDDEN);
+    }
+    for i in 0..FLOOD {
+        let expected = if i < 2 { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
+        assert_eq!(client.get(&proxy.url("/ip"), &[CROSS_SITE]).await.status, expected, "request {i}");
+    }
+    assert_not_escalated(&mut escalated, "refusals of cross-site requests");
+    // 60 of each refusal but the first two requests to `/ip`, which passed.
+    proxy.stats_until("the refusals counted as not escalated", |stats| stats.refusals_not_escalated == 178).await;
+    escalated_by_exactly(&mut escalated, StatusCode::FORBIDDEN, || async {
+        client.get(&proxy.url("/"), &[("user-agent", "sqlmap/1.7")]).await.status
+    })
+    .await;
+}
