@@ -1,8 +1,14 @@
 //! One agent per pin dir and per admin socket: a second `limiter run` must stop
 //! before it touches a map (loading would rewrite the running agent's settings).
-//! The locks are `flock`s, so that a killed agent leaves none behind.
+//! The locks are `flock`s, so that a killed agent leaves none behind. A `flock` needs
+//! only a descriptor, read-only will do: the socket's lock file is the owner's alone
+//! (0600), or any local user could hold it and keep the agent from starting.
 
-use std::{fs::File, path::Path};
+use std::{
+    fs::{File, Permissions},
+    os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _},
+    path::Path,
+};
 
 use crate::config::Config;
 
@@ -56,7 +62,10 @@ fn lock(path: &Path, create: bool) -> Result<File, LockError> {
         std::fs::create_dir_all(parent).map_err(io)?;
     }
     let file = if create {
-        File::options().create(true).truncate(false).write(true).open(path).map_err(io)?
+        let file = File::options().create(true).truncate(false).write(true).mode(0o600).open(path).map_err(io)?;
+        // One left by an older agent, or made under another umask, is narrowed too.
+        file.set_permissions(Permissions::from_mode(0o600)).map_err(io)?;
+        file
     } else {
         File::open(path).map_err(io)?
     };
@@ -64,5 +73,43 @@ fn lock(path: &Path, create: bool) -> Result<File, LockError> {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(LockError::Held { path: path.display().to_string() }),
         Err(std::fs::TryLockError::Error(source)) => Err(io(source)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{os::unix::fs::PermissionsExt as _, process::Command};
+
+    use super::*;
+
+    /// `flock -n PATH true` as the user nobody: whether that user can hold the lock.
+    fn nobody_can_lock(path: &Path) -> bool {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "flock", "-n"])
+            .arg(path)
+            .arg("true")
+            .status()
+            .expect("setpriv runs")
+            .success()
+    }
+
+    #[test]
+    fn no_other_user_can_hold_the_socket_lock() {
+        let dir = std::env::temp_dir().join(limiter_lab::support::unique("limiter-lock"));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::set_permissions(&dir, Permissions::from_mode(0o755)).expect("dir mode");
+        let path = dir.join("agent.sock.lock");
+        // As an older agent left it: readable by all, so anyone could flock it.
+        std::fs::write(&path, "").expect("old lock");
+        std::fs::set_permissions(&path, Permissions::from_mode(0o644)).expect("old mode");
+        assert!(nobody_can_lock(&path), "the test cannot tell: nobody could not lock a 0644 file");
+
+        let held = lock(&path, true).expect("lock");
+        drop(held);
+        let mode = std::fs::metadata(&path).expect("lock file").permissions().mode() & 0o777;
+        let nobody = nobody_can_lock(&path);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+        assert_eq!(mode, 0o600);
+        assert!(!nobody, "another user can hold the agent's lock");
     }
 }
