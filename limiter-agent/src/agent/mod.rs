@@ -341,12 +341,16 @@ impl Agent {
     /// tells the fleet.
     fn escalate(&mut self, escalation: Escalation) {
         let Some(xdp) = &mut self.xdp else { return };
+        let escalation = match self.escalation.as_ref().map(|e| e.escalator.admit(escalation)) {
+            Some(Err(refused)) => {
+                self.gauges.blocks_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%refused, local = escalation.local, "escalated block refused");
+                return;
+            }
+            Some(Ok(admitted)) => admitted,
+            None => escalation,
+        };
         let Escalation { cidr, ttl, local } = escalation;
-        if let Some(Err(refused)) = self.escalation.as_ref().map(|e| e.escalator.check(cidr)) {
-            self.gauges.blocks_refused.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%refused, local, "escalated block refused");
-            return;
-        }
         match xdp.kernel.maps_mut().block(cidr, Some(ttl)) {
             Ok(()) if local => tracing::warn!(%cidr, ?ttl, "source blocked: too many rejections"),
             Ok(()) => tracing::info!(%cidr, ?ttl, "source blocked: escalated by another agent"),

@@ -152,9 +152,15 @@ impl<C: Clock> Escalator<C> {
         *self.settings.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Settings::new(config));
     }
 
-    /// Whether `cidr` may be blocked under the current config.
-    pub fn check(&self, cidr: IpNet) -> Result<(), BlockRefused> {
-        self.settings.read().unwrap_or_else(PoisonError::into_inner).check(cidr)
+    /// The block to put in place for `escalation` under the current config: refused
+    /// unless one source wide and clear of protected addresses, and lasting no longer
+    /// than this agent's `block_ttl` (whoever publishes on the fleet's channel could
+    /// otherwise block a source for years).
+    pub fn admit(&self, escalation: Escalation) -> Result<Escalation, BlockRefused> {
+        let settings = self.settings.read().unwrap_or_else(PoisonError::into_inner);
+        settings.check(escalation.cidr)?;
+        let ttl = if settings.limit.is_some() { escalation.ttl.min(settings.block_ttl) } else { escalation.ttl };
+        Ok(Escalation { ttl, ..escalation })
     }
 
     /// Counts one rejection of a directly connected `source`.

@@ -137,7 +137,10 @@ fn a_source_sharing_its_prefix_with_a_narrower_allow_cidr_or_a_trusted_proxy_is_
 #[test]
 fn blocks_wider_than_one_source_or_over_a_protected_address_are_refused() {
     let (escalator, _clock, _receiver) = escalator(None);
-    let check = |cidr: &str| escalator.check(cidr.parse().expect("cidr"));
+    let check = |cidr: &str| {
+        let escalation = Escalation { cidr: cidr.parse().expect("cidr"), ttl: Duration::from_secs(1), local: false };
+        escalator.admit(escalation).map(|_| ())
+    };
     assert_eq!(check("203.0.113.9/32"), Ok(()));
     assert_eq!(check("2001:db8:3::/64"), Ok(()));
     for wide in ["0.0.0.0/0", "::/0", "203.0.113.0/24", "2001:db8:3::/48", "2001:db8:3::/96", "::ffff:0.0.0.0/96"] {
@@ -148,4 +151,13 @@ fn blocks_wider_than_one_source_or_over_a_protected_address_are_refused() {
     for protected in ["2001:db8:1::/64", "2001:db8:2::/64", "198.51.100.7/32"] {
         assert!(matches!(check(protected), Err(BlockRefused::Protected(..))), "{protected}");
     }
+}
+
+#[test]
+fn a_fleet_block_lasts_no_longer_than_this_agents_block_ttl() {
+    let (escalator, _clock, _receiver) = escalator(None);
+    let cidr = format!("{SOURCE}/32").parse().expect("cidr");
+    let published = |ttl| escalator.admit(Escalation { cidr, ttl, local: false }).expect("admitted").ttl;
+    assert_eq!(published(Duration::from_secs(365 * 24 * 3600)), BLOCK_TTL, "a year is cut to block_ttl");
+    assert_eq!(published(Duration::from_secs(5)), Duration::from_secs(5), "a shorter block is kept as sent");
 }

@@ -171,7 +171,7 @@ fn redis_command<T: redis::FromRedisValue>(url: &str, command: &redis::Cmd) -> T
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn forged_fleet_blocks_malformed_wider_than_one_source_or_covering_an_allow_cidr_are_refused_and_counted() {
+async fn forged_fleet_blocks_are_refused_and_counted_and_a_forged_ttl_is_cut_to_block_ttl() {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("escalation-forged");
     let keys = redis_keys(&redis, &prefix, "allow");
@@ -209,10 +209,11 @@ action = "allow"
             "2001:db8:1::/64",   // the prefix of an allow CIDR narrower than it
             "2001:db8:2::/48",   // wider than xdp.ipv6_prefix
             "::ffff:0.0.0.0/96", // every IPv4 source, mapped
-            "203.0.113.9/32",    // one source: blocked
+            "203.0.113.9/32",    // one source: blocked, for no longer than BLOCK_TTL
         ];
         let malformed = ["10.0.0.1/33 60000", "203.0.113.10/32 0", "203.0.113.11/32", "garbage"];
-        let messages = published.iter().map(|cidr| format!("{cidr} 60000"));
+        // A year: a forged TTL is cut to this agent's block_ttl.
+        let messages = published.iter().map(|cidr| format!("{cidr} 31536000000"));
         for message in malformed.iter().map(|m| (*m).to_owned()).chain(messages) {
             let _: i64 = redis_command(&url, redis::cmd("PUBLISH").arg(&channel).arg(message));
         }
@@ -228,6 +229,12 @@ action = "allow"
             stats["agent"]["escalation"]["blocks_refused"] == refused
         });
         assert!(!site.blocks("203.0.113.10/32") && !site.blocks("203.0.113.11/32"));
+        let stats = site.agent.cli_json(&["stats", "--json"]);
+        let expires_in = stats["xdp"]["blocks"]
+            .as_array()
+            .and_then(|blocks| blocks.iter().find(|b| b["cidr"] == "203.0.113.9/32"))
+            .and_then(|block| block["expires_in_secs"].as_u64());
+        assert!(expires_in.is_some_and(|secs| secs <= BLOCK_TTL.as_secs()), "a forged TTL of a year: {stats}");
         assert_eq!(site.get(), Some(200), "the client still reaches the proxy");
     })
     .await
