@@ -125,6 +125,11 @@ pub struct ProxyConfig {
     /// then it is closed.
     #[serde(default = "default_tunnel_idle_timeout")]
     pub tunnel_idle_timeout: HumanDuration,
+    /// The protocols a client may switch to through the proxy (`Upgrade`), compared
+    /// without case and without a version; others are not forwarded, so that no
+    /// upstream is asked for a tunnel (`h2c`, a custom one) it never meant to offer.
+    #[serde(default = "websocket_only")]
+    pub upgrade_protocols: Vec<String>,
 }
 
 /// `[proxy.tls]`: the listener's certificates, read at start and on every reload.
@@ -209,6 +214,10 @@ pub struct DecisionLogConfig {
 
 fn every_decision() -> f64 {
     1.0
+}
+
+fn websocket_only() -> Vec<String> {
+    vec!["websocket".to_owned()]
 }
 
 fn sample<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
@@ -728,6 +737,15 @@ impl ProxyConfig {
             if timeout.0.is_zero() {
                 return Err((key.to_owned(), "must be longer than 0".to_owned()));
             }
+        }
+        let token = |name: &str| {
+            !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+        };
+        if let Some(bad) = self.upgrade_protocols.iter().find(|protocol| !token(protocol)) {
+            return Err((
+                "proxy.upgrade_protocols".to_owned(),
+                format!("`{bad}` is not a protocol name (an HTTP token, without a version)"),
+            ));
         }
         if self.proxy_protocol != ProxyProtocol::Off && self.trusted_proxies.is_empty() {
             return Err((

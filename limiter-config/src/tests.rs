@@ -486,3 +486,16 @@ fn escalate_is_for_deny_rules_and_check_names_those_that_no_longer_escalate() {
         assert!(message.contains("escalate needs action = \"deny\""), "{body}: {message}");
     }
 }
+
+#[test]
+fn upgrades_are_to_websocket_unless_said_otherwise_and_each_is_a_protocol_name() {
+    let proxy = parse(PROXY).expect("proxy").proxy.expect("section");
+    assert_eq!(proxy.upgrade_protocols, ["websocket"]);
+    let text = format!("{PROXY}upgrade_protocols = [\"websocket\", \"h2c\"]\n");
+    assert_eq!(parse(&text).expect("two").proxy.expect("section").upgrade_protocols, ["websocket", "h2c"]);
+    for bad in ["", "websocket/13", "web socket"] {
+        let (line, key, message) = refusal(&format!("{PROXY}upgrade_protocols = [\"h2c\", \"{bad}\"]\n"));
+        assert_eq!((line, key.as_str()), (4, "proxy.upgrade_protocols"), "{bad}: {message}");
+        assert!(message.contains(&format!("`{bad}`")), "{message}");
+    }
+}

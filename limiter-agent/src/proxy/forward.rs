@@ -12,6 +12,7 @@ use hyper_util::{
 };
 
 use super::{body::ProxyBody, keys::X_FORWARDED_FOR};
+use crate::config::ProxyConfig;
 
 /// A dead upstream host must give a quick 502, not hang the client; a refused
 /// connection fails at once anyway. Generous enough for a loaded local network.
@@ -80,11 +81,11 @@ impl Upstream {
         Self { client }
     }
 
-    /// Sends the request to `base` (scheme and authority of the upstream), for `path`
-    /// (the canonical path) and the query as received.
+    /// Sends the request to `config.upstream`, for `path` (the canonical path) and the
+    /// query as received, asking for an upgrade only to `config.upgrade_protocols`.
     pub(super) async fn send(
         &self,
-        base: &Uri,
+        config: &ProxyConfig,
         path: &str,
         mut parts: request::Parts,
         body: ProxyBody,
@@ -94,13 +95,13 @@ impl Upstream {
         if !origin.peer_trusted {
             remove_forwarding_claims(&mut parts.headers);
         }
-        let upgrade = requested_upgrade(&parts);
+        let upgrade = requested_upgrade(&parts, &config.upgrade_protocols);
         remove_hop_by_hop(&mut parts.headers);
         if let Some(protocol) = &upgrade {
             keep_upgrade(&mut parts.headers, protocol.clone());
         }
         set_forwarded_for(&mut parts.headers, chain, origin.peer);
-        parts.uri = upstream_uri(base, path, parts.uri.query())?;
+        parts.uri = upstream_uri(&config.upstream, path, parts.uri.query())?;
         // We speak HTTP/1.1 to the upstream whatever the client spoke to us.
         let version = parts.version;
         parts.version = Version::HTTP_11;
@@ -184,11 +185,24 @@ fn connection_options(headers: &HeaderMap) -> Vec<String> {
         .collect()
 }
 
-/// The protocol an HTTP/1.1 request asks to switch to (`Connection: upgrade` and
-/// `Upgrade`), which hop-by-hop removal would otherwise drop.
-fn requested_upgrade(parts: &request::Parts) -> Option<HeaderValue> {
+/// The protocols of those an HTTP/1.1 request asks to switch to (`Connection:
+/// upgrade` and `Upgrade`) that `allowed` names, which hop-by-hop removal would
+/// otherwise drop; `None` where it asks for none of them.
+fn requested_upgrade(parts: &request::Parts, allowed: &[String]) -> Option<HeaderValue> {
     let asks = connection_options(&parts.headers).iter().any(|option| option == "upgrade");
-    (parts.version == Version::HTTP_11 && asks).then(|| parts.headers.get(header::UPGRADE).cloned()).flatten()
+    if parts.version != Version::HTTP_11 || !asks {
+        return None;
+    }
+    let offered = parts.headers.get_all(header::UPGRADE).iter().filter_map(|value| value.to_str().ok());
+    let kept: Vec<&str> = offered
+        .flat_map(|value| value.split(','))
+        .map(str::trim)
+        .filter(|protocol| {
+            let name = protocol.split_once('/').map_or(*protocol, |(name, _version)| name);
+            allowed.iter().any(|allowed| allowed.eq_ignore_ascii_case(name))
+        })
+        .collect();
+    if kept.is_empty() { None } else { HeaderValue::from_str(&kept.join(", ")).ok() }
 }
 
 fn keep_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {

@@ -471,20 +471,18 @@ impl<C: Clock + Clone> Pipeline<C> {
             claim.sent(self.clock.now()).await;
         }
         // Bounds the wait for the response head; a streaming body may take longer.
-        let response = tokio::time::timeout(
-            config.upstream_timeout.0,
-            upstream.send(&config.upstream, path.forward(), parts, body, origin),
-        )
-        .await
-        .map_err(|_| Refusal::UpstreamTimeout)?
-        .map_err(|error| {
-            if error.never_sent()
-                && let Some(claim) = &mut claim
-            {
-                claim.not_sent();
-            }
-            if body::timed_out(&error) { Refusal::BodyTimeout } else { Refusal::Upstream(error.into()) }
-        })?;
+        let response =
+            tokio::time::timeout(config.upstream_timeout.0, upstream.send(config, path.forward(), parts, body, origin))
+                .await
+                .map_err(|_| Refusal::UpstreamTimeout)?
+                .map_err(|error| {
+                    if error.never_sent()
+                        && let Some(claim) = &mut claim
+                    {
+                        claim.not_sent();
+                    }
+                    if body::timed_out(&error) { Refusal::BodyTimeout } else { Refusal::Upstream(error.into()) }
+                })?;
         let Some(claim) = claim else {
             return Ok(response);
         };

@@ -5,7 +5,7 @@
 use std::{process::Stdio, time::Duration};
 
 use limiter_lab::support::{
-    proxy::{PROXY_HEAD, RunningProxy, raw_exchange},
+    proxy::{PROXY_HEAD, RunningProxy, Upstream, raw_exchange},
     python,
     wait::PATIENCE,
 };
@@ -117,6 +117,33 @@ async fn messages_echo_through_the_proxy_and_the_upgrade_over_the_limit_gets_429
     // A tunnel is counted once the upstream's side of it is open, after the client
     // has its 101.
     proxy.stats_until("three tunnels and a refusal", |stats| (stats.upgrades, stats.rejected) == (3, 1)).await;
+}
+
+/// What the upstream was asked to switch to, request by request.
+fn upgrades_asked(upstream: &Upstream) -> Vec<Option<String>> {
+    let asked = |headers: &http::HeaderMap| headers.get("upgrade").map(|v| v.to_str().expect("ascii").to_owned());
+    upstream.seen().iter().map(|seen| asked(&seen.headers)).collect()
+}
+
+#[tokio::test]
+async fn only_the_protocols_in_upgrade_protocols_are_asked_of_the_upstream() {
+    let upgrade = |offered: &str| {
+        format!("GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, close\r\nUpgrade: {offered}\r\n\r\n")
+    };
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(PROXY_HEAD, upstream.addr).await;
+    for offered in ["h2c", "foo/1, websocket", "WebSocket", "TLS/1.0"] {
+        let answer = raw_exchange(proxy.addr, upgrade(offered).as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{offered}: {answer}");
+    }
+    let expected = [None, Some("websocket"), Some("WebSocket"), None].map(|p| p.map(str::to_owned));
+    assert_eq!(upgrades_asked(&upstream), expected, "by default only websocket");
+
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}upgrade_protocols = []\n"), upstream.addr).await;
+    let answer = raw_exchange(proxy.addr, upgrade("websocket").as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(upgrades_asked(&upstream), [None], "none allowed");
 }
 
 #[tokio::test]
