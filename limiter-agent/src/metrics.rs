@@ -5,12 +5,13 @@
 //! agent.
 
 use std::{
+    collections::VecDeque,
     fmt::Write as _,
     net::SocketAddr,
     path::PathBuf,
     sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -24,7 +25,7 @@ use limiter_common::{
     counters::Counter,
     maps::{BUDGET_NEW_SOURCES, BUDGET_SYN, FEATURE_NEW_SOURCES, FEATURE_SYN},
 };
-use tokio::sync::Semaphore;
+use tokio::sync::oneshot;
 
 use crate::{
     proxy::{DECISION_BUCKETS, Proxy},
@@ -287,7 +288,8 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
     let _ = writeln!(out, "limiter_proxy_decision_seconds_count{{store=\"{store}\"}} {cumulative}");
 }
 
-/// Scrapers connected at once; more are closed at accept. Prometheus keeps one.
+/// Scrapers connected at once; Prometheus keeps one. A new one takes the place of
+/// the oldest idle one ([`Places`]).
 const MAX_CONNECTIONS: usize = 8;
 
 /// Time for a scraper's request headers, and for the whole connection: one that
@@ -295,10 +297,58 @@ const MAX_CONNECTIONS: usize = 8;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The open connections, oldest first. When all places are taken a new connection
+/// closes the oldest one not answering a request, so that connections held open
+/// and silent (a local loop opening them as fast as they are closed) never keep a
+/// scraper out; with every place answering, the new one is closed.
+#[derive(Debug, Default)]
+struct Places {
+    open: Mutex<VecDeque<Place>>,
+    next_id: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Place {
+    id: u64,
+    busy: Arc<AtomicBool>,
+    close: oneshot::Sender<()>,
+}
+
+/// A connection's hold on its place, given back when dropped.
+struct Held {
+    id: u64,
+    places: Arc<Places>,
+    busy: Arc<AtomicBool>,
+    closed: oneshot::Receiver<()>,
+}
+
+impl Places {
+    fn take(self: &Arc<Self>) -> Option<Held> {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if open.len() >= MAX_CONNECTIONS {
+            let idle = open.iter().position(|place| !place.busy.load(Ordering::Acquire))?;
+            if let Some(oldest) = open.remove(idle) {
+                let _ = oldest.close.send(());
+            }
+        }
+        let (close, closed) = oneshot::channel();
+        let (id, busy) = (self.next_id.fetch_add(1, Ordering::Relaxed), Arc::new(AtomicBool::new(false)));
+        open.push_back(Place { id, busy: Arc::clone(&busy), close });
+        Some(Held { id, places: Arc::clone(self), busy, closed })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut open = self.places.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.retain(|place| place.id != self.id);
+    }
+}
+
 /// Serves `/metrics` on `addr` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, sources: MetricsSources) {
     let sources = Arc::new(sources);
-    let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let places = Arc::new(Places::default());
     // One exposition at a time: concurrent scrapes would each walk the kernel maps.
     let rendering = Arc::new(tokio::sync::Mutex::new(()));
     loop {
@@ -310,14 +360,17 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: MetricsSources) {
             }
         };
         // Dropping the stream closes it.
-        let Ok(place) = places.clone().try_acquire_owned() else { continue };
+        let Some(mut held) = places.take() else { continue };
         let sources = sources.clone();
         let rendering = rendering.clone();
         tokio::spawn(async move {
+            let busy = Arc::clone(&held.busy);
             let service = service_fn(move |request: Request<Incoming>| {
                 let sources = sources.clone();
                 let rendering = rendering.clone();
+                let busy = Arc::clone(&busy);
                 async move {
+                    busy.store(true, Ordering::Release);
                     let response = if request.uri().path() == "/metrics" {
                         let _turn = rendering.lock().await;
                         let body = tokio::task::spawn_blocking(move || render(&sources)).await.unwrap_or_default();
@@ -329,6 +382,7 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: MetricsSources) {
                             .status(StatusCode::NOT_FOUND)
                             .body(Full::new(Bytes::from_static(b"see /metrics\n")))
                     };
+                    busy.store(false, Ordering::Release);
                     response.map_err(std::io::Error::other)
                 }
             });
@@ -336,8 +390,11 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: MetricsSources) {
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
-            drop(place);
+            tokio::select! {
+                _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection) => {}
+                _ = &mut held.closed => {}
+            }
+            drop(held);
         });
     }
 }
