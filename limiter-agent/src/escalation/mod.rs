@@ -17,10 +17,11 @@
 //! from a sorted set kept beside the channel.
 //!
 //! Every block, crossed here or learnt from the fleet, is checked against this
-//! agent's config before it reaches the kernel ([`Escalator::check`]): exactly one
+//! agent's config before it reaches the kernel ([`Escalator::admit`]): exactly one
 //! source wide (IPv4 /32, IPv6 `/ipv6_prefix`), and covering no `allow` CIDR and no
 //! trusted proxy. Whoever can publish on the channel could otherwise drop all
-//! traffic of every agent with one `0.0.0.0/0`.
+//! traffic of every agent with one `0.0.0.0/0`. A block lasts no longer than this
+//! agent's `block_ttl`, whatever TTL it was published with.
 
 mod counts;
 
