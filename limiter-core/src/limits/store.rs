@@ -271,11 +271,18 @@ impl MemoryStore {
     fn apply_one(&self, bucket: &Bucket<'_>, now: Duration, charge: Charge) -> Outcome {
         let (fingerprint, shard) = self.locate(bucket);
         let mut shard = lock(&self.shards[shard]);
-        let mut outcome = bucket::check(bucket.spec, shard.bucket_state(bucket.policy, fingerprint), now);
+        let found = shard.find(bucket.policy, fingerprint);
+        let mut outcome = bucket::check(bucket.spec, found.and_then(|place| shard.state(place)), now);
         let admitted = outcome.admitted;
-        self.prepare(&mut shard, bucket, fingerprint, &mut outcome, now, charge, admitted, &[]);
-        if charge.charges(outcome.admitted, outcome.admitted) {
-            shard.charge(bucket, fingerprint, &outcome, now);
+        match found {
+            // The common case in one lookup: nothing else moves the bucket meanwhile.
+            Some(place) if charge.charges(admitted, admitted) => shard.charge_at(place, bucket.spec, &outcome, now),
+            _ => {
+                self.prepare(&mut shard, bucket, fingerprint, &mut outcome, now, charge, admitted, &[]);
+                if charge.charges(outcome.admitted, outcome.admitted) {
+                    shard.charge(bucket, fingerprint, &outcome, now);
+                }
+            }
         }
         outcome
     }
@@ -446,10 +453,13 @@ impl Shard {
         Some((table, self.tables[table].find(fingerprint)?))
     }
 
+    fn state(&self, (table, slot): Place) -> Option<&State> {
+        self.tables[table].slots[slot].as_ref().map(|slot| &slot.state)
+    }
+
     /// The state of the bucket of `policy` and `fingerprint`, if tracked.
     fn bucket_state(&self, policy: &Arc<str>, fingerprint: Fingerprint) -> Option<&State> {
-        let (table, slot) = self.find(policy, fingerprint)?;
-        self.tables[table].slots[slot].as_ref().map(|slot| &slot.state)
+        self.state(self.find(policy, fingerprint)?)
     }
 
     /// Counts a refusal as use: the bucket is exhausted, and held until it is full
@@ -464,11 +474,15 @@ impl Shard {
 
     /// Charges an admitted request to `bucket`, if it has a slot.
     fn charge(&mut self, bucket: &Bucket<'_>, fingerprint: Fingerprint, outcome: &Outcome, now: Duration) {
-        let Some((table, slot)) = self.find(bucket.policy, fingerprint) else {
-            return;
-        };
+        if let Some(place) = self.find(bucket.policy, fingerprint) {
+            self.charge_at(place, bucket.spec, outcome, now);
+        }
+    }
+
+    /// Charges an admitted request to the bucket at `place`.
+    fn charge_at(&mut self, (table, slot): Place, spec: &LimitSpec, outcome: &Outcome, now: Duration) {
         if let Some(slot) = &mut self.tables[table].slots[slot] {
-            bucket::charge(bucket.spec, &mut slot.state, now);
+            bucket::charge(spec, &mut slot.state, now);
             let exhausted = outcome.after.remaining == 0 || slot.idle.held(to_nanos(now));
             slot.idle = Idle::new(idle_at(outcome.after, now), exhausted);
         }
