@@ -251,6 +251,11 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
             stats.evictions,
         ),
         (
+            "limiter_proxy_untracked_keys_total",
+            "New keys refused: max_tracked_keys was full of exhausted buckets, which are never evicted.",
+            stats.untracked_keys,
+        ),
+        (
             "limiter_proxy_store_failures_total",
             "Decisions taken by store_failure while Redis was unreachable.",
             stats.store_failures,

@@ -187,6 +187,18 @@ impl Stores {
         }
     }
 
+    /// New keys the memory store could not track, every bucket it could have
+    /// evicted being exhausted, and so refused: this agent's own, in memory or in the
+    /// fallback of `store_failure = "local"` (Redis expires keys by their TTL and
+    /// never refuses one for room).
+    #[must_use]
+    pub fn untracked_keys(&self) -> u64 {
+        match &self.limits {
+            Backend::Memory(store) => store.untracked_new_keys(),
+            Backend::Redis(_) => self.local.get().map_or(0, MemoryStore::untracked_new_keys),
+        }
+    }
+
     /// Whether the shared store answers (always, in memory).
     #[must_use]
     pub fn reachable(&self) -> bool {

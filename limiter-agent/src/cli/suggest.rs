@@ -167,7 +167,7 @@ fn render(suggestions: &Suggestions) -> String {
                     suggested
                 );
                 if peaks.untracked_requests > 0 {
-                    out += &format!("  ({} requests of keys beyond the tracked ones)\n", peaks.untracked_requests);
+                    out += &format!("  ({} requests of keys out of the sample)\n", peaks.untracked_requests);
                 }
             }
         }

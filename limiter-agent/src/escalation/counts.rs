@@ -13,7 +13,9 @@ use crate::{
 };
 
 /// Sources whose rejections are counted at once; beyond it the store evicts the
-/// quietest, which at worst delays one escalation.
+/// quietest, and a new source it has no room for (every candidate past its
+/// threshold) is not counted, which at worst delays one escalation: never refused,
+/// which here would escalate it.
 const MAX_COUNTED_SOURCES: usize = 100_000;
 
 /// Rejections per source; shared with the tasks that count in Redis.
@@ -29,7 +31,8 @@ pub(super) struct RedisCounts {
 /// In memory without a fleet, else in its Redis. Counting in Redis needs a tokio
 /// runtime.
 pub(super) fn new(fleet: Option<Fleet>) -> Counts {
-    let local = || MemoryStore::new(NonZeroUsize::new(MAX_COUNTED_SOURCES).unwrap_or(NonZeroUsize::MIN));
+    let local =
+        || MemoryStore::new(NonZeroUsize::new(MAX_COUNTED_SOURCES).unwrap_or(NonZeroUsize::MIN)).admitting_untracked();
     match fleet {
         None => Backend::Memory(local()),
         Some(fleet) => Backend::Redis(Arc::new(RedisCounts {

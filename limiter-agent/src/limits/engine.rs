@@ -574,15 +574,16 @@ impl<C: Clock> Engine<C> {
             }
         };
         let now = self.clock.now();
-        for Counting { policy, key, .. } in &counted {
-            policy.observation.observe(key, now);
-        }
         match self.apply(&counted, Charge::AllOrNothing).await {
             Some(outcomes) => {
+                observe(&counted, Some(&outcomes), request.client, now);
                 record(&counted, &outcomes);
                 decision(&counted, &outcomes, require_signature)
             }
-            None => policies.store_failed(require_signature),
+            None => {
+                observe(&counted, None, request.client, now);
+                policies.store_failed(require_signature)
+            }
         }
     }
 
@@ -699,6 +700,19 @@ impl<C: Clock> Engine<C> {
                     .collect();
                 Some(local.apply(&buckets, self.clock.now(), charge))
             }
+        }
+    }
+}
+
+/// Shows each policy its key's request for `limiter suggest`, unless another policy
+/// refused it (a poisoner's requests are refused somewhere first); with no
+/// `outcomes` (the store failed), to every policy.
+fn observe(counted: &[Counting<'_>], outcomes: Option<&[Outcome]>, client: IpAddr, now: Duration) {
+    let refused = |i: usize| outcomes.and_then(|outcomes| outcomes.get(i)).is_some_and(|o| !o.admitted);
+    let any_refused = (0..counted.len()).any(refused);
+    for (i, Counting { policy, key, .. }) in counted.iter().enumerate() {
+        if refused(i) || !any_refused {
+            policy.observation.observe(key, client, now);
         }
     }
 }

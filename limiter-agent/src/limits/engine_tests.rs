@@ -695,3 +695,41 @@ window = "1m"
     let forwarded = get("/ip").to(&engine);
     assert!(forwarded.verdict == Verdict::Forward && !forwarded.own_bucket_refused, "{forwarded:?}");
 }
+
+/// Issue 25 item 2: requests another policy refused once counted in every policy's
+/// peaks, so one address sending a new `x-user` a request deflated `by-user`'s
+/// suggestion; they count only in the refusing policy's, whose demand they are.
+#[test]
+fn limiter_suggest_leaves_out_requests_another_policy_refused() {
+    let (engine, _) = engine(
+        r#"
+[[proxy.rules]]
+name = "per-ip"
+key = "ip"
+algorithm = "fixed_window"
+limit = 60
+window = "1m"
+[[proxy.rules]]
+name = "by-user"
+key = "header:x-user"
+algorithm = "fixed_window"
+limit = 1000
+window = "1m"
+"#,
+    );
+    for user in 0..1_000 {
+        get("/").from("198.51.100.1").header("x-user", &format!("poison-{user}")).to(&engine);
+    }
+    for user in 0..5 {
+        for _ in 0..50 {
+            let request = get("/").from(&format!("192.0.2.{}", 10 + user)).header("x-user", &format!("real-{user}"));
+            assert!(is_forward(&request.to(&engine)));
+        }
+    }
+    let suggestions = engine.suggest(1.0);
+    let peaks = |name: &str| &suggestions.iter().find(|s| s.name == name).expect("a suggestion").peaks;
+    let by_user = peaks("by-user");
+    assert_eq!((by_user.keys, by_user.p99, by_user.max), (60 + 5, 50, 50), "60 poison keys per-ip admitted");
+    let per_ip = peaks("per-ip");
+    assert_eq!((per_ip.keys, per_ip.max), (6, 1_000), "per-ip saw all it refused");
+}

@@ -167,6 +167,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             fleet_agents: u64::from(self.stores.live_agents()),
             store_reachable: self.stores.reachable(),
             local_decisions: self.stores.local_decisions(),
+            untracked_keys: self.stores.untracked_keys(),
             policies: self.engine.policy_counts(),
             decision_log_written,
             decision_log_dropped,

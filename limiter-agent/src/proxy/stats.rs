@@ -186,6 +186,7 @@ impl Counters {
                 sum_seconds: load(&self.decision_nanos_sum) as f64 / 1e9,
             },
             evictions,
+            untracked_keys: 0,
             store_failures,
             store: String::new(),
             fleet_agents: 0,
@@ -263,6 +264,10 @@ pub struct ProxyStats {
     /// Per-key state evicted to stay within `max_tracked_keys` (with Redis: keys
     /// the server evicted for `maxmemory`).
     pub evictions: u64,
+    /// New keys refused untracked: the memory store was full and every bucket it
+    /// could have evicted was exhausted, which it never evicts.
+    #[serde(default)]
+    pub untracked_keys: u64,
     /// Decisions taken without the shared store (Redis unreachable), by
     /// `store_failure`.
     #[serde(default)]

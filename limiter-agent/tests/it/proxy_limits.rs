@@ -382,3 +382,53 @@ window = "1m"
     assert_eq!(upstream.count(), 2);
     proxy.stats_until("both refusals counted", |stats| stats.rejected == 2).await;
 }
+
+/// Issue 25 item 8: a flood of new keys once evicted the fullest-soonest bucket, which
+/// handed a brute-forcer's exhausted `login` bucket back full. One bucket per shard
+/// (64 of them): the flood reaches the brute-forcer's shard for certain.
+#[tokio::test]
+async fn a_flood_of_new_keys_does_not_hand_back_an_exhausted_login_bucket() {
+    let upstream = Upstream::start().await;
+    let config = format!(
+        r#"{PROXY_HEAD}max_tracked_keys = 64
+[[proxy.rules]]
+name = "login"
+path = "/login"
+key = "header:x-user"
+algorithm = "sliding_window_log"
+limit = 5
+window = "1m"
+"#
+    );
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let client = TestClient::default();
+    let login = |user: String| {
+        let (client, url) = (&client, proxy.url("/login"));
+        async move { client.request(Method::POST, &url, &[("x-user", &user)], b"password=guess").await.status }
+    };
+    for n in 1..=5 {
+        assert_eq!(login("alice".into()).await, StatusCode::OK, "guess {n}");
+    }
+    assert_eq!(login("alice".into()).await, StatusCode::TOO_MANY_REQUESTS, "guess 6");
+    proxy.clock.advance(Duration::from_secs(50));
+    let mut refused = 0;
+    for i in 0..2_000 {
+        match login(format!("flood-{i}")).await {
+            StatusCode::OK => {}
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            other => panic!("flood {i}: {other}"),
+        }
+    }
+    // 2 000 keys over 64 shards: that none reaches alice's is a chance of 1 in 10^13.
+    assert!(refused > 0, "no new key was refused: the exhausted bucket was evicted");
+    assert_eq!(login("alice".into()).await, StatusCode::TOO_MANY_REQUESTS, "alice still exhausted");
+    // Every other new key evicted one, but the first in each of the 63 other shards.
+    let evicted = 2_000 - 63 - refused;
+    proxy
+        .stats_until("the refused new keys and the evictions counted", |stats| {
+            (stats.untracked_keys, stats.evictions) == (refused, evicted)
+        })
+        .await;
+    proxy.clock.advance(Duration::from_secs(10));
+    assert_eq!(login("alice".into()).await, StatusCode::OK, "her window over, she may try again");
+}

@@ -22,7 +22,7 @@ use smallvec::SmallVec;
 
 use super::{
     bucket::{self, State},
-    outcome::Outcome,
+    outcome::{Outcome, Quota},
 };
 use crate::{LimitSpec, clock::to_nanos};
 
@@ -90,6 +90,20 @@ pub type Outcomes = SmallVec<[Outcome; 4]>;
 /// it loses nothing, as a new bucket starts full). This approximates "least recently
 /// used" without a list to maintain: a bucket in use keeps pushing its full time out.
 ///
+/// A bucket that ran out of capacity (a charge left it empty, or it refused a
+/// request: a refusal counts as use) is never evicted before it is back to full:
+/// evicting it would hand its client a fresh bucket, so a flood of new keys would
+/// reset a brute-forcer's exhausted `login` bucket. When every sampled candidate is
+/// such a bucket, the new key is not tracked ([`MemoryStore::untracked_new_keys`]
+/// counts it) and, by default, its request is refused, with `retry_after` the time
+/// until the soonest of them is full again. Admitting it untracked would give
+/// whoever filled the store with exhausted buckets unlimited requests on every new
+/// key (every new username to guess passwords for); refusing costs new clients
+/// their requests only while the store is full of exhausted buckets, each of which
+/// cost its sender a full bucket of requests, and the counter tells the operator to
+/// raise the bound. A store whose refusals would punish a client
+/// ([`MemoryStore::admitting_untracked`]) admits instead.
+///
 /// Two limits of the split: with a bound below the shard count given at a reload
 /// (the shard count is fixed at creation) every shard still holds one bucket; and a
 /// request needing more new buckets in one shard than the shard holds leaves the
@@ -101,6 +115,8 @@ pub struct MemoryStore {
     policy_hasher: foldhash::fast::RandomState,
     tracked: AtomicUsize,
     evictions: AtomicU64,
+    untracked: AtomicU64,
+    untracked_admitted: bool,
 }
 
 /// A shard's lock on cache lines of its own, so that threads working on different
@@ -145,9 +161,30 @@ struct Table {
 struct Slot {
     fingerprint: Fingerprint,
     state: State,
-    /// When the bucket is back to full capacity (ns since the epoch), as of its last
-    /// charge.
-    idle_at: u64,
+    idle: Idle,
+}
+
+/// When a bucket is back to full capacity (ns since the epoch, below 2^63), as of its
+/// last charge or refusal, and whether it ran out of capacity on the way there: one
+/// word, the top bit for the latter, so that a slot stays 48 bytes.
+#[derive(Clone, Copy, Debug)]
+struct Idle(u64);
+
+impl Idle {
+    const EXHAUSTED: u64 = 1 << 63;
+
+    fn new(full_at: u64, exhausted: bool) -> Self {
+        Self(full_at.min(!Self::EXHAUSTED) | if exhausted { Self::EXHAUSTED } else { 0 })
+    }
+
+    fn full_at(self) -> u64 {
+        self.0 & !Self::EXHAUSTED
+    }
+
+    /// Whether the bucket may not be evicted at `now`: it ran out and is not full yet.
+    fn held(self, now: u64) -> bool {
+        self.0 & Self::EXHAUSTED != 0 && self.full_at() > now
+    }
 }
 
 // The memory a tracked key costs is this, over the tables' load: keep it in sight.
@@ -159,14 +196,26 @@ type Place = (usize, usize);
 /// Buckets per call held on the stack; more spill to the heap.
 type Few<T> = SmallVec<[T; 4]>;
 
-/// What a charge did to a shard's population.
+/// What a request did to a shard's population.
 enum Change {
-    Updated,
+    Found,
     Inserted,
     /// Inserted in place of an evicted bucket.
     Replaced,
     /// Not recorded: the shard is full of this request's own buckets.
     Dropped,
+    /// Not recorded: every candidate for eviction is exhausted; the soonest is full
+    /// again at this instant (ns since the epoch).
+    Held(u64),
+}
+
+/// What a sample of a full shard found to evict.
+#[derive(Default)]
+struct Candidates {
+    /// The bucket back to full soonest among those that may go.
+    evictable: Option<Place>,
+    /// The exhausted bucket back to full soonest, and when.
+    held: Option<(Place, u64)>,
 }
 
 impl MemoryStore {
@@ -187,9 +236,20 @@ impl MemoryStore {
             policy_hasher: foldhash::fast::RandomState::default(),
             tracked: AtomicUsize::new(0),
             evictions: AtomicU64::new(0),
+            untracked: AtomicU64::new(0),
+            untracked_admitted: false,
         };
         store.set_capacity(max_tracked_keys);
         store
+    }
+
+    /// This store admits a new key it cannot track, where by default it refuses it:
+    /// for counts whose refusal would punish a client (escalation's), where a count
+    /// missed at worst delays one escalation.
+    #[must_use]
+    pub fn admitting_untracked(mut self) -> Self {
+        self.untracked_admitted = true;
+        self
     }
 
     /// Where `bucket` is found: its key's fingerprint, and its shard.
@@ -212,15 +272,56 @@ impl MemoryStore {
         let (fingerprint, shard) = self.locate(bucket);
         let mut shard = lock(&self.shards[shard]);
         let found = shard.find(bucket.policy, fingerprint);
-        let outcome = bucket::check(bucket.spec, found.and_then(|place| shard.state(place)), now);
-        if charge.charges(outcome.admitted, outcome.admitted) {
-            let change = match found {
-                Some(place) => shard.update(place, bucket.spec, &outcome, now),
-                None => shard.insert(bucket, fingerprint, &outcome, now, &[]),
-            };
-            self.count(&change);
+        let mut outcome = bucket::check(bucket.spec, found.and_then(|place| shard.state(place)), now);
+        let admitted = outcome.admitted;
+        match found {
+            // The common case in one lookup: nothing else moves the bucket meanwhile.
+            Some(place) if charge.charges(admitted, admitted) => shard.charge_at(place, bucket.spec, &outcome, now),
+            _ => {
+                self.prepare(&mut shard, bucket, fingerprint, &mut outcome, now, charge, admitted, &[]);
+                if charge.charges(outcome.admitted, outcome.admitted) {
+                    shard.charge(bucket, fingerprint, &outcome, now);
+                }
+            }
         }
         outcome
+    }
+
+    /// What a request's `outcome` in `bucket` does before any charge: a refusal
+    /// counts as use of the bucket, and a bucket to charge gets a slot, or its
+    /// request is refused if exhausted buckets hold the shard (unless this store
+    /// admits untracked keys).
+    #[expect(clippy::too_many_arguments, reason = "one bucket's step, shared by both paths of `apply`")]
+    fn prepare(
+        &self,
+        shard: &mut Shard,
+        bucket: &Bucket<'_>,
+        fingerprint: Fingerprint,
+        outcome: &mut Outcome,
+        now: Duration,
+        charge: Charge,
+        all_admit: bool,
+        spared: &[Fingerprint],
+    ) {
+        if charge == Charge::Nothing {
+            return;
+        }
+        if !outcome.admitted {
+            shard.refused(bucket.policy, fingerprint, outcome, now);
+            return;
+        }
+        if !charge.charges(outcome.admitted, all_admit) {
+            return;
+        }
+        let change = shard.track(bucket, fingerprint, now, spared);
+        if let Change::Held(full_at) = change
+            && !self.untracked_admitted
+        {
+            let retry_after = Duration::from_nanos(full_at.saturating_sub(to_nanos(now)));
+            let capacity = u64::from(bucket.spec.capacity().get());
+            *outcome = Outcome::rejected(capacity, Quota { remaining: 0, reset_after: retry_after }, retry_after);
+        }
+        self.count(&change);
     }
 
     fn count(&self, change: &Change) {
@@ -231,7 +332,10 @@ impl MemoryStore {
             Change::Replaced => {
                 self.evictions.fetch_add(1, Ordering::Relaxed);
             }
-            Change::Updated | Change::Dropped => {}
+            Change::Held(_) => {
+                self.untracked.fetch_add(1, Ordering::Relaxed);
+            }
+            Change::Found | Change::Dropped => {}
         }
     }
 }
@@ -242,6 +346,7 @@ impl fmt::Debug for MemoryStore {
             .field("shards", &self.shards.len())
             .field("tracked", &self.tracked_keys())
             .field("evictions", &self.evictions())
+            .field("untracked_new_keys", &self.untracked_new_keys())
             .finish_non_exhaustive()
     }
 }
@@ -264,26 +369,22 @@ impl MemoryStore {
         let mut guards: Few<MutexGuard<'_, Shard>> = order.iter().map(|&i| lock(&self.shards[i])).collect();
         let guard_of: Few<usize> = shard_of.iter().map(|s| order.partition_point(|o| o < s)).collect();
 
-        let outcomes: Outcomes = buckets
+        let mut outcomes: Outcomes = buckets
             .iter()
             .zip(&guard_of)
             .zip(&fingerprints)
-            .map(|((b, &g), &f)| {
-                let shard = &guards[g];
-                bucket::check(b.spec, shard.find(b.policy, f).and_then(|place| shard.state(place)), now)
-            })
+            .map(|((b, &g), &f)| bucket::check(b.spec, guards[g].bucket_state(b.policy, f), now))
             .collect();
+        let all_admit = outcomes.iter().all(|o| o.admitted);
+        // Every bucket to charge has its slot before any is charged: one that cannot
+        // have one refuses the request, and then none is charged.
+        for (((b, &g), &f), outcome) in buckets.iter().zip(&guard_of).zip(&fingerprints).zip(&mut outcomes) {
+            self.prepare(&mut guards[g], b, f, outcome, now, charge, all_admit, &fingerprints);
+        }
         let all_admit = outcomes.iter().all(|o| o.admitted);
         for (((b, &g), &f), outcome) in buckets.iter().zip(&guard_of).zip(&fingerprints).zip(&outcomes) {
             if charge.charges(outcome.admitted, all_admit) {
-                // Looked up again: an earlier bucket's insert or eviction may have
-                // moved it.
-                let shard = &mut guards[g];
-                let change = match shard.find(b.policy, f) {
-                    Some(place) => shard.update(place, b.spec, outcome, now),
-                    None => shard.insert(b, f, outcome, now, &fingerprints),
-                };
-                self.count(&change);
+                guards[g].charge(b, f, outcome, now);
             }
         }
         outcomes
@@ -308,8 +409,12 @@ impl MemoryStore {
             let mut shard = lock(shard);
             shard.capacity = (share + usize::from(i < extra)).max(1);
             let mut evicted = 0;
-            // Without a clock here no bucket counts as full: the sample's soonest goes.
-            while shard.len > shard.capacity && shard.evict(0, &[]) {
+            // Without a clock here no bucket counts as full: the sample's soonest goes,
+            // an exhausted one only if every sampled bucket is, as the bound must hold.
+            while shard.len > shard.capacity {
+                let Candidates { evictable, held } = shard.sample(0, &[]);
+                let Some(victim) = evictable.or(held.map(|(place, _)| place)) else { break };
+                shard.remove(victim);
                 evicted += 1;
             }
             self.tracked.fetch_sub(evicted, Ordering::Relaxed);
@@ -325,6 +430,12 @@ impl MemoryStore {
     /// Buckets dropped to make room, since the start.
     pub fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// New keys not tracked, since the start, because every bucket their shard could
+    /// have evicted was exhausted; refused unless [`Self::admitting_untracked`].
+    pub fn untracked_new_keys(&self) -> u64 {
+        self.untracked.load(Ordering::Relaxed)
     }
 }
 
@@ -346,48 +457,77 @@ impl Shard {
         self.tables[table].slots[slot].as_ref().map(|slot| &slot.state)
     }
 
-    /// Charges an admitted request to the bucket at `place`.
-    fn update(&mut self, (table, slot): Place, spec: &LimitSpec, outcome: &Outcome, now: Duration) -> Change {
-        if let Some(slot) = &mut self.tables[table].slots[slot] {
-            bucket::charge(spec, &mut slot.state, now);
-            slot.idle_at = idle_at(outcome, now);
-        }
-        Change::Updated
+    /// The state of the bucket of `policy` and `fingerprint`, if tracked.
+    fn bucket_state(&self, policy: &Arc<str>, fingerprint: Fingerprint) -> Option<&State> {
+        self.state(self.find(policy, fingerprint)?)
     }
 
-    /// Charges an admitted request to `bucket`, which is not in the shard, making
-    /// room for it without evicting any of the `spared` buckets (the request's).
-    fn insert(
+    /// Counts a refusal as use: the bucket is exhausted, and held until it is full
+    /// again as its spec now says (a reload may have lowered its limit).
+    fn refused(&mut self, policy: &Arc<str>, fingerprint: Fingerprint, outcome: &Outcome, now: Duration) {
+        if let Some((table, slot)) = self.find(policy, fingerprint)
+            && let Some(slot) = &mut self.tables[table].slots[slot]
+        {
+            slot.idle = Idle::new(idle_at(outcome.before, now), true);
+        }
+    }
+
+    /// Charges an admitted request to `bucket`, if it has a slot.
+    fn charge(&mut self, bucket: &Bucket<'_>, fingerprint: Fingerprint, outcome: &Outcome, now: Duration) {
+        if let Some(place) = self.find(bucket.policy, fingerprint) {
+            self.charge_at(place, bucket.spec, outcome, now);
+        }
+    }
+
+    /// Charges an admitted request to the bucket at `place`.
+    fn charge_at(&mut self, (table, slot): Place, spec: &LimitSpec, outcome: &Outcome, now: Duration) {
+        if let Some(slot) = &mut self.tables[table].slots[slot] {
+            bucket::charge(spec, &mut slot.state, now);
+            let exhausted = outcome.after.remaining == 0 || slot.idle.held(to_nanos(now));
+            slot.idle = Idle::new(idle_at(outcome.after, now), exhausted);
+        }
+    }
+
+    /// Gives `bucket` a slot, a full bucket if it had none, making room without
+    /// evicting an exhausted bucket or any of the `spared` buckets (the request's).
+    fn track(
         &mut self,
         bucket: &Bucket<'_>,
         fingerprint: Fingerprint,
-        outcome: &Outcome,
         now: Duration,
         spared: &[Fingerprint],
     ) -> Change {
+        if self.find(bucket.policy, fingerprint).is_some() {
+            return Change::Found;
+        }
+        let now = to_nanos(now);
         let change = if self.len < self.capacity {
             Change::Inserted
-        } else if self.evict(to_nanos(now), spared) {
-            Change::Replaced
         } else {
-            return Change::Dropped;
+            match self.sample(now, spared) {
+                Candidates { evictable: Some(victim), .. } => {
+                    self.remove(victim);
+                    Change::Replaced
+                }
+                Candidates { held: Some((_, full_at)), .. } => return Change::Held(full_at),
+                Candidates { evictable: None, held: None } => return Change::Dropped,
+            }
         };
-        let mut state = State::new(bucket.spec.algorithm);
-        bucket::charge(bucket.spec, &mut state, now);
         let table = self.table_of(bucket.policy).unwrap_or_else(|| {
             self.tables.push(Table { policy: Arc::clone(bucket.policy), slots: Box::default(), len: 0 });
             self.tables.len() - 1
         });
-        self.tables[table].insert(Slot { fingerprint, state, idle_at: idle_at(outcome, now) });
+        let state = State::new(bucket.spec.algorithm);
+        self.tables[table].insert(Slot { fingerprint, state, idle: Idle::new(now, false) });
         self.len += 1;
         change
     }
 
-    /// Evicts the sampled bucket back to full capacity soonest, sparing the buckets
-    /// whose key has a `spared` fingerprint, whatever their policy; false if there
-    /// was none to evict.
-    fn evict(&mut self, now: u64, spared: &[Fingerprint]) -> bool {
-        let mut victim: Option<(Place, u64)> = None;
+    /// Samples buckets at the rotating hand for one to evict at `now`, passing over
+    /// the buckets whose key has a `spared` fingerprint, whatever their policy.
+    fn sample(&mut self, now: u64, spared: &[Fingerprint]) -> Candidates {
+        let mut candidates = Candidates::default();
+        let mut soonest = u64::MAX;
         let (mut table, mut slot) = self.hand;
         let (mut looked, mut visited) = (0, 0);
         let slots: usize = self.tables.iter().map(|t| t.slots.len()).sum();
@@ -410,20 +550,27 @@ impl Shard {
             if spared.contains(&entry.fingerprint) {
                 continue;
             }
-            if victim.is_none_or(|(_, idle_at)| entry.idle_at < idle_at) {
-                victim = Some((place, entry.idle_at));
+            let full_at = entry.idle.full_at();
+            if entry.idle.held(now) {
+                if candidates.held.is_none_or(|(_, held)| full_at < held) {
+                    candidates.held = Some((place, full_at));
+                }
+                continue;
             }
-            if entry.idle_at <= now {
+            if full_at < soonest {
+                (candidates.evictable, soonest) = (Some(place), full_at);
+            }
+            if full_at <= now {
                 break;
             }
         }
         self.hand = (table, slot);
-        let Some(((table, slot), _)) = victim else {
-            return false;
-        };
+        candidates
+    }
+
+    fn remove(&mut self, (table, slot): Place) {
         self.tables[table].remove(slot);
         self.len -= 1;
-        true
     }
 }
 
@@ -487,9 +634,9 @@ impl Table {
     }
 }
 
-/// When a bucket charged with `outcome` at `now` is back to full (ns since the epoch).
-fn idle_at(outcome: &Outcome, now: Duration) -> u64 {
-    to_nanos(now).saturating_add(to_nanos(outcome.after.reset_after))
+/// When a bucket with `quota` at `now` is back to full (ns since the epoch).
+fn idle_at(quota: Quota, now: Duration) -> u64 {
+    to_nanos(now).saturating_add(to_nanos(quota.reset_after))
 }
 
 /// Locks a shard, recovering it from a panicked holder: at worst one bucket holds a
