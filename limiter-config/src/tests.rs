@@ -290,10 +290,11 @@ fn workers_default_to_one_per_cpu_and_name_their_mistakes() {
 }
 
 #[test]
-fn path_keys_default_to_reject_and_case_sensitive_and_name_their_mistakes() {
+fn path_keys_default_to_reject_and_case_insensitive_and_name_their_mistakes() {
     let proxy = parse(PROXY).expect("proxy").proxy.expect("proxy");
     assert_eq!(proxy.escaped_slashes, EscapedSlashes::Reject);
-    assert!(!proxy.case_insensitive_paths);
+    assert!(proxy.case_insensitive_paths());
+    assert!(proxy.path_options().case_insensitive);
     let keep = parse(&format!("{PROXY}escaped_slashes = \"keep\"\n")).expect("keep").proxy.expect("proxy");
     assert_eq!(keep.escaped_slashes, EscapedSlashes::Keep);
 
@@ -315,11 +316,31 @@ fn path_keys_default_to_reject_and_case_sensitive_and_name_their_mistakes() {
     assert_eq!(key, "proxy.rules[0].path", "{message}");
     parse(&format!("{PROXY}escaped_slashes = \"keep\"\n{}", rule("/a%2Fb"))).expect("kept encoded, it is canonical");
 
-    let folded = format!("{PROXY}case_insensitive_paths = true\n{}", rule("/API"));
-    let (_, key, message) = refusal(&folded);
-    assert_eq!(key, "proxy.rules[0].path", "{message}");
-    assert!(message.contains("lower case") && message.contains("write `/api`"), "{message}");
-    parse(&format!("{PROXY}{}", rule("/API"))).expect("case-sensitive, any case is canonical");
+    for folded in
+        [format!("{PROXY}{}", rule("/API")), format!("{PROXY}case_insensitive_paths = true\n{}", rule("/API"))]
+    {
+        let (_, key, message) = refusal(&folded);
+        assert_eq!(key, "proxy.rules[0].path", "{message}");
+        assert!(message.contains("lower case") && message.contains("write `/api`"), "{message}");
+    }
+    parse(&format!("{PROXY}case_insensitive_paths = false\n{}", rule("/API")))
+        .expect("case-sensitive, any case is canonical");
+}
+
+#[test]
+fn check_warns_of_path_rules_under_the_old_case_default_or_a_case_sensitive_one() {
+    let rule = "[[proxy.rules]]\nname = \"r\"\npath = \"/api\"\nkey = \"ip\"\nlimit = 1\nwindow = \"1s\"\n";
+    let pattern = "[[proxy.rules]]\nname = \"r\"\naction = \"deny\"\nwhen.path_matches = \"^/admin\"\n";
+    let warning = |text: &str| parse(text).expect("valid").proxy.expect("proxy").path_case_warnings();
+    for rules in [rule, pattern] {
+        let unset = warning(&format!("{PROXY}{rules}")).expect("the default changed under it");
+        assert!(unset.contains("default is now true (it was false)"), "{unset}");
+        let sensitive = warning(&format!("{PROXY}case_insensitive_paths = false\n{rules}")).expect("dodgeable");
+        assert!(sensitive.contains("skips every path rule"), "{sensitive}");
+        assert_eq!(warning(&format!("{PROXY}case_insensitive_paths = true\n{rules}")), None);
+    }
+    assert_eq!(warning(PROXY), None, "no path rule, nothing matches differently");
+    assert_eq!(warning(&format!("{PROXY}case_insensitive_paths = false\n")), None);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 use std::{path::Path, process::ExitCode};
 
 use super::CliError;
-use crate::agent::LoadedConfig;
+use crate::{agent::LoadedConfig, config::ProxyConfig};
 
 pub fn run(path: &Path) -> Result<ExitCode, CliError> {
     match LoadedConfig::read(path) {
@@ -17,6 +17,9 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
                      the kernel layer limits it as one client (or a deny rule drops it), with all of its clients' \
                      traffic; give it a rule with action = \"allow\" or a \"limit\" sized for it"
                 );
+            }
+            for warning in config.proxy.iter().filter_map(ProxyConfig::path_case_warnings) {
+                eprintln!("warning: {warning}");
             }
             let layers = [config.xdp.is_some().then_some("xdp"), config.proxy.is_some().then_some("proxy")];
             let layers: Vec<&str> = layers.into_iter().flatten().collect();
