@@ -486,3 +486,37 @@ fn a_reload_report_names_every_changed_proxy_key_and_marks_the_restart_only_ones
     }
     assert_eq!(changes.iter().filter_map(Change::needing_restart).collect::<Vec<_>>(), ["proxy.listen"]);
 }
+
+#[test]
+fn body_larger_than_counts_a_body_of_unknown_length_as_larger() {
+    let text = format!("{PROXY}[[proxy.rules]]\nname = \"big\"\naction = \"deny\"\nwhen.body_larger_than = 4\n");
+    let proxy = parse(&text).expect("valid").proxy.expect("proxy");
+    let headers = http::HeaderMap::new();
+    let holds = |body_length: Option<u64>| {
+        let seen = super::conditions::Seen {
+            method: &http::Method::POST,
+            path: "/",
+            query: None,
+            client: std::net::IpAddr::from([192, 0, 2, 1]),
+            headers: &headers,
+            body_length,
+        };
+        proxy.rules[0].applies(&seen)
+    };
+    assert_eq!([None, Some(5), Some(4), Some(0)].map(holds), [true, true, false, false]);
+}
+
+#[test]
+fn an_http1_head_announces_its_length_or_none_when_chunked() {
+    use super::conditions::http1_body_length;
+    let head = |headers: &[(&'static str, &'static str)]| {
+        let mut map = http::HeaderMap::new();
+        for &(name, value) in headers {
+            map.append(name, http::HeaderValue::from_static(value));
+        }
+        http1_body_length(&map)
+    };
+    assert_eq!(head(&[]), Some(0));
+    assert_eq!(head(&[("content-length", "12")]), Some(12));
+    assert_eq!(head(&[("transfer-encoding", "chunked")]), None);
+}

@@ -5,6 +5,7 @@
 use std::net::IpAddr;
 
 use http::{HeaderValue, header, request};
+use hyper::body::{Body as _, Incoming};
 use limiter_core::{path::CanonicalPath, signature::Authenticated};
 
 use super::{
@@ -56,6 +57,8 @@ pub(super) struct Exchange<'s> {
     pub parts: request::Parts,
     /// The one path rules, `+route` keys and the upstream see.
     pub path: CanonicalPath,
+    /// The body's length as its head told it ([`crate::config::conditions::Seen::body_length`]).
+    pub body_length: Option<u64>,
     /// Whom the limits count: the peer, or the client a trusted proxy names.
     pub client: IpAddr,
     /// Set once the request proved a key.
@@ -72,6 +75,7 @@ impl<'s> Exchange<'s> {
         upstream: &'s Upstream,
         origin: Origin,
         mut parts: request::Parts,
+        body: &Incoming,
     ) -> Result<Self, Refusal> {
         // HTTP/2 names the host in the URI alone: as a header, rules, signatures and
         // the upstream see it as they do over HTTP/1.1.
@@ -85,7 +89,11 @@ impl<'s> Exchange<'s> {
         // The signature covers the target as sent; everything else sees this.
         let path = CanonicalPath::parse(parts.uri.path(), config.path_options()).map_err(Refusal::BadPath)?;
         let client = keys::client_ip(origin.peer, &parts.headers, &config.trusted_proxies);
-        Ok(Self { snapshot, upstream, origin, parts, path, client, proof: Proof::None, claim: None })
+        // hyper's hint is exact for a `Content-Length` and for a head that ended the
+        // request, over either protocol; an HTTP/2 body without `content-length` is
+        // as unknown as a chunked one.
+        let body_length = body.size_hint().exact();
+        Ok(Self { snapshot, upstream, origin, parts, path, body_length, client, proof: Proof::None, claim: None })
     }
 
     pub(super) fn config(&self) -> &'s ProxyConfig {
@@ -101,6 +109,7 @@ impl<'s> Exchange<'s> {
             api_key: self.proof.key_id(),
             headers: &self.parts.headers,
             query: self.parts.uri.query(),
+            body_length: self.body_length,
         }
     }
 }
