@@ -174,10 +174,20 @@ pub fn http1_body_length(headers: &HeaderMap) -> Option<u64> {
 
 /// Whether the query has a parameter called `name`, once percent-decoded.
 fn has_param(query: &str, name: &str) -> bool {
-    query.split('&').any(|pair| {
-        let key = pair.split('=').next().unwrap_or("");
-        key == name || percent_decoded(key).as_deref() == Some(name.as_bytes())
-    })
+    pairs(query).any(|(key, _)| key == name || percent_decoded(key).as_deref() == Some(name.as_bytes()))
+}
+
+/// The values, percent-decoded, of the query's parameters called `name` (a name
+/// without `=` has the empty value; one that does not decode is skipped).
+pub(crate) fn param_values<'q>(query: &'q str, name: &'q str) -> impl Iterator<Item = Vec<u8>> + 'q {
+    pairs(query)
+        .filter(move |(key, _)| *key == name || percent_decoded(key).as_deref() == Some(name.as_bytes()))
+        .filter_map(|(_, value)| percent_decoded(value))
+}
+
+/// The query's `name=value` pairs as sent.
+fn pairs(query: &str) -> impl Iterator<Item = (&str, &str)> {
+    query.split('&').map(|pair| pair.split_once('=').unwrap_or((pair, "")))
 }
 
 fn percent_decoded(text: &str) -> Option<Vec<u8>> {

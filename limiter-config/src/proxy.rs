@@ -493,7 +493,8 @@ pub struct Rule {
     pub name: String,
     /// Path prefix the rule applies to (all paths if absent).
     pub path: Option<String>,
-    /// Methods the rule applies to (all if empty).
+    /// Methods the rule applies to (all if empty), as [`crate::methods`] tells which
+    /// a request may be served as.
     pub methods: Vec<http::Method>,
     /// `when`: what else a request must show for the rule to apply.
     pub when: Conditions,
@@ -601,7 +602,7 @@ impl Rule {
     #[must_use]
     pub fn applies(&self, seen: &Seen<'_>) -> bool {
         self.path.as_deref().is_none_or(|prefix| path_has_prefix(seen.path, prefix))
-            && (self.methods.is_empty() || self.methods.contains(seen.method))
+            && (self.methods.is_empty() || crate::methods::served_as_any(seen, &self.methods))
             && self.when.hold(seen)
     }
 

@@ -68,8 +68,8 @@ pub(super) struct Exchange<'s> {
 }
 
 impl<'s> Exchange<'s> {
-    /// The head of a request from `origin`, checked for what needs no state: its path
-    /// has a canonical form.
+    /// The head of a request from `origin`, checked for what needs no state: it names
+    /// one host, and its path has a canonical form.
     pub(super) fn arrive(
         snapshot: &'s Snapshot,
         upstream: &'s Upstream,
@@ -77,11 +77,19 @@ impl<'s> Exchange<'s> {
         mut parts: request::Parts,
         body: &Incoming,
     ) -> Result<Self, Refusal> {
+        let mut hosts = parts.headers.get_all(header::HOST).iter();
+        let (host, another) = (hosts.next(), hosts.next());
+        let authority = parts.uri.authority();
+        let disagree = host
+            .zip(authority)
+            .is_some_and(|(host, authority)| !host.as_bytes().eq_ignore_ascii_case(authority.as_str().as_bytes()));
+        if another.is_some() || disagree {
+            return Err(Refusal::AmbiguousHost);
+        }
         // HTTP/2 names the host in the URI alone: as a header, rules, signatures and
         // the upstream see it as they do over HTTP/1.1.
-        if !parts.headers.contains_key(header::HOST)
-            && let Some(host) =
-                parts.uri.authority().and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
+        if host.is_none()
+            && let Some(host) = authority.and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
         {
             parts.headers.insert(header::HOST, host);
         }

@@ -259,3 +259,32 @@ async fn an_http2_body_without_content_length_counts_as_larger_than_any_bound() 
     assert_eq!(upstream.count(), 2);
     proxy.stats_until("the three denials counted", |stats| stats.denied == 3).await;
 }
+
+/// Over HTTP/2 the host is `:authority`; a `host` header that names another, or two
+/// of them, gets 400 as over HTTP/1.1. One that agrees is forwarded once.
+#[tokio::test]
+async fn an_http2_host_at_odds_with_the_authority_is_refused_with_400() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(PROXY_HEAD, upstream.addr).await;
+    let (mut send, _connection) = h2_connect(proxy.addr).await;
+    let mut status = async |hosts: &[&str]| {
+        let mut request = Request::get("http://a.example/");
+        for host in hosts {
+            request = request.header("host", *host);
+        }
+        send = send.clone().ready().await.expect("the connection is open");
+        let (response, _) = send.send_request(request.body(()).expect("request"), true).expect("a stream");
+        response.await.expect("an answer").status()
+    };
+    assert_eq!(status(&["b.example"]).await, StatusCode::BAD_REQUEST);
+    assert_eq!(status(&["a.example", "b.example"]).await, StatusCode::BAD_REQUEST);
+    assert_eq!(upstream.count(), 0);
+    assert_eq!(status(&["a.example"]).await, StatusCode::OK);
+    assert_eq!(status(&[]).await, StatusCode::OK);
+    let hosts: Vec<Vec<String>> = upstream
+        .seen()
+        .iter()
+        .map(|seen| seen.headers.get_all("host").iter().map(|v| v.to_str().unwrap_or("?").to_owned()).collect())
+        .collect();
+    assert_eq!(hosts, [["a.example"], ["a.example"]]);
+}
