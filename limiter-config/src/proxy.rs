@@ -821,7 +821,11 @@ impl ProxyConfig {
         let canonical =
             CanonicalPath::parse(path, self.path_options()).map_err(|error| format!("`{path}`: {error}"))?;
         if canonical.route() != path {
-            let why = if self.case_insensitive_paths() { ", in lower case (case_insensitive_paths)" } else { "" };
+            let why = if self.case_insensitive_paths() {
+                ", in lower case (case_insensitive_paths, on unless set to false)"
+            } else {
+                ""
+            };
             return Err(format!(
                 "`{path}` would never match: requests are matched on their canonical path{why}; write `{}`",
                 canonical.route()
