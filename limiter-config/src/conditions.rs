@@ -71,6 +71,10 @@ pub struct Seen<'a> {
     pub query: Option<&'a str>,
     pub client: IpAddr,
     pub headers: &'a HeaderMap,
+    /// The body's length as known before it is read: its `Content-Length`, 0 when the
+    /// head ended the request; `None` when only reading it tells (chunked, or HTTP/2
+    /// DATA frames without `content-length`).
+    pub body_length: Option<u64>,
 }
 
 /// Every condition must hold for the rule to apply; none set: any request.
@@ -86,8 +90,9 @@ pub struct Conditions {
     pub headers_absent: Vec<HeaderName>,
     /// Some value of each header matches its pattern.
     pub header_matches: Vec<(HeaderName, Pattern)>,
-    /// The announced body is larger; a chunked body (no `Content-Length`) counts as
-    /// larger, since its size is not known before it is read.
+    /// The announced body is larger; a body of unknown length (chunked, or HTTP/2
+    /// without `content-length`) counts as larger, since its size is not known
+    /// before it is read.
     pub body_larger_than: Option<u64>,
     /// The client is in one of these.
     pub clients: Vec<IpNet>,
@@ -144,7 +149,7 @@ impl Conditions {
             && self.header_matches.iter().all(|(name, pattern)| {
                 seen.headers.get_all(name).iter().any(|value| pattern.is_match(value.as_bytes()))
             })
-            && self.body_larger_than.is_none_or(|bound| announced_body(seen.headers).is_none_or(|n| n > bound))
+            && self.body_larger_than.is_none_or(|bound| seen.body_length.is_none_or(|n| n > bound))
             && (self.clients.is_empty() || self.clients.iter().any(|net| net.contains(&seen.client.to_canonical())))
     }
 
@@ -154,9 +159,12 @@ impl Conditions {
     }
 }
 
-/// The body's size as announced: its one `Content-Length`, 0 without a body, `None`
-/// for a chunked body (hyper refuses a request with both, or with two lengths).
-fn announced_body(headers: &HeaderMap) -> Option<u64> {
+/// The length an HTTP/1.1 head announces for its body: its one `Content-Length`, 0
+/// without one, `None` for a chunked body (hyper refuses a request with both, or with
+/// two lengths). For a request that is not on the wire (`limiter explain`): a served
+/// one takes the length hyper read from the head, whatever the protocol.
+#[must_use]
+pub fn http1_body_length(headers: &HeaderMap) -> Option<u64> {
     match headers.get(CONTENT_LENGTH) {
         Some(value) => value.to_str().ok()?.trim().parse().ok(),
         None if headers.contains_key(TRANSFER_ENCODING) => None,
@@ -166,10 +174,20 @@ fn announced_body(headers: &HeaderMap) -> Option<u64> {
 
 /// Whether the query has a parameter called `name`, once percent-decoded.
 fn has_param(query: &str, name: &str) -> bool {
-    query.split('&').any(|pair| {
-        let key = pair.split('=').next().unwrap_or("");
-        key == name || percent_decoded(key).as_deref() == Some(name.as_bytes())
-    })
+    pairs(query).any(|(key, _)| key == name || percent_decoded(key).as_deref() == Some(name.as_bytes()))
+}
+
+/// The values, percent-decoded, of the query's parameters called `name` (a name
+/// without `=` has the empty value; one that does not decode is skipped).
+pub(crate) fn param_values<'q>(query: &'q str, name: &'q str) -> impl Iterator<Item = Vec<u8>> + 'q {
+    pairs(query)
+        .filter(move |(key, _)| *key == name || percent_decoded(key).as_deref() == Some(name.as_bytes()))
+        .filter_map(|(_, value)| percent_decoded(value))
+}
+
+/// The query's `name=value` pairs as sent.
+fn pairs(query: &str) -> impl Iterator<Item = (&str, &str)> {
+    query.split('&').map(|pair| pair.split_once('=').unwrap_or((pair, "")))
 }
 
 fn percent_decoded(text: &str) -> Option<Vec<u8>> {

@@ -9,6 +9,7 @@ pub mod agent;
 pub mod changes;
 pub mod conditions;
 pub mod escalation;
+pub mod methods;
 pub mod proxy;
 pub mod units;
 pub mod xdp;

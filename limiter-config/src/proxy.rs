@@ -94,9 +94,10 @@ pub struct ProxyConfig {
     /// `%2F`, `%5C`, `%00` or a raw `\` in a path: refused with 400, or kept encoded.
     #[serde(default, deserialize_with = "escaped_slashes")]
     pub escaped_slashes: EscapedSlashes,
-    /// Rules and `+route` keys see the path in lower case, for upstreams that fold case.
-    #[serde(default)]
-    pub case_insensitive_paths: bool,
+    /// Rules and `+route` keys see the path in lower case (the default, since
+    /// `false` lets a case-folding upstream's clients dodge path rules); unset is
+    /// told apart from `true` so that `limiter check` can say the default changed.
+    pub case_insensitive_paths: Option<bool>,
     /// What clients are told of the policies (a plan may say otherwise for its keys).
     #[serde(default)]
     pub disclose: Disclose,
@@ -501,7 +502,8 @@ pub struct Rule {
     pub name: String,
     /// Path prefix the rule applies to (all paths if absent).
     pub path: Option<String>,
-    /// Methods the rule applies to (all if empty).
+    /// Methods the rule applies to (all if empty), as [`crate::methods`] tells which
+    /// a request may be served as.
     pub methods: Vec<http::Method>,
     /// `when`: what else a request must show for the rule to apply.
     pub when: Conditions,
@@ -621,7 +623,7 @@ impl Rule {
     #[must_use]
     pub fn applies(&self, seen: &Seen<'_>) -> bool {
         self.path.as_deref().is_none_or(|prefix| path_has_prefix(seen.path, prefix))
-            && (self.methods.is_empty() || self.methods.contains(seen.method))
+            && (self.methods.is_empty() || crate::methods::served_as_any(seen, &self.methods))
             && self.when.hold(seen)
     }
 
@@ -684,7 +686,38 @@ impl ProxyConfig {
     /// How request paths are canonicalised (see [`limiter_core::path`]).
     #[must_use]
     pub fn path_options(&self) -> PathOptions {
-        PathOptions { escaped_slashes: self.escaped_slashes, case_insensitive: self.case_insensitive_paths }
+        PathOptions { escaped_slashes: self.escaped_slashes, case_insensitive: self.case_insensitive_paths() }
+    }
+
+    /// Whether rules see paths in lower case: `case_insensitive_paths`, by default yes.
+    #[must_use]
+    pub fn case_insensitive_paths(&self) -> bool {
+        self.case_insensitive_paths.unwrap_or(PathOptions::default().case_insensitive)
+    }
+
+    /// What `limiter check` says of a config whose path rules match differently than
+    /// before the default of `case_insensitive_paths` became `true`, or can be dodged
+    /// by changing a letter's case.
+    #[must_use]
+    pub fn path_case_warnings(&self) -> Option<String> {
+        let by_path = self.rules.iter().any(|rule| rule.path.is_some() || rule.when.path_matches.is_some());
+        match self.case_insensitive_paths {
+            _ if !by_path => None,
+            None => Some(
+                "proxy.case_insensitive_paths is not set, and its default is now true (it was false): rules now \
+                 match paths in any case, so that `/API/TRANSFER` no longer skips a rule for `/api/transfer` on an \
+                 upstream that folds case; set it to true to keep this, or to false if the upstream tells paths \
+                 apart by case"
+                    .to_owned(),
+            ),
+            Some(false) => Some(
+                "proxy.case_insensitive_paths = false: a request that changes a letter's case (`/API/TRANSFER`) \
+                 skips every path rule, which an upstream that folds case (Express, ASP.NET Core, IIS) then serves; \
+                 keep it only if the upstream tells paths apart by case"
+                    .to_owned(),
+            ),
+            Some(true) => None,
+        }
     }
 
     /// How many threads serve connections: `workers`, or one per CPU the agent may
@@ -818,7 +851,11 @@ impl ProxyConfig {
         let canonical =
             CanonicalPath::parse(path, self.path_options()).map_err(|error| format!("`{path}`: {error}"))?;
         if canonical.route() != path {
-            let why = if self.case_insensitive_paths { ", in lower case (case_insensitive_paths)" } else { "" };
+            let why = if self.case_insensitive_paths() {
+                ", in lower case (case_insensitive_paths, on unless set to false)"
+            } else {
+                ""
+            };
             return Err(format!(
                 "`{path}` would never match: requests are matched on their canonical path{why}; write `{}`",
                 canonical.route()

@@ -290,10 +290,11 @@ fn workers_default_to_one_per_cpu_and_name_their_mistakes() {
 }
 
 #[test]
-fn path_keys_default_to_reject_and_case_sensitive_and_name_their_mistakes() {
+fn path_keys_default_to_reject_and_case_insensitive_and_name_their_mistakes() {
     let proxy = parse(PROXY).expect("proxy").proxy.expect("proxy");
     assert_eq!(proxy.escaped_slashes, EscapedSlashes::Reject);
-    assert!(!proxy.case_insensitive_paths);
+    assert!(proxy.case_insensitive_paths());
+    assert!(proxy.path_options().case_insensitive);
     let keep = parse(&format!("{PROXY}escaped_slashes = \"keep\"\n")).expect("keep").proxy.expect("proxy");
     assert_eq!(keep.escaped_slashes, EscapedSlashes::Keep);
 
@@ -315,11 +316,31 @@ fn path_keys_default_to_reject_and_case_sensitive_and_name_their_mistakes() {
     assert_eq!(key, "proxy.rules[0].path", "{message}");
     parse(&format!("{PROXY}escaped_slashes = \"keep\"\n{}", rule("/a%2Fb"))).expect("kept encoded, it is canonical");
 
-    let folded = format!("{PROXY}case_insensitive_paths = true\n{}", rule("/API"));
-    let (_, key, message) = refusal(&folded);
-    assert_eq!(key, "proxy.rules[0].path", "{message}");
-    assert!(message.contains("lower case") && message.contains("write `/api`"), "{message}");
-    parse(&format!("{PROXY}{}", rule("/API"))).expect("case-sensitive, any case is canonical");
+    for folded in
+        [format!("{PROXY}{}", rule("/API")), format!("{PROXY}case_insensitive_paths = true\n{}", rule("/API"))]
+    {
+        let (_, key, message) = refusal(&folded);
+        assert_eq!(key, "proxy.rules[0].path", "{message}");
+        assert!(message.contains("lower case") && message.contains("write `/api`"), "{message}");
+    }
+    parse(&format!("{PROXY}case_insensitive_paths = false\n{}", rule("/API")))
+        .expect("case-sensitive, any case is canonical");
+}
+
+#[test]
+fn check_warns_of_path_rules_under_the_old_case_default_or_a_case_sensitive_one() {
+    let rule = "[[proxy.rules]]\nname = \"r\"\npath = \"/api\"\nkey = \"ip\"\nlimit = 1\nwindow = \"1s\"\n";
+    let pattern = "[[proxy.rules]]\nname = \"r\"\naction = \"deny\"\nwhen.path_matches = \"^/admin\"\n";
+    let warning = |text: &str| parse(text).expect("valid").proxy.expect("proxy").path_case_warnings();
+    for rules in [rule, pattern] {
+        let unset = warning(&format!("{PROXY}{rules}")).expect("the default changed under it");
+        assert!(unset.contains("default is now true (it was false)"), "{unset}");
+        let sensitive = warning(&format!("{PROXY}case_insensitive_paths = false\n{rules}")).expect("dodgeable");
+        assert!(sensitive.contains("skips every path rule"), "{sensitive}");
+        assert_eq!(warning(&format!("{PROXY}case_insensitive_paths = true\n{rules}")), None);
+    }
+    assert_eq!(warning(PROXY), None, "no path rule, nothing matches differently");
+    assert_eq!(warning(&format!("{PROXY}case_insensitive_paths = false\n")), None);
 }
 
 #[test]
@@ -498,4 +519,38 @@ fn upgrades_are_to_websocket_unless_said_otherwise_and_each_is_a_protocol_name()
         assert_eq!((line, key.as_str()), (4, "proxy.upgrade_protocols"), "{bad}: {message}");
         assert!(message.contains(&format!("`{bad}`")), "{message}");
     }
+}
+
+#[test]
+fn body_larger_than_counts_a_body_of_unknown_length_as_larger() {
+    let text = format!("{PROXY}[[proxy.rules]]\nname = \"big\"\naction = \"deny\"\nwhen.body_larger_than = 4\n");
+    let proxy = parse(&text).expect("valid").proxy.expect("proxy");
+    let headers = http::HeaderMap::new();
+    let holds = |body_length: Option<u64>| {
+        let seen = super::conditions::Seen {
+            method: &http::Method::POST,
+            path: "/",
+            query: None,
+            client: std::net::IpAddr::from([192, 0, 2, 1]),
+            headers: &headers,
+            body_length,
+        };
+        proxy.rules[0].applies(&seen)
+    };
+    assert_eq!([None, Some(5), Some(4), Some(0)].map(holds), [true, true, false, false]);
+}
+
+#[test]
+fn an_http1_head_announces_its_length_or_none_when_chunked() {
+    use super::conditions::http1_body_length;
+    let head = |headers: &[(&'static str, &'static str)]| {
+        let mut map = http::HeaderMap::new();
+        for &(name, value) in headers {
+            map.append(name, http::HeaderValue::from_static(value));
+        }
+        http1_body_length(&map)
+    };
+    assert_eq!(head(&[]), Some(0));
+    assert_eq!(head(&[("content-length", "12")]), Some(12));
+    assert_eq!(head(&[("transfer-encoding", "chunked")]), None);
 }

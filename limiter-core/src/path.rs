@@ -19,9 +19,18 @@
 //! 3. Two forms come out. [`CanonicalPath::forward`] is what the upstream receives:
 //!    the remaining segments with their `;parameters`, and a trailing `/` if the path
 //!    had one. [`CanonicalPath::route`] is what rules and `+route` keys see: the same
-//!    segments without `;parameters`, without a trailing `/`, and ASCII-lowercased
-//!    when paths are case-insensitive. So `/login;x`, `/login/` and `/login` are one
-//!    route, as servers that strip parameters or ignore a trailing slash see them.
+//!    segments without `;parameters`, without a trailing `/`, and, when paths are
+//!    case-insensitive (the default), lowercased. So `/login;x`, `/login/` and
+//!    `/login` are one route, as servers that strip parameters or ignore a trailing
+//!    slash see them, and so are `/LOGIN` and `/%4Cogin`.
+//!
+//! Folding case is the safe side whatever the upstream does: a deny, limit or
+//! signature rule that matches more spellings than the upstream serves as one
+//! resource over-matches, while one that matches fewer can be dodged. Besides ASCII,
+//! the folded route turns the non-ASCII letters whose Unicode case mapping is an
+//! ASCII letter (`ſ` → `s`, `ı` and `İ` → `i`, the Kelvin sign `K` → `k`) into that
+//! letter, since upstreams that fold case with Unicode rules (.NET's
+//! `OrdinalIgnoreCase`, `/iu` patterns) serve `/tranſfer` as `/transfer`.
 
 use std::{fmt, str::FromStr};
 
@@ -65,11 +74,18 @@ impl FromStr for EscapedSlashes {
 
 /// How paths are canonicalised: the proxy's `escaped_slashes` and
 /// `case_insensitive_paths`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PathOptions {
     pub escaped_slashes: EscapedSlashes,
-    /// Fold the route to lower case, for upstreams that fold case themselves.
+    /// Fold the route to lower case, so that rules also hold for upstreams that
+    /// fold case themselves.
     pub case_insensitive: bool,
+}
+
+impl Default for PathOptions {
+    fn default() -> Self {
+        Self { escaped_slashes: EscapedSlashes::default(), case_insensitive: true }
+    }
 }
 
 /// Why a path has no canonical form.
@@ -211,20 +227,29 @@ fn push_escape(out: &mut String, byte: u8) {
     out.push(char::from(HEX[usize::from(byte & 0xF)]));
 }
 
-/// ASCII lower case outside escapes, whose hex stays upper case.
+/// Non-ASCII letters whose Unicode case mapping is an ASCII letter, as the route
+/// holds them (UTF-8, escaped in upper-case hex), and that letter.
+const FOLDS_TO_ASCII: [(&str, char); 4] = [("%C5%BF", 's'), ("%C4%B1", 'i'), ("%C4%B0", 'i'), ("%E2%84%AA", 'k')];
+
+/// Lower case outside escapes, whose hex stays upper case; the escaped letters of
+/// [`FOLDS_TO_ASCII`] become their ASCII letter.
 fn fold_case(route: &str) -> String {
     let mut out = String::with_capacity(route.len());
-    let mut in_escape = 0;
-    for c in route.chars() {
-        if c == '%' {
-            in_escape = 2;
-            out.push(c);
-        } else if in_escape > 0 {
-            in_escape -= 1;
-            out.push(c);
+    let mut rest = route;
+    while let Some(c) = rest.chars().next() {
+        let taken = if let Some(&(escape, letter)) = FOLDS_TO_ASCII.iter().find(|(escape, _)| rest.starts_with(escape))
+        {
+            out.push(letter);
+            escape.len()
+        } else if c == '%' {
+            let escape = rest.get(..3).unwrap_or(rest);
+            out.push_str(escape);
+            escape.len()
         } else {
             out.push(c.to_ascii_lowercase());
-        }
+            c.len_utf8()
+        };
+        rest = &rest[taken..];
     }
     out
 }

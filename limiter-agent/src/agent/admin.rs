@@ -39,8 +39,9 @@ pub enum Response {
     Rejected {
         error: String,
     },
+    /// Boxed: the largest answer by far, and rarely asked.
     Stats {
-        stats: AgentStats,
+        stats: Box<AgentStats>,
     },
     Detaching,
     Explained {

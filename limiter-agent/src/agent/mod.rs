@@ -467,7 +467,7 @@ pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), Agent
                         Ok(changes) => (Response::Reloaded { changes }, false),
                         Err(error) => (Response::Rejected { error: error.to_string() }, false),
                     },
-                    Request::Stats => (Response::Stats { stats: agent.stats() }, false),
+                    Request::Stats => (Response::Stats { stats: Box::new(agent.stats()) }, false),
                     Request::Top { n } => {
                         let clients = agent.proxy.as_ref().map(|p| p.proxy.top_clients(n));
                         (Response::Top { clients }, false)

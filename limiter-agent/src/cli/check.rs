@@ -3,7 +3,7 @@
 use std::{path::Path, process::ExitCode};
 
 use super::CliError;
-use crate::agent::LoadedConfig;
+use crate::{agent::LoadedConfig, config::ProxyConfig};
 
 pub fn run(path: &Path) -> Result<ExitCode, CliError> {
     match LoadedConfig::read(path) {
@@ -24,6 +24,9 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
                      rules escalate only with escalate = true, since a third party can make a browser send any \
                      path; set it if only the client itself makes this rule refuse"
                 );
+            }
+            for warning in config.proxy.iter().filter_map(ProxyConfig::path_case_warnings) {
+                eprintln!("warning: {warning}");
             }
             let layers = [config.xdp.is_some().then_some("xdp"), config.proxy.is_some().then_some("proxy")];
             let layers: Vec<&str> = layers.into_iter().flatten().collect();

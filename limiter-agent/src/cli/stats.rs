@@ -51,7 +51,7 @@ pub fn collect(config: &Config) -> Result<StatsReport, CliError> {
         Err(error) => return Err(error.into()),
     };
     let agent = match admin::ask_blocking(&config.agent.admin_socket, &Request::Stats, Duration::from_secs(2)) {
-        Ok(Response::Stats { stats }) => Some(stats),
+        Ok(Response::Stats { stats }) => Some(*stats),
         _ => None,
     };
     Ok(match agent {

@@ -79,13 +79,22 @@ pub struct RequestInfo<'a> {
     pub headers: &'a http::HeaderMap,
     /// The query as sent, without `?`.
     pub query: Option<&'a str>,
+    /// See [`Seen::body_length`].
+    pub body_length: Option<u64>,
 }
 
 impl RequestInfo<'_> {
     /// What rule conditions look at.
     #[must_use]
     pub fn seen(&self) -> Seen<'_> {
-        Seen { method: self.method, path: self.path, query: self.query, client: self.client, headers: self.headers }
+        Seen {
+            method: self.method,
+            path: self.path,
+            query: self.query,
+            client: self.client,
+            headers: self.headers,
+            body_length: self.body_length,
+        }
     }
 }
 

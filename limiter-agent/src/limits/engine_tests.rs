@@ -119,6 +119,7 @@ impl Req {
             api_key: self.api_key,
             headers: &self.headers,
             query: None,
+            body_length: Some(0),
         }
     }
 

@@ -65,6 +65,7 @@ impl Refusal {
             Self::Denied { escalates, .. } => *escalates,
             Self::MissingKey { .. }
             | Self::BadPath(_)
+            | Self::AmbiguousHost
             | Self::BodyTooLarge { .. }
             | Self::BodyUnreadable
             | Self::BodyTimeout

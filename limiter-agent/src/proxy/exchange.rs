@@ -5,6 +5,7 @@
 use std::net::IpAddr;
 
 use http::{HeaderValue, header, request};
+use hyper::body::{Body as _, Incoming};
 use limiter_core::{path::CanonicalPath, signature::Authenticated};
 
 use super::{
@@ -56,6 +57,8 @@ pub(super) struct Exchange<'s> {
     pub parts: request::Parts,
     /// The one path rules, `+route` keys and the upstream see.
     pub path: CanonicalPath,
+    /// The body's length as its head told it ([`crate::config::conditions::Seen::body_length`]).
+    pub body_length: Option<u64>,
     /// Whom the limits count: the peer, or the client a trusted proxy names.
     pub client: IpAddr,
     /// Set once the request proved a key.
@@ -65,19 +68,28 @@ pub(super) struct Exchange<'s> {
 }
 
 impl<'s> Exchange<'s> {
-    /// The head of a request from `origin`, checked for what needs no state: its path
-    /// has a canonical form.
+    /// The head of a request from `origin`, checked for what needs no state: it names
+    /// one host, and its path has a canonical form.
     pub(super) fn arrive(
         snapshot: &'s Snapshot,
         upstream: &'s Upstream,
         origin: Origin,
         mut parts: request::Parts,
+        body: &Incoming,
     ) -> Result<Self, Refusal> {
+        let mut hosts = parts.headers.get_all(header::HOST).iter();
+        let (host, another) = (hosts.next(), hosts.next());
+        let authority = parts.uri.authority();
+        let disagree = host
+            .zip(authority)
+            .is_some_and(|(host, authority)| !host.as_bytes().eq_ignore_ascii_case(authority.as_str().as_bytes()));
+        if another.is_some() || disagree {
+            return Err(Refusal::AmbiguousHost);
+        }
         // HTTP/2 names the host in the URI alone: as a header, rules, signatures and
         // the upstream see it as they do over HTTP/1.1.
-        if !parts.headers.contains_key(header::HOST)
-            && let Some(host) =
-                parts.uri.authority().and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
+        if host.is_none()
+            && let Some(host) = authority.and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
         {
             parts.headers.insert(header::HOST, host);
         }
@@ -85,7 +97,11 @@ impl<'s> Exchange<'s> {
         // The signature covers the target as sent; everything else sees this.
         let path = CanonicalPath::parse(parts.uri.path(), config.path_options()).map_err(Refusal::BadPath)?;
         let client = keys::client_ip(origin.peer, &parts.headers, &config.trusted_proxies);
-        Ok(Self { snapshot, upstream, origin, parts, path, client, proof: Proof::None, claim: None })
+        // hyper's hint is exact for a `Content-Length` and for a head that ended the
+        // request, over either protocol; an HTTP/2 body without `content-length` is
+        // as unknown as a chunked one.
+        let body_length = body.size_hint().exact();
+        Ok(Self { snapshot, upstream, origin, parts, path, body_length, client, proof: Proof::None, claim: None })
     }
 
     pub(super) fn config(&self) -> &'s ProxyConfig {
@@ -101,6 +117,7 @@ impl<'s> Exchange<'s> {
             api_key: self.proof.key_id(),
             headers: &self.parts.headers,
             query: self.parts.uri.query(),
+            body_length: self.body_length,
         }
     }
 }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::keys;
 use crate::{
-    config::{ProxyConfig, proxy::KeyAuth},
+    config::{ProxyConfig, conditions::http1_body_length, proxy::KeyAuth},
     limits::{Engine, Explanation, RequestInfo, Screened},
 };
 
@@ -93,8 +93,15 @@ pub async fn explain<C: Clock>(
         Some((id, auth)) => (Some(id), Some(auth)),
         None => (None, None),
     };
-    let info =
-        RequestInfo { method: &method, path: path.route(), client, api_key: key.as_deref(), headers: &headers, query };
+    let info = RequestInfo {
+        method: &method,
+        path: path.route(),
+        client,
+        api_key: key.as_deref(),
+        headers: &headers,
+        query,
+        body_length: http1_body_length(&headers),
+    };
     let Screened { denied_by, tagged, .. } = engine.would_screen(&info);
     let limits = engine.explain(&info, live).await;
     Ok(ProxyExplanation { route: path.route().to_owned(), client, key, proof, denied_by, tagged, limits })

@@ -310,8 +310,8 @@ impl<C: Clock + Clone> Pipeline<C> {
         let (parts, body) = request.into_parts();
         let config = &snapshot.config;
         body::check_announced(&body, config.max_body_bytes)?;
+        let mut exchange = Exchange::arrive(snapshot, upstream, origin, parts, &body)?;
         let body = TimedBody::new(body, config.body_timeout.0);
-        let mut exchange = Exchange::arrive(snapshot, upstream, origin, parts)?;
         // Before anything costly (reading the body, checking a MAC): a scanner's
         // request is refused on its face.
         let screened = self.screen(&exchange)?;

@@ -39,6 +39,11 @@ pub(super) enum Refusal {
     /// (`escaped_slashes = "reject"`).
     #[error("path refused: {0}")]
     BadPath(PathError),
+    /// More than one `Host`, or a `Host` other than the authority the target or
+    /// HTTP/2's `:authority` names: which one a rule, a signature and the upstream
+    /// each take would be anyone's guess.
+    #[error("Host repeated, or at odds with the request's authority")]
+    AmbiguousHost,
     #[error("body larger than {limit} bytes")]
     BodyTooLarge { limit: u64 },
     #[error("request body could not be read")]
@@ -173,6 +178,12 @@ impl Refusal {
                 StatusCode::BAD_REQUEST,
                 "bad-path",
                 "The request path is malformed, or holds an encoded slash, backslash or NUL.",
+                None,
+            ),
+            Self::AmbiguousHost => problem(
+                StatusCode::BAD_REQUEST,
+                "bad-host",
+                "The request carries more than one Host, or a Host other than its authority.",
                 None,
             ),
             Self::BodyUnreadable => {

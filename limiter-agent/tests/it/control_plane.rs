@@ -709,6 +709,34 @@ fn check_names_the_deny_rules_that_no_longer_escalate() {
     assert!(!stderr.contains("\"scanner\""), "it escalates: {stderr}");
 }
 
+#[test]
+fn check_says_that_path_rules_now_match_any_case_unless_the_config_says_so() {
+    let dir = std::env::temp_dir().join(unique("check-case"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("limiter.toml");
+    let check = |case: &str| {
+        let config = format!(
+            "[proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:9\"\n{case}\
+             [[proxy.rules]]\nname = \"login\"\npath = \"/login\"\nkey = \"ip\"\nlimit = 5\nwindow = \"1m\"\n"
+        );
+        std::fs::write(&path, config).expect("config");
+        let output = Command::new(limiter_lab::support::agent::limiter_bin())
+            .arg("check")
+            .arg("-c")
+            .arg(&path)
+            .output()
+            .expect("check");
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let unset = check("");
+    assert!(unset.contains("warning: proxy.case_insensitive_paths is not set, and its default is now true"), "{unset}");
+    let sensitive = check("case_insensitive_paths = false\n");
+    assert!(sensitive.contains("warning: proxy.case_insensitive_paths = false"), "{sensitive}");
+    assert_eq!(check("case_insensitive_paths = true\n"), "");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn ip(args: &[&str]) -> String {
     let output = Command::new("ip").args(args).output().expect("ip");
     String::from_utf8_lossy(&output.stdout).into_owned()

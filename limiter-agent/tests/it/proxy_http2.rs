@@ -227,3 +227,64 @@ async fn a_burst_of_opened_and_reset_streams_is_cut_before_most_reach_the_upstre
     let reached = upstream.count();
     assert!(reached <= 10 + 1 + 100, "{reached} of {sent} reached the upstream");
 }
+
+/// An HTTP/2 request without `content-length` announces no size (DATA frames follow
+/// the head): `body_larger_than` counts it as larger, as it does a chunked body,
+/// instead of as empty. A head that ends the stream has no body at all.
+#[tokio::test]
+async fn an_http2_body_without_content_length_counts_as_larger_than_any_bound() {
+    let upstream = Upstream::start().await;
+    let rule = "[[proxy.rules]]\nname = \"big-posts\"\naction = \"deny\"\nmethods = [\"POST\"]\n\
+                [proxy.rules.when]\nbody_larger_than = 4\n";
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{rule}"), upstream.addr).await;
+    let (mut send, _connection) = h2_connect(proxy.addr).await;
+    let mut post = async |length: Option<usize>, body: &'static [u8]| {
+        let mut request = Request::post(format!("http://{}/upload", proxy.addr));
+        if let Some(length) = length {
+            request = request.header("content-length", length);
+        }
+        send = send.clone().ready().await.expect("the connection is open");
+        let (response, mut stream) =
+            send.send_request(request.body(()).expect("request"), body.is_empty()).expect("a stream");
+        if !body.is_empty() {
+            stream.send_data(bytes::Bytes::from_static(body), true).expect("the body");
+        }
+        response.await.expect("an answer").status()
+    };
+    assert_eq!(post(None, &[b'x'; 1_000]).await, StatusCode::FORBIDDEN, "no content-length");
+    assert_eq!(post(None, b"1234").await, StatusCode::FORBIDDEN, "no content-length, however short");
+    assert_eq!(post(Some(1_000), &[b'x'; 1_000]).await, StatusCode::FORBIDDEN, "announced");
+    assert_eq!(post(Some(4), b"1234").await, StatusCode::OK, "announced within the bound");
+    assert_eq!(post(None, b"").await, StatusCode::OK, "END_STREAM on the head: no body");
+    assert_eq!(upstream.count(), 2);
+    proxy.stats_until("the three denials counted", |stats| stats.denied == 3).await;
+}
+
+/// Over HTTP/2 the host is `:authority`; a `host` header that names another, or two
+/// of them, gets 400 as over HTTP/1.1. One that agrees is forwarded once.
+#[tokio::test]
+async fn an_http2_host_at_odds_with_the_authority_is_refused_with_400() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(PROXY_HEAD, upstream.addr).await;
+    let (mut send, _connection) = h2_connect(proxy.addr).await;
+    let mut status = async |hosts: &[&str]| {
+        let mut request = Request::get("http://a.example/");
+        for host in hosts {
+            request = request.header("host", *host);
+        }
+        send = send.clone().ready().await.expect("the connection is open");
+        let (response, _) = send.send_request(request.body(()).expect("request"), true).expect("a stream");
+        response.await.expect("an answer").status()
+    };
+    assert_eq!(status(&["b.example"]).await, StatusCode::BAD_REQUEST);
+    assert_eq!(status(&["a.example", "b.example"]).await, StatusCode::BAD_REQUEST);
+    assert_eq!(upstream.count(), 0);
+    assert_eq!(status(&["a.example"]).await, StatusCode::OK);
+    assert_eq!(status(&[]).await, StatusCode::OK);
+    let hosts: Vec<Vec<String>> = upstream
+        .seen()
+        .iter()
+        .map(|seen| seen.headers.get_all("host").iter().map(|v| v.to_str().unwrap_or("?").to_owned()).collect())
+        .collect();
+    assert_eq!(hosts, [["a.example"], ["a.example"]]);
+}

@@ -96,10 +96,10 @@ async fn no_spelling_of_a_signed_route_reaches_the_upstream_unsigned() {
 #[tokio::test]
 async fn case_insensitive_paths_fold_case_for_upstreams_that_do() {
     let upstream = Upstream::start().await;
-    let sensitive = RunningProxy::start(&transfer(""), upstream.addr).await;
+    let sensitive = RunningProxy::start(&transfer("case_insensitive_paths = false"), upstream.addr).await;
     let insensitive = RunningProxy::start(&transfer("case_insensitive_paths = true"), upstream.addr).await;
     let client = TestClient::default();
-    // By default another case is another path: the upstream must not fold it.
+    // Asked to, another case is another path: the upstream must not fold it.
     let reply = client.request(Method::POST, &sensitive.url("/API/Transfer"), &[], b"").await;
     assert_eq!(reply.status, StatusCode::OK);
     for variant in ["/API/Transfer", "/api/%54RANSFER"] {
@@ -107,6 +107,44 @@ async fn case_insensitive_paths_fold_case_for_upstreams_that_do() {
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{variant}");
     }
     assert_eq!(upstream.count(), 1);
+}
+
+/// Express and ASP.NET Core serve `/API/TRANSFER` as `/api/transfer`: by default no
+/// spelling of a letter, in any case, escaped or a non-ASCII look-alike that folds
+/// to it, skips the signature requirement, and the upstream gets the path as sent.
+#[tokio::test]
+async fn by_default_no_case_of_a_signed_route_skips_its_signature() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&transfer(""), upstream.addr).await;
+    let client = TestClient::default();
+    let variants = ["/API/TRANSFER", "/Api/Transfer", "/%41PI/%54ransfer", "/api/tran%C5%BFfer", "/api/tran%c5%bffer"];
+    for variant in variants {
+        let reply = client.request(Method::POST, &proxy.url(variant), &[("x-api-key", "k-pay")], b"pay").await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{variant}");
+    }
+    assert_eq!(upstream.count(), 0);
+    proxy.stats_until("every case counted as a failed signature", |stats| stats.signature_failures == 5).await;
+    let reply = client.get(&proxy.url("/Other/%41;P/"), &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let seen: Vec<String> = upstream.seen().iter().map(|s| s.uri.to_string()).collect();
+    assert_eq!(seen, ["/Other/A;P/"], "forwarded in its case, unreserved escapes decoded as before");
+}
+
+/// The same through a limit: `/LOGIN` is the login rule's, not a fresh budget.
+#[tokio::test]
+async fn by_default_no_case_of_the_login_path_gets_fresh_attempts() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{LOGIN}"), upstream.addr).await;
+    let client = TestClient::default();
+    for _ in 0..5 {
+        assert_eq!(client.request(Method::POST, &proxy.url("/login"), &[], b"").await.status, StatusCode::OK);
+    }
+    for variant in ["/LOGIN", "/Login", "/%4Cogin", "/log%C4%B1n", "/log%C4%B0n"] {
+        let reply = client.request(Method::POST, &proxy.url(variant), &[], b"").await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{variant}");
+        assert_eq!(reply.json()["violated_policies"], serde_json::json!(["login"]), "{variant}");
+    }
+    assert_eq!(upstream.count(), 5);
 }
 
 #[tokio::test]

@@ -205,3 +205,52 @@ async fn the_pattern_set_reloads_live() {
         proxy.stats_until("the kept rule's denials", |stats| denied_by(stats, "wordpress-probe") == Some(1)).await;
     assert!(stats.policies.iter().all(|p| p.name != "dotenv-probe"), "a removed rule is gone from the counts");
 }
+
+/// A rule on `DELETE` holds for a `POST` that asks, by an override header or
+/// `_method`, to be run as `DELETE` (as Rails, Laravel or ASP.NET run it); one on
+/// `GET` also counts `HEAD`, which servers answer with the `GET` handler.
+#[tokio::test]
+async fn method_scoped_rules_hold_for_head_and_for_overridden_methods() {
+    let upstream = Upstream::start().await;
+    let rules = r#"
+[[proxy.rules]]
+name = "no-deletes"
+action = "deny"
+path = "/users"
+methods = ["DELETE"]
+[[proxy.rules]]
+name = "reads"
+path = "/feed"
+methods = ["GET"]
+key = "ip"
+algorithm = "sliding_window_log"
+limit = 2
+window = "1m"
+"#;
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{rules}"), upstream.addr).await;
+    let client = TestClient::default();
+    let post = |path: &'static str, headers: Vec<(&'static str, &'static str)>| {
+        let (client, url) = (client.clone(), proxy.url(path));
+        async move { client.request(Method::POST, &url, &headers, b"").await.status }
+    };
+    for header in ["x-http-method-override", "x-http-method", "x-method-override"] {
+        assert_eq!(post("/users/7", vec![(header, "DELETE")]).await, StatusCode::FORBIDDEN, "{header}");
+    }
+    assert_eq!(post("/users/7", vec![("x-http-method-override", "delete")]).await, StatusCode::FORBIDDEN);
+    assert_eq!(post("/users/7?_method=DELETE", vec![]).await, StatusCode::FORBIDDEN, "_method");
+    assert_eq!(post("/users/7?%5Fmethod=delete", vec![]).await, StatusCode::FORBIDDEN, "_method escaped");
+    assert_eq!(post("/users/7?_method=PUT", vec![]).await, StatusCode::OK, "another method");
+    assert_eq!(post("/users/7", vec![]).await, StatusCode::OK, "a plain POST");
+
+    for method in [Method::GET, Method::HEAD] {
+        assert_eq!(client.request(method, &proxy.url("/feed"), &[], b"").await.status, StatusCode::OK);
+    }
+    let third = client.request(Method::HEAD, &proxy.url("/feed"), &[], b"").await;
+    assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS, "HEAD spends the GET rule's budget");
+    assert_eq!(upstream.count(), 4);
+    proxy
+        .stats_until("the denials counted", |stats| {
+            stats.policies.iter().find(|p| p.name == "no-deletes").map(|p| p.denied) == Some(6)
+        })
+        .await;
+}

@@ -294,3 +294,26 @@ async fn forwarding_headers_pass_from_trusted_proxies_only() {
         assert_eq!(seen.headers["x-forwarded-for"], chain);
     }
 }
+
+/// Two `Host` headers, or one at odds with an absolute target's authority: a rule,
+/// a signature covering `Host` and the upstream could each take another one.
+#[tokio::test]
+async fn a_repeated_or_contradicted_host_is_refused_with_400() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(PROXY_HEAD, upstream.addr).await;
+    for request in [
+        "GET / HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nConnection: close\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: a.example\r\nHost: a.example\r\nConnection: close\r\n\r\n",
+        "GET http://a.example/ HTTP/1.1\r\nHost: b.example\r\nConnection: close\r\n\r\n",
+    ] {
+        let response = raw_exchange(proxy.addr, request.as_bytes()).await;
+        assert_eq!(status_line(&response), "HTTP/1.1 400 Bad Request", "{request}: {response}");
+        assert!(response.contains("#bad-host"), "{request}: {response}");
+    }
+    assert_eq!(upstream.count(), 0);
+    let response =
+        raw_exchange(proxy.addr, b"GET http://a.example/ HTTP/1.1\r\nHost: A.example\r\nConnection: close\r\n\r\n")
+            .await;
+    assert_eq!(status_line(&response), "HTTP/1.1 200 OK", "the same host in another case: {response}");
+    assert_eq!(upstream.seen()[0].headers.get_all("host").iter().count(), 1);
+}

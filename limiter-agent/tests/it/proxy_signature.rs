@@ -629,17 +629,15 @@ async fn a_sign_host_key_signs_the_host(client: TestClient) {
         let timestamp = request.timestamp.to_string();
         let signature = request.signature(SECRET);
         let nonce = request.nonce.unwrap_or_default().to_owned();
-        let client = client.clone();
-        let url = proxy.url(request.target);
+        let (client, addr, target) = (client.clone(), proxy.addr, request.target.to_owned());
         async move {
             let headers = [
-                ("host", host),
                 ("x-api-key", "k-site"),
                 ("x-timestamp", timestamp.as_str()),
                 ("x-nonce", nonce.as_str()),
                 ("x-signature", signature.as_str()),
             ];
-            client.request(Method::POST, &url, &headers, b"x").await.status
+            client.request_to_host(addr, host, Method::POST, &target, &headers, b"x").await.status
         }
     };
     assert_eq!(send_to(&site("1", Some("Pay.Example.com")), "pay.example.com").await, StatusCode::OK);

@@ -96,6 +96,35 @@ fn case_insensitive_folds_the_route_only() {
     assert_eq!(canonical("/API/%54ransfer;X/", FOLD), ("/API/Transfer;X/".to_owned(), "/api/transfer".to_owned()));
     assert_eq!(canonical("/A%3Bb", FOLD).1, "/a%3Bb");
     assert_eq!(canonical("/API", REJECT).1, "/API");
+    assert_eq!(PathOptions::default(), FOLD, "folding is the default");
+}
+
+#[test]
+fn escaped_ascii_letters_fold_once_decoded() {
+    for raw in ["/api/transfer", "/%41PI/TRANSFER", "/%61pi/%54ransfer", "/Api/%74RANSFER"] {
+        assert_eq!(canonical(raw, FOLD).1, "/api/transfer", "{raw}");
+    }
+}
+
+#[test]
+fn non_ascii_letters_that_fold_to_ascii_are_their_ascii_letter() {
+    for (raw, route) in [
+        ("/api/tran\u{17f}fer", "/api/transfer"),
+        ("/api/tran%C5%BFfer", "/api/transfer"),
+        ("/api/tran%c5%bffer", "/api/transfer"),
+        ("/log\u{131}n", "/login"),
+        ("/log\u{130}n", "/login"),
+        ("/\u{212a}ey", "/key"),
+        ("/%E2%84%AAey", "/key"),
+    ] {
+        let (forward, folded) = canonical(raw, FOLD);
+        assert_eq!(folded, route, "{raw}");
+        assert_ne!(forward.to_ascii_lowercase(), route, "{raw}: the upstream gets the letter as sent");
+    }
+    // Only where case folds: a case-sensitive route keeps the letter, escaped.
+    assert_eq!(canonical("/tran\u{17f}fer", REJECT).1, "/tran%C5%BFfer");
+    // Other non-ASCII letters stay escaped, and an escape that merely starts alike is kept.
+    assert_eq!(canonical("/%C3%A9t%C5%BE", FOLD).1, "/%C3%A9t%C5%BE");
 }
 
 #[test]

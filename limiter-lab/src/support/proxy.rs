@@ -344,6 +344,41 @@ impl TestClient {
     pub async fn get(&self, url: &str, headers: &[(&str, &str)]) -> Reply {
         self.request(Method::GET, url, headers, b"").await
     }
+
+    /// A request to `addr` for the site `host`: over HTTP/1.1 in its `Host` header,
+    /// over HTTP/2 as its `:authority`, as curl sends it (a `host` header naming
+    /// another site than `:authority` is malformed, RFC 9113 §8.3.1).
+    pub async fn request_to_host(
+        &self,
+        addr: SocketAddr,
+        host: &str,
+        method: Method,
+        target: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Reply {
+        if self.version != Version::HTTP_2 {
+            let with_host: Vec<(&str, &str)> = [("host", host)].into_iter().chain(headers.iter().copied()).collect();
+            return self.request(method, &format!("http://{addr}{target}"), &with_host, body).await;
+        }
+        let tcp = TcpStream::connect(addr).await.expect("connect to proxy");
+        let (mut send, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.expect("h2 handshake");
+        tokio::spawn(connection);
+        let mut builder = Request::builder().method(method).uri(format!("http://{host}{target}"));
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let request = builder.body(Full::new(Bytes::copy_from_slice(body))).expect("test request");
+        let start = Instant::now();
+        let response = tokio::time::timeout(PATIENCE, send.send_request(request))
+            .await
+            .expect("no response in time")
+            .expect("request failed");
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.expect("response body").to_bytes();
+        Reply { status: parts.status, headers: parts.headers, body, elapsed: start.elapsed() }
+    }
 }
 
 /// A connection to `to` from `local` (any 127.0.0.0/8 address is this host's on
