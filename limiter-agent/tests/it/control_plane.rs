@@ -648,18 +648,11 @@ fn the_watcher_never_applies_a_file_caught_half_written() {
     lab.agent.stats_until("one reload, of the whole file", |stats| stats["agent"]["reloads"]["ok"] == 1);
 }
 
-#[test]
-fn check_warns_about_a_trusted_proxy_the_kernel_layer_would_limit_as_one_client() {
-    let dir = std::env::temp_dir().join(unique("check-proxies"));
+/// What `limiter check` warns of `config`, which it must accept.
+fn check_warnings(config: &str) -> String {
+    let dir = std::env::temp_dir().join(unique("check"));
     std::fs::create_dir_all(&dir).expect("dir");
     let path = dir.join("limiter.toml");
-    let config = format!(
-        "[xdp]\ninterfaces = [\"eth0\"]\n{}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\n\
-         [[xdp.cidr]]\ncidr = \"10.9.0.0/16\"\naction = \"deny\"\n\
-         [proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:9\"\n\
-         trusted_proxies = [\"10.1.0.0/16\", \"192.0.2.10/32\", \"10.9.0.1/32\"]\n",
-        limit(100, 100)
-    );
     std::fs::write(&path, config).expect("config");
     let output = Command::new(limiter_lab::support::agent::limiter_bin())
         .arg("check")
@@ -668,8 +661,21 @@ fn check_warns_about_a_trusted_proxy_the_kernel_layer_would_limit_as_one_client(
         .output()
         .expect("check");
     let _ = std::fs::remove_dir_all(&dir);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "{stderr}");
+    stderr
+}
+
+#[test]
+fn check_warns_about_a_trusted_proxy_the_kernel_layer_would_limit_as_one_client() {
+    let config = format!(
+        "[xdp]\ninterfaces = [\"eth0\"]\n{}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\n\
+         [[xdp.cidr]]\ncidr = \"10.9.0.0/16\"\naction = \"deny\"\n\
+         [proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:9\"\n\
+         trusted_proxies = [\"10.1.0.0/16\", \"192.0.2.10/32\", \"10.9.0.1/32\"]\n",
+        limit(100, 100)
+    );
+    let stderr = check_warnings(&config);
     assert!(stderr.contains("proxy.trusted_proxies 192.0.2.10/32 is not covered"), "{stderr}");
     // Inside the allow rule, but the narrower deny rule is the one the kernel applies.
     assert!(stderr.contains("proxy.trusted_proxies 10.9.0.1/32 is not covered"), "{stderr}");
@@ -680,9 +686,6 @@ fn check_warns_about_a_trusted_proxy_the_kernel_layer_would_limit_as_one_client(
 /// config with `[escalation]` on relies on, and not one that says `escalate = true`.
 #[test]
 fn check_names_the_deny_rules_that_no_longer_escalate() {
-    let dir = std::env::temp_dir().join(unique("check-escalate"));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let path = dir.join("limiter.toml");
     let config = format!(
         "[xdp]\ninterfaces = [\"eth0\"]\n{}\
          [proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:9\"\n\
@@ -692,16 +695,7 @@ fn check_names_the_deny_rules_that_no_longer_escalate() {
          [escalation]\nthreshold = 5\n",
         limit(100, 100)
     );
-    std::fs::write(&path, config).expect("config");
-    let output = Command::new(limiter_lab::support::agent::limiter_bin())
-        .arg("check")
-        .arg("-c")
-        .arg(&path)
-        .output()
-        .expect("check");
-    let _ = std::fs::remove_dir_all(&dir);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
+    let stderr = check_warnings(&config);
     assert!(
         stderr.contains("proxy.rules \"dotenv-probe\" (action = \"deny\") no longer counts towards escalation"),
         "{stderr}"
@@ -711,30 +705,17 @@ fn check_names_the_deny_rules_that_no_longer_escalate() {
 
 #[test]
 fn check_says_that_path_rules_now_match_any_case_unless_the_config_says_so() {
-    let dir = std::env::temp_dir().join(unique("check-case"));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let path = dir.join("limiter.toml");
     let check = |case: &str| {
-        let config = format!(
+        check_warnings(&format!(
             "[proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:9\"\n{case}\
              [[proxy.rules]]\nname = \"login\"\npath = \"/login\"\nkey = \"ip\"\nlimit = 5\nwindow = \"1m\"\n"
-        );
-        std::fs::write(&path, config).expect("config");
-        let output = Command::new(limiter_lab::support::agent::limiter_bin())
-            .arg("check")
-            .arg("-c")
-            .arg(&path)
-            .output()
-            .expect("check");
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        String::from_utf8_lossy(&output.stderr).into_owned()
+        ))
     };
     let unset = check("");
     assert!(unset.contains("warning: proxy.case_insensitive_paths is not set, and its default is now true"), "{unset}");
     let sensitive = check("case_insensitive_paths = false\n");
     assert!(sensitive.contains("warning: proxy.case_insensitive_paths = false"), "{sensitive}");
     assert_eq!(check("case_insensitive_paths = true\n"), "");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn ip(args: &[&str]) -> String {
