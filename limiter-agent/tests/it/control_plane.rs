@@ -871,18 +871,12 @@ fn check_warns_about_secret_files_others_can_read_and_short_secrets() {
     let secret = dir.join("k-pay");
     std::fs::write(&secret, "short\n").expect("secret");
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    let config = dir.join("limiter.toml");
     let text = format!(
         "[proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:3000\"\n[proxy.plans.p]\nlimit = 1\n\
          window = \"1s\"\n[[proxy.keys]]\nid = \"k-pay\"\nplan = \"p\"\nsecrets = [\"file:{}\"]\n",
         secret.display()
     );
-    std::fs::write(&config, text).expect("config");
-    let check =
-        || Command::new(limiter_lab::support::agent::limiter_bin()).arg("check").arg("-c").arg(&config).output();
-    let output = check().expect("limiter check");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
+    let stderr = check_warnings(&text);
     let reference = format!("proxy.keys[0].secrets: file:{}", secret.display());
     assert!(stderr.contains(&format!("warning: {reference} can be read by group or others (mode 644)")), "{stderr}");
     assert!(stderr.contains(&format!("warning: {reference} is 5 bytes")), "{stderr}");
@@ -890,7 +884,6 @@ fn check_warns_about_secret_files_others_can_read_and_short_secrets() {
 
     std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").expect("secret");
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let output = check().expect("limiter check");
-    assert!(output.status.success() && output.stderr.is_empty(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(check_warnings(&text), "");
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
