@@ -222,6 +222,11 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
         ),
         ("limiter_proxy_body_too_large_total", "Requests refused with 413.", stats.body_too_large),
         (
+            "limiter_proxy_buffers_full_total",
+            "Requests refused with 429 while their body was read: the connection's or client's buffered bytes were at their cap.",
+            stats.buffers_full,
+        ),
+        (
             "limiter_proxy_paths_refused_total",
             "Requests refused with 400 for a malformed path or an escaped separator.",
             stats.paths_refused,
@@ -275,6 +280,8 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
     let _ = writeln!(out, "limiter_proxy_store_up {}", u8::from(stats.store_reachable));
     family(out, "limiter_proxy_tracked_keys", "gauge", "Per-key limiter states held.");
     let _ = writeln!(out, "limiter_proxy_tracked_keys {}", stats.tracked_keys);
+    family(out, "limiter_proxy_buffered_bytes", "gauge", "Request body bytes held in memory before forwarding.");
+    let _ = writeln!(out, "limiter_proxy_buffered_bytes {}", stats.buffered_bytes);
     family(
         out,
         "limiter_proxy_decision_seconds",

@@ -45,6 +45,13 @@ pub struct ProxyConfig {
     pub enforce: bool,
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: u64,
+    /// Request bytes one connection may have held in memory at once (signed and
+    /// chunked bodies are read whole before they are forwarded); `None`: 8 bodies of
+    /// `max_body_bytes` (an HTTP/2 connection reads several at once).
+    pub max_buffered_bytes_per_connection: Option<u64>,
+    /// The same over all of one client's connections (IPv6: its /64); `None`: 32
+    /// bodies of `max_body_bytes`.
+    pub max_buffered_bytes_per_client: Option<u64>,
     #[serde(default = "default_header_timeout")]
     pub header_timeout: HumanDuration,
     /// Longest wait for the next request on a keep-alive connection (then closed).
@@ -722,6 +729,18 @@ impl ProxyConfig {
 
     /// How many threads serve connections: `workers`, or one per CPU the agent may
     /// run on.
+    /// `max_buffered_bytes_per_connection`, or its default.
+    #[must_use]
+    pub fn buffered_bytes_per_connection(&self) -> u64 {
+        self.max_buffered_bytes_per_connection.unwrap_or(self.max_body_bytes.saturating_mul(8))
+    }
+
+    /// `max_buffered_bytes_per_client`, or its default.
+    #[must_use]
+    pub fn buffered_bytes_per_client(&self) -> u64 {
+        self.max_buffered_bytes_per_client.unwrap_or(self.max_body_bytes.saturating_mul(32))
+    }
+
     #[must_use]
     pub fn workers(&self) -> NonZeroUsize {
         self.workers.unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
@@ -769,6 +788,20 @@ impl ProxyConfig {
         ] {
             if timeout.0.is_zero() {
                 return Err((key.to_owned(), "must be longer than 0".to_owned()));
+            }
+        }
+        for (key, cap) in [
+            ("proxy.max_buffered_bytes_per_connection", self.max_buffered_bytes_per_connection),
+            ("proxy.max_buffered_bytes_per_client", self.max_buffered_bytes_per_client),
+        ] {
+            if cap.is_some_and(|cap| cap < self.max_body_bytes) {
+                return Err((
+                    key.to_owned(),
+                    format!(
+                        "must be at least max_body_bytes ({}), or a body within it could never be read",
+                        self.max_body_bytes
+                    ),
+                ));
             }
         }
         let token = |name: &str| {

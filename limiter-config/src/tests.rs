@@ -279,6 +279,21 @@ fn connection_bounds_have_defaults_and_name_their_mistakes() {
 }
 
 #[test]
+fn buffered_bytes_default_to_bodies_of_max_body_bytes_and_hold_at_least_one() {
+    let proxy = parse(&format!("{PROXY}max_body_bytes = 1000\n")).expect("proxy").proxy.expect("proxy");
+    assert_eq!((proxy.buffered_bytes_per_connection(), proxy.buffered_bytes_per_client()), (8_000, 32_000));
+    let set = format!(
+        "{PROXY}max_body_bytes = 1000\nmax_buffered_bytes_per_connection = 1000\nmax_buffered_bytes_per_client = 5000\n"
+    );
+    let proxy = parse(&set).expect("proxy").proxy.expect("proxy");
+    assert_eq!((proxy.buffered_bytes_per_connection(), proxy.buffered_bytes_per_client()), (1_000, 5_000));
+
+    let (_, key, message) = refusal(&format!("{PROXY}max_body_bytes = 1000\nmax_buffered_bytes_per_client = 999\n"));
+    assert_eq!(key, "proxy.max_buffered_bytes_per_client", "{message}");
+    assert!(message.contains("at least max_body_bytes (1000)"), "{message}");
+}
+
+#[test]
 fn workers_default_to_one_per_cpu_and_name_their_mistakes() {
     let proxy = parse(PROXY).expect("minimal proxy").proxy.expect("proxy");
     let cpus = std::thread::available_parallelism().expect("CPU count");

@@ -449,6 +449,17 @@ impl Policies {
         Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature, own_bucket_refused: false }
     }
 
+    /// The decision on a request stopped before any bucket was counted, counted
+    /// against the rule that stopped it.
+    fn uncounted(&self, verdict: Verdict, require_signature: bool) -> Decision {
+        if let Verdict::MissingKey { rule } = &verdict
+            && let Some((_, policy)) = self.rules.iter().find(|(r, _)| r.name == *rule)
+        {
+            policy.record(Decided::Rejected);
+        }
+        Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature, own_bucket_refused: false }
+    }
+
     /// The plans, by name.
     fn plans_by_name(&self) -> Vec<&Policy> {
         let mut plans: Vec<&Policy> = self.plans.values().collect();
@@ -567,20 +578,7 @@ impl<C: Clock> Engine<C> {
         let (counted, require_signature) = policies.count(request);
         let counted = match counted {
             Ok(counted) => counted,
-            Err(verdict) => {
-                if let Verdict::MissingKey { rule } = &verdict
-                    && let Some((_, policy)) = policies.rules.iter().find(|(r, _)| r.name == *rule)
-                {
-                    policy.record(Decided::Rejected);
-                }
-                return Decision {
-                    verdict,
-                    policies: Vec::new(),
-                    violated: Vec::new(),
-                    require_signature,
-                    own_bucket_refused: false,
-                };
-            }
+            Err(verdict) => return policies.uncounted(verdict, require_signature),
         };
         let now = self.clock.now();
         match self.apply(&counted, Charge::AllOrNothing).await {
@@ -594,6 +592,33 @@ impl<C: Clock> Engine<C> {
                 policies.store_failed(require_signature)
             }
         }
+    }
+
+    /// What [`Self::decide`] would answer now from the request's rules not keyed by
+    /// `api_key` (which need its key proven, and its body for that), charging nothing:
+    /// asked before a body is read, so that a client already over its own limit costs
+    /// no read. `None`: they admit it (or the store is unreachable), and the request
+    /// goes on to `decide`. A refusal is counted as `decide` counts one.
+    pub async fn refuse_early(&self, request: &RequestInfo<'_>) -> Option<Decision> {
+        let policies = self.snapshot();
+        let seen = request.seen();
+        let keyless: Vec<&(Rule, Policy)> =
+            policies.rules.iter().filter(|(rule, _)| rule.key.by != KeyKind::ApiKey && rule.applies(&seen)).collect();
+        if keyless.is_empty() {
+            return None;
+        }
+        let request = RequestInfo { api_key: None, ..*request };
+        let counted = match count_in(&policies, &keyless, &request) {
+            Ok(counted) => counted,
+            Err(verdict) => return Some(policies.uncounted(verdict, false)),
+        };
+        let outcomes = self.apply(&counted, Charge::Nothing).await?;
+        if outcomes.iter().all(|outcome| outcome.admitted) {
+            return None;
+        }
+        observe(&counted, Some(&outcomes), request.client, self.clock.now());
+        record(&counted, &outcomes);
+        Some(decision(&counted, &outcomes, false))
     }
 
     /// Charges the IP-keyed rules matching this request whatever the verdict of the

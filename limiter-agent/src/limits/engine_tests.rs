@@ -476,6 +476,47 @@ window = "1m"
 }
 
 #[test]
+fn an_early_refusal_asks_only_the_rules_needing_no_key_and_charges_nothing() {
+    let (engine, _) = engine(
+        r#"
+[[proxy.rules]]
+name = "upload-ip"
+path = "/upload"
+key = "ip"
+algorithm = "fixed_window"
+limit = 2
+window = "1m"
+
+[[proxy.rules]]
+name = "upload-key"
+path = "/upload"
+key = "api_key"
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+"#,
+    );
+    let upload = get("/upload").post().key("k-pro-1");
+    for _ in 0..3 {
+        assert!(ready(engine.refuse_early(&upload.info())).is_none(), "room in the IP's bucket");
+    }
+    let d = upload.to(&engine);
+    assert_eq!((status(&d, "upload-ip").remaining, status(&d, "upload-key").remaining), (1, 0), "nothing charged");
+    // The key's bucket is empty, but it is the key's to prove: not asked early.
+    assert!(ready(engine.refuse_early(&upload.info())).is_none());
+    assert!(is_reject(&upload.to(&engine)), "the key's own limit");
+    assert!(ready(engine.refuse_early(&get("/upload").post().info())).is_none());
+    assert!(is_forward(&get("/upload").post().to(&engine)), "the IP's last one, keyless");
+    let early = ready(engine.refuse_early(&upload.info())).expect("the IP is out");
+    assert!(is_reject(&early) && early.own_bucket_refused, "{early:?}");
+    assert_eq!(early.violated, ["upload-ip"]);
+    assert!(ready(engine.refuse_early(&get("/elsewhere").post().info())).is_none(), "no rule applies");
+    let counts = engine.policy_counts();
+    let ip = counts.iter().find(|c| c.name == "upload-ip").expect("upload-ip");
+    assert_eq!((ip.forwarded, ip.rejected), (2, 1), "the early refusal counted as one");
+}
+
+#[test]
 fn two_hundred_concurrent_requests_on_one_key_with_limit_50_forward_exactly_50() {
     for algorithm in ["token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter"] {
         let (engine, _) = engine(&format!(

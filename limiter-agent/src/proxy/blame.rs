@@ -68,6 +68,7 @@ impl Refusal {
             | Self::AmbiguousHost
             | Self::BodyTooLarge { .. }
             | Self::BodyUnreadable
+            | Self::BuffersFull
             | Self::BodyTimeout
             | Self::IdempotencyKeyMalformed
             | Self::IdempotencyKeyReused

@@ -10,7 +10,7 @@ use std::{
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited, combinators::BoxBody};
+use http_body_util::{BodyExt, Full, LengthLimitError, combinators::BoxBody};
 use hyper::body::Incoming;
 use tokio::time::Sleep;
 
@@ -26,9 +26,13 @@ pub(super) fn full_body(bytes: impl Into<Bytes>) -> ProxyBody {
 /// Why a request body is not forwarded.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum BodyRefused {
-    TooLarge { limit: u64 },
+    TooLarge {
+        limit: u64,
+    },
     TimedOut,
     Unreadable,
+    /// Its bytes would take the connection or the client past its share of memory.
+    BuffersFull,
 }
 
 impl BodyRefused {
@@ -38,6 +42,8 @@ impl BodyRefused {
             Self::TooLarge { limit }
         } else if timed_out(error) {
             Self::TimedOut
+        } else if stems_from::<BuffersFull>(error) {
+            Self::BuffersFull
         } else {
             Self::Unreadable
         }
@@ -104,9 +110,19 @@ impl Body for TimedBody {
 /// Whether `error`, or an error it stems from, is a [`BodyTimedOut`]: the upstream
 /// client fails a request whose streamed body timed out with its own error.
 pub(super) fn timed_out(error: &(dyn Error + 'static)) -> bool {
+    stems_from::<BodyTimedOut>(error)
+}
+
+/// The error of a body read into memory whose next bytes would pass its connection's
+/// or its client's share ([`super::buffered`]).
+#[derive(Debug, thiserror::Error)]
+#[error("the client's buffered request bytes are at their cap")]
+pub(super) struct BuffersFull;
+
+fn stems_from<E: Error + 'static>(error: &(dyn Error + 'static)) -> bool {
     let mut next = Some(error);
     while let Some(error) = next {
-        if error.is::<BodyTimedOut>() {
+        if error.is::<E>() {
             return true;
         }
         next = error.source();
@@ -114,15 +130,34 @@ pub(super) fn timed_out(error: &(dyn Error + 'static)) -> bool {
     false
 }
 
-/// The body to forward. One of known length (already checked) streams through; a
-/// chunked one is read in full first, so that one found too large halfway is refused
-/// before the upstream has seen any part of the request.
-pub(super) async fn forwardable(body: TimedBody, max_bytes: u64) -> Result<ProxyBody, BodyRefused> {
-    let known_length = body.size_hint().exact().is_some();
-    let limited = Limited::new(body, usize::try_from(max_bytes).unwrap_or(usize::MAX));
-    if known_length {
-        return Ok(limited.boxed());
+/// A body that holds a guard until it has been sent whole (or dropped): a response
+/// its request's [`Guard`](super::idle::Guard), since a slow download is not a wait for a request; a
+/// request body read into memory the bytes it holds of its client's share.
+#[derive(Debug)]
+pub(super) struct Guarded<B, G> {
+    body: B,
+    _guard: G,
+}
+
+impl<B, G> Guarded<B, G> {
+    pub(super) fn new(body: B, guard: G) -> Self {
+        Self { body, _guard: guard }
     }
-    let collected = limited.collect().await.map_err(|error| BodyRefused::of_read(&*error, max_bytes))?;
-    Ok(full_body(collected.to_bytes()))
+}
+
+impl<B: Body<Data = Bytes, Error = BoxError> + Unpin, G: Unpin> Body for Guarded<B, G> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }

@@ -89,7 +89,7 @@ impl Drop for Slot {
 
 /// What one peer is: its address, IPv4 as IPv4, IPv6 by its /64 (one host's usual
 /// share, which it can fill with addresses at will).
-fn peer_key(peer: IpAddr) -> IpAddr {
+pub(super) fn peer_key(peer: IpAddr) -> IpAddr {
     match peer.to_canonical() {
         IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
         v4 @ IpAddr::V4(_) => v4,

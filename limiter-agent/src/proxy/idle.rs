@@ -14,14 +14,10 @@ use std::{
     time::Duration,
 };
 
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     time::Sleep,
 };
-
-use super::body::BoxError;
 
 /// Which wait ran out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,37 +84,6 @@ impl Drop for Guard {
         {
             reader.wake();
         }
-    }
-}
-
-/// A response body that holds its request's [`Guard`] until it has been sent whole
-/// (or dropped): a slow download is not a wait for a request.
-#[derive(Debug)]
-pub(super) struct Guarded<B> {
-    body: B,
-    _guard: Guard,
-}
-
-impl<B> Guarded<B> {
-    pub(super) fn new(body: B, guard: Guard) -> Self {
-        Self { body, _guard: guard }
-    }
-}
-
-impl<B: Body<Data = Bytes, Error = BoxError> + Unpin> Body for Guarded<B> {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }
 

@@ -11,6 +11,7 @@
 
 mod blame;
 mod body;
+mod buffered;
 mod connections;
 mod decision_log;
 mod error;

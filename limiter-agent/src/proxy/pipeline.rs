@@ -24,11 +24,13 @@ use std::{
 };
 
 use http::{Request, Response, StatusCode, request, uri::PathAndQuery};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::{
     blame::{self, Blame, Initiator},
-    body::{self, BodyRefused, ProxyBody, TimedBody, full_body},
+    body::{self, BodyRefused, Guarded, ProxyBody, TimedBody, full_body},
+    buffered::{self, Buffers, Caps, ConnectionBuffered, Metered, Reservation},
     connections::{Connections, Refused, Slot},
     decision_log::{DecisionLog, Entry},
     error::ProxyError,
@@ -59,7 +61,7 @@ use crate::{
     },
     escalation::Escalator,
     fleet::FleetError,
-    limits::{Decision, Engine, RequestInfo, Screened, Verdict, VerdictKind},
+    limits::{Decision, Engine, PolicyStatus, RequestInfo, Screened, Verdict, VerdictKind},
     signature::{BodyError, KeySecrets, read_body_hashed},
     tls::ServerTls,
 };
@@ -110,6 +112,8 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     max_stored_body: usize,
     counters: Counters,
     connections: Arc<Connections>,
+    /// The request bytes held in memory, by client.
+    buffers: Arc<Buffers>,
     /// `proxy.decision_log`, opened at start.
     decision_log: Option<DecisionLog>,
     heavy: HeavyClients,
@@ -137,6 +141,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             snapshot: RwLock::new(Arc::new(Snapshot::new(config, secrets))),
             counters: Counters::default(),
             connections: Arc::default(),
+            buffers: Arc::default(),
         })
     }
 
@@ -168,6 +173,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             store_reachable: self.stores.reachable(),
             local_decisions: self.stores.local_decisions(),
             untracked_keys: self.stores.untracked_keys(),
+            buffered_bytes: self.buffers.held(),
             policies: self.engine.policy_counts(),
             decision_log_written,
             decision_log_dropped,
@@ -252,18 +258,20 @@ impl<C: Clock + Clone> Pipeline<C> {
     }
 
     /// Answers `request` from `peer`, forwarding it (if it passes) through `upstream`,
-    /// the pool of the worker serving the connection.
+    /// the pool of the worker serving the connection; `buffered` is what the
+    /// connection's requests hold in memory.
     pub(super) async fn handle(
         &self,
         request: Request<Incoming>,
         peer: IpAddr,
         upstream: &Upstream,
+        buffered: &ConnectionBuffered,
     ) -> Response<ProxyBody> {
         self.counters.add(Event::Request);
         let snapshot = self.snapshot();
         let origin = Origin::of(peer, &snapshot.config.trusted_proxies);
         let initiator = Initiator::of(request.headers());
-        match self.process(&snapshot, request, origin, initiator, upstream).await {
+        match self.process(&snapshot, request, origin, initiator, upstream, buffered).await {
             Ok(response) => response,
             Err(refusal) => self.refuse(origin, initiator, refusal),
         }
@@ -287,6 +295,7 @@ impl<C: Clock + Clone> Pipeline<C> {
                 Some(Event::Rejected)
             }
             Refusal::BodyTooLarge { .. } => Some(Event::BodyTooLarge),
+            Refusal::BuffersFull => Some(Event::BuffersFull),
             Refusal::BodyTimeout => Some(Event::BodyTimeout),
             Refusal::BadPath(_) => Some(Event::PathRefused),
             Refusal::Upstream(_) | Refusal::UpstreamTimeout => Some(Event::UpstreamError),
@@ -306,6 +315,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         origin: Origin,
         initiator: Initiator,
         upstream: &Upstream,
+        buffered: &ConnectionBuffered,
     ) -> Result<Response<ProxyBody>, Refusal> {
         let (parts, body) = request.into_parts();
         let config = &snapshot.config;
@@ -315,7 +325,24 @@ impl<C: Clock + Clone> Pipeline<C> {
         // Before anything costly (reading the body, checking a MAC): a scanner's
         // request is refused on its face.
         let screened = self.screen(&exchange)?;
-        let body = match self.prove(&mut exchange, body).await? {
+        let signed =
+            exchange.parts.headers.contains_key(SIGNATURE_HEADER) || requires_signature(config, &exchange.info());
+        // A body read whole before the limits are asked is asked about first, so that a
+        // client over its own limit costs no read (and gets no `100 Continue`). In
+        // shadow mode the decision after the read counts it.
+        let read_first = signed || exchange.body_length.is_none();
+        if read_first
+            && config.enforce
+            && let Some((refusal, policies)) = self.refuse_early(&exchange, &screened.tagged).await
+        {
+            return Ok(self.answer(Err(refusal), origin, initiator, &policies, snapshot.disclose(None)));
+        }
+        let caps = Caps {
+            per_connection: config.buffered_bytes_per_connection(),
+            per_client: config.buffered_bytes_per_client(),
+        };
+        let reservation = self.buffers.reserve(exchange.client, buffered, caps);
+        let body = match self.prove(&mut exchange, body, signed, reservation).await? {
             Admission::Answered(response) => return Ok(response),
             Admission::Forward(body) => body,
         };
@@ -326,19 +353,38 @@ impl<C: Clock + Clone> Pipeline<C> {
             Ok(()) => self.forward(exchange, body).await,
             Err(refusal) => Err(refusal),
         };
+        Ok(self.answer(outcome, origin, initiator, &policies, disclose))
+    }
+
+    /// The response to a request the limits decided on, with their headers.
+    fn answer(
+        &self,
+        outcome: Result<Response<ProxyBody>, Refusal>,
+        origin: Origin,
+        initiator: Initiator,
+        policies: &[PolicyStatus],
+        disclose: Disclose,
+    ) -> Response<ProxyBody> {
         let mut response = outcome.unwrap_or_else(|refusal| self.refuse(origin, initiator, refusal));
-        headers::add_rate_limit_headers(response.headers_mut(), &policies, self.clock.now(), disclose);
-        Ok(response)
+        headers::add_rate_limit_headers(response.headers_mut(), policies, self.clock.now(), disclose);
+        response
     }
 
     /// Reads the body as far as proving a key needs: whole for a signed request (then
-    /// verified, and its idempotency key applied), else streamed on.
-    async fn prove(&self, exchange: &mut Exchange<'_>, body: TimedBody) -> Result<Admission, Refusal> {
+    /// verified, and its idempotency key applied), else streamed on. What is read
+    /// whole grows `reservation`, and holds it until forwarded.
+    async fn prove(
+        &self,
+        exchange: &mut Exchange<'_>,
+        body: TimedBody,
+        signed: bool,
+        reservation: Reservation,
+    ) -> Result<Admission, Refusal> {
         let config = exchange.config();
-        if exchange.parts.headers.contains_key(SIGNATURE_HEADER) || requires_signature(config, &exchange.info()) {
-            return self.admit_signed(exchange, body).await;
+        if signed {
+            return self.admit_signed(exchange, Metered::new(body, reservation)).await;
         }
-        let body = body::forwardable(body, config.max_body_bytes).await?;
+        let body = buffered::forwardable(body, config.max_body_bytes, reservation).await?;
         if let Some(id) = exchange.snapshot.bearer_key(&exchange.parts.headers) {
             exchange.proof = Proof::Bearer(id);
         }
@@ -348,19 +394,40 @@ impl<C: Clock + Clone> Pipeline<C> {
     /// One decision over every matching rule and the key's plan, counted, logged and
     /// recorded for `limiter top`.
     async fn decide(&self, exchange: &Exchange<'_>, tagged: &[String]) -> Decision {
-        let config = exchange.config();
         let info = exchange.info();
         let deciding = Instant::now();
         let decision = self.engine.decide(&info).await;
         self.counters.observe_decision(deciding.elapsed());
-        self.log_decision(config, || self.limits_entry(config, &info, &decision, tagged));
+        self.account(exchange, &decision, tagged);
+        decision
+    }
+
+    /// The refusal of a request whose keyless rules refuse it already (see
+    /// [`Engine::refuse_early`]), with their status; counted, logged and recorded as
+    /// [`Self::decide`] does. Only under `enforce`: else `act` refuses nothing.
+    async fn refuse_early(&self, exchange: &Exchange<'_>, tagged: &[String]) -> Option<(Refusal, Vec<PolicyStatus>)> {
+        let info = exchange.info();
+        let deciding = Instant::now();
+        let decision = self.engine.refuse_early(&info).await?;
+        self.counters.observe_decision(deciding.elapsed());
+        self.account(exchange, &decision, tagged);
+        let Decision { verdict, policies, violated, own_bucket_refused, .. } = decision;
+        let disclose = exchange.snapshot.disclose(None);
+        let refusal = self.act(exchange.config(), verdict, violated, own_bucket_refused, disclose).await.err()?;
+        Some((refusal, policies))
+    }
+
+    /// Logs a decision and records it for `limiter top`.
+    fn account(&self, exchange: &Exchange<'_>, decision: &Decision, tagged: &[String]) {
+        let config = exchange.config();
+        let info = exchange.info();
+        self.log_decision(config, || self.limits_entry(config, &info, decision, tagged));
         let refused_by = match &decision.verdict {
             Verdict::Reject { .. } => decision.violated.first().map(String::as_str),
             Verdict::MissingKey { rule } => Some(rule.as_str()),
             Verdict::Forward | Verdict::Delay(_) | Verdict::StoreUnavailable => None,
         };
         self.heavy.record(exchange.proof.client(info.client), refused_by);
-        decision
     }
 
     /// Applies the `deny` and `tag` rules to a request: a denial is counted, logged and
@@ -494,16 +561,19 @@ impl<C: Clock + Clone> Pipeline<C> {
     }
 
     /// Reads and verifies a signed request, then applies its idempotency key.
-    async fn admit_signed(&self, exchange: &mut Exchange<'_>, body: TimedBody) -> Result<Admission, Refusal> {
+    async fn admit_signed(
+        &self,
+        exchange: &mut Exchange<'_>,
+        mut body: Metered<TimedBody>,
+    ) -> Result<Admission, Refusal> {
         let snapshot = exchange.snapshot;
         let config = exchange.config();
         let limit = config.max_body_bytes;
-        let (bytes, body_sha256) = read_body_hashed(body, usize::try_from(limit).unwrap_or(usize::MAX)).await.map_err(
-            |error| match error {
-                BodyError::TooLarge { .. } => BodyRefused::TooLarge { limit },
-                BodyError::Read(error) => BodyRefused::of_read(&*error, limit),
-            },
-        )?;
+        let read = read_body_hashed(&mut body, usize::try_from(limit).unwrap_or(usize::MAX)).await;
+        let (bytes, body_sha256) = read.map_err(|error| match error {
+            BodyError::TooLarge { .. } => BodyRefused::TooLarge { limit },
+            BodyError::Read(error) => BodyRefused::of_read(&*error, limit),
+        })?;
         let parts = &exchange.parts;
         // Checked before the signature is recorded, so a malformed key burns nothing.
         let idempotency_key = idempotency_key(parts)?;
@@ -529,7 +599,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             };
         }
         exchange.proof = Proof::Signed(authenticated);
-        Ok(Admission::Forward(full_body(bytes)))
+        Ok(Admission::Forward(Guarded::new(full_body(bytes), body.into_reservation()).boxed()))
     }
 
     /// Takes the idempotency key of an authenticated request.

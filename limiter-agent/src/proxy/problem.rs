@@ -48,6 +48,10 @@ pub(super) enum Refusal {
     BodyTooLarge { limit: u64 },
     #[error("request body could not be read")]
     BodyUnreadable,
+    /// The body would take its connection or its client past
+    /// `max_buffered_bytes_per_connection` or `_per_client`.
+    #[error("too many request bytes held for this client")]
+    BuffersFull,
     #[error("request body did not arrive within body_timeout")]
     BodyTimeout,
     #[error("Idempotency-Key is not visible ASCII or longer than 255 bytes")]
@@ -77,6 +81,7 @@ impl From<BodyRefused> for Refusal {
             BodyRefused::TooLarge { limit } => Self::BodyTooLarge { limit },
             BodyRefused::TimedOut => Self::BodyTimeout,
             BodyRefused::Unreadable => Self::BodyUnreadable,
+            BodyRefused::BuffersFull => Self::BuffersFull,
         }
     }
 }
@@ -171,6 +176,18 @@ impl Refusal {
                 );
                 // The client is still sending, or pretending to: the connection is
                 // not worth keeping.
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+                response
+            }
+            Self::BuffersFull => {
+                let mut response = problem(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "buffers-full",
+                    "Too many of this client's request bodies are being received at once; retry when one is done.",
+                    None,
+                );
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
+                // As for a body too large: the rest of it is not worth reading.
                 response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
                 response
             }

@@ -29,10 +29,11 @@ use tokio::{
 };
 
 use super::{
-    body::ProxyBody,
+    body::{Guarded, ProxyBody},
+    buffered::ConnectionBuffered,
     connections::{Refused, Slot},
     forward::{Upstream, UpstreamUpgrade},
-    idle::{Guarded, InFlight, Wait, Watched},
+    idle::{InFlight, Wait, Watched},
     pipeline::{ConnectionSettings, Pipeline},
     prefixed::{self, Prefixed},
     problem::request_timeout_bytes,
@@ -98,6 +99,8 @@ struct Connection<C: Clock + Clone> {
     /// The client: the TCP peer, or whom a trusted peer's PROXY header names.
     client: SocketAddr,
     in_flight: Arc<InFlight>,
+    /// What its requests hold in memory of their bodies.
+    buffered: ConnectionBuffered,
     settings: ConnectionSettings,
     stop: watch::Receiver<()>,
     /// The place under the connection bounds, held until the connection (and any
@@ -124,7 +127,16 @@ async fn connection<C: Clock + Clone>(
     let Some((client, slot)) = preamble(&pipeline, &settings, &mut watched, &mut buffered, peer, slot).await else {
         return;
     };
-    let connection = Connection { pipeline, upstream, client, in_flight, settings, stop, _slot: slot };
+    let connection = Connection {
+        pipeline,
+        upstream,
+        client,
+        in_flight,
+        buffered: ConnectionBuffered::default(),
+        settings,
+        stop,
+        _slot: slot,
+    };
     match connection.settings.tls.clone() {
         Some(tls) => match tls.acceptor().accept(Prefixed::new(buffered, watched)).await {
             Ok(stream) => {
@@ -203,17 +215,19 @@ impl<C: Clock + Clone> Connection<C> {
         let pipeline = Arc::clone(&self.pipeline);
         let upstream = Arc::clone(&self.upstream);
         let in_flight = Arc::clone(&self.in_flight);
+        let buffered = Arc::clone(&self.buffered);
         let client = self.client.ip();
         move |request: Request<Incoming>| {
             let pipeline = Arc::clone(&pipeline);
             let upstream = Arc::clone(&upstream);
+            let buffered = Arc::clone(&buffered);
             let upgrade = upgrade.clone();
             // From the end of the head to the end of the response the connection is busy.
             let guard = in_flight.enter();
             let cancellation = resets.as_ref().map(Resets::watch);
             // Boxed so the future is Unpin, which `poll_without_shutdown` needs.
             Box::pin(async move {
-                let mut response = pipeline.handle(request, client, &upstream).await;
+                let mut response = pipeline.handle(request, client, &upstream, &buffered).await;
                 if let Some(cancellation) = cancellation {
                     cancellation.answered();
                 }

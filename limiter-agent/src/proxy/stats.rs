@@ -28,6 +28,9 @@ pub(super) enum Event {
     /// Answered from the idempotency store without reaching the upstream.
     IdempotentReplay,
     BodyTooLarge,
+    /// A body read into memory would have passed its connection's or client's share
+    /// (429).
+    BuffersFull,
     /// A path without a canonical form, or with an escaped separator (400).
     PathRefused,
     /// Headers not complete within `header_timeout` (answered 408).
@@ -58,6 +61,7 @@ pub(super) struct Counters {
     denied: AtomicU64,
     idempotent_replays: AtomicU64,
     body_too_large: AtomicU64,
+    buffers_full: AtomicU64,
     paths_refused: AtomicU64,
     timeouts: AtomicU64,
     upstream_errors: AtomicU64,
@@ -110,6 +114,7 @@ impl Counters {
             Event::Denied => &self.denied,
             Event::IdempotentReplay => &self.idempotent_replays,
             Event::BodyTooLarge => &self.body_too_large,
+            Event::BuffersFull => &self.buffers_full,
             Event::PathRefused => &self.paths_refused,
             Event::HeaderTimeout => &self.timeouts,
             Event::BodyTimeout => &self.body_timeouts,
@@ -170,6 +175,7 @@ impl Counters {
             signature_failure_reasons: by_reason,
             idempotent_replays: load(&self.idempotent_replays),
             body_too_large: load(&self.body_too_large),
+            buffers_full: load(&self.buffers_full),
             paths_refused: load(&self.paths_refused),
             timeouts: load(&self.timeouts),
             body_timeouts: load(&self.body_timeouts),
@@ -187,6 +193,7 @@ impl Counters {
             },
             evictions,
             untracked_keys: 0,
+            buffered_bytes: 0,
             store_failures,
             store: String::new(),
             fleet_agents: 0,
@@ -227,6 +234,10 @@ pub struct ProxyStats {
     pub idempotent_replays: u64,
     /// Requests refused with 413.
     pub body_too_large: u64,
+    /// Requests refused with 429 while their body was read into memory: it would have
+    /// passed `max_buffered_bytes_per_connection` or `max_buffered_bytes_per_client`.
+    #[serde(default)]
+    pub buffers_full: u64,
     /// Requests refused with 400 for their path (malformed, or an escaped separator).
     #[serde(default)]
     pub paths_refused: u64,
@@ -261,6 +272,10 @@ pub struct ProxyStats {
     pub refusals_not_escalated: u64,
     /// Per-key limiter state currently held (with Redis: the server's keys).
     pub tracked_keys: u64,
+    /// Request body bytes held in memory now: signed and chunked bodies are read
+    /// whole before they are forwarded.
+    #[serde(default)]
+    pub buffered_bytes: u64,
     /// Per-key state evicted to stay within `max_tracked_keys` (with Redis: keys
     /// the server evicted for `maxmemory`).
     pub evictions: u64,

@@ -9,6 +9,7 @@ mod explain;
 mod fleet_redis;
 mod fleet_topologies;
 mod kernel;
+mod proxy_bodies;
 mod proxy_bounds;
 mod proxy_decisions;
 mod proxy_disclose;

@@ -1,0 +1,213 @@
+//! Request bytes held in memory before they are forwarded (a signed body is hashed
+//! whole, a chunked one collected to be held to `max_body_bytes`), bounded per
+//! connection and per client: an HTTP/2 connection reads up to
+//! `http2.max_concurrent_streams` bodies at once, and a client opens up to
+//! `max_connections_per_ip` connections, so `max_body_bytes` alone bounds nothing a
+//! client cannot multiply.
+
+use std::{
+    collections::HashMap,
+    net::IpAddr,
+    pin::Pin,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Limited};
+
+use super::{
+    body::{BodyRefused, BoxError, BuffersFull, Guarded, ProxyBody, TimedBody, full_body},
+    connections::peer_key,
+};
+
+/// The bytes each client holds now (IPv6 by its /64, as the connection bounds count).
+#[derive(Debug, Default)]
+pub(super) struct Buffers(Mutex<HashMap<IpAddr, u64>>);
+
+/// The bytes one connection holds now.
+pub(super) type ConnectionBuffered = Arc<AtomicU64>;
+
+/// The caps a reservation grows under.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Caps {
+    pub per_connection: u64,
+    pub per_client: u64,
+}
+
+/// What one request's body holds of its connection's and its client's shares;
+/// dropping it gives them back.
+#[derive(Debug)]
+pub(super) struct Reservation {
+    buffers: Arc<Buffers>,
+    connection: ConnectionBuffered,
+    client: IpAddr,
+    caps: Caps,
+    bytes: u64,
+}
+
+impl Buffers {
+    /// An empty reservation of `client`'s, on `connection`.
+    pub(super) fn reserve(
+        self: &Arc<Self>,
+        client: IpAddr,
+        connection: &ConnectionBuffered,
+        caps: Caps,
+    ) -> Reservation {
+        Reservation {
+            buffers: Arc::clone(self),
+            connection: Arc::clone(connection),
+            client: peer_key(client),
+            caps,
+            bytes: 0,
+        }
+    }
+
+    /// The bytes all clients hold now.
+    pub(super) fn held(&self) -> u64 {
+        self.lock().values().sum()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, u64>> {
+        // Only additions and removals happen under the lock.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Reservation {
+    /// Takes `n` more bytes if both shares have room; else takes nothing.
+    fn grow(&mut self, n: u64) -> Result<(), BuffersFull> {
+        let mut clients = self.buffers.lock();
+        let held = clients.get(&self.client).copied().unwrap_or(0);
+        if held.saturating_add(n) > self.caps.per_client {
+            return Err(BuffersFull);
+        }
+        let fits = |on_connection: u64| on_connection.checked_add(n).filter(|&after| after <= self.caps.per_connection);
+        self.connection.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).map_err(|_| BuffersFull)?;
+        clients.insert(self.client, held + n);
+        self.bytes += n;
+        Ok(())
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.bytes == 0 {
+            return;
+        }
+        self.connection.fetch_sub(self.bytes, Ordering::Relaxed);
+        let mut clients = self.buffers.lock();
+        if let Some(held) = clients.get_mut(&self.client) {
+            *held = held.saturating_sub(self.bytes);
+            if *held == 0 {
+                clients.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// A body read into memory: each data frame grows its reservation first, and one that
+/// does not fit fails the body with [`BuffersFull`].
+#[derive(Debug)]
+pub(super) struct Metered<B> {
+    body: B,
+    reservation: Reservation,
+}
+
+impl<B> Metered<B> {
+    pub(super) fn new(body: B, reservation: Reservation) -> Self {
+        Self { body, reservation }
+    }
+
+    /// What the bytes read so far hold, to be kept as long as they are.
+    pub(super) fn into_reservation(self) -> Reservation {
+        self.reservation
+    }
+}
+
+impl<B: Body<Data = Bytes, Error = BoxError> + Unpin> Body for Metered<B> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let frame = std::task::ready!(Pin::new(&mut this.body).poll_frame(cx));
+        if let Some(Ok(frame)) = &frame
+            && let Some(data) = frame.data_ref()
+            && let Err(full) = this.reservation.grow(u64::try_from(data.len()).unwrap_or(u64::MAX))
+        {
+            return Poll::Ready(Some(Err(Box::new(full))));
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The body to forward. One of known length (already checked) streams through; a
+/// chunked one is read in full first, so that one found too large halfway is refused
+/// before the upstream has seen any part of the request, and holds `reservation`
+/// until it is forwarded.
+pub(super) async fn forwardable(
+    body: TimedBody,
+    max_bytes: u64,
+    reservation: Reservation,
+) -> Result<ProxyBody, BodyRefused> {
+    let limit = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+    if body.size_hint().exact().is_some() {
+        return Ok(Limited::new(body, limit).boxed());
+    }
+    let mut metered = Metered::new(body, reservation);
+    let collected =
+        Limited::new(&mut metered, limit).collect().await.map_err(|error| BodyRefused::of_read(&*error, max_bytes))?;
+    Ok(Guarded::new(full_body(collected.to_bytes()), metered.into_reservation()).boxed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CAPS: Caps = Caps { per_connection: 100, per_client: 150 };
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap_or_else(|_| panic!("{text} is not an address"))
+    }
+
+    #[test]
+    fn a_connection_and_a_client_hold_at_most_their_caps_and_get_them_back() {
+        let buffers = Arc::new(Buffers::default());
+        let (first, second) = (ConnectionBuffered::default(), ConnectionBuffered::default());
+        let mut a = buffers.reserve(ip("2001:db8::1"), &first, CAPS);
+        a.grow(60).expect("within both");
+        let mut b = buffers.reserve(ip("2001:db8::2"), &first, CAPS);
+        assert!(b.grow(41).is_err(), "the connection holds 60 of 100");
+        b.grow(40).expect("the connection's last 40");
+        // The same /64 on another connection: the client's 150 hold 100 already.
+        let mut c = buffers.reserve(ip("2001:db8::3"), &second, CAPS);
+        assert!(c.grow(51).is_err());
+        c.grow(50).expect("the client's last 50");
+        // A refused grow took nothing.
+        assert_eq!((first.load(Ordering::Relaxed), second.load(Ordering::Relaxed)), (100, 50));
+        let mut other = buffers.reserve(ip("2001:db8:0:1::1"), &second, CAPS);
+        other.grow(50).expect("another client, the second connection's last 50");
+        drop(a);
+        drop(c);
+        assert_eq!((first.load(Ordering::Relaxed), second.load(Ordering::Relaxed)), (40, 50));
+        let mut d = buffers.reserve(ip("2001:db8::4"), &second, CAPS);
+        assert!(d.grow(51).is_err(), "the second connection holds the other client's 50");
+        drop((b, other));
+        d.grow(100).expect("all given back");
+        drop(d);
+        assert!(buffers.lock().is_empty(), "no client left behind");
+    }
+}
