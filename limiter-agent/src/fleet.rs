@@ -12,15 +12,19 @@
 //!   one slot and each decision stays one atomic script call; fleets with other
 //!   prefixes spread over the other masters.
 //!
-//! While the server is unreachable, calls fail at once instead of each waiting for
-//! the timeout: one call per backoff interval (doubling from [`MIN_BACKOFF`] to
-//! [`MAX_BACKOFF`]) is let through to probe it, and the first that succeeds ends the
-//! outage. Every decision taken without the store is counted ([`Fleet::failures`]).
+//! After [`FAILURES_TO_OPEN`] calls in a row found the server unreachable (the breaker
+//! opens), calls fail at once instead of each waiting for the timeout: one call per
+//! backoff interval (doubling from [`MIN_BACKOFF`] to [`MAX_BACKOFF`]) is let through
+//! to probe it, and the first that succeeds ends the outage. One slow answer (a
+//! script held up, a lost packet) fails its own call only: were it to open the
+//! breaker, one client able to slow the server once would switch the whole fleet to
+//! `store_failure`. Every decision taken without the store is counted
+//! ([`Fleet::failures`]).
 
 use std::{
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU32, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -33,6 +37,8 @@ use crate::config::proxy::RedisUrl;
 pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest wait between probes: how late limits resume after the server is back.
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Calls in a row that must find the server unreachable before the breaker opens.
+pub(crate) const FAILURES_TO_OPEN: u32 = 3;
 /// Least time given to making a connection (see [`Fleet::call`]).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -143,8 +149,10 @@ impl std::fmt::Debug for Fleet {
 
 #[derive(Debug, Default)]
 struct Health {
-    /// `Some` during an outage.
+    /// `Some` during an outage (the breaker open).
     down: Mutex<Option<Outage>>,
+    /// Calls in a row that found the server unreachable, while the breaker is closed.
+    consecutive: AtomicU32,
     failures: AtomicU64,
 }
 
@@ -271,17 +279,18 @@ impl Fleet {
         match &result {
             Ok(_) => self.health.up(),
             Err(error) if is_outage(error) => {
-                self.health.down(error);
-                self.forget_connection();
+                if self.health.down(error) {
+                    self.forget_connection();
+                }
             }
             Err(_) => {}
         }
         result
     }
 
-    /// Whether the server answered the last call (false during an outage).
+    /// Whether the breaker is closed (false during an outage).
     #[must_use]
-    pub(crate) fn is_up(&self) -> bool {
+    pub fn is_up(&self) -> bool {
         self.health.lock().is_none()
     }
 
@@ -422,6 +431,7 @@ impl Health {
     }
 
     fn up(&self) {
+        self.consecutive.store(0, Ordering::Relaxed);
         if self.lock().take().is_some() {
             tracing::info!(
                 failures = self.failures.load(Ordering::Relaxed),
@@ -430,11 +440,20 @@ impl Health {
         }
     }
 
-    fn down(&self, error: &FleetError) {
+    /// Counts a call that found the server unreachable; whether the breaker is open
+    /// after it.
+    fn down(&self, error: &FleetError) -> bool {
         let mut down = self.lock();
-        if down.is_none() {
-            tracing::error!(%error, "redis unreachable: decisions follow proxy.store_failure until it is back");
-            *down = Some(Outage { next_probe: Instant::now() + MIN_BACKOFF, backoff: MIN_BACKOFF });
+        if down.is_some() {
+            return true;
         }
+        if self.consecutive.fetch_add(1, Ordering::Relaxed) + 1 < FAILURES_TO_OPEN {
+            tracing::debug!(%error, "redis call failed; the breaker stays closed");
+            return false;
+        }
+        self.consecutive.store(0, Ordering::Relaxed);
+        tracing::error!(%error, "redis unreachable: decisions follow proxy.store_failure until it is back");
+        *down = Some(Outage { next_probe: Instant::now() + MIN_BACKOFF, backoff: MIN_BACKOFF });
+        true
     }
 }
