@@ -270,6 +270,11 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
             "Decisions taken on this agent's share of each limit while Redis was unreachable (store_failure = local).",
             stats.local_decisions,
         ),
+        (
+            "limiter_proxy_refused_locally_total",
+            "Requests refused by this agent's first tier, their bucket one Redis refused and not yet due, without asking Redis.",
+            stats.refused_locally,
+        ),
     ] {
         family(out, name, "counter", help);
         let _ = writeln!(out, "{name} {value}");

@@ -7,6 +7,7 @@
 //! side fails with a [`FleetError`] when the server cannot be reached, and the caller
 //! then follows `store_failure` and counts the decision ([`Stores::count_failure`]).
 
+mod first_tier;
 mod redis;
 
 use std::{
@@ -31,6 +32,7 @@ use crate::{
     fleet::{Fleet, FleetError},
 };
 
+pub(crate) use self::first_tier::FirstTier;
 pub(crate) use self::redis::{RedisClaim, RedisIdempotency, RedisReplay};
 pub use self::redis::{RedisStore, TimeSource};
 
@@ -61,6 +63,8 @@ pub(crate) struct Stores {
     pub idempotency: Idempotency,
     /// The connection the Redis stores share; `None` in memory.
     fleet: Option<Fleet>,
+    /// With Redis, the buckets it refused, answered here until they admit again.
+    first_tier: Option<FirstTier>,
     /// Agents of the fleet the last heartbeat counted (this one alone until then).
     agents: Arc<AtomicU32>,
     /// The limits' buckets while Redis is away under `store_failure = "local"`, made
@@ -115,6 +119,7 @@ impl Stores {
             limits,
             replay,
             idempotency,
+            first_tier: fleet.as_ref().map(|_| FirstTier::default()),
             fleet,
             agents: Arc::new(AtomicU32::new(1)),
             local: OnceLock::new(),
@@ -220,6 +225,18 @@ impl Stores {
             self.local_decisions.fetch_add(1, Ordering::Relaxed);
         }
         Some(self.local.get_or_init(|| MemoryStore::new(self.local_capacity)))
+    }
+
+    /// With Redis, this agent's memory of the buckets it refused; `None` in memory,
+    /// where the store is this agent's own.
+    pub(crate) fn first_tier(&self) -> Option<&FirstTier> {
+        self.first_tier.as_ref()
+    }
+
+    /// Requests refused by [`Self::first_tier`] without asking Redis, since the start.
+    #[must_use]
+    pub fn refused_locally(&self) -> u64 {
+        self.first_tier.as_ref().map_or(0, FirstTier::answered)
     }
 
     /// Decisions taken by [`Self::local_fallback`] since the start.

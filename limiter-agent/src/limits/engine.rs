@@ -156,6 +156,12 @@ pub(super) struct Counting<'p> {
     pub(super) holder: Holder,
 }
 
+impl Counting<'_> {
+    fn bucket(&self) -> Bucket<'_> {
+        Bucket { policy: &self.policy.identity, key: &self.key, spec: &self.policy.spec }
+    }
+}
+
 /// What to do with a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -568,6 +574,9 @@ impl<C: Clock> Engine<C> {
         // A request still deciding on the old policies may recreate a dropped bucket
         // after this; it is then an orphan that fills up and is evicted first.
         self.stores.limits.reconfigure(config.max_tracked_keys, &|identity| live.contains(identity));
+        if let Some(tier) = self.stores.first_tier() {
+            tier.clear();
+        }
     }
 
     /// Checks every matching rule and the key's plan; if none rejects, charges all of
@@ -581,6 +590,19 @@ impl<C: Clock> Engine<C> {
             Err(verdict) => return policies.uncounted(verdict, require_signature),
         };
         let now = self.clock.now();
+        if let Some(tier) = self.stores.first_tier() {
+            let known: Vec<Option<Outcome>> = counted.iter().map(|c| tier.refusal(&c.bucket(), now)).collect();
+            if known.iter().any(Option::is_some) {
+                // Refused whatever the other buckets say, and a refusal charges none of
+                // them: only the refusing ones are named, as Redis is not asked.
+                let (refusing, outcomes): (Vec<Counting<'_>>, Outcomes) =
+                    counted.into_iter().zip(known).filter_map(|(counting, known)| Some((counting, known?))).unzip();
+                tier.count();
+                observe(&refusing, Some(&outcomes), request.client, now);
+                record(&refusing, &outcomes);
+                return decision(&refusing, &outcomes, require_signature);
+            }
+        }
         match self.apply(&counted, Charge::AllOrNothing).await {
             Some(outcomes) => {
                 observe(&counted, Some(&outcomes), request.client, now);
@@ -627,6 +649,7 @@ impl<C: Clock> Engine<C> {
     pub async fn penalize(&self, request: &RequestInfo<'_>) {
         let policies = self.snapshot();
         let seen = request.seen();
+        let now = self.clock.now();
         let counted: Vec<Counting<'_>> = policies
             .rules
             .iter()
@@ -635,7 +658,14 @@ impl<C: Clock> Engine<C> {
                 let (key, holder) = policies.key(rule, request)?;
                 Some(Counting { policy, key, holder })
             })
+            // A bucket known refused would not be charged: Redis need not be asked.
+            .filter(|counting| {
+                self.stores.first_tier().is_none_or(|tier| tier.refusal(&counting.bucket(), now).is_none())
+            })
             .collect();
+        if counted.is_empty() {
+            return;
+        }
         // Without the store a penalty is lost: the signature was refused anyway.
         let _ = self.apply(&counted, Charge::EachAdmitting).await;
     }
@@ -709,12 +739,15 @@ impl<C: Clock> Engine<C> {
     /// The outcome of each bucket; `None` if the store could not be reached (counted,
     /// and logged once per outage by the connection).
     pub(super) async fn apply(&self, counted: &[Counting<'_>], charge: Charge) -> Option<Outcomes> {
-        let buckets: Vec<Bucket<'_>> = counted
-            .iter()
-            .map(|Counting { policy, key, .. }| Bucket { policy: &policy.identity, key, spec: &policy.spec })
-            .collect();
-        match self.stores.limits.apply(&buckets, self.clock.now(), charge).await {
-            Ok(outcomes) => Some(outcomes),
+        let buckets: Vec<Bucket<'_>> = counted.iter().map(Counting::bucket).collect();
+        let now = self.clock.now();
+        match self.stores.limits.apply(&buckets, now, charge).await {
+            Ok(outcomes) => {
+                if let Some(tier) = self.stores.first_tier() {
+                    tier.note(&buckets, &outcomes, now);
+                }
+                Some(outcomes)
+            }
             Err(error) => {
                 self.stores.count_failure();
                 tracing::debug!(%error, "limits store unreachable");

@@ -199,6 +199,7 @@ impl Counters {
             fleet_agents: 0,
             store_reachable: true,
             local_decisions: 0,
+            refused_locally: 0,
             policies: Vec::new(),
             decision_log_written: 0,
             decision_log_dropped: 0,
@@ -302,6 +303,11 @@ pub struct ProxyStats {
     /// (`store_failure = "local"`); also in `store_failures`.
     #[serde(default)]
     pub local_decisions: u64,
+    /// With Redis: requests refused by this agent alone, their bucket being one Redis
+    /// refused and not yet due to admit again (the first tier); Redis was not asked.
+    /// Also in `rejected`.
+    #[serde(default)]
+    pub refused_locally: u64,
     /// What each configured rule and plan decided.
     #[serde(default)]
     pub policies: Vec<PolicyCounts>,
