@@ -16,6 +16,8 @@
 //! used whatever they answer: a request refused with 429, or 409/422/503 for its
 //! idempotency key, cannot be sent again byte for byte once the plan refills. The
 //! idempotency key is signed, so it cannot be stripped or changed on the way either.
+//! Without the shared store neither can be recorded, so both fail closed (503),
+//! whatever `store_failure` says of the limits.
 
 use std::{
     net::IpAddr,
@@ -57,7 +59,7 @@ use crate::{
     backend::{Claim, Stores},
     config::{
         ProxyConfig,
-        proxy::{Disclose, Http2Config, KeyKind, ProxyProtocol, StoreFailure},
+        proxy::{Disclose, Http2Config, KeyKind, ProxyProtocol},
     },
     escalation::Escalator,
     fleet::FleetError,
@@ -76,8 +78,8 @@ enum Admission {
 
 /// What a request's idempotency key gave it.
 enum Taken {
-    /// Its hold on the key (none without the store, under `store_failure = "allow"`).
-    Claim(Option<Claim>),
+    /// Its hold on the key.
+    Claim(Claim),
     /// The response stored for an earlier identical request.
     Replay(Response<ProxyBody>),
 }
@@ -172,6 +174,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             fleet_agents: u64::from(self.stores.live_agents()),
             store_reachable: self.stores.reachable(),
             local_decisions: self.stores.local_decisions(),
+            refused_locally: self.stores.refused_locally(),
             untracked_keys: self.stores.untracked_keys(),
             buffered_bytes: self.buffers.held(),
             policies: self.engine.policy_counts(),
@@ -592,8 +595,8 @@ impl<C: Clock + Clone> Pipeline<C> {
         };
         if let Some(key) = idempotency_key {
             let fingerprint = idempotency::fingerprint(&parts.method, target, &body_sha256);
-            exchange.claim = match self.claim(config, &authenticated.key_id, key, fingerprint).await {
-                Ok(Taken::Claim(claim)) => claim,
+            exchange.claim = match self.claim(&authenticated.key_id, key, fingerprint).await {
+                Ok(Taken::Claim(claim)) => Some(claim),
                 Ok(Taken::Replay(response)) => return Ok(Admission::Answered(response)),
                 Err(refusal) => return Err(refusal),
             };
@@ -603,15 +606,9 @@ impl<C: Clock + Clone> Pipeline<C> {
     }
 
     /// Takes the idempotency key of an authenticated request.
-    async fn claim(
-        &self,
-        config: &ProxyConfig,
-        key_id: &str,
-        key: &str,
-        fingerprint: [u8; 32],
-    ) -> Result<Taken, Refusal> {
+    async fn claim(&self, key_id: &str, key: &str, fingerprint: [u8; 32]) -> Result<Taken, Refusal> {
         match self.stores.idempotency.begin(key_id, key, fingerprint, self.clock.now()).await {
-            Ok(Begin::Proceed(claim)) => Ok(Taken::Claim(Some(claim))),
+            Ok(Begin::Proceed(claim)) => Ok(Taken::Claim(claim)),
             Ok(Begin::Replay(stored)) => {
                 self.counters.add(Event::IdempotentReplay);
                 Ok(Taken::Replay(idempotent::replay(stored)))
@@ -620,13 +617,12 @@ impl<C: Clock + Clone> Pipeline<C> {
             Ok(Begin::InFlight | Begin::NotReplayable) => Err(Refusal::IdempotencyConflict),
             Ok(Begin::OutcomeUnknown) => Err(Refusal::IdempotencyOutcomeUnknown),
             Ok(Begin::Full) => Err(Refusal::IdempotencyStoreFull),
-            // Without the store the request goes on unprotected, or not at all.
-            Err(error) => self.store_unreachable(config, &error).map(|()| Taken::Claim(None)),
+            Err(error) => Err(self.store_unreachable(&error)),
         }
     }
 
     /// Verifies a signed request and records its signature as used.
-    /// The outer error is the shared store's absence under `store_failure = "deny"`.
+    /// The outer error is the shared store's absence (replay protection fails closed).
     async fn verify(
         &self,
         snapshot: &Snapshot,
@@ -641,24 +637,19 @@ impl<C: Clock + Clone> Pipeline<C> {
         match self.stores.replay.check_and_insert(&authenticated, max_skew, now).await {
             Ok(Ok(())) => {}
             Ok(Err(replay)) => return Ok(Err(Failure::from(replay))),
-            // Unrecorded, the signature could be replayed during the outage: that is
-            // what `store_failure = "allow"` accepts.
-            Err(error) => self.store_unreachable(&snapshot.config, &error)?,
+            Err(error) => return Err(self.store_unreachable(&error)),
         }
         Ok(Ok(authenticated))
     }
 
-    /// Counts a decision taken without the shared store and says whether
-    /// `store_failure` lets the request go on.
-    fn store_unreachable(&self, config: &ProxyConfig, error: &FleetError) -> Result<(), Refusal> {
+    /// Counts a request refused for want of the shared store. Replay protection and
+    /// idempotency fail closed whatever `store_failure` says: unrecorded, a signature
+    /// could be replayed and an idempotent request run twice, and an attacker able to
+    /// slow the shared Redis would get both for as long as it stays slow.
+    fn store_unreachable(&self, error: &FleetError) -> Refusal {
         self.stores.count_failure();
-        tracing::debug!(%error, "shared store unreachable");
-        match config.store_failure {
-            // There is no local replay cache or idempotency store to fall back on:
-            // `local` lets signed requests go on as `allow` does.
-            StoreFailure::Allow | StoreFailure::Local => Ok(()),
-            StoreFailure::Deny => Err(Refusal::StoreUnavailable),
-        }
+        tracing::debug!(%error, "shared store unreachable: refused");
+        Refusal::StoreUnavailable
     }
 }
 

@@ -70,8 +70,9 @@ pub(super) enum Refusal {
     /// The upstream took longer than `upstream_timeout` to answer.
     #[error("upstream did not answer in time")]
     UpstreamTimeout,
-    /// The shared store is unreachable and `store_failure = "deny"`.
-    #[error("limits store unreachable")]
+    /// The shared store is unreachable: under `store_failure = "deny"` for the limits,
+    /// always for replay protection and idempotency.
+    #[error("shared store unreachable")]
     StoreUnavailable,
 }
 
@@ -241,7 +242,7 @@ impl Refusal {
             Self::StoreUnavailable => problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store-unavailable",
-                "The rate limits cannot be checked right now; retry shortly.",
+                "The shared state this request is checked against cannot be reached right now; retry shortly.",
                 None,
             ),
             Self::Upstream(_) => problem(
