@@ -92,9 +92,10 @@ pub struct ProxyConfig {
     /// must chain to, instead of the system's roots.
     #[changes(restart)]
     pub redis_tls_ca: Option<std::path::PathBuf>,
-    /// Verdict while the store is unreachable.
-    #[serde(default)]
-    pub store_failure: StoreFailure,
+    /// The limits' verdict while the store is unreachable (replay protection and
+    /// idempotency fail closed whatever it says); unset is told apart from `local`, its
+    /// default, so that `limiter check` can say the default changed.
+    pub store_failure: Option<StoreFailure>,
     /// What a rule does with a request that lacks its key (no API key, no header).
     #[serde(default)]
     pub missing_key: MissingKey,
@@ -246,15 +247,17 @@ pub enum StoreKind {
     Redis,
 }
 
-/// Verdict while the shared store is unreachable.
+/// The limits' verdict while the shared store is unreachable.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Changes)]
 #[serde(rename_all = "snake_case")]
 pub enum StoreFailure {
-    #[default]
+    /// Every request goes on unlimited: whoever can slow the shared Redis lifts
+    /// every limit of the fleet.
     Allow,
     Deny,
     /// Each agent enforces the limits itself, each quota divided by the agents the
     /// fleet's heartbeats counted while the store was up.
+    #[default]
     Local,
 }
 
@@ -725,6 +728,25 @@ impl ProxyConfig {
             ),
             Some(true) => None,
         }
+    }
+
+    /// The limits' verdict while the shared store is unreachable: `store_failure`, by
+    /// default `local`.
+    #[must_use]
+    pub fn store_failure(&self) -> StoreFailure {
+        self.store_failure.unwrap_or_default()
+    }
+
+    /// What `limiter check` says of a config on Redis that relied on the default of
+    /// `store_failure` before it became `local`.
+    #[must_use]
+    pub fn store_failure_warning(&self) -> Option<String> {
+        (self.store == StoreKind::Redis && self.store_failure.is_none()).then(|| {
+            "proxy.store_failure is not set, and its default is now \"local\" (it was \"allow\"): while Redis \
+             does not answer, each agent enforces its share of every limit instead of letting every request \
+             through; set it to \"local\" to keep this, or to \"allow\" or \"deny\""
+                .to_owned()
+        })
     }
 
     /// How many threads serve connections: `workers`, or one per CPU the agent may

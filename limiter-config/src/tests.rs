@@ -478,13 +478,14 @@ fn every_key_kind_reads_back_from_its_name() {
 fn a_reload_report_names_every_changed_proxy_key_and_marks_the_restart_only_ones() {
     use crate::changes::{Change, Changes as _};
     let before = format!(
-        "{PROXY}[[proxy.rules]]\nname = \"login\"\npath = \"/login\"\nkey = \"ip\"\nlimit = 5\nwindow = \"1m\"\n"
+        "{PROXY}store_failure = \"allow\"\n[[proxy.rules]]\nname = \"login\"\npath = \"/login\"\nkey = \"ip\"\nlimit = 5\nwindow = \"1m\"\n"
     );
     let after = before
         .replace(
             "listen = \"127.0.0.1:8080\"",
-            "listen = \"127.0.0.1:8081\"\nmax_connections = 20000\nbody_timeout = \"5s\"\nstore_failure = \"deny\"",
+            "listen = \"127.0.0.1:8081\"\nmax_connections = 20000\nbody_timeout = \"5s\"",
         )
+        .replace("store_failure = \"allow\"", "store_failure = \"deny\"")
         .replace("limit = 5", "limit = 10");
     let (old, new) = (parse(&before).expect("before"), parse(&after).expect("after"));
     let mut changes = Vec::new();

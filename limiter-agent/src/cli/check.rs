@@ -25,6 +25,9 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
                      path; set it if only the client itself makes this rule refuse"
                 );
             }
+            for warning in config.proxy.iter().filter_map(ProxyConfig::store_failure_warning) {
+                eprintln!("warning: {warning}");
+            }
             for warning in config.proxy.iter().filter_map(ProxyConfig::path_case_warnings) {
                 eprintln!("warning: {warning}");
             }

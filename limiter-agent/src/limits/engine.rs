@@ -431,7 +431,7 @@ impl Policies {
                 .collect(),
             keys: config.keys.iter().map(|key| (key.id.clone(), key.plan.clone())).collect(),
             missing_key: config.missing_key,
-            store_failure: config.store_failure,
+            store_failure: config.store_failure(),
         }
     }
 

@@ -718,6 +718,19 @@ fn check_says_that_path_rules_now_match_any_case_unless_the_config_says_so() {
     assert_eq!(check("case_insensitive_paths = true\n"), "");
 }
 
+#[test]
+fn check_says_that_store_failure_now_defaults_to_local_for_a_config_on_redis() {
+    let check = |extra: &str| {
+        check_warnings(&format!("[proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:9\"\n{extra}"))
+    };
+    let unset = check("store = \"redis\"\n");
+    assert!(unset.contains("warning: proxy.store_failure is not set, and its default is now \"local\""), "{unset}");
+    for set in ["allow", "deny", "local"] {
+        assert_eq!(check(&format!("store = \"redis\"\nstore_failure = \"{set}\"\n")), "", "{set}");
+    }
+    assert_eq!(check(""), "", "in memory the store never fails");
+}
+
 fn ip(args: &[&str]) -> String {
     let output = Command::new("ip").args(args).output().expect("ip");
     String::from_utf8_lossy(&output.stdout).into_owned()
