@@ -17,7 +17,12 @@
 //!   `limit × window` or `capacity × window` would pass 2^53 units
 //!   (`LimitSpec::check_exact_in_doubles`); below that the arithmetic is exact.
 //!
-//! Keys are `{prefix}limit:{policy identity}:{bucket key}`.
+//! - The sliding window log is a sorted set, so that a step costs O(log limit), not a
+//!   read of the whole log (see `sliding_window_log.lua`).
+//!
+//! Keys are `{prefix}limit:{policy identity}:{bucket key}`, `{prefix}log:…` for the
+//! sliding window log: its lists of older versions, under `limit:`, are never read
+//! as sorted sets (a script error), and expire by themselves within their window.
 
 use std::time::Duration;
 
@@ -88,8 +93,8 @@ impl RedisStore {
             TimeSource::Caller => now.as_micros().to_string(),
         });
         for bucket in buckets {
-            invocation.key(self.fleet.key(&format!("limit:{}:{}", bucket.policy, bucket.key)));
             let spec = bucket.spec;
+            invocation.key(self.fleet.key(&format!("{}:{}:{}", kind(spec.algorithm), bucket.policy, bucket.key)));
             let shaper = spec.algorithm == Algorithm::LeakyBucket && spec.queue.is_some();
             invocation
                 .arg(spec.algorithm.name())
@@ -104,6 +109,14 @@ impl RedisStore {
             return Err(FleetError::Reply(format!("{} numbers for {} buckets", reply.len(), buckets.len())));
         }
         Ok(reply.chunks_exact(REPLY_FIELDS).map(outcome).collect())
+    }
+}
+
+/// The kind of key a bucket of `algorithm` is.
+fn kind(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::SlidingWindowLog => "log",
+        _ => "limit",
     }
 }
 

@@ -5,7 +5,7 @@
 //! and its keys expire by themselves.
 //!
 //! - [`RedisStore`] (`limits.rs`): the limits' buckets, and escalation's rejection
-//!   counts; keys `{prefix}limit:…`.
+//!   counts; keys `{prefix}limit:…` (`{prefix}log:…` for the sliding window log).
 //! - [`RedisReplay`] (`replay.rs`): accepted signatures; keys `{prefix}replay:…`.
 //! - [`RedisIdempotency`] and its [`RedisClaim`] (`idempotency.rs`): idempotent
 //!   responses; keys `{prefix}idem:…`, `{prefix}idem-index:…`, `{prefix}idem-sizes:…`.
