@@ -294,7 +294,8 @@ impl Limits {
 
 impl Replay {
     /// Records an authenticated signature as used, or says why it cannot be; `now`
-    /// is the clock in unix seconds.
+    /// is the clock in unix seconds, used in memory (Redis expires signatures by its
+    /// own clock, so that agents with skewed clocks agree).
     pub async fn check_and_insert(
         &self,
         authenticated: &Authenticated,
@@ -304,7 +305,7 @@ impl Replay {
         let Authenticated { key_id, timestamp, signature } = authenticated;
         match self {
             Self::Memory(cache) => Ok(cache.check_and_insert(key_id, signature, *timestamp, max_skew, now)),
-            Self::Redis(shared) => shared.check_and_insert(key_id, signature, *timestamp, max_skew, now).await,
+            Self::Redis(shared) => shared.check_and_insert(key_id, signature, *timestamp, max_skew).await,
         }
     }
 }

@@ -4,12 +4,17 @@
 -- `replay_cache_size`, as the in-memory cache does (limiter-core signature/replay.rs).
 --
 -- A MAC once recorded stays until it expires, whatever became of its request.
+-- Expiry is by the server's clock: by the agents' own, the one whose clock ran
+-- fastest would drop MACs every other agent still accepts, and so let them be
+-- replayed there.
 --
--- KEYS[1]: the key id's set. ARGV[1]: the MAC, ARGV[2]: now (ms), ARGV[3]: expiry
--- (ms), ARGV[4]: the share. Reply: "ok" | "replay" | "full".
+-- KEYS[1]: the key id's set. ARGV[1]: the MAC, ARGV[2]: expiry (ms), ARGV[3]: the
+-- share. Reply: "ok" | "replay" | "full".
 
 local key, mac = KEYS[1], ARGV[1]
-local now, expires, share = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local expires, share = tonumber(ARGV[2]), tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
 if redis.call('ZSCORE', key, mac) then
   return 'replay'

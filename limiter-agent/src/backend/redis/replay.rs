@@ -55,17 +55,17 @@ impl RedisReplay {
     }
 
     /// Records `signature` of `key_id` as used, as
-    /// [`ReplayCache::check_and_insert`](limiter_core::signature::ReplayCache::check_and_insert); the
-    /// outer error is an unreachable store.
+    /// [`ReplayCache::check_and_insert`](limiter_core::signature::ReplayCache::check_and_insert)
+    /// does with the server's clock for `now`; the outer error is an unreachable store.
     pub async fn check_and_insert(
         &self,
         key_id: &str,
         signature: &[u8; 32],
         timestamp: u64,
         max_skew: Duration,
-        now: u64,
     ) -> Result<Result<(), ReplayError>, FleetError> {
-        // Kept until the request fails the timestamp check, and a second beyond.
+        // Kept until the request fails the timestamp check, and a second beyond: an
+        // agent whose clock is within a second of the server's never accepts it again.
         let expires = timestamp.saturating_add(max_skew.as_secs()).saturating_add(1).saturating_mul(1000);
         let key = self.key(key_id);
         let share = self.share.load(Ordering::Relaxed);
@@ -73,7 +73,7 @@ impl RedisReplay {
             .fleet
             .call(|mut connection| {
                 let mut invocation = self.script.key(&key);
-                invocation.arg(hex::encode(signature)).arg(now.saturating_mul(1000)).arg(expires).arg(share);
+                invocation.arg(hex::encode(signature)).arg(expires).arg(share);
                 async move { invocation.invoke_async(&mut connection).await }
             })
             .await?;
