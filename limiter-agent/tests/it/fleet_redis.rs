@@ -6,7 +6,7 @@ use std::{num::NonZeroU32, sync::Arc, time::Duration};
 use http::{Method, StatusCode};
 use limiter::{
     backend::{RedisStore, TimeSource},
-    fleet::Fleet,
+    fleet::{Fleet, FleetError},
 };
 use limiter_core::{
     Algorithm, Clock as _, LimitSpec, SystemClock,
@@ -15,7 +15,7 @@ use limiter_core::{
 };
 use limiter_lab::support::{
     proxy::{PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, secret_file, signed_route_config},
-    redis::{FREE_PLAN as FREE, REDIS_TIMEOUT, TestRedis, redis_keys, unique_prefix},
+    redis::{FREE_PLAN as FREE, REDIS_TIMEOUT, TestRedis, redis_cli, redis_keys, unique_prefix},
     wait::PATIENCE,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -108,6 +108,7 @@ async fn every_algorithm_decides_on_redis_exactly_as_in_memory() {
         ("leaky_bucket_shaper", vec![spec(Algorithm::LeakyBucket, 4, 1000, None, Some(3))]),
         ("fixed_window", vec![spec(Algorithm::FixedWindow, 5, 1000, None, None)]),
         ("sliding_window_log", vec![spec(Algorithm::SlidingWindowLog, 5, 1500, None, None)]),
+        ("sliding_window_log_large", vec![spec(Algorithm::SlidingWindowLog, 40, 1500, None, None)]),
         ("sliding_window_counter", vec![spec(Algorithm::SlidingWindowCounter, 6, 1000, None, None)]),
         (
             "all_together",
@@ -127,25 +128,30 @@ async fn every_algorithm_decides_on_redis_exactly_as_in_memory() {
     same_outcomes(&store, "penalties", &penalties, Charge::EachAdmitting, 99).await;
 }
 
+/// A reload keeps a bucket's state under a changed limit: the token bucket's level,
+/// and the sliding log's entries, more of them than a lowered limit (whose refusals
+/// then wait for the right one to leave, found by its rank in Redis' sorted set).
 #[tokio::test]
-async fn a_reloaded_limit_keeps_the_token_bucket_level_on_redis_as_in_memory() {
+async fn a_reloaded_limit_keeps_the_state_on_redis_as_in_memory() {
     let redis = TestRedis::shared();
     let fleet = Fleet::connect(redis.url(), &unique_prefix("rescale"), Duration::from_secs(2)).expect("fleet");
     let store = RedisStore::new(fleet, TimeSource::Caller);
-    let memory = MemoryStore::new(100.try_into().expect("nonzero"));
-    let policy: Arc<str> = Arc::from("rescaled");
-    let mut now = Duration::from_secs(SystemClock.now().as_secs());
-    for (limit, steps) in [(5, 20), (7, 20), (3, 20)] {
-        let spec = spec(Algorithm::TokenBucket, limit, 1000, None, None);
-        for step in 0..steps {
-            now += Duration::from_micros(97_531);
-            let bucket = [Bucket { policy: &policy, key: "k", spec: &spec }];
-            let expected = memory.apply(&bucket, now, Charge::AllOrNothing);
-            assert_eq!(
-                store.apply(&bucket, now, Charge::AllOrNothing).await.expect("redis"),
-                expected,
-                "limit {limit} step {step}"
-            );
+    for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindowLog] {
+        let memory = MemoryStore::new(100.try_into().expect("nonzero"));
+        let policy: Arc<str> = Arc::from(format!("rescaled-{}", algorithm.name()));
+        let mut now = Duration::from_secs(SystemClock.now().as_secs());
+        for (limit, steps) in [(5, 20), (7, 20), (3, 20), (9, 10), (2, 20)] {
+            let spec = spec(algorithm, limit, 1000, None, None);
+            for step in 0..steps {
+                now += Duration::from_micros(if step % 3 == 0 { 0 } else { 97_531 });
+                let bucket = [Bucket { policy: &policy, key: "k", spec: &spec }];
+                let expected = memory.apply(&bucket, now, Charge::AllOrNothing);
+                assert_eq!(
+                    store.apply(&bucket, now, Charge::AllOrNothing).await.expect("redis"),
+                    expected,
+                    "{algorithm:?}: limit {limit} step {step}"
+                );
+            }
         }
     }
 }
@@ -173,6 +179,9 @@ async fn outage(store_failure: &str, during: StatusCode) {
     let before: Vec<StatusCode> =
         [get().await, get().await, get().await, get().await].iter().map(|r| r.status).collect();
     assert_eq!(before, [StatusCode::OK, StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    // Until its retry_after the refused bucket is the agent's own to answer (the
+    // first tier), Redis or not: past it, the outage decides.
+    proxy.clock.advance(Duration::from_secs(61));
 
     redis.stop();
     for i in 0..10 {
@@ -382,7 +391,12 @@ struct Signed<'a> {
 impl Signed<'_> {
     /// Sends to the proxy at `base` (`http://host:port`).
     async fn send(&self, client: &TestClient, base: &str) -> Reply {
-        let timestamp = run_timestamp().to_string();
+        self.send_at(client, base, run_timestamp()).await
+    }
+
+    /// [`Self::send`], signed at `timestamp` (unix seconds).
+    async fn send_at(&self, client: &TestClient, base: &str, timestamp: u64) -> Reply {
+        let timestamp = timestamp.to_string();
         let canonical = Canonical {
             method: "POST",
             target: self.target,
@@ -584,4 +598,201 @@ async fn on_redis_a_key_evicts_only_its_own_idempotent_responses() {
     let evicted = request(pay, "6", "a").send(&client, &base).await;
     assert_eq!((evicted.status, evicted.headers.get("idempotency-replayed")), (StatusCode::OK, None));
     assert_eq!(upstream.count(), 6);
+}
+
+/// The problem type of every answer given for want of the shared store.
+const STORE_UNAVAILABLE: &str = "https://limiter.dev/problems#store-unavailable";
+
+/// Replay protection and idempotency used to follow `store_failure = "allow"`: with
+/// Redis slow or gone, a signed request was forwarded unrecorded (replayable on every
+/// agent) and an idempotent one run without its key (runnable twice). Both now fail
+/// closed with 503, while the limits still follow `store_failure`: a hung server
+/// (SIGSTOP) and a dead one.
+#[tokio::test]
+async fn signed_and_idempotent_requests_fail_closed_without_redis_even_under_allow() {
+    let mut redis = TestRedis::private();
+    let keys = redis_keys(&redis, &unique_prefix("fail-closed"), "allow")
+        .replace(&format!("redis_timeout = \"{}ms\"", REDIS_TIMEOUT.as_millis()), "redis_timeout = \"1s\"");
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&format!("{}{PER_IP}", signed_config(&keys)), upstream.addr).await;
+    let client = TestClient::default();
+    assert_eq!(send_signed(&client, &proxy, b"1", "before", None).await.status, StatusCode::OK);
+    assert_eq!(send_signed(&client, &proxy, b"1", "before-idem", Some("idem-before")).await.status, StatusCode::OK);
+    let forwarded = upstream.count();
+
+    let refused = |reply: &Reply, what: &str| {
+        assert_eq!(
+            (reply.status, reply.json()["type"].as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, Some(STORE_UNAVAILABLE)),
+            "{what}"
+        );
+    };
+    redis.pause();
+    refused(&send_signed(&client, &proxy, b"2", "hung", None).await, "signed, Redis hung");
+    refused(&send_signed(&client, &proxy, b"2", "hung-idem", Some("idem-hung")).await, "idempotent, Redis hung");
+    redis.resume();
+    redis.stop();
+    refused(&send_signed(&client, &proxy, b"3", "dead", None).await, "signed, Redis dead");
+    refused(&send_signed(&client, &proxy, b"3", "dead-idem", Some("idem-dead")).await, "idempotent, Redis dead");
+    // The limits still follow store_failure = "allow".
+    assert_eq!(client.get(&proxy.url("/"), &[]).await.status, StatusCode::OK);
+    assert_eq!(upstream.count(), forwarded + 1, "only the unsigned request went upstream");
+}
+
+/// The idempotency store's own call failing, the replay cache's having succeeded (one
+/// slow answer no longer opens the breaker): the request used to go upstream without
+/// its key, so that a repeat could run it again. The agent's Redis user may not touch
+/// the `idem` keys, so that exactly that call fails.
+#[tokio::test]
+async fn an_idempotent_request_fails_closed_when_only_the_idempotency_call_fails() {
+    let redis = TestRedis::private();
+    let prefix = unique_prefix("idem-closed");
+    let acl = ["acl", "setuser", "noidem", "on", ">pw", "+@all", "resetkeys"];
+    let patterns: Vec<String> =
+        ["replay:*", "limit:*", "log:*", "agents"].iter().map(|k| format!("~{prefix}{k}")).collect();
+    let args: Vec<&str> = acl.iter().copied().chain(patterns.iter().map(String::as_str)).collect();
+    assert_eq!(redis_cli(redis.port, &args).trim(), "OK");
+    let url = format!("redis://noidem:pw@127.0.0.1:{}/", redis.port);
+    let keys = redis_keys(&redis, &prefix, "allow").replace(redis.url(), &url);
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&signed_config(&keys), upstream.addr).await;
+    let client = TestClient::default();
+    assert_eq!(
+        send_signed(&client, &proxy, b"1", "plain", None).await.status,
+        StatusCode::OK,
+        "replay cache reachable"
+    );
+    let reply = send_signed(&client, &proxy, b"2", "idem", Some("idem-1")).await;
+    assert_eq!(
+        (reply.status, reply.json()["type"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some(STORE_UNAVAILABLE)),
+        "{:?}",
+        reply.body
+    );
+    assert_eq!(upstream.count(), 1, "the idempotent request never went upstream");
+}
+
+/// One slow answer used to open the breaker, switching every decision of the agent
+/// to `store_failure` until a probe got through: whoever could slow the server once
+/// (one heavy script) flipped the whole fleet. Now it opens after three failures in
+/// a row, and a success in between starts the count again. The server hangs
+/// (SIGSTOP), so each failure is a timeout.
+#[tokio::test]
+async fn the_breaker_opens_after_three_failures_in_a_row_not_one() {
+    let redis = TestRedis::private();
+    let fleet = Fleet::connect(redis.url(), &unique_prefix("breaker"), Duration::from_millis(300)).expect("fleet");
+    let call = || async { fleet.evictions().await };
+    // The connection's own response timeout, or the call's.
+    let timed_out = |result: Result<u64, FleetError>| match result {
+        Err(FleetError::Timeout(_)) => true,
+        Err(FleetError::Redis(error)) => error.is_timeout(),
+        _ => false,
+    };
+    call().await.expect("Redis answers");
+    redis.pause();
+    for failure in 1..=2 {
+        assert!(timed_out(call().await), "failure {failure}");
+        assert!(fleet.is_up(), "the breaker stays closed after {failure} failure(s)");
+    }
+    redis.resume();
+    call().await.expect("Redis answers again");
+    redis.pause();
+    for failure in 1..=2 {
+        assert!(timed_out(call().await), "failure {failure} after a success");
+        assert!(fleet.is_up(), "the count started over: {failure} failure(s)");
+    }
+    assert!(timed_out(call().await), "the third failure");
+    assert!(!fleet.is_up(), "the breaker opens at the third failure in a row");
+    let started = std::time::Instant::now();
+    assert!(matches!(call().await, Err(FleetError::Down)), "an open breaker refuses at once");
+    assert!(started.elapsed() < Duration::from_millis(300), "without waiting for the timeout");
+    redis.resume();
+}
+
+/// The script calls on the `log:` keys of `prefix` the server logged (SLOWLOG, set
+/// to keep every command): one per decision asked of Redis. The heartbeats' calls
+/// name no such key.
+fn limit_calls(redis: &TestRedis, prefix: &str) -> usize {
+    let log = redis_cli(redis.port, &["slowlog", "get", "-1"]);
+    let lines: Vec<&str> = log.lines().collect();
+    let key = format!("{prefix}log:");
+    (0..lines.len())
+        .filter(|&i| lines[i].eq_ignore_ascii_case("evalsha") && lines.get(i + 3).is_some_and(|k| k.starts_with(&key)))
+        .count()
+}
+
+/// A client over its limit used to cost one script call in Redis per request, however
+/// many it sent after the first refusal: a volume of refused requests alone could slow
+/// the fleet's server. The agent now answers a bucket Redis refused until its
+/// `retry_after` without asking (`refused_locally`); the sliding log is a sorted set.
+#[tokio::test]
+async fn refused_requests_stop_reaching_redis_until_their_retry_after() {
+    let redis = TestRedis::private();
+    redis_cli(redis.port, &["config", "set", "slowlog-log-slower-than", "0"]);
+    redis_cli(redis.port, &["config", "set", "slowlog-max-len", "100000"]);
+    let prefix = unique_prefix("first-tier");
+    let keys = redis_keys(&redis, &prefix, "local");
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{keys}{PER_IP}"), upstream.addr).await;
+    let client = TestClient::default();
+    let url = proxy.url("/");
+    let statuses = |replies: &[Reply]| replies.iter().map(|r| r.status).collect::<Vec<_>>();
+    let mut first = Vec::new();
+    for _ in 0..4 {
+        first.push(client.get(&url, &[]).await);
+    }
+    assert_eq!(statuses(&first), [StatusCode::OK, StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    redis_cli(redis.port, &["slowlog", "reset"]);
+
+    const REFUSED: u64 = 50;
+    for i in 0..REFUSED {
+        let reply = client.get(&url, &[]).await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "request {i}");
+        let retry_after: u64 = reply.header("retry-after").parse().expect("retry-after");
+        assert!((55..=60).contains(&retry_after), "request {i}: retry after {retry_after}");
+    }
+    let stats = proxy.stats_until("every refusal counted", |stats| stats.rejected == 1 + REFUSED).await;
+    assert_eq!(stats.refused_locally, REFUSED);
+    assert_eq!(limit_calls(&redis, &prefix), 0, "none of the {REFUSED} refused requests asked Redis");
+
+    // Past its retry_after by this agent's clock the bucket is asked of Redis again,
+    // once; its own clock has not moved, so it refuses, and is remembered again.
+    proxy.clock.advance(Duration::from_secs(61));
+    for _ in 0..3 {
+        assert_eq!(client.get(&url, &[]).await.status, StatusCode::TOO_MANY_REQUESTS);
+    }
+    proxy.stats_until("the refusals counted", |stats| stats.rejected == 4 + REFUSED).await;
+    assert_eq!(limit_calls(&redis, &prefix), 1, "one asked Redis, then the agent knew again");
+    assert_eq!(proxy.proxy.stats().refused_locally, REFUSED + 2);
+    assert_eq!(upstream.count(), 3);
+    let log_key = redis_cli(redis.port, &["--scan", "--pattern", &format!("{prefix}log:*")]);
+    assert_eq!(redis_cli(redis.port, &["type", log_key.trim()]).trim(), "zset", "{log_key}");
+}
+
+/// The replay cache in Redis expired signatures by the clock of the agent asking:
+/// one agent whose clock ran 30 s ahead dropped, with any signed request of its own,
+/// the signatures the others still accepted, which could then be replayed there
+/// (issue 25, item 14). They now expire by the server's clock.
+#[tokio::test]
+async fn an_agent_with_a_fast_clock_does_not_reopen_replays_on_the_others() {
+    let redis = TestRedis::shared();
+    let keys = redis_keys(&redis, &unique_prefix("replay-clock"), "deny");
+    let upstream = Upstream::start().await;
+    let config = signed_config(&keys);
+    let (fast, honest) =
+        (RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await);
+    fast.clock.advance(Duration::from_secs(30));
+    let client = TestClient::default();
+    let pay =
+        |nonce| Signed { key: ("k-pay", SECRET), target: "/api/transfer", body: b"x", nonce, idempotency_key: None };
+    // Signed 290 s ago: within max_skew (300 s) on the honest agent for 10 s more.
+    let old = honest.clock.now().as_secs() - 290;
+    assert_eq!(pay("old").send_at(&client, &honest.url(""), old).await.status, StatusCode::OK);
+    // A signed request on the fast agent runs the replay script in its turn.
+    let fresh = pay("fresh").send_at(&client, &fast.url(""), fast.clock.now().as_secs()).await;
+    assert_eq!(fresh.status, StatusCode::OK);
+    let replay = pay("old").send_at(&client, &honest.url(""), old).await;
+    assert_eq!(replay.status, StatusCode::UNAUTHORIZED, "the old signature replayed: {:?}", replay.body);
+    honest.stats_until("the replay counted", |stats| stats.replays == 1).await;
+    assert_eq!(upstream.count(), 2);
 }

@@ -63,6 +63,23 @@ impl TestRedis {
         }
     }
 
+    /// Stops the private server's process (SIGSTOP): it holds its connections and
+    /// answers nothing, as a server stuck in a slow script or swapping does.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a [`Self::pause`]d server run again.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("a private server").id().to_string();
+        let status = Command::new("kill").args([signal, &pid]).status().expect("kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     /// Kills the private server (a crash, not a shutdown).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
