@@ -590,19 +590,10 @@ impl<C: Clock> Engine<C> {
             Err(verdict) => return policies.uncounted(verdict, require_signature),
         };
         let now = self.clock.now();
-        if let Some(tier) = self.stores.first_tier() {
-            let known: Vec<Option<Outcome>> = counted.iter().map(|c| tier.refusal(&c.bucket(), now)).collect();
-            if known.iter().any(Option::is_some) {
-                // Refused whatever the other buckets say, and a refusal charges none of
-                // them: only the refusing ones are named, as Redis is not asked.
-                let (refusing, outcomes): (Vec<Counting<'_>>, Outcomes) =
-                    counted.into_iter().zip(known).filter_map(|(counting, known)| Some((counting, known?))).unzip();
-                tier.count();
-                observe(&refusing, Some(&outcomes), request.client, now);
-                record(&refusing, &outcomes);
-                return decision(&refusing, &outcomes, require_signature);
-            }
-        }
+        let counted = match self.first_tier_refusal(counted, request.client, now, require_signature) {
+            Ok(refused) => return refused,
+            Err(counted) => counted,
+        };
         match self.apply(&counted, Charge::AllOrNothing).await {
             Some(outcomes) => {
                 observe(&counted, Some(&outcomes), request.client, now);
@@ -634,6 +625,10 @@ impl<C: Clock> Engine<C> {
             Ok(counted) => counted,
             Err(verdict) => return Some(policies.uncounted(verdict, false)),
         };
+        let counted = match self.first_tier_refusal(counted, request.client, self.clock.now(), false) {
+            Ok(refused) => return Some(refused),
+            Err(counted) => counted,
+        };
         let outcomes = self.apply(&counted, Charge::Nothing).await?;
         if outcomes.iter().all(|outcome| outcome.admitted) {
             return None;
@@ -641,6 +636,31 @@ impl<C: Clock> Engine<C> {
         observe(&counted, Some(&outcomes), request.client, self.clock.now());
         record(&counted, &outcomes);
         Some(decision(&counted, &outcomes, false))
+    }
+
+    /// The refusal of this agent's first tier (with Redis): a bucket of `counted` that
+    /// Redis refused is not yet due to admit, so the request is refused without asking
+    /// Redis, and counted as `decide` counts a refusal; else `counted` back.
+    fn first_tier_refusal<'p>(
+        &self,
+        counted: Vec<Counting<'p>>,
+        client: IpAddr,
+        now: Duration,
+        require_signature: bool,
+    ) -> Result<Decision, Vec<Counting<'p>>> {
+        let Some(tier) = self.stores.first_tier() else { return Err(counted) };
+        let known: Vec<Option<Outcome>> = counted.iter().map(|c| tier.refusal(&c.bucket(), now)).collect();
+        if known.iter().all(Option::is_none) {
+            return Err(counted);
+        }
+        // Refused whatever the other buckets say, and a refusal charges none of them:
+        // only the refusing ones are named, as Redis is not asked.
+        let (refusing, outcomes): (Vec<Counting<'_>>, Outcomes) =
+            counted.into_iter().zip(known).filter_map(|(counting, known)| Some((counting, known?))).unzip();
+        tier.count();
+        observe(&refusing, Some(&outcomes), client, now);
+        record(&refusing, &outcomes);
+        Ok(decision(&refusing, &outcomes, require_signature))
     }
 
     /// Charges the IP-keyed rules matching this request whatever the verdict of the
