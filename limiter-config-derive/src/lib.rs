@@ -9,6 +9,9 @@
 //! - `#[changes(keyed)]`: a list whose elements are told apart by their `Keyed::id`
 //!   (rules by name), reported as added, removed or changed one by one;
 //! - `#[changes(redacted)]`: its values are never printed (a URL with a password);
+//! - `#[changes(unset = "what")]`: an `Option` whose absence is a default, not
+//!   "off" (kept apart from the default only so that `limiter check` can tell it was
+//!   not set): shown as `what (default)`;
 //! - `#[changes(flatten)]`: reported under the struct's own key (a plan's limit is
 //!   `proxy.plans.free`, not `proxy.plans.free.spec`);
 //! - `#[changes(skip = "why")]`: not compared here, because something else reports it.
@@ -98,6 +101,8 @@ fn by_field(fields: &syn::FieldsNamed) -> syn::Result<TokenStream> {
         };
         let compare = if attrs.keyed {
             quote! { ::limiter_config::changes::keyed(&self.#ident, &new.#ident, #at, out) }
+        } else if let Some(unset) = &attrs.unset {
+            quote! { ::limiter_config::changes::defaulted(&self.#ident, &new.#ident, #unset, #at, out) }
         } else {
             quote! { ::limiter_config::changes::Changes::changes(&self.#ident, &new.#ident, #at, out) }
         };
@@ -117,6 +122,8 @@ fn by_field(fields: &syn::FieldsNamed) -> syn::Result<TokenStream> {
         });
         let shown = if attrs.redacted {
             quote! { ::std::string::String::from("(redacted)") }
+        } else if let Some(unset) = &attrs.unset {
+            quote! { ::limiter_config::changes::describe_defaulted(&self.#ident, #unset) }
         } else {
             quote! { ::limiter_config::changes::Changes::describe(&self.#ident) }
         };
@@ -165,6 +172,8 @@ struct FieldAttrs {
     presence: Option<LitStr>,
     keyed: bool,
     redacted: bool,
+    /// What an unset `Option` stands for.
+    unset: Option<LitStr>,
     flatten: bool,
     skip: bool,
 }
@@ -187,6 +196,8 @@ impl FieldAttrs {
                     attrs.keyed = true;
                 } else if meta.path.is_ident("redacted") {
                     attrs.redacted = true;
+                } else if meta.path.is_ident("unset") {
+                    attrs.unset = Some(meta.value()?.parse()?);
                 } else if meta.path.is_ident("flatten") {
                     attrs.flatten = true;
                 } else if meta.path.is_ident("skip") {
@@ -195,7 +206,7 @@ impl FieldAttrs {
                     attrs.skip = true;
                 } else {
                     return Err(
-                        meta.error("on a field: restart [= \"why\"], restart_if_added_or_removed = \"why\", keyed, redacted, flatten or skip = \"why\"")
+                        meta.error("on a field: restart [= \"why\"], restart_if_added_or_removed = \"why\", keyed, redacted, unset = \"what\", flatten or skip = \"why\"")
                     );
                 }
                 Ok(())

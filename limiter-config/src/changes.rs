@@ -152,6 +152,28 @@ pub fn whole<T: Changes + PartialEq + ?Sized>(old: &T, new: &T, key: &str, out: 
     }
 }
 
+/// Compares an `Option` whose `None` stands for a default, `unset` (see the derive's
+/// `unset`): setting it to that very value is still reported, as the key now written.
+pub fn defaulted<T: Changes + PartialEq>(
+    old: &Option<T>,
+    new: &Option<T>,
+    unset: &str,
+    key: &str,
+    out: &mut Vec<Change>,
+) {
+    match (old, new) {
+        (Some(before), Some(after)) => before.changes(after, key, out),
+        (None, None) => {}
+        _ => out.push(Change::modified(key, describe_defaulted(old, unset), describe_defaulted(new, unset))),
+    }
+}
+
+/// `value`, or `unset (default)`.
+#[must_use]
+pub fn describe_defaulted<T: Changes>(value: &Option<T>, unset: &str) -> String {
+    value.as_ref().map_or_else(|| format!("{unset} (default)"), Changes::describe)
+}
+
 impl<T: Changes + PartialEq> Changes for Option<T> {
     fn changes(&self, new: &Self, key: &str, out: &mut Vec<Change>) {
         match (self, new) {
@@ -287,6 +309,8 @@ mod tests {
         entries: Vec<Entry>,
         #[changes(restart_if_added_or_removed = "opened at start")]
         log: Option<Entry>,
+        #[changes(unset = "yes")]
+        folds: Option<bool>,
     }
 
     fn entry(name: &str, weight: u32) -> Entry {
@@ -302,6 +326,7 @@ mod tests {
             password: "old".to_owned(),
             entries: vec![entry("a", 1), entry("b", 2)],
             log: None,
+            folds: None,
         };
         let new = Section {
             rate: Some(limit(100)),
@@ -310,6 +335,7 @@ mod tests {
             password: "new".to_owned(),
             entries: vec![entry("b", 3), entry("c", 1)],
             log: Some(entry("log", 1)),
+            folds: Some(false),
         };
         let mut changes = Vec::new();
         old.changes(&new, "section", &mut changes);
@@ -325,6 +351,7 @@ mod tests {
                 "section.entries[c] added: {name = c, weight = 1}",
                 "section.entries[a] removed",
                 "section.log: off -> {name = log, weight = 1}",
+                "section.folds: yes (default) -> false",
             ]
         );
         let restart: Vec<String> = changes.iter().filter_map(Change::needing_restart).collect();

@@ -32,7 +32,7 @@ pub struct ProxyConfig {
     pub listen: SocketAddr,
     /// Threads serving connections, each with its own upstream pool; `None`: one per
     /// CPU the agent may run on.
-    #[changes(restart = "the threads start with the proxy")]
+    #[changes(restart = "the threads start with the proxy", unset = "one per CPU")]
     pub workers: Option<NonZeroUsize>,
     /// `http://host:port` of the application.
     #[serde(deserialize_with = "upstream")]
@@ -48,9 +48,11 @@ pub struct ProxyConfig {
     /// Request bytes one connection may have held in memory at once (signed and
     /// chunked bodies are read whole before they are forwarded); `None`: 8 bodies of
     /// `max_body_bytes` (an HTTP/2 connection reads several at once).
+    #[changes(unset = "8 × max_body_bytes")]
     pub max_buffered_bytes_per_connection: Option<u64>,
     /// The same over all of one client's connections (IPv6: its /64); `None`: 32
     /// bodies of `max_body_bytes`.
+    #[changes(unset = "32 × max_body_bytes")]
     pub max_buffered_bytes_per_client: Option<u64>,
     #[serde(default = "default_header_timeout")]
     pub header_timeout: HumanDuration,
@@ -95,6 +97,7 @@ pub struct ProxyConfig {
     /// The limits' verdict while the store is unreachable (replay protection and
     /// idempotency fail closed whatever it says); unset is told apart from `local`, its
     /// default, so that `limiter check` can say the default changed.
+    #[changes(unset = "local")]
     pub store_failure: Option<StoreFailure>,
     /// What a rule does with a request that lacks its key (no API key, no header).
     #[serde(default)]
@@ -105,6 +108,7 @@ pub struct ProxyConfig {
     /// Rules and `+route` keys see the path in lower case (the default, since
     /// `false` lets a case-folding upstream's clients dodge path rules); unset is
     /// told apart from `true` so that `limiter check` can say the default changed.
+    #[changes(unset = "true")]
     pub case_insensitive_paths: Option<bool>,
     /// What clients are told of the policies (a plan may say otherwise for its keys).
     #[serde(default)]
@@ -332,6 +336,7 @@ pub struct Plan {
     #[changes(flatten)]
     pub spec: LimitSpec,
     /// What the rate-limit headers tell this plan's clients, instead of `proxy.disclose`.
+    #[changes(unset = "proxy.disclose")]
     pub disclose: Option<Disclose>,
 }
 
