@@ -70,6 +70,12 @@ pub(super) enum Refusal {
     /// The upstream took longer than `upstream_timeout` to answer.
     #[error("upstream did not answer in time")]
     UpstreamTimeout,
+    /// The client had `max_requests_in_flight_per_client` requests in flight already.
+    #[error("too many requests in flight from this client")]
+    TooManyInFlight,
+    /// `max_upstream_connections` were open, none of them free.
+    #[error("every upstream connection is in use")]
+    UpstreamBusy,
     /// The shared store is unreachable and `store_failure = "deny"`.
     #[error("limits store unreachable")]
     StoreUnavailable,
@@ -236,6 +242,22 @@ impl Refusal {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "idempotency-store-full",
                 "Too many idempotent requests are in progress; retry shortly.",
+                None,
+            ),
+            Self::TooManyInFlight => {
+                let mut response = problem(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too-many-in-flight",
+                    "Too many requests from this client are in progress; retry once one has its answer.",
+                    None,
+                );
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
+                response
+            }
+            Self::UpstreamBusy => problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "upstream-busy",
+                "Every connection to the upstream service is in use; retry shortly.",
                 None,
             ),
             Self::StoreUnavailable => problem(
