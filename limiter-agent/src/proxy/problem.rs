@@ -127,6 +127,14 @@ fn problem(status: StatusCode, slug: &str, detail: &str, violated: Option<&[Stri
     response
 }
 
+/// A 429 for a share of the client's that its requests in progress hold: free again
+/// as soon as one ends, so `Retry-After: 1`.
+fn share_in_use(slug: &str, detail: &str) -> Response<ProxyBody> {
+    let mut response = problem(StatusCode::TOO_MANY_REQUESTS, slug, detail, None);
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
+    response
+}
+
 impl Refusal {
     pub(super) fn into_response(self) -> Response<ProxyBody> {
         match self {
@@ -186,13 +194,10 @@ impl Refusal {
                 response
             }
             Self::BuffersFull => {
-                let mut response = problem(
-                    StatusCode::TOO_MANY_REQUESTS,
+                let mut response = share_in_use(
                     "buffers-full",
                     "Too many of this client's request bodies are being received at once; retry when one is done.",
-                    None,
                 );
-                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
                 // As for a body too large: the rest of it is not worth reading.
                 response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
                 response
@@ -244,16 +249,10 @@ impl Refusal {
                 "Too many idempotent requests are in progress; retry shortly.",
                 None,
             ),
-            Self::TooManyInFlight => {
-                let mut response = problem(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "too-many-in-flight",
-                    "Too many requests from this client are in progress; retry once one has its answer.",
-                    None,
-                );
-                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
-                response
-            }
+            Self::TooManyInFlight => share_in_use(
+                "too-many-in-flight",
+                "Too many requests from this client are in progress; retry once one has its answer.",
+            ),
             Self::UpstreamBusy => problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "upstream-busy",
