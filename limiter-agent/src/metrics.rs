@@ -251,6 +251,31 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
             stats.refusals_not_escalated,
         ),
         (
+            "limiter_proxy_connections_reclaimed_total",
+            "Idle keep-alive connections closed to make room at max_connections.",
+            stats.connections_reclaimed,
+        ),
+        (
+            "limiter_proxy_silent_connections_total",
+            "Connections header_timeout closed before a byte of a request.",
+            stats.silent_connections,
+        ),
+        (
+            "limiter_proxy_send_timeouts_total",
+            "Connections cut: a write to the client made no progress within send_timeout.",
+            stats.send_timeouts,
+        ),
+        (
+            "limiter_proxy_in_flight_refused_total",
+            "Requests refused with 429 past max_requests_in_flight_per_client.",
+            stats.in_flight_refused,
+        ),
+        (
+            "limiter_proxy_upstream_busy_total",
+            "Requests refused with 503: max_upstream_connections were open.",
+            stats.upstream_busy,
+        ),
+        (
             "limiter_proxy_key_evictions_total",
             "Per-key states evicted to stay within max_tracked_keys.",
             stats.evictions,

@@ -69,9 +69,34 @@ pub struct ProxyConfig {
     /// proxies are bound by `max_connections` only.
     #[serde(default = "default_max_connections_per_ip")]
     pub max_connections_per_ip: NonZeroUsize,
+    /// Connections open at once from one IPv6 /56 (a household's usual share), so
+    /// that its 256 /64s cannot hold every place.
+    #[serde(default = "default_max_connections_per_ipv6_56")]
+    pub max_connections_per_ipv6_56: NonZeroUsize,
+    /// Connections open at once from one IPv6 /48 (a site's usual share).
+    #[serde(default = "default_max_connections_per_ipv6_48")]
+    pub max_connections_per_ipv6_48: NonZeroUsize,
+    /// Connections open at once from one IPv4 /24; `None`: unbounded, since one /24
+    /// is often many unrelated customers.
+    pub max_connections_per_ipv4_24: Option<NonZeroUsize>,
     /// Longest wait for the upstream's response head (then 504).
     #[serde(default = "default_upstream_timeout")]
     pub upstream_timeout: HumanDuration,
+    /// Longest wait for a write to the client to make progress (then the connection
+    /// is cut, and with it the upstream's response): a client that stops reading
+    /// cannot hold an upstream connection for ever.
+    #[serde(default = "default_send_timeout")]
+    pub send_timeout: HumanDuration,
+    /// Requests one client (IPv4 address, IPv6 /64) may have in flight at once, over
+    /// all its connections and HTTP/2 streams, from head to the end of the response;
+    /// more get 429. Trusted proxies' own requests are exempt, not their clients'.
+    #[serde(default = "default_max_requests_in_flight_per_client")]
+    pub max_requests_in_flight_per_client: NonZeroUsize,
+    /// Connections to the upstream open at once, over all workers, idle pooled ones
+    /// included; a request that would need another gets 503.
+    #[serde(default = "default_max_upstream_connections")]
+    #[changes(restart = "the permits are counted from start")]
+    pub max_upstream_connections: NonZeroUsize,
     /// Bound on per-key limiter state.
     #[serde(default = "default_max_tracked_keys")]
     pub max_tracked_keys: NonZeroUsize,
@@ -754,6 +779,40 @@ impl ProxyConfig {
         })
     }
 
+    /// What `limiter check` says of connection bounds a config set before the wider
+    /// prefixes, the in-flight cap and the upstream bound existed, where one of those
+    /// (by default or not) is now the tighter bound.
+    #[must_use]
+    pub fn connection_bound_warnings(&self) -> Vec<String> {
+        let per_ip = self.max_connections_per_ip.get();
+        let mut warnings = Vec::new();
+        let ipv6 = self.max_connections_per_ipv6_56.min(self.max_connections_per_ipv6_48).get();
+        if per_ip > ipv6 {
+            warnings.push(format!(
+                "proxy.max_connections_per_ip = {per_ip}, but an IPv6 /56 may hold {} connections and a /48 {} \
+                 (max_connections_per_ipv6_56, max_connections_per_ipv6_48, new bounds): one IPv6 client gets at \
+                 most {ipv6}; raise them if it needs more",
+                self.max_connections_per_ipv6_56, self.max_connections_per_ipv6_48
+            ));
+        }
+        let in_flight = self.max_requests_in_flight_per_client.get();
+        if per_ip > in_flight {
+            warnings.push(format!(
+                "proxy.max_connections_per_ip = {per_ip}, but a client may have only {in_flight} requests in \
+                 flight at once (max_requests_in_flight_per_client, a new bound): more get 429"
+            ));
+        }
+        let upstream = self.max_upstream_connections.get();
+        if self.max_connections.get() > upstream {
+            warnings.push(format!(
+                "proxy.max_connections = {}, but at most {upstream} connections to the upstream are open at once \
+                 (max_upstream_connections, a new bound): a request needing another gets 503",
+                self.max_connections
+            ));
+        }
+        warnings
+    }
+
     /// How many threads serve connections: `workers`, or one per CPU the agent may
     /// run on.
     /// `max_buffered_bytes_per_connection`, or its default.
@@ -812,6 +871,7 @@ impl ProxyConfig {
             ("proxy.idle_timeout", &self.idle_timeout),
             ("proxy.body_timeout", &self.body_timeout),
             ("proxy.tunnel_idle_timeout", &self.tunnel_idle_timeout),
+            ("proxy.send_timeout", &self.send_timeout),
         ] {
             if timeout.0.is_zero() {
                 return Err((key.to_owned(), "must be longer than 0".to_owned()));
@@ -964,6 +1024,26 @@ fn default_max_connections() -> NonZeroUsize {
 
 fn default_max_connections_per_ip() -> NonZeroUsize {
     NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN)
+}
+
+fn default_max_connections_per_ipv6_56() -> NonZeroUsize {
+    NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN)
+}
+
+fn default_max_connections_per_ipv6_48() -> NonZeroUsize {
+    NonZeroUsize::new(4096).unwrap_or(NonZeroUsize::MIN)
+}
+
+fn default_send_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(60))
+}
+
+fn default_max_requests_in_flight_per_client() -> NonZeroUsize {
+    NonZeroUsize::new(256).unwrap_or(NonZeroUsize::MIN)
+}
+
+fn default_max_upstream_connections() -> NonZeroUsize {
+    NonZeroUsize::new(10_000).unwrap_or(NonZeroUsize::MIN)
 }
 
 fn default_tunnel_idle_timeout() -> HumanDuration {

@@ -570,3 +570,20 @@ fn an_http1_head_announces_its_length_or_none_when_chunked() {
     assert_eq!(head(&[("content-length", "12")]), Some(12));
     assert_eq!(head(&[("transfer-encoding", "chunked")]), None);
 }
+
+#[test]
+fn check_warns_where_a_new_connection_bound_is_tighter_than_one_the_config_set() {
+    let warnings = |extra: &str| {
+        parse(&format!("{PROXY}{extra}")).expect("valid").proxy.expect("proxy").connection_bound_warnings()
+    };
+    assert_eq!(warnings(""), Vec::<String>::new(), "the defaults agree");
+    let raised = warnings("max_connections_per_ip = 2000\n");
+    assert_eq!(raised.len(), 2, "{raised:?}");
+    assert!(raised[0].contains("one IPv6 client gets at most 1024"), "{raised:?}");
+    assert!(raised[1].contains("only 256 requests in flight"), "{raised:?}");
+    let widened =
+        "max_connections_per_ip = 2000\nmax_connections_per_ipv6_56 = 4096\nmax_requests_in_flight_per_client = 2000\n";
+    assert_eq!(warnings(widened), Vec::<String>::new());
+    let upstream = warnings("max_connections = 20000\n");
+    assert!(upstream.len() == 1 && upstream[0].contains("max_upstream_connections"), "{upstream:?}");
+}

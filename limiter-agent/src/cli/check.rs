@@ -31,6 +31,9 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
             for warning in config.proxy.iter().filter_map(ProxyConfig::path_case_warnings) {
                 eprintln!("warning: {warning}");
             }
+            for warning in config.proxy.iter().flat_map(ProxyConfig::connection_bound_warnings) {
+                eprintln!("warning: {warning}");
+            }
             let layers = [config.xdp.is_some().then_some("xdp"), config.proxy.is_some().then_some("proxy")];
             let layers: Vec<&str> = layers.into_iter().flatten().collect();
             println!(

@@ -22,13 +22,19 @@
 //! trusted proxy. Whoever can publish on the channel could otherwise drop all
 //! traffic of every agent with one `0.0.0.0/0`. A block lasts no longer than this
 //! agent's `block_ttl`, whatever TTL it was published with.
+//!
+//! Each block is also kept here, keyed by the source as the proxy resolved it
+//! ([`Escalator::blocked`]): a client behind a PROXY protocol balancer reaches the
+//! kernel layer as the balancer, so its block there does nothing, and the proxy
+//! closes its connections itself once the balancer's header names it.
 
 mod counts;
 
 use std::{
+    collections::HashMap,
     net::IpAddr,
     sync::{
-        Arc, PoisonError, RwLock,
+        Arc, Mutex, PoisonError, RwLock,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -65,6 +71,43 @@ pub struct Escalator<C: Clock = SystemClock> {
     counts: Counts,
     clock: C,
     sender: mpsc::Sender<Escalation>,
+    blocked: Arc<Blocked>,
+}
+
+/// The blocks in force, until when (by the escalator's clock).
+#[derive(Debug, Default)]
+struct Blocked(Mutex<HashMap<IpNet, Duration>>);
+
+/// Blocks kept for the proxy at most: past it the one lapsing soonest goes first
+/// (the kernel layer still holds it).
+const MAX_BLOCKED: usize = 65_536;
+
+impl Blocked {
+    fn insert(&self, escalation: &Escalation, now: Duration) {
+        let mut blocked = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if blocked.len() >= MAX_BLOCKED {
+            blocked.retain(|_, until| *until > now);
+        }
+        if blocked.len() >= MAX_BLOCKED
+            && let Some(soonest) = blocked.iter().min_by_key(|(_, until)| **until).map(|(cidr, _)| *cidr)
+        {
+            blocked.remove(&soonest);
+        }
+        let until = blocked.entry(escalation.cidr).or_default();
+        *until = (*until).max(now.saturating_add(escalation.ttl));
+    }
+
+    fn contains(&self, cidr: IpNet, now: Duration) -> bool {
+        let mut blocked = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match blocked.get(&cidr) {
+            Some(until) if *until > now => true,
+            Some(_) => {
+                blocked.remove(&cidr);
+                false
+            }
+            None => false,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -145,7 +188,13 @@ impl<C: Clock> Escalator<C> {
     /// runtime), else in memory; `clock` is the proxy's.
     #[must_use]
     pub fn new(config: &Config, sender: mpsc::Sender<Escalation>, clock: C, fleet: Option<Fleet>) -> Self {
-        Self { settings: RwLock::new(Arc::new(Settings::new(config))), counts: counts::new(fleet), clock, sender }
+        Self {
+            settings: RwLock::new(Arc::new(Settings::new(config))),
+            counts: counts::new(fleet),
+            clock,
+            sender,
+            blocked: Arc::default(),
+        }
     }
 
     /// Takes a new config's `[escalation]` and allowlist.
@@ -161,7 +210,16 @@ impl<C: Clock> Escalator<C> {
         let settings = self.settings.read().unwrap_or_else(PoisonError::into_inner);
         settings.check(escalation.cidr)?;
         let ttl = if settings.limit.is_some() { escalation.ttl.min(settings.block_ttl) } else { escalation.ttl };
-        Ok(Escalation { ttl, ..escalation })
+        let admitted = Escalation { ttl, ..escalation };
+        self.blocked.insert(&admitted, self.clock.now());
+        Ok(admitted)
+    }
+
+    /// Whether `source` (as the proxy resolved it: the client a PROXY header named)
+    /// is blocked now, by this agent's escalation or the fleet's.
+    pub fn blocked(&self, source: IpAddr) -> bool {
+        let cidr = self.settings.read().unwrap_or_else(PoisonError::into_inner).cidr(source);
+        self.blocked.contains(cidr, self.clock.now())
     }
 
     /// Counts one rejection of a directly connected `source`.
@@ -181,15 +239,15 @@ impl<C: Clock> Escalator<C> {
         match &self.counts {
             Backend::Memory(counts) => {
                 if settings.bucket(&key).is_some_and(|bucket| counts::crossed(counts, bucket, now)) {
-                    escalate(&self.sender, escalation);
+                    escalate(&self.sender, &self.blocked, escalation, now);
                 }
             }
             Backend::Redis(counts) => {
-                let (counts, sender) = (Arc::clone(counts), self.sender.clone());
+                let (counts, sender, blocked) = (Arc::clone(counts), self.sender.clone(), Arc::clone(&self.blocked));
                 tokio::spawn(async move {
                     let Some(bucket) = settings.bucket(&key) else { return };
                     if counts.crossed(bucket, now).await {
-                        escalate(&sender, escalation);
+                        escalate(&sender, &blocked, escalation, now);
                     }
                 });
             }
@@ -197,7 +255,10 @@ impl<C: Clock> Escalator<C> {
     }
 }
 
-fn escalate(sender: &mpsc::Sender<Escalation>, escalation: Escalation) {
+/// Blocks `escalation` here at once (the agent loop also puts it in the kernel
+/// layer) and hands it to the agent loop.
+fn escalate(sender: &mpsc::Sender<Escalation>, blocked: &Blocked, escalation: Escalation, now: Duration) {
+    blocked.insert(&escalation, now);
     // A full queue means the agent is busy blocking; the source's next rejection
     // tries again.
     let _ = sender.try_send(escalation);

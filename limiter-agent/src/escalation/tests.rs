@@ -161,3 +161,24 @@ fn a_fleet_block_lasts_no_longer_than_this_agents_block_ttl() {
     assert_eq!(published(Duration::from_secs(365 * 24 * 3600)), BLOCK_TTL, "a year is cut to block_ttl");
     assert_eq!(published(Duration::from_secs(5)), Duration::from_secs(5), "a shorter block is kept as sent");
 }
+
+#[test]
+fn a_source_is_blocked_for_the_proxy_from_its_escalation_or_a_fleet_block_until_the_block_lapses() {
+    let (escalator, clock, _receiver) = escalator(None);
+    let ip = |text: &str| text.parse::<IpAddr>().expect("address");
+    reject(&escalator, SOURCE, THRESHOLD);
+    assert!(!escalator.blocked(ip(SOURCE)), "up to the threshold");
+    reject(&escalator, SOURCE, 1);
+    assert!(escalator.blocked(ip(SOURCE)));
+    assert!(!escalator.blocked(ip("203.0.113.10")), "its neighbour");
+    // A fleet block covers the source's whole /64, whichever address of it connects.
+    let fleet =
+        Escalation { cidr: "2001:db8:5::/64".parse().expect("cidr"), ttl: Duration::from_secs(5), local: false };
+    escalator.admit(fleet).expect("admitted");
+    assert!(escalator.blocked(ip("2001:db8:5::77")));
+    clock.advance(Duration::from_secs(5));
+    assert!(!escalator.blocked(ip("2001:db8:5::77")), "the fleet block lapsed");
+    assert!(escalator.blocked(ip(SOURCE)), "block_ttl is a minute");
+    clock.advance(BLOCK_TTL);
+    assert!(!escalator.blocked(ip(SOURCE)));
+}

@@ -63,6 +63,8 @@ impl Refusal {
             Self::QuotaExceeded { own_bucket, .. } => *own_bucket,
             Self::Unauthorized { carried_credentials } => *carried_credentials,
             Self::Denied { escalates, .. } => *escalates,
+            // Everyone behind the address shares the cap.
+            Self::TooManyInFlight => false,
             Self::MissingKey { .. }
             | Self::BadPath(_)
             | Self::AmbiguousHost
@@ -77,6 +79,7 @@ impl Refusal {
             | Self::IdempotencyStoreFull
             | Self::Upstream(_)
             | Self::UpstreamTimeout
+            | Self::UpstreamBusy
             | Self::StoreUnavailable => return Blame::Nobody,
         };
         if client_caused && initiator == Initiator::Client { Blame::Client } else { Blame::Doubtful }

@@ -19,15 +19,16 @@ use std::{
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Limited};
+use ipnet::IpNet;
 
 use super::{
     body::{BodyRefused, BoxError, BuffersFull, Guarded, ProxyBody, TimedBody, full_body},
-    connections::peer_key,
+    connections::client_net,
 };
 
 /// The bytes each client holds now (IPv6 by its /64, as the connection bounds count).
 #[derive(Debug, Default)]
-pub(super) struct Buffers(Mutex<HashMap<IpAddr, u64>>);
+pub(super) struct Buffers(Mutex<HashMap<IpNet, u64>>);
 
 /// The bytes one connection holds now.
 pub(super) type ConnectionBuffered = Arc<AtomicU64>;
@@ -45,7 +46,7 @@ pub(super) struct Caps {
 pub(super) struct Reservation {
     buffers: Arc<Buffers>,
     connection: ConnectionBuffered,
-    client: IpAddr,
+    client: IpNet,
     caps: Caps,
     bytes: u64,
 }
@@ -61,7 +62,7 @@ impl Buffers {
         Reservation {
             buffers: Arc::clone(self),
             connection: Arc::clone(connection),
-            client: peer_key(client),
+            client: client_net(client),
             caps,
             bytes: 0,
         }
@@ -72,7 +73,7 @@ impl Buffers {
         self.lock().values().sum()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, u64>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpNet, u64>> {
         // Only additions and removals happen under the lock.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }

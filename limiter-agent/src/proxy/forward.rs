@@ -11,7 +11,11 @@ use hyper_util::{
     rt::TokioExecutor,
 };
 
-use super::{body::ProxyBody, keys::X_FORWARDED_FOR};
+use super::{
+    body::ProxyBody,
+    bounded::{self, BoundedConnector},
+    keys::X_FORWARDED_FOR,
+};
 use crate::config::ProxyConfig;
 
 /// A dead upstream host must give a quick 502, not hang the client; a refused
@@ -34,6 +38,11 @@ pub(super) enum ForwardError {
 }
 
 impl ForwardError {
+    /// Whether no upstream connection was free: `max_upstream_connections` were open.
+    pub(super) fn all_in_use(&self) -> bool {
+        matches!(self, Self::Client(error) if bounded::all_in_use(error))
+    }
+
     /// Whether the request certainly never reached the upstream: no URI to send it
     /// to, or no connection.
     pub(super) fn never_sent(&self) -> bool {
@@ -53,7 +62,7 @@ pub(super) struct UpstreamUpgrade(pub OnUpgrade);
 /// The upstream client with its connection pool, shared by every request.
 #[derive(Debug)]
 pub(super) struct Upstream {
-    client: Client<HttpConnector, ProxyBody>,
+    client: Client<BoundedConnector, ProxyBody>,
 }
 
 /// Where the request came from, for `X-Forwarded-For`.
@@ -73,10 +82,12 @@ impl Origin {
 }
 
 impl Upstream {
-    pub(super) fn new() -> Self {
+    /// A pool whose connections each hold one of `permits` (shared by every worker).
+    pub(super) fn new(permits: std::sync::Arc<tokio::sync::Semaphore>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         connector.set_nodelay(true);
+        let connector = BoundedConnector::new(connector, permits);
         let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE_TIMEOUT).build(connector);
         Self { client }
     }

@@ -1,14 +1,18 @@
-//! The two waits for a request on a connection: for its first byte (`idle_timeout`,
-//! after accept or between keep-alive requests) and for the rest of its head
-//! (`header_timeout`). hyper has one timer for both, started as soon as it waits, so
-//! the connection's reads are watched here instead.
+//! The waits on a connection: for a request's first byte (`idle_timeout` between
+//! keep-alive requests, `header_timeout` after accept), for the rest of its head
+//! (`header_timeout`), and for a write to the client to make progress
+//! (`send_timeout`). hyper has one timer for the first two, started as soon as it
+//! waits, and none for writes, so the connection's socket is watched here instead.
+//! While it waits for its next request (idle keep-alive), the connection's place
+//! under `max_connections` may go to a new connection (see `connections`): it then
+//! closes.
 
 use std::{
     io,
     pin::Pin,
     sync::{
         Arc, Mutex, OnceLock, PoisonError,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     task::{Context, Poll, Waker, ready},
     time::Duration,
@@ -19,6 +23,8 @@ use tokio::{
     time::Sleep,
 };
 
+use super::connections::Slot;
+
 /// Which wait ran out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Wait {
@@ -27,6 +33,11 @@ pub(super) enum Wait {
     /// The head of a request (the first one: counted from accept) did not end within
     /// `header_timeout`: 408 if it had begun, else closed without a word.
     Header,
+    /// Not a byte came within `header_timeout` of accept (past a PROXY header):
+    /// closed without a word.
+    Silent,
+    /// Its place went to a new connection at `max_connections`: closed without a word.
+    Reclaimed,
 }
 
 /// Requests of one connection between their head and the end of their response:
@@ -42,6 +53,8 @@ pub(super) struct InFlight {
     /// The wait that ran out, if one did: told here rather than by the reader, which
     /// TLS and hyper hold by then.
     expired: OnceLock<Wait>,
+    /// A write to the client made no progress within `send_timeout`.
+    send_timed_out: AtomicBool,
 }
 
 impl InFlight {
@@ -63,8 +76,14 @@ impl InFlight {
         }
     }
 
-    fn begun(&self) -> usize {
+    /// Requests ever begun on the connection.
+    pub(super) fn begun(&self) -> usize {
         self.begun.load(Ordering::Relaxed)
+    }
+
+    /// Whether a write to the client ran out of `send_timeout`.
+    pub(super) fn send_timed_out(&self) -> bool {
+        self.send_timed_out.load(Ordering::Relaxed)
     }
 
     /// The wait that ran out, if one did.
@@ -87,41 +106,110 @@ impl Drop for Guard {
     }
 }
 
+/// How long a connection's waits may last.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Timeouts {
+    pub idle: Duration,
+    pub header: Duration,
+    pub send: Duration,
+}
+
 /// A connection whose reads fail with [`io::ErrorKind::TimedOut`] when the client
-/// takes too long to start a request, or to finish its head.
+/// takes too long to start a request, or to finish its head, or when its place is
+/// reclaimed while it waits; and whose writes fail so when the client does not read.
+/// It holds the connection's place under the connection bounds.
 #[derive(Debug)]
 pub(super) struct Watched<T> {
     io: T,
     in_flight: Arc<InFlight>,
-    idle_timeout: Duration,
-    header_timeout: Duration,
+    timeouts: Timeouts,
+    /// `None` only between a PROXY header and the named client's admission.
+    slot: Option<Slot>,
     /// The wait in progress and when it runs out; `None` while a request is in flight.
     deadline: Option<(Wait, Pin<Box<Sleep>>)>,
     /// [`InFlight::begun`] when `deadline` was set.
     begun: usize,
+    /// No byte has been read since the wait began.
+    waiting: bool,
+    /// When a pending write to the client runs out; `None` while writes go through.
+    send_deadline: Option<Pin<Box<Sleep>>>,
 }
 
 impl<T> Watched<T> {
-    pub(super) fn new(io: T, in_flight: Arc<InFlight>, idle_timeout: Duration, header_timeout: Duration) -> Self {
-        Self { io, in_flight, idle_timeout, header_timeout, deadline: None, begun: 0 }
+    pub(super) fn new(io: T, in_flight: Arc<InFlight>, timeouts: Timeouts, slot: Slot) -> Self {
+        Self {
+            io,
+            in_flight,
+            timeouts,
+            slot: Some(slot),
+            deadline: None,
+            begun: 0,
+            waiting: false,
+            send_deadline: None,
+        }
+    }
+
+    /// Frees the connection's place, that of the balancer whose PROXY header was read.
+    pub(super) fn release(&mut self) {
+        self.slot = None;
+    }
+
+    /// Gives the connection the place of the client the PROXY header named; `waiting`:
+    /// nothing but the header was read, so the client has sent no byte yet.
+    pub(super) fn proxied(&mut self, slot: Slot, waiting: bool) {
+        self.slot = Some(slot);
+        self.waiting = waiting;
+    }
+
+    fn reclaimed(&self) -> bool {
+        self.slot.as_ref().is_some_and(Slot::reclaimed)
+    }
+
+    fn set_waiting(&mut self, waiting: bool) {
+        if let Some(slot) = &mut self.slot {
+            slot.set_waiting(waiting);
+        }
     }
 
     fn start(&mut self, wait: Wait) {
         let timeout = match wait {
-            Wait::Idle => self.idle_timeout,
-            Wait::Header => self.header_timeout,
+            Wait::Idle => self.timeouts.idle,
+            Wait::Header | Wait::Silent | Wait::Reclaimed => self.timeouts.header,
         };
         self.deadline = Some((wait, Box::pin(tokio::time::sleep(timeout))));
         self.begun = self.in_flight.begun();
+        self.waiting = true;
+    }
+
+    fn expire(&self, wait: Wait) -> Poll<io::Result<()>> {
+        let _ = self.in_flight.expired.set(wait);
+        Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
+    }
+
+    /// A write's outcome, failed once writes have made no progress for `send_timeout`.
+    fn sent<R>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
+        if poll.is_ready() {
+            self.send_deadline = None;
+            return poll;
+        }
+        let timeout = self.timeouts.send;
+        let deadline = self.send_deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        ready!(deadline.as_mut().poll(cx));
+        self.in_flight.send_timed_out.store(true, Ordering::Relaxed);
+        Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
     }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.reclaimed() {
+            return self.expire(Wait::Reclaimed);
+        }
         if self.in_flight.any() || self.begun != self.in_flight.begun() {
             self.deadline = None;
         }
         if self.in_flight.any() {
+            self.set_waiting(false);
             self.in_flight.park(cx.waker());
             // The last request may have ended since `any`; then the wake is ours.
             if !self.in_flight.any() {
@@ -131,9 +219,14 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
         }
         let before = buf.filled().len();
         if let Poll::Ready(result) = Pin::new(&mut self.io).poll_read(cx, buf) {
-            // The first bytes of a request: from now on its head has header_timeout.
-            if buf.filled().len() > before && !matches!(self.deadline, Some((Wait::Header, _))) {
-                self.start(Wait::Header);
+            if buf.filled().len() > before {
+                self.waiting = false;
+                self.set_waiting(false);
+                // The first bytes of a request: from now on its head has header_timeout.
+                if !matches!(self.deadline, Some((Wait::Header, _))) {
+                    self.start(Wait::Header);
+                    self.waiting = false;
+                }
             }
             return Poll::Ready(result);
         }
@@ -142,25 +235,37 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
             let wait = if self.in_flight.begun() == 0 { Wait::Header } else { Wait::Idle };
             self.start(wait);
         }
+        // Only a keep-alive connection gives up its place: a new one may not have had
+        // the time to send its first request yet.
+        if self.waiting && matches!(self.deadline, Some((Wait::Idle, _))) {
+            self.set_waiting(true);
+            if self.slot.as_ref().is_some_and(|slot| slot.reclaimed_or_park(cx.waker())) {
+                return self.expire(Wait::Reclaimed);
+            }
+        }
+        let waiting = self.waiting;
         let Some((wait, sleep)) = &mut self.deadline else { return Poll::Pending };
         let wait = *wait;
         ready!(sleep.as_mut().poll(cx));
-        let _ = self.in_flight.expired.set(wait);
-        Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
+        let silent = wait == Wait::Header && waiting && self.in_flight.begun() == 0;
+        self.expire(if silent { Wait::Silent } else { wait })
     }
 }
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let poll = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.sent(cx, poll)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        let poll = Pin::new(&mut self.io).poll_flush(cx);
+        self.sent(cx, poll)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        let poll = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.sent(cx, poll)
     }
 
     fn poll_write_vectored(
@@ -168,7 +273,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let poll = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.sent(cx, poll)
     }
 
     fn is_write_vectored(&self) -> bool {

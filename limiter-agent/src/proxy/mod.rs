@@ -11,7 +11,9 @@
 
 mod blame;
 mod body;
+mod bounded;
 mod buffered;
+mod busy;
 mod connections;
 mod decision_log;
 mod error;

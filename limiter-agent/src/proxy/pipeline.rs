@@ -21,6 +21,7 @@
 
 use std::{
     net::IpAddr,
+    num::NonZeroUsize,
     sync::{Arc, OnceLock, PoisonError, RwLock},
     time::{Duration, Instant},
 };
@@ -28,19 +29,23 @@ use std::{
 use http::{Request, Response, StatusCode, request, uri::PathAndQuery};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use tokio::sync::Semaphore;
 
 use super::{
     blame::{self, Blame, Initiator},
     body::{self, BodyRefused, Guarded, ProxyBody, TimedBody, full_body},
     buffered::{self, Buffers, Caps, ConnectionBuffered, Metered, Reservation},
-    connections::{Connections, Refused, Slot},
+    busy::{Busy, Held},
+    connections::{Admitted, Bounds, Connections, Level, PrefixBounds, Refused, Slot},
     decision_log::{DecisionLog, Entry},
     error::ProxyError,
     exchange::{Exchange, Proof},
     forward::{Origin, Upstream},
     headers,
     heavy::{Client, ClientRow, HeavyClients},
-    idempotent, keys,
+    idempotent,
+    idle::Timeouts,
+    keys,
     problem::Refusal,
     proxy_protocol::Accepted,
     snapshot::Snapshot,
@@ -87,8 +92,7 @@ enum Taken {
 /// How one connection is served, taken from the config when it is accepted.
 #[derive(Debug)]
 pub(super) struct ConnectionSettings {
-    pub idle_timeout: Duration,
-    pub header_timeout: Duration,
+    pub timeouts: Timeouts,
     pub tunnel_idle_timeout: Duration,
     pub tls: Option<ServerTls>,
     pub http2: Http2Config,
@@ -116,6 +120,11 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     connections: Arc<Connections>,
     /// The request bytes held in memory, by client.
     buffers: Arc<Buffers>,
+    /// Every client's requests in flight.
+    busy: Arc<Busy>,
+    /// One for each upstream connection `max_upstream_connections` allows, shared by
+    /// every worker's pool.
+    upstream_permits: Arc<Semaphore>,
     /// `proxy.decision_log`, opened at start.
     decision_log: Option<DecisionLog>,
     heavy: HeavyClients,
@@ -140,10 +149,12 @@ impl<C: Clock + Clone> Pipeline<C> {
             clock,
             escalator: OnceLock::new(),
             max_stored_body: config.signature.idempotency_max_body_bytes,
+            upstream_permits: Arc::new(Semaphore::new(config.max_upstream_connections.get())),
             snapshot: RwLock::new(Arc::new(Snapshot::new(config, secrets))),
             counters: Counters::default(),
             connections: Arc::default(),
             buffers: Arc::default(),
+            busy: Arc::default(),
         })
     }
 
@@ -219,8 +230,11 @@ impl<C: Clock + Clone> Pipeline<C> {
             ProxyProtocol::Any => Some(Accepted::Any),
         };
         ConnectionSettings {
-            idle_timeout: config.idle_timeout.0,
-            header_timeout: config.header_timeout.0,
+            timeouts: Timeouts {
+                idle: config.idle_timeout.0,
+                header: config.header_timeout.0,
+                send: config.send_timeout.0,
+            },
             tunnel_idle_timeout: config.tunnel_idle_timeout.0,
             tls: snapshot.tls.clone(),
             http2: config.http2.clone(),
@@ -234,26 +248,70 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.counters.add_connection_refused(reason);
     }
 
-    /// A place for a new connection from `peer` under `max_connections` and (unless
-    /// the peer is a trusted proxy) `max_connections_per_ip`; `None`: close it. A
-    /// peer refused for its own connections counts towards its escalation.
+    /// The permits of the upstream connections, for a worker's pool.
+    pub(super) fn upstream_permits(&self) -> Arc<Semaphore> {
+        Arc::clone(&self.upstream_permits)
+    }
+
+    /// A place for a new connection from `peer` (the TCP peer, or the client a PROXY
+    /// header names) under `max_connections` and (unless the peer is a trusted proxy)
+    /// the per-prefix bounds; `None`: close it. A peer refused for its own
+    /// connections (`max_connections_per_ip`) counts towards its escalation; one
+    /// refused at a wider prefix does not, since a neighbour may have filled it. An
+    /// escalated client is refused here, which is what blocks it behind a balancer.
     pub(super) fn admit(&self, peer: IpAddr) -> Option<Slot> {
         let config = &self.snapshot().config;
         let peer = peer.to_canonical();
         let trusted = keys::is_trusted(peer, &config.trusted_proxies);
-        let per_ip = (!trusted).then_some(config.max_connections_per_ip.get());
-        let refused = match self.connections.admit(peer, config.max_connections.get(), per_ip) {
-            Ok(slot) => return Some(slot),
-            Err(refused) => refused,
+        let prefixes = (!trusted).then(|| PrefixBounds {
+            ip: config.max_connections_per_ip.get(),
+            ipv6_56: config.max_connections_per_ipv6_56.get(),
+            ipv6_48: config.max_connections_per_ipv6_48.get(),
+            ipv4_24: config.max_connections_per_ipv4_24.map(NonZeroUsize::get),
+        });
+        let escalator = self.escalator.get();
+        let refused = if escalator.is_some_and(|escalator| escalator.blocked(peer)) {
+            Refused::Blocked
+        } else {
+            match self.connections.admit(peer, Bounds { total: config.max_connections.get(), prefixes }) {
+                Ok(Admitted { slot, reclaimed }) => {
+                    if reclaimed {
+                        self.counters.add(Event::Reclaimed);
+                    }
+                    return Some(slot);
+                }
+                Err(refused) => refused,
+            }
         };
         self.counters.add_connection_refused(refused);
-        if refused == Refused::PerIp
-            && let Some(escalator) = self.escalator.get()
+        if refused == Refused::Prefix(Level::Ip)
+            && let Some(escalator) = escalator
         {
             escalator.record(peer);
         }
         tracing::debug!(%peer, reason = refused.as_str(), "refused at accept");
         None
+    }
+
+    /// Counts a connection from `client` that `header_timeout` closed before its first
+    /// request towards the client's escalation: one that began a head always (no
+    /// browser sends half of one), one that sent nothing only while its address holds
+    /// more than half of `max_connections_per_ip`. A browser opens a few such
+    /// connections (preconnects), and a page of another site can make it; a client
+    /// holding places with them needs many.
+    pub(super) fn unserved(&self, client: IpAddr, began_head: bool) {
+        if !began_head {
+            self.counters.add(Event::Silent);
+        }
+        let config = &self.snapshot().config;
+        let client = client.to_canonical();
+        let Some(escalator) = self.escalator.get() else { return };
+        if keys::is_trusted(client, &config.trusted_proxies) {
+            return;
+        }
+        if began_head || self.connections.open_from(client) > config.max_connections_per_ip.get() / 2 {
+            escalator.record(client);
+        }
     }
 
     pub(super) fn count(&self, event: Event) {
@@ -302,6 +360,8 @@ impl<C: Clock + Clone> Pipeline<C> {
             Refusal::BodyTimeout => Some(Event::BodyTimeout),
             Refusal::BadPath(_) => Some(Event::PathRefused),
             Refusal::Upstream(_) | Refusal::UpstreamTimeout => Some(Event::UpstreamError),
+            Refusal::UpstreamBusy => Some(Event::UpstreamBusy),
+            Refusal::TooManyInFlight => Some(Event::InFlightRefused),
             _ => None,
         };
         if let Some(event) = event {
@@ -324,6 +384,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         let config = &snapshot.config;
         body::check_announced(&body, config.max_body_bytes)?;
         let mut exchange = Exchange::arrive(snapshot, upstream, origin, parts, &body)?;
+        let held = self.hold(&exchange)?;
         let body = TimedBody::new(body, config.body_timeout.0);
         // Before anything costly (reading the body, checking a MAC): a scanner's
         // request is refused on its face.
@@ -356,7 +417,8 @@ impl<C: Clock + Clone> Pipeline<C> {
             Ok(()) => self.forward(exchange, body).await,
             Err(refusal) => Err(refusal),
         };
-        Ok(self.answer(outcome, origin, initiator, &policies, disclose))
+        let response = self.answer(outcome, origin, initiator, &policies, disclose);
+        Ok(response.map(|body| Guarded::new(body, held).boxed()))
     }
 
     /// The response to a request the limits decided on, with their headers.
@@ -371,6 +433,17 @@ impl<C: Clock + Clone> Pipeline<C> {
         let mut response = outcome.unwrap_or_else(|refusal| self.refuse(origin, initiator, refusal));
         headers::add_rate_limit_headers(response.headers_mut(), policies, self.clock.now(), disclose);
         response
+    }
+
+    /// The request's place among its client's in flight (`None`: a trusted proxy's
+    /// own), held until its response is sent.
+    fn hold(&self, exchange: &Exchange<'_>) -> Result<Option<Held>, Refusal> {
+        let config = exchange.config();
+        if keys::is_trusted(exchange.client, &config.trusted_proxies) {
+            return Ok(None);
+        }
+        let max = config.max_requests_in_flight_per_client.get();
+        self.busy.enter(exchange.client, max).map(Some).ok_or(Refusal::TooManyInFlight)
     }
 
     /// Reads the body as far as proving a key needs: whole for a signed request (then
@@ -552,7 +625,13 @@ impl<C: Clock + Clone> Pipeline<C> {
                     {
                         claim.not_sent();
                     }
-                    if body::timed_out(&error) { Refusal::BodyTimeout } else { Refusal::Upstream(error.into()) }
+                    if error.all_in_use() {
+                        Refusal::UpstreamBusy
+                    } else if body::timed_out(&error) {
+                        Refusal::BodyTimeout
+                    } else {
+                        Refusal::Upstream(error.into())
+                    }
                 })?;
         let Some(claim) = claim else {
             return Ok(response);

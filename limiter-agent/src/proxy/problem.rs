@@ -70,6 +70,12 @@ pub(super) enum Refusal {
     /// The upstream took longer than `upstream_timeout` to answer.
     #[error("upstream did not answer in time")]
     UpstreamTimeout,
+    /// The client had `max_requests_in_flight_per_client` requests in flight already.
+    #[error("too many requests in flight from this client")]
+    TooManyInFlight,
+    /// `max_upstream_connections` were open, none of them free.
+    #[error("every upstream connection is in use")]
+    UpstreamBusy,
     /// The shared store is unreachable: under `store_failure = "deny"` for the limits,
     /// always for replay protection and idempotency.
     #[error("shared store unreachable")]
@@ -119,6 +125,14 @@ fn problem(status: StatusCode, slug: &str, detail: &str, violated: Option<&[Stri
     let mut response = Response::new(full_body(body));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response
+}
+
+/// A 429 for a share of the client's that its requests in progress hold: free again
+/// as soon as one ends, so `Retry-After: 1`.
+fn share_in_use(slug: &str, detail: &str) -> Response<ProxyBody> {
+    let mut response = problem(StatusCode::TOO_MANY_REQUESTS, slug, detail, None);
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
     response
 }
 
@@ -181,13 +195,10 @@ impl Refusal {
                 response
             }
             Self::BuffersFull => {
-                let mut response = problem(
-                    StatusCode::TOO_MANY_REQUESTS,
+                let mut response = share_in_use(
                     "buffers-full",
                     "Too many of this client's request bodies are being received at once; retry when one is done.",
-                    None,
                 );
-                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
                 // As for a body too large: the rest of it is not worth reading.
                 response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
                 response
@@ -237,6 +248,16 @@ impl Refusal {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "idempotency-store-full",
                 "Too many idempotent requests are in progress; retry shortly.",
+                None,
+            ),
+            Self::TooManyInFlight => share_in_use(
+                "too-many-in-flight",
+                "Too many requests from this client are in progress; retry once one has its answer.",
+            ),
+            Self::UpstreamBusy => problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "upstream-busy",
+                "Every connection to the upstream service is in use; retry shortly.",
                 None,
             ),
             Self::StoreUnavailable => problem(

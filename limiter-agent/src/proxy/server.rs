@@ -61,7 +61,7 @@ pub(super) async fn serve<C: Clock + Clone>(
     on_accept: &OnceLock<Arc<dyn AcceptHook>>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let upstream = Arc::new(Upstream::new());
+    let upstream = Arc::new(Upstream::new(pipeline.upstream_permits()));
     let (stop, stopped) = watch::channel(());
     let mut connections = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -103,9 +103,6 @@ struct Connection<C: Clock + Clone> {
     buffered: ConnectionBuffered,
     settings: ConnectionSettings,
     stop: watch::Receiver<()>,
-    /// The place under the connection bounds, held until the connection (and any
-    /// tunnel it became) closes.
-    _slot: Slot,
 }
 
 async fn connection<C: Clock + Clone>(
@@ -121,22 +118,16 @@ async fn connection<C: Clock + Clone>(
     }
     let settings = pipeline.connection_settings(peer.ip());
     let in_flight = Arc::new(InFlight::default());
-    // The preamble (PROXY header, TLS handshake) is read under header_timeout too.
-    let mut watched = Watched::new(stream, Arc::clone(&in_flight), settings.idle_timeout, settings.header_timeout);
+    // The preamble (PROXY header, TLS handshake) is read under header_timeout too;
+    // the socket holds the connection's place until it (and any tunnel it became)
+    // closes.
+    let mut watched = Watched::new(stream, Arc::clone(&in_flight), settings.timeouts, slot);
     let mut buffered = Vec::new();
-    let Some((client, slot)) = preamble(&pipeline, &settings, &mut watched, &mut buffered, peer, slot).await else {
+    let Some(client) = preamble(&pipeline, &settings, &mut watched, &mut buffered, peer).await else {
         return;
     };
-    let connection = Connection {
-        pipeline,
-        upstream,
-        client,
-        in_flight,
-        buffered: ConnectionBuffered::default(),
-        settings,
-        stop,
-        _slot: slot,
-    };
+    let connection =
+        Connection { pipeline, upstream, client, in_flight, buffered: ConnectionBuffered::default(), settings, stop };
     match connection.settings.tls.clone() {
         Some(tls) => match tls.acceptor().accept(Prefixed::new(buffered, watched)).await {
             Ok(stream) => {
@@ -145,6 +136,9 @@ async fn connection<C: Clock + Clone>(
             }
             Err(error) => {
                 connection.pipeline.count(Event::TlsHandshakeFailed);
+                if connection.in_flight.expired() == Some(Wait::Silent) {
+                    connection.pipeline.unserved(connection.client.ip(), false);
+                }
                 tracing::debug!(%error, %peer, "TLS handshake failed");
             }
         },
@@ -160,7 +154,7 @@ async fn connection<C: Clock + Clone>(
 }
 
 /// Reads the PROXY protocol header a trusted peer sends, and refuses one from any
-/// other peer. Returns whom the connection serves, in its own place under the
+/// other peer. Returns whom the connection serves, moved to its own place under the
 /// connection bounds; `None`: the connection is closed.
 async fn preamble<C: Clock + Clone>(
     pipeline: &Pipeline<C>,
@@ -168,9 +162,8 @@ async fn preamble<C: Clock + Clone>(
     watched: &mut Watched<TcpStream>,
     buffered: &mut Vec<u8>,
     peer: SocketAddr,
-    slot: Slot,
-) -> Option<(SocketAddr, Slot)> {
-    let Some(accepted) = settings.proxy_protocol else { return Some((peer, slot)) };
+) -> Option<SocketAddr> {
+    let Some(accepted) = settings.proxy_protocol else { return Some(peer) };
     let refuse = |why: &dyn std::fmt::Display| {
         pipeline.refuse_connection(Refused::ProxyProtocol);
         tracing::debug!(%peer, %why, "PROXY protocol header refused");
@@ -188,17 +181,19 @@ async fn preamble<C: Clock + Clone>(
         if proxy_protocol::starts_like_header(buffered, accepted) {
             return refuse(&"sent by a peer not in trusted_proxies");
         }
-        return Some((peer, slot));
+        return Some(peer);
     }
     let client = match proxy_protocol::read(watched, accepted, buffered).await {
         Ok(Header::Proxied(client)) => client,
-        Ok(Header::Local) => return Some((peer, slot)),
+        Ok(Header::Local) => return Some(peer),
         Err(error) => return refuse(&error),
     };
-    // The client behind the load balancer has its own share of the connection bounds.
-    drop(slot);
+    // The client behind the load balancer has its own share of the connection bounds
+    // (the balancer's place is freed first, so that it is never the one short).
+    watched.release();
     let slot = pipeline.admit(client.ip())?;
-    Some((client, slot))
+    watched.proxied(slot, buffered.is_empty());
+    Some(client)
 }
 
 /// A tunnel's upstream half, left by the response that opened it.
@@ -272,16 +267,35 @@ impl<C: Clock + Clone> Connection<C> {
             self.tunnel(stream, &parts.read_buf, opened).await;
             return;
         }
+        self.ended();
         // Tell a client that had started a request why it is cut off; an idle one is
         // closed silently.
         if expired == Some(Wait::Header) && !parts.read_buf.is_empty() {
             self.pipeline.count(Event::HeaderTimeout);
+            // Before the answer, so that the client's next connection meets its count.
+            self.pipeline.unserved(self.client.ip(), true);
             if let Err(error) = stream.write_all(&request_timeout_bytes()).await {
                 tracing::debug!(%error, client = %self.client, "writing 408");
             }
+        } else if self.unserved() {
+            self.pipeline.unserved(self.client.ip(), false);
         }
         if let Err(error) = stream.shutdown().await {
             tracing::debug!(%error, client = %self.client, "closing connection");
+        }
+    }
+
+    /// Whether `header_timeout` closed the connection before any request, with
+    /// nothing of one received (a half-sent head is answered 408 instead).
+    fn unserved(&self) -> bool {
+        let expired = self.in_flight.expired();
+        matches!(expired, Some(Wait::Header | Wait::Silent)) && self.in_flight.begun() == 0
+    }
+
+    /// Counts how the connection ended, where that is a count of its own.
+    fn ended(&self) {
+        if self.in_flight.send_timed_out() {
+            self.pipeline.count(Event::SendTimeout);
         }
     }
 
@@ -325,6 +339,10 @@ impl<C: Clock + Clone> Connection<C> {
                 }
             }
         };
+        self.ended();
+        if self.unserved() {
+            self.pipeline.unserved(self.client.ip(), false);
+        }
         if let Err(error) = result {
             let h2 = std::error::Error::source(&error).and_then(|source| source.downcast_ref::<h2::Error>());
             if h2.and_then(h2::Error::reason) == Some(h2::Reason::ENHANCE_YOUR_CALM) {

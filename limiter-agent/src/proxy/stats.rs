@@ -48,6 +48,16 @@ pub(super) enum Event {
     /// With escalation on, a 429, 401 or 403 to a directly connected client that did
     /// not count towards its escalation: someone else could have caused it.
     NotEscalated,
+    /// An idle keep-alive connection closed to make room at `max_connections`.
+    Reclaimed,
+    /// A connection closed by `header_timeout` without a byte of a request.
+    Silent,
+    /// A connection cut for a write to the client stalled past `send_timeout`.
+    SendTimeout,
+    /// A request refused (429) past `max_requests_in_flight_per_client`.
+    InFlightRefused,
+    /// A request refused (503): `max_upstream_connections` were open.
+    UpstreamBusy,
 }
 
 /// The live counters. Relaxed atomics: each counter is independent, and a reader
@@ -75,6 +85,11 @@ pub(super) struct Counters {
     http2_reset_floods: AtomicU64,
     upgrades: AtomicU64,
     not_escalated: AtomicU64,
+    reclaimed: AtomicU64,
+    silent: AtomicU64,
+    send_timeouts: AtomicU64,
+    in_flight_refused: AtomicU64,
+    upstream_busy: AtomicU64,
 }
 
 /// Upper bounds, in seconds, of the `limiter_proxy_decision_seconds` buckets: a
@@ -123,6 +138,11 @@ impl Counters {
             Event::ResetFlood => &self.http2_reset_floods,
             Event::Upgraded => &self.upgrades,
             Event::NotEscalated => &self.not_escalated,
+            Event::Reclaimed => &self.reclaimed,
+            Event::Silent => &self.silent,
+            Event::SendTimeout => &self.send_timeouts,
+            Event::InFlightRefused => &self.in_flight_refused,
+            Event::UpstreamBusy => &self.upstream_busy,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -186,6 +206,11 @@ impl Counters {
             http2_reset_floods: load(&self.http2_reset_floods),
             upgrades: load(&self.upgrades),
             refusals_not_escalated: load(&self.not_escalated),
+            connections_reclaimed: load(&self.reclaimed),
+            silent_connections: load(&self.silent),
+            send_timeouts: load(&self.send_timeouts),
+            in_flight_refused: load(&self.in_flight_refused),
+            upstream_busy: load(&self.upstream_busy),
             tracked_keys: u64::try_from(tracked_keys).unwrap_or(u64::MAX),
             decision_seconds: DecisionHistogram {
                 counts: self.decision_seconds.iter().map(load).collect(),
@@ -247,8 +272,9 @@ pub struct ProxyStats {
     /// Requests whose body did not arrive within `body_timeout` (408).
     #[serde(default)]
     pub body_timeouts: u64,
-    /// Connections closed before their first request: over `max_connections` or
-    /// `max_connections_per_ip`, or for their PROXY protocol header.
+    /// Connections closed before their first request: over `max_connections` or a
+    /// per-prefix bound, for their PROXY protocol header, or blocked (an escalated
+    /// client behind a PROXY protocol balancer).
     #[serde(default)]
     pub connections_refused: u64,
     /// `connections_refused` by reason (the metrics label values).
@@ -271,6 +297,24 @@ pub struct ProxyStats {
     /// without credentials, a deny rule without `escalate`, a cross-site request).
     #[serde(default)]
     pub refusals_not_escalated: u64,
+    /// Idle keep-alive connections closed to make room for a new one at
+    /// `max_connections`.
+    #[serde(default)]
+    pub connections_reclaimed: u64,
+    /// Connections `header_timeout` closed before a byte of a request.
+    #[serde(default)]
+    pub silent_connections: u64,
+    /// Connections cut because a write to the client made no progress within
+    /// `send_timeout`.
+    #[serde(default)]
+    pub send_timeouts: u64,
+    /// Requests refused with 429: their client had `max_requests_in_flight_per_client`
+    /// in flight.
+    #[serde(default)]
+    pub in_flight_refused: u64,
+    /// Requests refused with 503: `max_upstream_connections` were open.
+    #[serde(default)]
+    pub upstream_busy: u64,
     /// Per-key limiter state currently held (with Redis: the server's keys).
     pub tracked_keys: u64,
     /// Request body bytes held in memory now: signed and chunked bodies are read

@@ -731,6 +731,20 @@ fn check_says_that_store_failure_now_defaults_to_local_for_a_config_on_redis() {
     assert_eq!(check(""), "", "in memory the store never fails");
 }
 
+/// A config that raised `max_connections_per_ip` past the new wider bounds: `limiter
+/// check` says which one now holds an IPv6 client, and that its requests in flight
+/// are capped.
+#[test]
+fn check_says_where_a_new_connection_bound_is_tighter_than_the_configs_own() {
+    let check = |bounds: &str| {
+        check_warnings(&format!("[proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:9\"\n{bounds}"))
+    };
+    let raised = check("max_connections_per_ip = 2000\n");
+    assert!(raised.contains("warning: proxy.max_connections_per_ip = 2000, but an IPv6 /56 may hold 1024"), "{raised}");
+    assert!(raised.contains("max_requests_in_flight_per_client"), "{raised}");
+    assert_eq!(check(""), "");
+}
+
 fn ip(args: &[&str]) -> String {
     let output = Command::new("ip").args(args).output().expect("ip");
     String::from_utf8_lossy(&output.stdout).into_owned()

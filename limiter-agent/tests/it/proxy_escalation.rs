@@ -15,10 +15,13 @@ use http::{Method, StatusCode};
 use limiter::escalation::Escalation;
 use limiter_core::{Clock as _, SystemClock};
 use limiter_lab::support::{
-    proxy::{PROXY_HEAD, RunningProxy, TestClient, Upstream, exchange_from, secret_file, signed_route_config},
+    proxy::{
+        PROXY_HEAD, RunningProxy, TestClient, Upstream, assert_not_escalated, exchange_from, secret_file,
+        signed_route_config,
+    },
     wait::PATIENCE,
 };
-use tokio::sync::mpsc::{Receiver, error::TryRecvError};
+use tokio::sync::mpsc::Receiver;
 
 /// Refusals tolerated before a client is escalated.
 const THRESHOLD: u32 = 3;
@@ -27,10 +30,6 @@ const THRESHOLD: u32 = 3;
 const FLOOD: usize = 60;
 
 const CROSS_SITE: (&str, &str) = ("sec-fetch-site", "cross-site");
-
-fn assert_not_escalated(escalated: &mut Receiver<Escalation>, after: &str) {
-    assert_eq!(escalated.try_recv().map(|e| e.cidr), Err(TryRecvError::Empty), "escalated after {after}");
-}
 
 /// Proves that no refusal before counted: `THRESHOLD` refusals `refuse` makes leave the
 /// client unescalated, and one more escalates 127.0.0.1 (that of [`TestClient`]).

@@ -398,6 +398,41 @@ pub async fn exchange_from(local: [u8; 4], to: SocketAddr, bytes: &[u8]) -> Stri
     read_to_close(&mut stream).await
 }
 
+/// Fails unless no escalation was asked for so far; `after` says after what.
+pub fn assert_not_escalated(escalated: &mut mpsc::Receiver<Escalation>, after: &str) {
+    assert_eq!(escalated.try_recv().map(|e| e.cidr), Err(mpsc::error::TryRecvError::Empty), "escalated after {after}");
+}
+
+/// A PROXY protocol v2 header a balancer sends for a TCP connection from `client` to
+/// `to` (both of one family).
+#[must_use]
+pub fn proxy_v2_header(client: SocketAddr, to: SocketAddr) -> Vec<u8> {
+    let mut header = b"\r\n\r\n\0\r\nQUIT\n\x21".to_vec();
+    let (family, mut addresses) = match (client.ip(), to.ip()) {
+        (std::net::IpAddr::V4(from), std::net::IpAddr::V4(to)) => (0x11, [from.octets(), to.octets()].concat()),
+        (std::net::IpAddr::V6(from), std::net::IpAddr::V6(to)) => (0x21, [from.octets(), to.octets()].concat()),
+        _ => panic!("{client} and {to} are of different families"),
+    };
+    addresses.extend_from_slice(&client.port().to_be_bytes());
+    addresses.extend_from_slice(&to.port().to_be_bytes());
+    header.push(family);
+    header.extend_from_slice(&u16::try_from(addresses.len()).expect("short").to_be_bytes());
+    header.extend_from_slice(&addresses);
+    header
+}
+
+/// A connection to `to` from a balancer on 127.0.0.1 that names `client` in a PROXY
+/// v2 header, then sends `bytes`.
+pub async fn proxied_from(client: SocketAddr, to: SocketAddr, bytes: &[u8]) -> TcpStream {
+    let mut stream = connect_from([127, 0, 0, 1], to).await;
+    let destination = if client.is_ipv4() { to } else { SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, to.port())) };
+    let mut sent = proxy_v2_header(client, destination);
+    sent.extend_from_slice(bytes);
+    // A connection refused at its header may be reset while the rest is written.
+    let _ = stream.write_all(&sent).await;
+    stream
+}
+
 /// Writes `bytes` on a fresh connection and reads until the proxy closes it.
 pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
     let mut stream = TcpStream::connect(addr).await.expect("connect to proxy");
