@@ -262,7 +262,7 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
         ),
         (
             "limiter_proxy_send_timeouts_total",
-            "Connections cut: a write to the client made no progress within send_timeout.",
+            "Connections cut for a write to the client, and HTTP/2 streams ended, making no progress within send_timeout.",
             stats.send_timeouts,
         ),
         (

@@ -32,6 +32,7 @@ mod proxy_protocol;
 mod resets;
 mod server;
 mod snapshot;
+mod stalled;
 mod stats;
 mod tunnel;
 

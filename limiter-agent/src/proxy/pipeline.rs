@@ -93,6 +93,10 @@ enum Taken {
 #[derive(Debug)]
 pub(super) struct ConnectionSettings {
     pub timeouts: Timeouts,
+    /// How long an HTTP/2 stream may go without progress: `send_timeout`, or
+    /// `upstream_timeout` if longer, so that a wait for the upstream's head is never
+    /// cut before its own bound.
+    pub stream_stall: Duration,
     pub tunnel_idle_timeout: Duration,
     pub tls: Option<ServerTls>,
     pub http2: Http2Config,
@@ -235,6 +239,7 @@ impl<C: Clock + Clone> Pipeline<C> {
                 header: config.header_timeout.0,
                 send: config.send_timeout.0,
             },
+            stream_stall: config.send_timeout.0.max(config.upstream_timeout.0),
             tunnel_idle_timeout: config.tunnel_idle_timeout.0,
             tls: snapshot.tls.clone(),
             http2: config.http2.clone(),

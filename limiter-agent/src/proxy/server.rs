@@ -20,7 +20,7 @@ use hyper::{
     service::service_fn,
     upgrade::OnUpgrade,
 };
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tokio::{
     io::{AsyncRead, AsyncWrite, AsyncWriteExt},
     net::{TcpListener, TcpStream},
@@ -39,6 +39,7 @@ use super::{
     problem::request_timeout_bytes,
     proxy_protocol::{self, Header},
     resets::Resets,
+    stalled::StallCut,
     stats::Event,
     tunnel,
 };
@@ -319,7 +320,9 @@ impl<C: Clock + Clone> Connection<C> {
         let limits = &self.settings.http2;
         let resets = Resets::new(limits.max_resets_per_minute.get());
         let service = service_fn(self.service(Some(Arc::clone(&resets)), None));
-        let mut conn = http2::Builder::new(TokioExecutor::new())
+        let pipeline = Arc::clone(&self.pipeline);
+        let stall = StallCut::new(self.settings.stream_stall, Arc::new(move || pipeline.count(Event::SendTimeout)));
+        let mut conn = http2::Builder::new(stall)
             .max_concurrent_streams(limits.max_concurrent_streams.get())
             .max_header_list_size(limits.max_header_list_bytes.get())
             .serve_connection(TokioIo::new(stream), service);

@@ -52,7 +52,8 @@ pub(super) enum Event {
     Reclaimed,
     /// A connection closed by `header_timeout` without a byte of a request.
     Silent,
-    /// A connection cut for a write to the client stalled past `send_timeout`.
+    /// A connection cut for a write to the client stalled past `send_timeout`, or an
+    /// HTTP/2 stream ended for making no progress that long.
     SendTimeout,
     /// A request refused (429) past `max_requests_in_flight_per_client`.
     InFlightRefused,
@@ -305,7 +306,7 @@ pub struct ProxyStats {
     #[serde(default)]
     pub silent_connections: u64,
     /// Connections cut because a write to the client made no progress within
-    /// `send_timeout`.
+    /// `send_timeout`, and HTTP/2 streams ended for making none that long.
     #[serde(default)]
     pub send_timeouts: u64,
     /// Requests refused with 429: their client had `max_requests_in_flight_per_client`

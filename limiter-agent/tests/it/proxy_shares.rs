@@ -197,6 +197,37 @@ async fn a_client_that_never_reads_is_cut_after_send_timeout_and_its_upstream_co
     drop(reader);
 }
 
+/// An HTTP/2 client that stops reading one stream (it never opens the stream's window)
+/// while it keeps the connection: nothing is written to it, so the socket's
+/// `send_timeout` never runs out, and before, the stream and its upstream connection
+/// were held for ever.
+#[tokio::test]
+async fn an_http2_stream_its_client_stops_reading_is_reset_and_its_upstream_connection_closed() {
+    let (upstream, mut released) = endless_upstream().await;
+    let config = format!("{PROXY_HEAD}send_timeout = \"500ms\"\nupstream_timeout = \"500ms\"\n");
+    let proxy = RunningProxy::start(&config, upstream).await;
+    let tcp = TcpStream::connect(proxy.addr).await.expect("connect");
+    let (send, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    let _connection = tokio::spawn(connection);
+    let get = || http::Request::get(format!("http://{}/big", proxy.addr)).body(()).expect("request");
+    let (response, _) = send.clone().ready().await.expect("open").send_request(get(), true).expect("a stream");
+    let mut body = response.await.expect("the head").into_body();
+    // Its window is never opened again: the proxy holds the rest of the body.
+    tokio::time::timeout(PATIENCE, released.recv()).await.expect("the upstream connection closed in time");
+    proxy.stats_until("the stalled stream counted", |stats| stats.send_timeouts == 1).await;
+    let reset = loop {
+        match body.data().await {
+            Some(Ok(_)) => {}
+            Some(Err(error)) => break error.reason(),
+            None => panic!("the stream ended instead of being reset"),
+        }
+    };
+    assert_eq!(reset, Some(h2::Reason::CANCEL));
+    // The stream alone: the connection still serves.
+    let (response, _) = send.ready().await.expect("still open").send_request(get(), true).expect("a stream");
+    assert_eq!(response.await.expect("the head").status(), StatusCode::OK);
+}
+
 #[tokio::test]
 async fn one_client_has_at_most_max_requests_in_flight_over_its_streams_and_connections() {
     let upstream = Upstream::start().await;
