@@ -29,21 +29,21 @@ pub fn as_v4(v6: &[u8; 16]) -> Option<[u8; 4]> {
 }
 
 /// Zeroes every bit of `v6` past the first `prefix_len` (clamped to 128).
+///
+/// On two 64-bit halves rather than byte by byte: in the XDP program a byte loop
+/// with a branch per byte took some 90 bytes of its 512-byte stack.
 #[inline(always)]
 #[must_use]
-pub fn mask_v6(mut v6: [u8; 16], prefix_len: u8) -> [u8; 16] {
-    let prefix_len = if prefix_len > 128 { 128 } else { prefix_len } as usize;
-    let mut i = 0;
-    while i < 16 {
-        let bit = i * 8;
-        if bit >= prefix_len {
-            v6[i] = 0;
-        } else if bit + 8 > prefix_len {
-            v6[i] &= 0xffu8 << (8 - (prefix_len - bit));
-        }
-        i += 1;
-    }
-    v6
+pub fn mask_v6(v6: [u8; 16], prefix_len: u8) -> [u8; 16] {
+    let bits = u32::from(if prefix_len > 128 { 128 } else { prefix_len });
+    // The top `n` bits of a half, `n` from 0 to 64.
+    let top = |n: u32| if n == 0 { 0 } else { u64::MAX << (64 - n) };
+    let [a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p] = v6;
+    let high = u64::from_be_bytes([a, b, c, d, e, f, g, h]) & top(if bits > 64 { 64 } else { bits });
+    let low = u64::from_be_bytes([i, j, k, l, m, n, o, p]) & top(bits.saturating_sub(64));
+    let [a, b, c, d, e, f, g, h] = high.to_be_bytes();
+    let [i, j, k, l, m, n, o, p] = low.to_be_bytes();
+    [a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p]
 }
 
 #[cfg(test)]

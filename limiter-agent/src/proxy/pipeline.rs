@@ -27,6 +27,7 @@ use http::{Request, Response, StatusCode, request, uri::PathAndQuery};
 use hyper::body::Incoming;
 
 use super::{
+    ServedHook,
     blame::{self, Blame, Initiator},
     body::{self, BodyRefused, ProxyBody, TimedBody, full_body},
     connections::{Connections, Refused, Slot},
@@ -107,6 +108,8 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     clock: C,
     /// Set by the agent when it runs the kernel layer too.
     escalator: OnceLock<Arc<Escalator<C>>>,
+    /// Set by the agent when it runs the kernel layer too.
+    served: OnceLock<Arc<dyn ServedHook>>,
     max_stored_body: usize,
     counters: Counters,
     connections: Arc<Connections>,
@@ -133,6 +136,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             stores,
             clock,
             escalator: OnceLock::new(),
+            served: OnceLock::new(),
             max_stored_body: config.signature.idempotency_max_body_bytes,
             snapshot: RwLock::new(Arc::new(Snapshot::new(config, secrets))),
             counters: Counters::default(),
@@ -197,6 +201,11 @@ impl<C: Clock + Clone> Pipeline<C> {
     /// Sends this proxy's rejections to `escalator`; only the first call counts.
     pub(super) fn escalate_to(&self, escalator: Arc<Escalator<C>>) {
         let _ = self.escalator.set(escalator);
+    }
+
+    /// Tells `hook` the peer of every request served; only the first call counts.
+    pub(super) fn on_served(&self, hook: Arc<dyn ServedHook>) {
+        let _ = self.served.set(hook);
     }
 
     /// How a new connection from `peer` is served, under the config of now.
@@ -484,6 +493,9 @@ impl<C: Clock + Clone> Pipeline<C> {
                     }
                     if body::timed_out(&error) { Refusal::BodyTimeout } else { Refusal::Upstream(error.into()) }
                 })?;
+        if let Some(hook) = self.served.get() {
+            hook.served(origin.peer);
+        }
         let Some(claim) = claim else {
             return Ok(response);
         };

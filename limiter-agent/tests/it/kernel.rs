@@ -354,7 +354,11 @@ fn a_new_config_keeps_every_bucket_where_it_was() {
     let mut kernel = slow_kernel();
     assert_eq!(verdicts(&kernel, &udp4(A), 4), [XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP]);
     // A larger burst and rate: an emptied bucket is not refilled by the reload.
-    kernel.kernel.maps_mut().apply(&xdp_config("[xdp.limit]\npackets_per_second = 2\nburst = 3\n")).expect("apply");
+    kernel
+        .kernel
+        .maps_mut()
+        .apply(&xdp_config("[xdp.limit]\npackets_per_second = 2\nburst = 3\n"), None)
+        .expect("apply");
     assert_eq!(kernel.run(&udp4(A)), XDP_DROP);
     assert_eq!(verdicts(&kernel, &udp4(B), 4), [XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP], "new rate applies");
 }
