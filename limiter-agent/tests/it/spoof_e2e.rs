@@ -149,25 +149,6 @@ upstream = "http://{upstream}"
     }
 }
 
-/// TCP connections to the proxy from the client namespace until `stop`, each closed
-/// without a request, slower than a source's share of the SYN budget;
-/// (established, attempts).
-fn keep_connecting(
-    ns: &str,
-    proxy: SocketAddr,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<std::io::Result<(u64, u64)>> {
-    spawn_in_namespace(ns, move || {
-        let (mut ok, mut tried) = (0, 0);
-        while !stop.load(Ordering::Relaxed) {
-            tried += 1;
-            ok += u64::from(TcpStream::connect_timeout(&proxy, Duration::from_secs(3)).is_ok());
-            std::thread::sleep(Duration::from_millis(150));
-        }
-        (ok, tried)
-    })
-}
-
 /// One GET through the proxy on a new connection (from the namespace's only
 /// address); whether it got 200.
 fn get(proxy: SocketAddr) -> bool {
@@ -188,12 +169,34 @@ fn keep_requesting(
     proxy: SocketAddr,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<std::io::Result<(u64, u64)>> {
+    keep_trying(ns, stop, Duration::from_millis(20), move || get(proxy))
+}
+
+/// TCP connections to the proxy from the client namespace until `stop`, each closed
+/// without a request, slower than a source's share of the SYN budget;
+/// (established, attempts).
+fn keep_connecting(
+    ns: &str,
+    proxy: SocketAddr,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<std::io::Result<(u64, u64)>> {
+    let connect = move || TcpStream::connect_timeout(&proxy, Duration::from_secs(3)).is_ok();
+    keep_trying(ns, stop, Duration::from_millis(150), connect)
+}
+
+/// `attempt` from namespace `ns` every `pause` until `stop`; (successes, attempts).
+fn keep_trying(
+    ns: &str,
+    stop: Arc<AtomicBool>,
+    pause: Duration,
+    attempt: impl Fn() -> bool + Send + 'static,
+) -> std::thread::JoinHandle<std::io::Result<(u64, u64)>> {
     spawn_in_namespace(ns, move || {
         let (mut ok, mut tried) = (0, 0);
         while !stop.load(Ordering::Relaxed) {
             tried += 1;
-            ok += u64::from(get(proxy));
-            std::thread::sleep(Duration::from_millis(20));
+            ok += u64::from(attempt());
+            std::thread::sleep(pause);
         }
         (ok, tried)
     })
