@@ -6,6 +6,8 @@
 
 /// `::ffff:0:0/96`, the IPv4-mapped prefix.
 pub const V4_MAPPED_PREFIX: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+/// Bits of [`V4_MAPPED_PREFIX`] in front of an IPv4 source's 16-byte key.
+pub const V4_MAPPED_BITS: u8 = 96;
 
 /// The 16-byte form of an IPv4 source.
 #[inline(always)]

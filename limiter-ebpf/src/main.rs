@@ -30,7 +30,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use limiter_common::{
-    addr::mask_v6,
+    addr::{V4_MAPPED_BITS, mask_v6},
     bucket::Rate,
     counters::Counter,
     maps::{
@@ -47,9 +47,6 @@ use crate::{
     },
     parse::{Frame, Packet, Syn, parse},
 };
-
-/// Bits of the IPv4-mapped prefix in front of an IPv4 source's 16-byte key.
-const V4_MAPPED_BITS: u8 = 96;
 
 // `frags`: a jumbo frame arrives as several buffers; without it a native attach to
 // a link whose MTU exceeds a page is refused.
@@ -115,7 +112,7 @@ pub fn limiter(ctx: XdpContext) -> u32 {
             count(Counter::NewSources);
             debug!(&ctx, "new source {:i}", key.addr);
         }
-        Charged::Existing(_) => {}
+        Charged::Existing(_) | Charged::Raced(_) => {}
     }
     if !charged.admitted() {
         return refuse(enforce, Counter::DroppedRateLimit);
@@ -146,13 +143,12 @@ fn charge_syn(ctx: &XdpContext, key: &SourceKey, now: u64, settings: &Settings) 
     });
     match share {
         Charged::Refused => Some(Counter::DroppedSyn),
-        Charged::Inserted(true) => None,
-        // Also where two CPUs raced to make one source's share and the loser took a
-        // token for the insert it lost: the budget then admits one fewer.
+        // The budget's token was taken for the insert, whichever CPU's insert won.
+        Charged::Inserted(true) | Charged::Raced(true) => None,
         Charged::Existing(true) => {
             (!take_budget(ctx, &BUDGETS, BUDGET_SYN, now, settings.syn_rate)).then_some(Counter::DroppedSyn)
         }
-        Charged::Existing(false) | Charged::Inserted(false) => Some(Counter::DroppedSynShare),
+        Charged::Existing(false) | Charged::Inserted(false) | Charged::Raced(false) => Some(Counter::DroppedSynShare),
     }
 }
 

@@ -14,7 +14,7 @@ use std::{
 use aya::maps::{HashMap, Map, MapData, MapError};
 use ipnet::{IpNet, Ipv4Net};
 use limiter_common::{
-    addr::{as_v4, mask_v6, v4_mapped},
+    addr::{V4_MAPPED_BITS, as_v4, mask_v6, v4_mapped},
     maps::{self as names, SourceKey, Verified},
 };
 
@@ -155,9 +155,9 @@ struct Tracker {
     per_48: usize,
     per_24: usize,
     /// Each prefix's verified keys and their expiry (`CLOCK_MONOTONIC` ns, as the
-    /// map's), at most the cap of the prefix each: a lookup on every request served,
-    /// which a source already verified for more than half its TTL passes without a
-    /// write to the map.
+    /// map's), at most the prefix's cap: looked up on every request served, so that
+    /// a source whose entry has more than half its TTL left costs no write to the
+    /// map (no syscall).
     prefixes: collections::HashMap<SourceKey, Vec<(SourceKey, u64)>>,
 }
 
@@ -178,9 +178,6 @@ fn prefix_of(key: &SourceKey) -> SourceKey {
     let bits = if as_v4(&key.addr).is_some() { V4_MAPPED_BITS + 24 } else { 48 };
     SourceKey { addr: mask_v6(key.addr, bits) }
 }
-
-/// Bits of `::ffff:0:0/96` in front of an IPv4 key.
-const V4_MAPPED_BITS: u8 = 96;
 
 impl Verifier {
     /// Opens the map pinned under `pin_dir`.
