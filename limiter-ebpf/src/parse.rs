@@ -86,6 +86,7 @@ pub struct Packet {
     pub malformed: bool,
     /// ICMPv6 neighbour or router discovery from the local link.
     pub link_control: bool,
+    /// Whether it opens a TCP handshake.
     pub syn: Syn,
     /// The TCP destination port where the header shows one (else 0).
     pub port: u16,
