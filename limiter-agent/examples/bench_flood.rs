@@ -340,7 +340,7 @@ fn main() -> anyhow::Result<()> {
                     let pin_dir = pin_dir.clone();
                     move || -> anyhow::Result<_> {
                         let mut loaded = Kernel::load(&LoadOptions::with_sources(pin_dir, 65_536))?;
-                        loaded.maps_mut().apply(&config)?;
+                        loaded.maps_mut().apply(&config, None)?;
                         let (attachment, link) = attach(&mut loaded, "rx0", mode)?;
                         Ok((loaded, attachment, link))
                     }

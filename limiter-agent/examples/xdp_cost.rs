@@ -86,7 +86,7 @@ fn main() -> anyhow::Result<()> {
     };
     let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-bench-{}", std::process::id()));
     let mut kernel = Kernel::load(&LoadOptions::with_sources(pin_dir.clone(), capacity))?;
-    kernel.maps_mut().apply(&config)?;
+    kernel.maps_mut().apply(&config, None)?;
     let known = frame(Ipv4Addr::new(192, 0, 2, 7));
 
     let floor = cost(kernel.floor(Floor::Pass)?, &known, repeat);
@@ -98,10 +98,10 @@ fn main() -> anyhow::Result<()> {
     // The same source under a burst of 10 ms of refill, below the coarse clock's
     // bound (100 ticks), so its bucket reads the precise clock.
     config.limit.burst = nonzero(10_000_000);
-    kernel.maps_mut().apply(&config)?;
+    kernel.maps_mut().apply(&config, None)?;
     let known_source_precise_clock = cost(kernel.program()?, &known, repeat);
     config.limit.burst = nonzero(u32::MAX);
-    kernel.maps_mut().apply(&config)?;
+    kernel.maps_mut().apply(&config, None)?;
     let sources: Vec<Vec<u8>> = (0..COLD_SOURCES).map(|i| frame(Ipv4Addr::from(0xc633_6400 + i))).collect();
     for source in &sources {
         cost(kernel.program()?, source, 1);
@@ -129,13 +129,13 @@ fn main() -> anyhow::Result<()> {
     // A spoofed flood under the budget: an unknown source refused without touching
     // the sources map stays unknown, so one frame repeated measures that path.
     config.new_sources = Some(PacketLimit { packets_per_second: nonzero(1), burst: nonzero(1) });
-    kernel.maps_mut().apply(&config)?;
+    kernel.maps_mut().apply(&config, None)?;
     let unknown = frame(Ipv4Addr::new(203, 0, 113, 9));
     cost(kernel.program()?, &frame(Ipv4Addr::new(203, 0, 113, 10)), 1);
     let unknown_refused_by_budget = cost(kernel.program()?, &unknown, repeat);
     let known_source_with_budget = cost(kernel.program()?, &known, repeat);
     config.aggregate.limit = config.limit.into();
-    kernel.maps_mut().apply(&config)?;
+    kernel.maps_mut().apply(&config, None)?;
     let known_source_with_aggregate = cost(kernel.program()?, &known, repeat);
     config.new_sources = None;
     config.aggregate.limit = None;
@@ -150,7 +150,7 @@ fn main() -> anyhow::Result<()> {
             aggregate: None,
         })
         .collect();
-    kernel.maps_mut().apply(&config)?;
+    kernel.maps_mut().apply(&config, None)?;
     let with_cidrs = cost(kernel.program()?, &known, repeat);
     drop(kernel);
     limiter::xdp::detach_all(&pin_dir)?;

@@ -1,13 +1,6 @@
-//! What every accept loop (proxy, admin socket, metrics) does when `accept` fails,
-//! and the hook through which the proxy tells the kernel layer whom it accepted.
+//! What every accept loop (proxy, admin socket, metrics) does when `accept` fails.
 
-use std::{io, net::IpAddr, time::Duration};
-
-/// Told the peer of every accepted connection: a completed TCP handshake proves the
-/// peer owns its address (the kernel layer's verified sources).
-pub trait AcceptHook: Send + Sync + std::fmt::Debug {
-    fn accepted(&self, peer: IpAddr);
-}
+use std::{io, time::Duration};
 
 /// Out of file descriptors, `accept` fails again at once until some connection
 /// closes; without a pause the loop would spin on a core and starve the tasks that

@@ -6,6 +6,8 @@
 
 /// `::ffff:0:0/96`, the IPv4-mapped prefix.
 pub const V4_MAPPED_PREFIX: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+/// Bits of [`V4_MAPPED_PREFIX`] in front of an IPv4 source's 16-byte key.
+pub const V4_MAPPED_BITS: u8 = 96;
 
 /// The 16-byte form of an IPv4 source.
 #[inline(always)]
@@ -29,21 +31,21 @@ pub fn as_v4(v6: &[u8; 16]) -> Option<[u8; 4]> {
 }
 
 /// Zeroes every bit of `v6` past the first `prefix_len` (clamped to 128).
+///
+/// On two 64-bit halves rather than byte by byte: in the XDP program a byte loop
+/// with a branch per byte took some 90 bytes of its 512-byte stack.
 #[inline(always)]
 #[must_use]
-pub fn mask_v6(mut v6: [u8; 16], prefix_len: u8) -> [u8; 16] {
-    let prefix_len = if prefix_len > 128 { 128 } else { prefix_len } as usize;
-    let mut i = 0;
-    while i < 16 {
-        let bit = i * 8;
-        if bit >= prefix_len {
-            v6[i] = 0;
-        } else if bit + 8 > prefix_len {
-            v6[i] &= 0xffu8 << (8 - (prefix_len - bit));
-        }
-        i += 1;
-    }
-    v6
+pub fn mask_v6(v6: [u8; 16], prefix_len: u8) -> [u8; 16] {
+    let bits = u32::from(if prefix_len > 128 { 128 } else { prefix_len });
+    // The top `n` bits of a half, `n` from 0 to 64.
+    let top = |n: u32| if n == 0 { 0 } else { u64::MAX << (64 - n) };
+    let [a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p] = v6;
+    let high = u64::from_be_bytes([a, b, c, d, e, f, g, h]) & top(if bits > 64 { 64 } else { bits });
+    let low = u64::from_be_bytes([i, j, k, l, m, n, o, p]) & top(bits.saturating_sub(64));
+    let [a, b, c, d, e, f, g, h] = high.to_be_bytes();
+    let [i, j, k, l, m, n, o, p] = low.to_be_bytes();
+    [a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p]
 }
 
 #[cfg(test)]

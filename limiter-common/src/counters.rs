@@ -34,11 +34,17 @@ pub enum Counter {
     DroppedAggregate = 10,
     /// Dropped: a TCP SYN from an unverified source found the SYN budget empty.
     DroppedSyn = 11,
+    /// Dropped: a TCP SYN from an unverified source had spent its share of the SYN
+    /// budget.
+    DroppedSynShare = 12,
+    /// Dropped: an IPv6 packet from an IPv4-mapped address (`::ffff:0:0/96`), which no
+    /// IPv6 host sends and the stack refuses: it must not pass as the IPv4 source.
+    DroppedV4Mapped = 13,
 }
 
 impl Counter {
     /// Every counter in index order.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 14] = [
         Self::Passed,
         Self::DroppedRateLimit,
         Self::DroppedDeny,
@@ -51,6 +57,8 @@ impl Counter {
         Self::DroppedNewSource,
         Self::DroppedAggregate,
         Self::DroppedSyn,
+        Self::DroppedSynShare,
+        Self::DroppedV4Mapped,
     ];
 
     /// Size of the counters array.
@@ -72,6 +80,8 @@ impl Counter {
             Self::DroppedNewSource => "dropped_new_source",
             Self::DroppedAggregate => "dropped_aggregate",
             Self::DroppedSyn => "dropped_syn",
+            Self::DroppedSynShare => "dropped_syn_share",
+            Self::DroppedV4Mapped => "dropped_v4_mapped",
         }
     }
 }

@@ -9,7 +9,7 @@ use core::mem::size_of;
 use crate::bucket::Rate;
 
 /// Bumped on every change of a map's key, value or meaning.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// LRU hash of [`SourceKey`] → [`SourceState`]; sized from `xdp.max_sources`.
 pub const SOURCES: &str = "SOURCES";
@@ -34,9 +34,14 @@ pub const BUDGETS: &str = "BUDGETS";
 /// `ipv6_prefix`) → [`SourceState`]; sized from `xdp.aggregate.max_prefixes`.
 pub const AGGREGATES: &str = "AGGREGATES";
 /// LRU hash of [`SourceKey`] → [`Verified`]: sources that proved their address (a
-/// completed TCP handshake with the proxy, or an operator's `limiter verify`);
-/// sized from `xdp.verified.max`.
+/// request the proxy served over a completed TCP handshake, or an operator's
+/// `limiter verify`); sized from `xdp.verified.max`.
 pub const VERIFIED: &str = "VERIFIED";
+/// LRU hash of [`SourceKey`] → [`SourceState`]: each unverified source's share of
+/// [`BUDGET_SYN`] ([`Settings::syn_source_rate`]), so that no one source takes the
+/// budget. A source gets an entry only with a SYN the budget admitted, so a flood
+/// refused by the empty budget never churns it; [`MAX_SYN_SHARES`] entries.
+pub const SYN_SHARES: &str = "SYN_SHARES";
 /// Per-CPU array of `u64`, indexed by [`crate::counters::Counter`].
 pub const COUNTERS: &str = "COUNTERS";
 /// Array of [`OCCUPANCY_SLOTS`] `u32` flags, one per trie (`OCCUPIED_*`): 0 means
@@ -109,7 +114,7 @@ const fn lpm_key<const N: usize>() -> usize {
 
 /// Every pinned map: the one list the loader, the layout check and `limiter detach`
 /// walk.
-pub const ALL: [PinnedMap; 12] = [
+pub const ALL: [PinnedMap; 13] = [
     PinnedMap::new(SOURCES, size_of::<SourceKey>(), size_of::<SourceState>(), Entries::Configured(Sizing::MaxSources)),
     PinnedMap::new(
         AGGREGATES,
@@ -119,6 +124,7 @@ pub const ALL: [PinnedMap; 12] = [
     ),
     PinnedMap::new(VERIFIED, size_of::<SourceKey>(), size_of::<Verified>(), Entries::Configured(Sizing::MaxVerified)),
     PinnedMap::new(BUDGETS, size_of::<u32>(), size_of::<SourceState>(), Entries::Fixed(BUDGET_SLOTS)),
+    PinnedMap::new(SYN_SHARES, size_of::<SourceKey>(), size_of::<SourceState>(), Entries::Fixed(MAX_SYN_SHARES)),
     PinnedMap::new(CIDR_V4, lpm_key::<4>(), size_of::<CidrPolicy>(), Entries::Fixed(MAX_CIDRS)),
     PinnedMap::new(CIDR_V6, lpm_key::<16>(), size_of::<CidrPolicy>(), Entries::Fixed(MAX_CIDRS)),
     PinnedMap::new(BLOCK_V4, lpm_key::<4>(), size_of::<Block>(), Entries::Fixed(MAX_BLOCKS)),
@@ -136,6 +142,13 @@ pub const BUDGET_NEW_SOURCES: u32 = 0;
 pub const BUDGET_SYN: u32 = 1;
 /// Entries of [`BUDGETS`].
 pub const BUDGET_SLOTS: u32 = 2;
+
+/// Capacity of [`SYN_SHARES`]: a source evicted from it comes back with a full
+/// share, which takes more sources opening handshakes at once than the budget
+/// could admit anyway.
+pub const MAX_SYN_SHARES: u32 = 65_536;
+/// Most ports [`Settings::syn_ports`] holds.
+pub const MAX_SYN_PORTS: usize = 16;
 
 /// Capacity of each CIDR trie.
 pub const MAX_CIDRS: u32 = 65_536;
@@ -230,8 +243,11 @@ pub const FEATURE_NEW_SOURCES: u8 = 1;
 /// [`Settings::features`] bit: every packet charges its prefix's aggregate.
 pub const FEATURE_AGGREGATE: u8 = 2;
 /// [`Settings::features`] bit: SYNs from unverified sources take a token from
-/// [`BUDGET_SYN`].
+/// their share in [`SYN_SHARES`], then from [`BUDGET_SYN`].
 pub const FEATURE_SYN: u8 = 4;
+/// [`Settings::features`] bit (with [`FEATURE_SYN`]): only SYNs to one of
+/// [`Settings::syn_ports`] do; without it, SYNs to every port.
+pub const FEATURE_SYN_PORTS: u8 = 16;
 
 /// [`Settings::features`] bit: buckets read `bpf_ktime_get_coarse_ns` (the time of
 /// the last tick) instead of `bpf_ktime_get_ns`; set by the agent only when every
@@ -250,6 +266,11 @@ pub struct Settings {
     pub aggregate_rate: Rate,
     /// The budget of SYNs from unverified sources (with [`FEATURE_SYN`]).
     pub syn_rate: Rate,
+    /// Each unverified source's share of it ([`SYN_SHARES`]).
+    pub syn_source_rate: Rate,
+    /// The ports whose SYNs take from the budget (with [`FEATURE_SYN_PORTS`]); 0
+    /// fills the unused places.
+    pub syn_ports: [u16; MAX_SYN_PORTS],
     /// [`LAYOUT_VERSION`] of the agent that wrote this record.
     pub layout_version: u32,
     /// 1: drop; 0: dry run, count would-drops.
@@ -274,6 +295,23 @@ impl Settings {
     #[must_use]
     pub const fn has(&self, feature: u8) -> bool {
         self.features & feature != 0
+    }
+
+    /// Whether a SYN to `port` takes from the SYN budget.
+    #[inline(always)]
+    #[must_use]
+    pub fn syn_port_counts(&self, port: u16) -> bool {
+        if !self.has(FEATURE_SYN_PORTS) {
+            return true;
+        }
+        let mut i = 0;
+        while i < MAX_SYN_PORTS {
+            if self.syn_ports[i] == port && port != 0 {
+                return true;
+            }
+            i += 1;
+        }
+        false
     }
 }
 
@@ -300,6 +338,6 @@ mod tests {
         assert_eq!(size_of::<SourceState>(), 24);
         assert_eq!(size_of::<CidrPolicy>(), 40);
         assert_eq!(size_of::<Block>(), 8);
-        assert_eq!(size_of::<Settings>(), 80);
+        assert_eq!(size_of::<Settings>(), 128);
     }
 }

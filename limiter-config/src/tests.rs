@@ -2,7 +2,10 @@ use std::{num::NonZeroU32, path::Path, time::Duration};
 
 use limiter_core::{Algorithm, path::EscapedSlashes};
 
-use super::{Config, ConfigError, xdp::CidrAction};
+use super::{
+    Config, ConfigError,
+    xdp::{CidrAction, SynPorts},
+};
 
 const EXAMPLE: &str = include_str!("../../config/limiter.toml");
 
@@ -180,8 +183,50 @@ fn spoofing_defences_are_off_by_default_and_parse_when_set() {
     assert_eq!((xdp.aggregate.ipv4_prefix.0, xdp.aggregate.ipv6_prefix.0), (22, 48));
     assert_eq!(xdp.aggregate.limit.map(|l| l.burst.get()), Some(4000));
     assert_eq!((xdp.verified.ttl.0, xdp.verified.max.get()), (Duration::from_secs(3600), 1000));
-    assert_eq!(xdp.syn.map(|l| l.packets_per_second.get()), Some(100));
+    let syn = xdp.syn.as_ref().expect("syn");
+    assert_eq!((syn.limit.packets_per_second.get(), syn.ports.as_ref()), (100, None));
+    let share = syn.per_source();
+    assert_eq!((share.packets_per_second.get(), share.burst.get()), (10, 20), "a tenth by default");
+    assert_eq!(xdp.syn_ports(None), SynPorts::Every, "no proxy, no ports: every port");
+    assert_eq!((xdp.verified.max_per_48().get(), xdp.verified.max_per_24().get()), (16, 64));
     assert_eq!(xdp.cidr[0].aggregate.map(|l| l.burst.get()), Some(100));
+
+    let text = format!(
+        "{XDP}[xdp.syn]\npackets_per_second = 100\nburst = 200\nper_source_packets_per_second = 3\n\
+         per_source_burst = 7\nports = [443, 22]\n[xdp.verified]\nmax_per_48 = 2\nmax_per_24 = 9\n"
+    );
+    let xdp = parse(&text).expect("syn and verified set").xdp.expect("xdp");
+    let share = xdp.syn.as_ref().expect("syn").per_source();
+    assert_eq!((share.packets_per_second.get(), share.burst.get()), (3, 7));
+    let ports = [443, 22].map(|p| std::num::NonZeroU16::new(p).expect("port")).to_vec();
+    assert_eq!(xdp.syn_ports(None), SynPorts::Only(ports));
+    assert_eq!((xdp.verified.max_per_48().get(), xdp.verified.max_per_24().get()), (2, 9));
+}
+
+#[test]
+fn the_syn_budget_covers_the_proxys_port_unless_ports_say_otherwise() {
+    let text = format!("{XDP}[xdp.syn]\npackets_per_second = 100\nburst = 200\n{PROXY}");
+    let config = parse(&text).expect("valid");
+    let (xdp, proxy) = (config.xdp.as_ref().expect("xdp"), config.proxy.as_ref());
+    let port = std::num::NonZeroU16::new(proxy.expect("proxy").listen.port()).expect("a port");
+    assert_eq!(xdp.syn_ports(proxy), SynPorts::Only(vec![port]));
+    // A config written before `ports` and `per_source_*`, with a proxy: both defaults
+    // change what it does, and limiter check says so.
+    let warnings = xdp.syn_warnings(proxy);
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(warnings[0].contains(&format!("only SYNs to the proxy's port {port}")), "{warnings:?}");
+    assert!(warnings[1].contains("at most 10 pps, burst 20"), "{warnings:?}");
+    assert!(xdp.verified_warning(proxy).is_some_and(|w| w.contains("once it has served it a response")));
+    assert!(xdp.verified_warning(None).is_none(), "without a proxy nothing verifies at the handshake");
+    let set = text.replace(
+        "burst = 200\n",
+        "burst = 200\nports = [443]\nper_source_packets_per_second = 5\nper_source_burst = 5\n\
+         [xdp.verified]\nmax_per_48 = 16\nmax_per_24 = 64\n",
+    );
+    let config = parse(&set).expect("valid");
+    let xdp = config.xdp.as_ref().expect("xdp");
+    assert!(xdp.syn_warnings(config.proxy.as_ref()).is_empty());
+    assert!(xdp.verified_warning(config.proxy.as_ref()).is_none());
 }
 
 #[test]
@@ -198,6 +243,13 @@ fn bad_spoofing_settings_name_key_and_line() {
     assert_eq!((line, key.as_str()), (7, "xdp.verified.ttl"), "{message}");
     let (_, key, message) = refusal(&format!("{XDP}[xdp.syn]\npackets_per_second = 5\nbrust = 5\n"));
     assert_eq!(key, "xdp.syn.brust", "{message}");
+    let syn = "[xdp.syn]\npackets_per_second = 5\nburst = 5\n";
+    let (_, key, message) = refusal(&format!("{XDP}{syn}ports = [443, 443]\n"));
+    assert_eq!((key.as_str(), message.as_str()), ("xdp.syn", "ports: 443 appears twice"), "{message}");
+    let (_, _, message) = refusal(&format!("{XDP}{syn}ports = [0]\n"));
+    assert!(message.contains("nonzero"), "{message}");
+    let (_, _, message) = refusal(&format!("{XDP}{syn}per_source_burst = 2\n"));
+    assert!(message.contains("per_source_packets_per_second and per_source_burst go together"), "{message}");
     let text = format!("{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\naggregate_burst = 5\n");
     let (line, key, message) = refusal(&text);
     assert!(key.starts_with("xdp.cidr[0]"), "{key}");

@@ -1,13 +1,19 @@
 //! `[xdp]`: the kernel layer's interfaces, default bucket and CIDR rules, and what
 //! holds against spoofed sources (`new_sources`, `aggregate`, `verified`, `syn`).
 
-use std::{num::NonZeroU32, time::Duration};
+use std::{
+    num::{NonZeroU16, NonZeroU32},
+    time::Duration,
+};
 
 use ipnet::IpNet;
-use limiter_common::bucket::{MAX_PER_SECOND, Rate};
+use limiter_common::{
+    bucket::{MAX_PER_SECOND, Rate},
+    maps::MAX_SYN_PORTS,
+};
 use serde::Deserialize;
 
-use super::units::HumanDuration;
+use super::{ProxyConfig, units::HumanDuration};
 use crate::changes::{Changes, Keyed};
 
 /// `[xdp]`.
@@ -48,7 +54,84 @@ pub struct XdpConfig {
     #[serde(default)]
     pub verified: VerifiedConfig,
     /// The budget of TCP SYNs from unverified sources; `None`: off.
-    pub syn: Option<PacketLimit>,
+    pub syn: Option<SynConfig>,
+}
+
+/// `[xdp.syn]`: the budget of TCP SYNs from unverified sources, each source's share
+/// of it, and the ports whose SYNs take from it.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(try_from = "RawSyn")]
+#[changes(display)]
+pub struct SynConfig {
+    pub limit: PacketLimit,
+    /// What one unverified source may take of it; `None`: a tenth of its rate and
+    /// burst (see [`SynConfig::per_source`]), told apart from a share set to the same
+    /// so that `limiter check` can say what the default does to an older config.
+    pub per_source: Option<PacketLimit>,
+    /// Only SYNs to these ports take from it; `None`: the proxy's listen port, or
+    /// every port without a proxy (see [`XdpConfig::syn_ports`]).
+    pub ports: Option<Vec<NonZeroU16>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSyn {
+    packets_per_second: NonZeroU32,
+    burst: NonZeroU32,
+    per_source_packets_per_second: Option<NonZeroU32>,
+    per_source_burst: Option<NonZeroU32>,
+    ports: Option<Vec<NonZeroU16>>,
+}
+
+impl TryFrom<RawSyn> for SynConfig {
+    type Error = String;
+
+    fn try_from(raw: RawSyn) -> Result<Self, String> {
+        let limit = PacketLimit::new(raw.packets_per_second, raw.burst)?;
+        let per_source = optional_limit(raw.per_source_packets_per_second, raw.per_source_burst, "per_source_")?;
+        if let Some(ports) = &raw.ports {
+            if ports.is_empty() || ports.len() > MAX_SYN_PORTS {
+                return Err(format!("ports: 1 to {MAX_SYN_PORTS} ports, or leave it out for the proxy's"));
+            }
+            if let Some(twice) = ports.iter().enumerate().find(|(i, port)| ports[..*i].contains(port)) {
+                return Err(format!("ports: {} appears twice", twice.1));
+            }
+        }
+        Ok(Self { limit, per_source, ports: raw.ports })
+    }
+}
+
+impl SynConfig {
+    /// The share of one source: `per_source_*`, by default a tenth of the budget's
+    /// rate and burst (rounded up), so that it takes ten sources, not one, to empty it.
+    #[must_use]
+    pub fn per_source(&self) -> PacketLimit {
+        let tenth = |n: NonZeroU32| NonZeroU32::new(n.get().div_ceil(10)).unwrap_or(NonZeroU32::MIN);
+        self.per_source.unwrap_or(PacketLimit {
+            packets_per_second: tenth(self.limit.packets_per_second),
+            burst: tenth(self.limit.burst),
+        })
+    }
+}
+
+impl std::fmt::Display for SynConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}, at most {} per source", self.limit, self.per_source())?;
+        match &self.ports {
+            Some(ports) => {
+                let ports: Vec<String> = ports.iter().map(ToString::to_string).collect();
+                write!(f, ", to ports {}", ports.join(", "))
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// The ports whose SYNs take from the SYN budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SynPorts {
+    Every,
+    Only(Vec<NonZeroU16>),
 }
 
 /// `[xdp.aggregate]`: without a rate, only rules with their own aggregate use it.
@@ -103,16 +186,45 @@ impl TryFrom<RawAggregate> for AggregateConfig {
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(deny_unknown_fields, default)]
 pub struct VerifiedConfig {
-    /// How long a completed handshake vouches for its source.
+    /// How long a request the proxy served vouches for its source.
     pub ttl: HumanDuration,
     /// Bound on verified sources (LRU); fixed when the maps are created.
     #[changes(restart = "the map is sized when created")]
     pub max: NonZeroU32,
+    /// Most sources (`ipv6_prefix` keys) of one IPv6 /48 the proxy holds verified at
+    /// once, so that one site cannot own the map; `None`: [`Self::DEFAULT_PER_48`],
+    /// told apart so that `limiter check` can name the new cap to an older config.
+    pub max_per_48: Option<NonZeroU32>,
+    /// Most IPv4 sources of one /24 the proxy holds verified at once; `None`:
+    /// [`Self::DEFAULT_PER_24`].
+    pub max_per_24: Option<NonZeroU32>,
 }
 
 impl Default for VerifiedConfig {
     fn default() -> Self {
-        Self { ttl: HumanDuration(Duration::from_secs(600)), max: NonZeroU32::new(65_536).unwrap_or(NonZeroU32::MIN) }
+        Self {
+            ttl: HumanDuration(Duration::from_secs(600)),
+            max: NonZeroU32::new(65_536).unwrap_or(NonZeroU32::MIN),
+            max_per_48: None,
+            max_per_24: None,
+        }
+    }
+}
+
+impl VerifiedConfig {
+    /// A home or office gets a /48 or a /56 and uses a few of its /64s.
+    pub const DEFAULT_PER_48: NonZeroU32 = nonzero(16);
+    /// IPv4 addresses are scarce, so an ISP's /24 holds many real clients.
+    pub const DEFAULT_PER_24: NonZeroU32 = nonzero(64);
+
+    #[must_use]
+    pub fn max_per_48(&self) -> NonZeroU32 {
+        self.max_per_48.unwrap_or(Self::DEFAULT_PER_48)
+    }
+
+    #[must_use]
+    pub fn max_per_24(&self) -> NonZeroU32 {
+        self.max_per_24.unwrap_or(Self::DEFAULT_PER_24)
     }
 }
 
@@ -309,6 +421,13 @@ pub fn parse_cidr(text: &str) -> Result<IpNet, String> {
     Ok(cidr)
 }
 
+const fn nonzero(n: u32) -> NonZeroU32 {
+    match NonZeroU32::new(n) {
+        Some(n) => n,
+        None => NonZeroU32::MIN,
+    }
+}
+
 fn yes() -> bool {
     true
 }
@@ -324,7 +443,7 @@ fn default_ipv6_prefix() -> Ipv6Prefix {
 impl XdpConfig {
     /// What holds against spoofed sources, and what does not, for `limiter check`.
     #[must_use]
-    pub fn spoofing_summary(&self, proxy: bool) -> Vec<String> {
+    pub fn spoofing_summary(&self, proxy: Option<&ProxyConfig>) -> Vec<String> {
         let aggregate = &self.aggregate;
         let rules_with_aggregate = self.cidr.iter().filter(|r| r.aggregate.is_some()).count();
         vec![
@@ -347,15 +466,28 @@ impl XdpConfig {
                      prefix is only held source by source"
                 ),
             },
-            match self.syn {
-                Some(limit) => format!("xdp.syn: {limit} for TCP SYNs from unverified sources"),
-                None => "xdp.syn: off: SYNs are limited only by their source's bucket".to_owned(),
+            match (&self.syn, self.syn_ports(proxy)) {
+                (Some(syn), SynPorts::Every) => format!(
+                    "xdp.syn: {}, at most {} per source, for TCP SYNs from unverified sources to any port",
+                    syn.limit,
+                    syn.per_source()
+                ),
+                (Some(syn), SynPorts::Only(ports)) => format!(
+                    "xdp.syn: {}, at most {} per source, for TCP SYNs from unverified sources to port {}",
+                    syn.limit,
+                    syn.per_source(),
+                    ports.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                ),
+                (None, _) => "xdp.syn: off: SYNs are limited only by their source's bucket".to_owned(),
             },
-            if proxy {
+            if proxy.is_some() {
                 format!(
-                    "xdp.verified: clients that complete a TCP handshake with the proxy skip the budgets and \
-                     aggregates for {} (up to {} sources)",
-                    self.verified.ttl, self.verified.max
+                    "xdp.verified: clients the proxy served a response skip the budgets and aggregates for {} (up \
+                     to {} sources, {} per IPv6 /48, {} per IPv4 /24)",
+                    self.verified.ttl,
+                    self.verified.max,
+                    self.verified.max_per_48(),
+                    self.verified.max_per_24()
                 )
             } else {
                 "xdp.verified: no [proxy], so only `limiter verify` marks sources verified".to_owned()
@@ -373,11 +505,67 @@ impl XdpConfig {
             };
             [limit, rule.aggregate]
         });
-        [Some(self.limit), self.new_sources, self.aggregate.limit, self.syn]
+        let syn = self.syn.as_ref().map(|syn| [syn.limit, syn.per_source()]);
+        [Some(self.limit), self.new_sources, self.aggregate.limit]
             .into_iter()
+            .chain(syn.into_iter().flatten().map(Some))
             .chain(rules)
             .flatten()
             .map(|limit| limit.rate())
+    }
+
+    /// The ports whose SYNs take from the SYN budget: `[xdp.syn] ports`, else the
+    /// proxy's listen port (the host's service the budget protects), else every port.
+    #[must_use]
+    pub fn syn_ports(&self, proxy: Option<&ProxyConfig>) -> SynPorts {
+        let configured = self.syn.as_ref().and_then(|syn| syn.ports.clone());
+        let served = || proxy.and_then(|proxy| NonZeroU16::new(proxy.listen.port())).map(|port| vec![port]);
+        configured.or_else(served).map_or(SynPorts::Every, SynPorts::Only)
+    }
+
+    /// What `limiter check` says of a config written for the SYN budget as it was
+    /// before `ports` and `per_source_*` existed, when every SYN to any port counted
+    /// and one source could take all of it.
+    #[must_use]
+    pub fn syn_warnings(&self, proxy: Option<&ProxyConfig>) -> Vec<String> {
+        let Some(syn) = &self.syn else { return Vec::new() };
+        let mut warnings = Vec::new();
+        if syn.ports.is_none()
+            && let SynPorts::Only(ports) = self.syn_ports(proxy)
+        {
+            warnings.push(format!(
+                "xdp.syn.ports is not set: only SYNs to the proxy's port {} take from the SYN budget now (SYNs to \
+                 every port did): SYNs to other ports are charged to their source's bucket alone; list the ports \
+                 the budget should cover (ports = [...]) to keep them in it",
+                ports[0]
+            ));
+        }
+        if syn.per_source.is_none() {
+            warnings.push(format!(
+                "xdp.syn.per_source_packets_per_second is not set: one unverified source now takes at most {} of \
+                 the SYN budget (a tenth, by default; it could take all of it); set per_source_packets_per_second \
+                 and per_source_burst to give it another share",
+                syn.per_source()
+            ));
+        }
+        warnings
+    }
+
+    /// What `limiter check` says, with a proxy, of a config written when the proxy
+    /// verified every peer at its TCP handshake, without a cap per prefix.
+    #[must_use]
+    pub fn verified_warning(&self, proxy: Option<&ProxyConfig>) -> Option<String> {
+        let verified = &self.verified;
+        (proxy.is_some() && (verified.max_per_48.is_none() || verified.max_per_24.is_none())).then(|| {
+            format!(
+                "xdp.verified: the proxy now verifies a client once it has served it a response (it did at the TCP \
+                 handshake), so a client that only connects (a TCP health check) no longer skips the budgets, and \
+                 holds at most max_per_48 = {} per IPv6 /48 and max_per_24 = {} per IPv4 /24 verified; set both \
+                 to keep or change these caps",
+                verified.max_per_48(),
+                verified.max_per_24()
+            )
+        })
     }
 
     /// The aggregate buckets are keyed by prefix alone, so every source of one prefix

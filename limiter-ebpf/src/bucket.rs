@@ -74,12 +74,15 @@ pub enum Charged {
     Inserted(bool),
     /// The key had none and `may_insert` refused to make one: the map is untouched.
     Refused,
+    /// The key had none and `may_insert` allowed one, but another CPU's insert won:
+    /// this packet was charged to that bucket; whether it was admitted.
+    Raced(bool),
 }
 
 impl Charged {
     #[inline(always)]
     pub fn admitted(&self) -> bool {
-        matches!(self, Self::Existing(true) | Self::Inserted(true))
+        matches!(self, Self::Existing(true) | Self::Inserted(true) | Self::Raced(true))
     }
 }
 
@@ -113,5 +116,5 @@ pub fn charge(
     }
     // Evicted between insert and lookup by a flood of new keys: refuse rather than
     // admit unaccounted.
-    Charged::Existing(map.get_ptr_mut(key).is_some_and(|state| take(ctx, state, now, rate)))
+    Charged::Raced(map.get_ptr_mut(key).is_some_and(|state| take(ctx, state, now, rate)))
 }

@@ -2,9 +2,12 @@
 //! and what holds against spoofed sources: a budget for new sources, prefix
 //! aggregates and a SYN budget, all skipped by verified sources.
 //!
-//! A frame goes `parse` → blocks → CIDR policy → SYN budget → the source's bucket
-//! (or, for a source without one, the new-source budget) → its prefix's aggregate
-//! (`limiter_common::bucket`, `bucket.rs`) → one verdict counter. Every tunable is read from maps
+//! A frame goes `parse` → blocks → CIDR policy → the source's bucket (or, for a
+//! source without one, the new-source budget) → its prefix's aggregate → for a SYN
+//! to a served port, the source's share of the SYN budget, then the budget
+//! (`limiter_common::bucket`, `bucket.rs`) → one verdict counter. The shared buckets
+//! come after the source's own, so that a source refused by its own limit does not
+//! also drain what its neighbours, or everyone, share. Every tunable is read from maps
 //! on each packet, so the agent changes limits without reloading the program.
 //!
 //! Minimum kernel: 5.12 (BPF_CMPXCHG); tested on 6.18.
@@ -27,7 +30,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use limiter_common::{
-    addr::mask_v6,
+    addr::{V4_MAPPED_BITS, mask_v6},
     bucket::Rate,
     counters::Counter,
     maps::{
@@ -38,12 +41,12 @@ use limiter_common::{
 
 use crate::{
     bucket::{Charged, charge, take_budget},
-    maps::{AGGREGATES, BLOCK_V4, BLOCK_V6, BUDGETS, CIDR_V4, CIDR_V6, SOURCES, count, may_hold, settings, verified},
-    parse::{Frame, Packet, parse},
+    maps::{
+        AGGREGATES, BLOCK_V4, BLOCK_V6, BUDGETS, CIDR_V4, CIDR_V6, SOURCES, SYN_SHARES, count, may_hold, settings,
+        verified,
+    },
+    parse::{Frame, Packet, Syn, parse},
 };
-
-/// Bits of the IPv4-mapped prefix in front of an IPv4 source's 16-byte key.
-const V4_MAPPED_BITS: u8 = 96;
 
 // `frags`: a jumbo frame arrives as several buffers; without it a native attach to
 // a link whose MTU exceeds a page is refused.
@@ -54,7 +57,8 @@ pub fn limiter(ctx: XdpContext) -> u32 {
         return XDP_PASS;
     };
     let enforce = settings.enforce != 0;
-    let packet = match parse(&ctx, settings.ipv6_prefix) {
+    let mut packet = Packet::EMPTY;
+    match parse(&ctx, settings.ipv6_prefix, &mut packet) {
         Frame::NonIp => {
             count(Counter::NonIp);
             count(Counter::Passed);
@@ -64,8 +68,9 @@ pub fn limiter(ctx: XdpContext) -> u32 {
             count(Counter::Malformed);
             return if settings.malformed_drop != 0 { refuse(enforce, Counter::DroppedMalformed) } else { pass() };
         }
-        Frame::Ip(packet) => packet,
-    };
+        Frame::V4Mapped => return refuse(enforce, Counter::DroppedV4Mapped),
+        Frame::Ip => {}
+    }
     if packet.malformed {
         count(Counter::Malformed);
         if settings.malformed_drop != 0 {
@@ -92,13 +97,7 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     let now = bucket_clock(settings);
     let key = SourceKey { addr: packet.source };
     let mut proof = Proof::Unknown;
-    if packet.syn
-        && settings.has(FEATURE_SYN)
-        && !proof.verified(&key, now)
-        && !take_budget(&ctx, &BUDGETS, BUDGET_SYN, now, settings.syn_rate)
-    {
-        return refuse(enforce, Counter::DroppedSyn);
-    }
+    let syn = budgeted_syn(&packet, settings);
     // A source without a bucket is refused before the map is touched when the budget
     // is empty: a flood of spoofed sources neither pays for an insert nor evicts the
     // buckets of the sources already known.
@@ -113,20 +112,56 @@ pub fn limiter(ctx: XdpContext) -> u32 {
             count(Counter::NewSources);
             debug!(&ctx, "new source {:i}", key.addr);
         }
-        Charged::Existing(_) => {}
+        Charged::Existing(_) | Charged::Raced(_) => {}
     }
     if !charged.admitted() {
         return refuse(enforce, Counter::DroppedRateLimit);
     }
-    // After the source's own bucket, so that a source refused by its own limit does
-    // not also drain the bucket its neighbours share.
     if let Some(aggregate) = aggregate_rate(settings, rule_aggregate)
         && !proof.verified(&key, now)
         && !charge(&ctx, &AGGREGATES, &prefix_key(&packet, settings), now, aggregate, || true).admitted()
     {
         return refuse(enforce, Counter::DroppedAggregate);
     }
+    if syn
+        && !proof.verified(&key, now)
+        && let Some(refused) = charge_syn(&ctx, &key, now, settings)
+    {
+        return refuse(enforce, refused);
+    }
     pass()
+}
+
+/// Charges a SYN to the source's share of the SYN budget, then to the budget; the
+/// counter of its refusal, if refused.
+#[inline(always)]
+fn charge_syn(ctx: &XdpContext, key: &SourceKey, now: u64, settings: &Settings) -> Option<Counter> {
+    // A source without a share takes the budget's token before one is made for it,
+    // so that SYNs the empty budget refuses never churn the shares.
+    let share = charge(ctx, &SYN_SHARES, key, now, settings.syn_source_rate, || {
+        take_budget(ctx, &BUDGETS, BUDGET_SYN, now, settings.syn_rate)
+    });
+    match share {
+        Charged::Refused => Some(Counter::DroppedSyn),
+        // The budget's token was taken for the insert, whichever CPU's insert won.
+        Charged::Inserted(true) | Charged::Raced(true) => None,
+        Charged::Existing(true) => {
+            (!take_budget(ctx, &BUDGETS, BUDGET_SYN, now, settings.syn_rate)).then_some(Counter::DroppedSyn)
+        }
+        Charged::Existing(false) | Charged::Inserted(false) | Charged::Raced(false) => Some(Counter::DroppedSynShare),
+    }
+}
+
+/// Whether the packet is a SYN that takes from the SYN budget: one to a port the
+/// host serves, or one that a first fragment hides (it may be to any port).
+#[inline(always)]
+fn budgeted_syn(packet: &Packet, settings: &Settings) -> bool {
+    settings.has(FEATURE_SYN)
+        && match packet.syn {
+            Syn::No => false,
+            Syn::Open => settings.syn_port_counts(packet.port),
+            Syn::Hidden => true,
+        }
 }
 
 /// The clock of every bucket. The tick-grained one (a load of the time the last tick

@@ -7,8 +7,8 @@ use aya_ebpf::{
 use limiter_common::{
     counters::Counter,
     maps::{
-        BUDGET_SLOTS, Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, OCCUPANCY_SLOTS, SETTINGS_SLOTS, Settings, SourceKey,
-        SourceState, Verified,
+        BUDGET_SLOTS, Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, MAX_SYN_SHARES, OCCUPANCY_SLOTS, SETTINGS_SLOTS,
+        Settings, SourceKey, SourceState, Verified,
     },
 };
 
@@ -23,6 +23,9 @@ pub static AGGREGATES: LruHashMap<SourceKey, SourceState> = LruHashMap::pinned(1
 /// Sized by the agent from `xdp.verified.max` at load time.
 #[map]
 pub static VERIFIED: LruHashMap<SourceKey, Verified> = LruHashMap::pinned(1, 0);
+
+#[map]
+pub static SYN_SHARES: LruHashMap<SourceKey, SourceState> = LruHashMap::pinned(MAX_SYN_SHARES, 0);
 
 #[map]
 pub static BUDGETS: Array<SourceState> = Array::pinned(BUDGET_SLOTS, 0);

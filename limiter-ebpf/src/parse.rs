@@ -1,6 +1,6 @@
 //! From raw frame to source: Ethernet, up to two VLAN tags, IPv4 (with options) or
-//! IPv6 (with a bounded walk of extension headers), and the TCP flags of a first
-//! fragment. Every read is checked against `data_end` first.
+//! IPv6 (with a bounded walk of extension headers), and the TCP flags and port of a
+//! first fragment. Every read is checked against `data_end` first.
 
 use aya_ebpf::{helpers::bpf_xdp_get_buff_len, programs::XdpContext};
 use limiter_common::addr::{as_v4, mask_v6, v4_mapped};
@@ -32,12 +32,23 @@ const ICMPV6_REDIRECT: u8 = 137;
 /// RFC 4861: neighbour discovery is only valid with hop limit 255, which no routed
 /// packet can carry, so the exemption cannot be used from off-link.
 const ND_HOP_LIMIT: u8 = 255;
+/// Offset of the destination port in a TCP header.
+const TCP_DEST_PORT: usize = 2;
 /// Offset of the data-offset byte in a TCP header; the flags byte follows it.
 const TCP_DATA_OFFSET: usize = 12;
+/// A TCP header up to its flags.
+const TCP_HEAD: usize = TCP_DATA_OFFSET + 2;
+/// IPv4 "more fragments" flag, in the high byte of the fragment field.
+const IPV4_MORE_FRAGMENTS: u8 = 0x20;
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
 
-/// What the program needs to know about a frame.
+/// What kind of frame it is; for [`Frame::Ip`], [`parse`] wrote the [`Packet`].
+///
+/// The packet is written into the caller's, zeroed beforehand, rather than carried
+/// in the variant: LLVM leaves a payload undefined on the paths of the other
+/// variants, and the verifier refuses the program that copies those registers.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Frame {
     /// ARP, LLDP and anything else that is not IP.
     NonIp,
@@ -45,13 +56,29 @@ pub enum Frame {
     /// address could be read.
     Malformed,
     /// An IP packet.
-    Ip(Packet),
+    Ip,
+    /// An IPv6 packet from an IPv4-mapped address (`::ffff:0:0/96`): no IPv6 host
+    /// sends one and the stack refuses it, so it is neither an IPv6 source nor the
+    /// IPv4 one it names (which would let it spoof into IPv4 rules and buckets).
+    V4Mapped,
+}
+
+/// What a packet says of opening a TCP handshake; its port is beside it in
+/// [`Packet`], for the reason [`Frame`] carries no packet.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Syn {
+    No,
+    /// A SYN without ACK, to [`Packet::port`].
+    Open,
+    /// The first of the fragments of a TCP segment, too short to show its flags:
+    /// reassembled, it may be a SYN to any port.
+    Hidden,
 }
 
 pub struct Packet {
     /// 16-byte source key (`limiter_common::addr`).
     pub source: [u8; 16],
-    /// The IPv4 address when the source is IPv4 (or IPv4-mapped).
+    /// The IPv4 address when the source is IPv4.
     pub v4: Option<[u8; 4]>,
     /// The unmasked IPv6 source, for CIDR lookups.
     pub v6: [u8; 16],
@@ -59,8 +86,16 @@ pub struct Packet {
     pub malformed: bool,
     /// ICMPv6 neighbour or router discovery from the local link.
     pub link_control: bool,
-    /// A TCP SYN without ACK: the opening of a handshake.
-    pub syn: bool,
+    /// Whether it opens a TCP handshake.
+    pub syn: Syn,
+    /// The TCP destination port where the header shows one (else 0).
+    pub port: u16,
+}
+
+impl Packet {
+    /// What [`parse`] writes into.
+    pub const EMPTY: Self =
+        Self { source: [0; 16], v4: None, v6: [0; 16], malformed: false, link_control: false, syn: Syn::No, port: 0 };
 }
 
 #[inline(always)]
@@ -88,14 +123,29 @@ fn fits(ctx: &XdpContext, end: usize) -> bool {
     }
 }
 
-/// Whether TCP `flags` open a handshake.
+/// What the TCP header at `offset` of a packet ending `end` bytes into the frame
+/// says of a handshake, and its destination port (0 where it does not show it);
+/// `fragmented`: the packet is the first fragment of more.
 #[inline(always)]
-fn is_syn(flags: u8) -> bool {
-    flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+fn tcp_syn(ctx: &XdpContext, offset: usize, end: usize, fragmented: bool) -> (Syn, u16) {
+    // Against the packet's own length too: bytes past it (Ethernet padding) are no
+    // flags, and would show a tiny fragment's zero padding as "no SYN". One load
+    // for port and flags: a second one's check, which LLVM folds into the first,
+    // would be missing for the verifier.
+    let head = if offset + TCP_HEAD <= end { load::<TCP_HEAD>(ctx, offset) } else { None };
+    let Some(head) = head else {
+        // Reassembly may complete a SYN the first fragment hides. A whole segment
+        // too short for its flags is the stack's to refuse: it cannot open a
+        // connection, so it is no SYN and nothing malformed here.
+        return (if fragmented { Syn::Hidden } else { Syn::No }, 0);
+    };
+    let port = u16::from_be_bytes([head[TCP_DEST_PORT], head[TCP_DEST_PORT + 1]]);
+    let syn = head[TCP_DATA_OFFSET + 1] & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    (if syn { Syn::Open } else { Syn::No }, port)
 }
 
 #[inline(always)]
-pub fn parse(ctx: &XdpContext, ipv6_prefix: u8) -> Frame {
+pub fn parse(ctx: &XdpContext, ipv6_prefix: u8, packet: &mut Packet) -> Frame {
     let Some(eth) = load::<ETH_HLEN>(ctx, 0) else {
         return Frame::Malformed;
     };
@@ -112,8 +162,8 @@ pub fn parse(ctx: &XdpContext, ipv6_prefix: u8) -> Frame {
         offset += VLAN_HLEN;
     }
     match ether_type {
-        ETH_P_IPV4 => parse_v4(ctx, offset),
-        ETH_P_IPV6 => parse_v6(ctx, offset, ipv6_prefix),
+        ETH_P_IPV4 => parse_v4(ctx, offset, packet),
+        ETH_P_IPV6 => parse_v6(ctx, offset, ipv6_prefix, packet),
         // A third tag is more than any host link carries: refuse to guess.
         ETH_P_8021Q | ETH_P_8021AD => Frame::Malformed,
         _ => Frame::NonIp,
@@ -121,7 +171,7 @@ pub fn parse(ctx: &XdpContext, ipv6_prefix: u8) -> Frame {
 }
 
 #[inline(always)]
-fn parse_v4(ctx: &XdpContext, offset: usize) -> Frame {
+fn parse_v4(ctx: &XdpContext, offset: usize, packet: &mut Packet) -> Frame {
     let Some(ip) = load::<IPV4_MIN_HLEN>(ctx, offset) else {
         return Frame::Malformed;
     };
@@ -133,21 +183,26 @@ fn parse_v4(ctx: &XdpContext, offset: usize) -> Frame {
     let total_len = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
     let malformed = total_len < header_len || !fits(ctx, offset + total_len);
     let first_fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff == 0;
-    let syn = ip[9] == IPPROTO_TCP
-        && first_fragment
-        && load::<2>(ctx, offset + header_len + TCP_DATA_OFFSET).is_some_and(|[_, flags]| is_syn(flags));
-    Frame::Ip(Packet {
+    let fragmented = ip[6] & IPV4_MORE_FRAGMENTS != 0;
+    let (syn, port) = if ip[9] == IPPROTO_TCP && first_fragment {
+        tcp_syn(ctx, offset + header_len, offset + total_len, fragmented)
+    } else {
+        (Syn::No, 0)
+    };
+    *packet = Packet {
         source: v4_mapped(source),
         v4: Some(source),
         v6: v4_mapped(source),
         malformed,
         link_control: false,
         syn,
-    })
+        port,
+    };
+    Frame::Ip
 }
 
 #[inline(always)]
-fn parse_v6(ctx: &XdpContext, offset: usize, ipv6_prefix: u8) -> Frame {
+fn parse_v6(ctx: &XdpContext, offset: usize, ipv6_prefix: u8, packet: &mut Packet) -> Frame {
     let Some(ip) = load::<IPV6_HLEN>(ctx, offset) else {
         return Frame::Malformed;
     };
@@ -156,33 +211,36 @@ fn parse_v6(ctx: &XdpContext, offset: usize, ipv6_prefix: u8) -> Frame {
     }
     let mut v6 = [0u8; 16];
     v6.copy_from_slice(&ip[8..24]);
+    if as_v4(&v6).is_some() {
+        return Frame::V4Mapped;
+    }
     let payload_len = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
-    let mut packet = match as_v4(&v6) {
-        Some(v4) => Packet { source: v6, v4: Some(v4), v6, malformed: false, link_control: false, syn: false },
-        None => {
-            Packet { source: mask_v6(v6, ipv6_prefix), v4: None, v6, malformed: false, link_control: false, syn: false }
-        }
-    };
-    if !fits(ctx, offset + IPV6_HLEN + payload_len) {
+    let end = offset + IPV6_HLEN + payload_len;
+    packet.source = mask_v6(v6, ipv6_prefix);
+    packet.v6 = v6;
+    if !fits(ctx, end) {
         packet.malformed = true;
-        return Frame::Ip(packet);
+        return Frame::Ip;
     }
     match upper_layer(ctx, offset + IPV6_HLEN, ip[6]) {
         UpperLayer::Icmpv6(icmp_type) => {
             packet.link_control =
                 ip[7] == ND_HOP_LIMIT && (ICMPV6_ROUTER_SOLICIT..=ICMPV6_REDIRECT).contains(&icmp_type);
         }
-        UpperLayer::Tcp(flags) => packet.syn = is_syn(flags),
+        UpperLayer::Tcp { offset, fragmented } => (packet.syn, packet.port) = tcp_syn(ctx, offset, end, fragmented),
         UpperLayer::Other => {}
         UpperLayer::Broken => packet.malformed = true,
     }
-    Frame::Ip(packet)
+    Frame::Ip
 }
 
 enum UpperLayer {
     Icmpv6(u8),
-    /// TCP, with its flags byte.
-    Tcp(u8),
+    /// TCP, its header at `offset`; `fragmented`: in the first of several fragments.
+    Tcp {
+        offset: usize,
+        fragmented: bool,
+    },
     /// Any other protocol, or a non-first fragment whose upper layer is elsewhere.
     Other,
     /// Truncated extension header, or a chain longer than the walk bound.
@@ -191,6 +249,7 @@ enum UpperLayer {
 
 #[inline(always)]
 fn upper_layer(ctx: &XdpContext, mut offset: usize, mut next: u8) -> UpperLayer {
+    let mut fragmented = false;
     for _ in 0..MAX_IPV6_EXT_HEADERS {
         match next {
             IPPROTO_ICMPV6 => {
@@ -201,21 +260,17 @@ fn upper_layer(ctx: &XdpContext, mut offset: usize, mut next: u8) -> UpperLayer 
                     None => UpperLayer::Broken,
                 };
             }
-            IPPROTO_TCP => {
-                // A segment too short for its flags is the stack's to refuse: it
-                // cannot open a connection, so it is no SYN and nothing malformed here.
-                return match load::<2>(ctx, offset + TCP_DATA_OFFSET) {
-                    Some([_, flags]) => UpperLayer::Tcp(flags),
-                    None => UpperLayer::Other,
-                };
-            }
+            IPPROTO_TCP => return UpperLayer::Tcp { offset, fragmented },
             IPPROTO_FRAGMENT => {
                 let Some(frag) = load::<8>(ctx, offset) else {
                     return UpperLayer::Broken;
                 };
-                if u16::from_be_bytes([frag[2], frag[3]]) & 0xfff8 != 0 {
+                let field = u16::from_be_bytes([frag[2], frag[3]]);
+                if field & 0xfff8 != 0 {
                     return UpperLayer::Other;
                 }
+                // The M flag.
+                fragmented = field & 1 != 0;
                 next = frag[0];
                 offset += 8;
             }

@@ -135,7 +135,7 @@ pub struct Agent {
     /// With both the proxy and the kernel layer: the proxy's rejections escalate.
     escalation: Option<EscalationRuntime>,
     lock: lock::AgentLock,
-    /// With both: the proxy marks every peer it accepts verified.
+    /// With both: the proxy marks the peer of every request it serves verified.
     verifier: Option<Arc<crate::xdp::Verifier>>,
 }
 
@@ -187,7 +187,7 @@ impl Agent {
             Some(verifier) => verifier.reconfigure(xdp),
             None => {
                 let verifier = Arc::new(crate::xdp::Verifier::open(&self.config.agent.pin_dir, xdp)?);
-                proxy.proxy.on_accept(verifier.clone());
+                proxy.proxy.on_served(verifier.clone());
                 self.verifier = Some(verifier);
             }
         }
@@ -292,7 +292,7 @@ impl Agent {
         match (&mut self.xdp, &new.xdp) {
             (Some(runtime), Some(xdp)) => {
                 let added = runtime.attach_all(&xdp.interfaces, xdp.mode)?;
-                match runtime.kernel.maps_mut().apply(xdp) {
+                match runtime.kernel.maps_mut().apply(xdp, new.proxy.as_ref()) {
                     Ok(()) => {}
                     Err(error) => {
                         // Back to the running config: this reload's interfaces off, its
@@ -301,7 +301,7 @@ impl Agent {
                             runtime.detach(&attachment.interface);
                         }
                         if let Some(old) = &self.config.xdp
-                            && let Err(undo) = runtime.kernel.maps_mut().apply(old)
+                            && let Err(undo) = runtime.kernel.maps_mut().apply(old, self.config.proxy.as_ref())
                         {
                             tracing::error!(%undo, "restoring the running [xdp] settings and rules failed: the kernel layer may hold part of the rejected config");
                         }

@@ -28,7 +28,7 @@ impl XdpRuntime {
     pub fn start(config: &Config, xdp: &XdpConfig) -> Result<Self, XdpError> {
         let options = LoadOptions { log: true, ..LoadOptions::for_config(config.agent.pin_dir.clone(), xdp) };
         let mut kernel = Kernel::load(&options)?;
-        kernel.maps_mut().apply(xdp)?;
+        kernel.maps_mut().apply(xdp, config.proxy.as_ref())?;
         let mut runtime = Self { kernel, links: BTreeMap::new() };
         let added = runtime.attach_all(&xdp.interfaces, xdp.mode)?;
         for attachment in added {

@@ -34,6 +34,12 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
             for warning in config.proxy.iter().flat_map(ProxyConfig::connection_bound_warnings) {
                 eprintln!("warning: {warning}");
             }
+            if let Some(xdp) = &config.xdp {
+                let proxy = config.proxy.as_ref();
+                for warning in xdp.syn_warnings(proxy).into_iter().chain(xdp.verified_warning(proxy)) {
+                    eprintln!("warning: {warning}");
+                }
+            }
             let layers = [config.xdp.is_some().then_some("xdp"), config.proxy.is_some().then_some("proxy")];
             let layers: Vec<&str> = layers.into_iter().flatten().collect();
             println!(
@@ -41,7 +47,7 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
                 path.display(),
                 if layers.is_empty() { "nothing enabled".to_owned() } else { layers.join(", ") }
             );
-            for line in config.xdp.iter().flat_map(|xdp| xdp.spoofing_summary(config.proxy.is_some())) {
+            for line in config.xdp.iter().flat_map(|xdp| xdp.spoofing_summary(config.proxy.as_ref())) {
                 println!("  {line}");
             }
             Ok(ExitCode::SUCCESS)

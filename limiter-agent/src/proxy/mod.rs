@@ -37,9 +37,9 @@ mod stats;
 mod tunnel;
 
 use std::{
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     num::NonZeroUsize,
-    sync::{Arc, OnceLock},
+    sync::Arc,
 };
 
 use tokio::{net::TcpListener, sync::watch};
@@ -52,7 +52,15 @@ pub use self::{
     error::ProxyError,
     stats::{DECISION_BUCKETS, DecisionHistogram, ProxyStats},
 };
-use crate::{accept::AcceptHook, config::ProxyConfig, signature::KeySecrets};
+use crate::{config::ProxyConfig, signature::KeySecrets};
+
+/// Told the TCP peer of every request the proxy forwarded and the upstream answered.
+/// Such a peer completed a handshake, so it owns its address, and sent a request the
+/// limits let through: the kernel layer's verified sources. A bare handshake vouches
+/// for nothing, or a host could verify every address of its prefix by connecting.
+pub trait ServedHook: Send + Sync + std::fmt::Debug {
+    fn served(&self, peer: IpAddr);
+}
 
 /// A bound proxy. `run` serves until shutdown; `reconfigure` and `stats` may be
 /// called meanwhile from elsewhere (share the proxy in an `Arc`).
@@ -70,7 +78,6 @@ pub struct Proxy<C: Clock + Clone = SystemClock> {
     local_addr: SocketAddr,
     workers: NonZeroUsize,
     pipeline: Arc<Pipeline<C>>,
-    on_accept: Arc<OnceLock<Arc<dyn AcceptHook>>>,
 }
 
 impl<C: Clock + Clone> Proxy<C> {
@@ -83,13 +90,7 @@ impl<C: Clock + Clone> Proxy<C> {
         let local_addr = listener.local_addr().map_err(bind_error)?;
         // Each worker registers the socket with its own runtime.
         let listener = listener.into_std().map_err(bind_error)?;
-        Ok(Self {
-            listener,
-            local_addr,
-            workers: config.workers(),
-            pipeline: Arc::new(pipeline),
-            on_accept: Arc::default(),
-        })
+        Ok(Self { listener, local_addr, workers: config.workers(), pipeline: Arc::new(pipeline) })
     }
 
     /// The address actually bound (`listen` may ask for port 0).
@@ -121,7 +122,7 @@ impl<C: Clock + Clone> Proxy<C> {
         let failed = |source| ProxyError::Worker { worker, source };
         let listener = self.listener.try_clone().map_err(failed)?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(failed)?;
-        let (pipeline, on_accept) = (Arc::clone(&self.pipeline), Arc::clone(&self.on_accept));
+        let pipeline = Arc::clone(&self.pipeline);
         let (done, finished) = tokio::sync::oneshot::channel::<()>();
         let (listening, listens) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
@@ -140,7 +141,7 @@ impl<C: Clock + Clone> Proxy<C> {
                     let shutdown = async move {
                         let _ = stopped.wait_for(|stop| *stop).await;
                     };
-                    server::serve(&listener, &pipeline, &on_accept, shutdown).await;
+                    server::serve(&listener, &pipeline, shutdown).await;
                 });
                 drop(done);
             })
@@ -174,10 +175,10 @@ impl<C: Clock + Clone> Proxy<C> {
         self.pipeline.escalate_to(escalator);
     }
 
-    /// Tells `hook` of every connection accepted from now on; only the first call
-    /// counts.
-    pub(crate) fn on_accept(&self, hook: Arc<dyn AcceptHook>) {
-        let _ = self.on_accept.set(hook);
+    /// Tells `hook` the peer of every request served from now on; only the first
+    /// call counts.
+    pub(crate) fn on_served(&self, hook: Arc<dyn ServedHook>) {
+        self.pipeline.on_served(hook);
     }
 
     /// The counters so far.

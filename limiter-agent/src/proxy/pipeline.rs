@@ -32,6 +32,7 @@ use hyper::body::Incoming;
 use tokio::sync::Semaphore;
 
 use super::{
+    ServedHook,
     blame::{self, Blame, Initiator},
     body::{self, BodyRefused, Guarded, ProxyBody, TimedBody, full_body},
     buffered::{self, Buffers, Caps, ConnectionBuffered, Metered, Reservation},
@@ -119,6 +120,8 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     clock: C,
     /// Set by the agent when it runs the kernel layer too.
     escalator: OnceLock<Arc<Escalator<C>>>,
+    /// Set by the agent when it runs the kernel layer too.
+    served: OnceLock<Arc<dyn ServedHook>>,
     max_stored_body: usize,
     counters: Counters,
     connections: Arc<Connections>,
@@ -152,6 +155,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             stores,
             clock,
             escalator: OnceLock::new(),
+            served: OnceLock::new(),
             max_stored_body: config.signature.idempotency_max_body_bytes,
             upstream_permits: Arc::new(Semaphore::new(config.max_upstream_connections.get())),
             snapshot: RwLock::new(Arc::new(Snapshot::new(config, secrets))),
@@ -221,6 +225,11 @@ impl<C: Clock + Clone> Pipeline<C> {
     /// Sends this proxy's rejections to `escalator`; only the first call counts.
     pub(super) fn escalate_to(&self, escalator: Arc<Escalator<C>>) {
         let _ = self.escalator.set(escalator);
+    }
+
+    /// Tells `hook` the peer of every request served; only the first call counts.
+    pub(super) fn on_served(&self, hook: Arc<dyn ServedHook>) {
+        let _ = self.served.set(hook);
     }
 
     /// How a new connection from `peer` is served, under the config of now.
@@ -638,6 +647,9 @@ impl<C: Clock + Clone> Pipeline<C> {
                         Refusal::Upstream(error.into())
                     }
                 })?;
+        if let Some(hook) = self.served.get() {
+            hook.served(origin.peer);
+        }
         let Some(claim) = claim else {
             return Ok(response);
         };

@@ -9,7 +9,7 @@ use std::{
     future::poll_fn,
     net::SocketAddr,
     pin::Pin,
-    sync::{Arc, Mutex, OnceLock, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
 };
 
 use http::{Request, Response, StatusCode};
@@ -45,8 +45,6 @@ use super::{
 };
 use limiter_core::Clock;
 
-use crate::accept::AcceptHook;
-
 type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 
 /// What a connection's stream is once its preamble is read: the bytes read ahead,
@@ -59,7 +57,6 @@ type Plain = Prefixed<Watched<TcpStream>>;
 pub(super) async fn serve<C: Clock + Clone>(
     listener: &TcpListener,
     pipeline: &Arc<Pipeline<C>>,
-    on_accept: &OnceLock<Arc<dyn AcceptHook>>,
     shutdown: impl Future<Output = ()>,
 ) {
     let upstream = Arc::new(Upstream::new(pipeline.upstream_permits()));
@@ -70,12 +67,7 @@ pub(super) async fn serve<C: Clock + Clone>(
         tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                // The peer completed a handshake, so it is no spoofed source, whether or
-                // not a connection bound then turns it away.
                 Ok((stream, peer)) => {
-                    if let Some(hook) = on_accept.get() {
-                        hook.accepted(peer.ip());
-                    }
                     // Over a connection bound, dropping the stream closes it.
                     if let Some(slot) = pipeline.admit(peer.ip()) {
                         let upstream = Arc::clone(&upstream);

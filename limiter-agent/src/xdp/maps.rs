@@ -11,8 +11,8 @@ use limiter_common::{
     counters::Counter,
     maps::{
         self as names, Action, Block, CidrPolicy, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK, FEATURE_NEW_SOURCES,
-        FEATURE_SYN, LAYOUT_VERSION, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6,
-        SETTINGS_SLOTS, Settings, SourceKey, SourceState,
+        FEATURE_SYN, FEATURE_SYN_PORTS, LAYOUT_VERSION, MAX_SYN_PORTS, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6,
+        OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, SETTINGS_SLOTS, Settings, SourceKey, SourceState,
     },
 };
 
@@ -22,7 +22,10 @@ use super::{
     tries::CidrTries,
     verified::VerifiedMap,
 };
-use crate::config::xdp::{CidrAction, CidrRule, MalformedAction, PacketLimit, XdpConfig};
+use crate::config::{
+    ProxyConfig,
+    xdp::{CidrAction, CidrRule, MalformedAction, PacketLimit, SynPorts, XdpConfig},
+};
 
 /// The program's maps, opened from a loaded program or from their pins.
 pub struct KernelMaps {
@@ -36,6 +39,7 @@ pub struct KernelMaps {
     /// Per-trie "may hold entries" flags (`names::OCCUPANCY`).
     occupancy: Array<MapData, u32>,
     budgets: Array<MapData, SourceState>,
+    syn_shares: HashMap<MapData, SourceKey, SourceState>,
     aggregates: HashMap<MapData, SourceKey, SourceState>,
     aggregates_capacity: u32,
     pub(super) verified: VerifiedMap,
@@ -95,6 +99,7 @@ impl KernelMaps {
             counters: map(names::COUNTERS)?.try_into().map_err(map_error(names::COUNTERS))?,
             occupancy: map(names::OCCUPANCY)?.try_into().map_err(map_error(names::OCCUPANCY))?,
             budgets: map(names::BUDGETS)?.try_into().map_err(map_error(names::BUDGETS))?,
+            syn_shares: map(names::SYN_SHARES)?.try_into().map_err(map_error(names::SYN_SHARES))?,
             aggregates: aggregates.try_into().map_err(map_error(names::AGGREGATES))?,
             aggregates_capacity,
             verified: VerifiedMap::new(map(names::VERIFIED)?)?,
@@ -117,9 +122,10 @@ impl KernelMaps {
         self.settings_active.set(0, next, 0).map_err(map_error(names::SETTINGS_ACTIVE))
     }
 
-    /// Puts `config` in force: settings first (one atomic flip), then the CIDR rules.
-    pub fn apply(&mut self, config: &XdpConfig) -> Result<(), XdpError> {
-        self.write_settings(settings_for(config, coarse_tick_ns()))?;
+    /// Puts `config` in force, beside `proxy` (whose port the SYN budget covers by
+    /// default): settings first (one atomic flip), then the CIDR rules.
+    pub fn apply(&mut self, config: &XdpConfig, proxy: Option<&ProxyConfig>) -> Result<(), XdpError> {
+        self.write_settings(settings_for(config, &config.syn_ports(proxy), coarse_tick_ns()))?;
         self.sync_cidrs(&config.cidr)
     }
 
@@ -261,6 +267,11 @@ impl KernelMaps {
         self.budgets.get(&slot, 0).map_err(map_error(names::BUDGETS))
     }
 
+    /// One source's share of the SYN budget, if it has one.
+    pub fn syn_share(&self, key: &SourceKey) -> Option<SourceState> {
+        self.syn_shares.get(key, 0).ok()
+    }
+
     /// Every tracked prefix (`[xdp.aggregate]`) and its bucket.
     pub fn aggregates(&self) -> impl Iterator<Item = Result<(SourceKey, SourceState), XdpError>> + '_ {
         self.aggregates.iter().map(|entry| entry.map_err(map_error(names::AGGREGATES)))
@@ -300,18 +311,27 @@ impl KernelMaps {
     }
 }
 
-/// The settings record for `config`, on a kernel whose coarse clock ticks every
-/// `tick_ns`: the buckets read the coarse clock only if its error fits every rate
-/// in force (`limiter_common::bucket::coarse_clock_fits`), else the precise one.
+/// The settings record for `config`, the SYN budget covering `syn_ports`, on a
+/// kernel whose coarse clock ticks every `tick_ns`: the buckets read the coarse
+/// clock only if its error fits every rate in force
+/// (`limiter_common::bucket::coarse_clock_fits`), else the precise one.
 #[must_use]
-pub(crate) fn settings_for(config: &XdpConfig, tick_ns: u64) -> Settings {
+pub(crate) fn settings_for(config: &XdpConfig, syn_ports: &SynPorts, tick_ns: u64) -> Settings {
     let rate = |limit: Option<PacketLimit>| limit.map(|l| l.rate()).unwrap_or_default();
     let feature = |on: bool, bit: u8| if on { bit } else { 0 };
+    let mut ports = [0; MAX_SYN_PORTS];
+    if let SynPorts::Only(only) = syn_ports {
+        for (slot, port) in ports.iter_mut().zip(only) {
+            *slot = port.get();
+        }
+    }
     Settings {
         default_rate: config.limit.rate(),
         new_source_rate: rate(config.new_sources),
         aggregate_rate: rate(config.aggregate.limit),
-        syn_rate: rate(config.syn),
+        syn_rate: rate(config.syn.as_ref().map(|syn| syn.limit)),
+        syn_source_rate: rate(config.syn.as_ref().map(|syn| syn.per_source())),
+        syn_ports: ports,
         layout_version: LAYOUT_VERSION,
         enforce: u8::from(config.enforce),
         malformed_drop: u8::from(config.malformed == MalformedAction::Drop),
@@ -319,6 +339,7 @@ pub(crate) fn settings_for(config: &XdpConfig, tick_ns: u64) -> Settings {
         features: feature(config.new_sources.is_some(), FEATURE_NEW_SOURCES)
             | feature(config.aggregate.limit.is_some(), FEATURE_AGGREGATE)
             | feature(config.syn.is_some(), FEATURE_SYN)
+            | feature(matches!(syn_ports, SynPorts::Only(_)), FEATURE_SYN_PORTS)
             | feature(config.rates_in_force().all(|rate| coarse_clock_fits(rate, tick_ns)), FEATURE_COARSE_CLOCK),
         aggregate_ipv4_prefix: config.aggregate.ipv4_prefix.0,
         aggregate_ipv6_prefix: config.aggregate.ipv6_prefix.0,
@@ -342,7 +363,7 @@ mod tests {
     use limiter_common::maps::FEATURE_COARSE_CLOCK;
 
     use super::settings_for;
-    use crate::config::Config;
+    use crate::config::{Config, xdp::SynPorts};
 
     const XDP: &str = "[xdp]\ninterfaces = [\"eth0\"]\n[xdp.limit]\npackets_per_second = 10\nburst = 20\n";
 
@@ -354,7 +375,8 @@ mod tests {
     fn buckets_read_the_coarse_clock_only_if_it_fits_every_rate() {
         // 250 Hz: 4 ms; a bucket fits with at least 400 ms of refill in its burst.
         let tick = 4_000_000;
-        let coarse = |text: &str| settings_for(&parse(text).xdp.expect("xdp"), tick).has(FEATURE_COARSE_CLOCK);
+        let coarse =
+            |text: &str| settings_for(&parse(text).xdp.expect("xdp"), &SynPorts::Every, tick).has(FEATURE_COARSE_CLOCK);
         assert!(coarse(XDP), "10 pps, burst 20: 2 s of refill");
         let rule = |pps: u32, burst: u32| {
             format!(
@@ -365,6 +387,9 @@ mod tests {
         assert!(!coarse(&rule(1_000, 399)), "one rule below the bound keeps every bucket precise");
         assert!(!coarse(&format!("{XDP}[xdp.syn]\npackets_per_second = 1000\nburst = 10\n")));
         let xdp = parse(XDP).xdp.expect("xdp");
-        assert!(!settings_for(&xdp, u64::MAX).has(FEATURE_COARSE_CLOCK), "a kernel that cannot tell its tick");
+        assert!(
+            !settings_for(&xdp, &SynPorts::Every, u64::MAX).has(FEATURE_COARSE_CLOCK),
+            "a kernel that cannot tell its tick"
+        );
     }
 }

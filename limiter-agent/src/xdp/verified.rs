@@ -1,22 +1,20 @@
-//! Verified sources (`names::VERIFIED`): addresses that completed a TCP handshake
-//! with the proxy (which a spoofed source cannot), or that an operator vouched for
-//! with `limiter verify`. The program lets them skip the new-source budget, the
+//! Verified sources (`names::VERIFIED`): addresses the proxy served a request over a
+//! completed TCP handshake (which a spoofed source cannot complete), or that an
+//! operator vouched for with `limiter verify`. The program lets them skip the new-source budget, the
 //! prefix aggregates and the SYN budget, never their own bucket.
 
 use std::{
+    collections,
     net::{IpAddr, Ipv6Addr},
     path::Path,
-    sync::{
-        Mutex, PoisonError,
-        atomic::{AtomicU8, AtomicU64, Ordering},
-    },
+    sync::{Mutex, PoisonError},
     time::Duration,
 };
 
 use aya::maps::{HashMap, Map, MapData, MapError};
 use ipnet::{IpNet, Ipv4Net};
 use limiter_common::{
-    addr::{mask_v6, v4_mapped},
+    addr::{V4_MAPPED_BITS, as_v4, mask_v6, v4_mapped},
     maps::{self as names, SourceKey, Verified},
 };
 
@@ -54,8 +52,11 @@ impl VerifiedMap {
 
     fn insert(&mut self, key: &SourceKey, ttl: Duration) -> Result<(), XdpError> {
         let ttl_ns = u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX);
-        let entry = Verified { expires_at_ns: monotonic_now_ns().saturating_add(ttl_ns).max(1) };
-        self.map.insert(key, entry, 0).map_err(map_error(names::VERIFIED))
+        self.insert_until(key, monotonic_now_ns().saturating_add(ttl_ns).max(1))
+    }
+
+    fn insert_until(&mut self, key: &SourceKey, expires_at_ns: u64) -> Result<(), XdpError> {
+        self.map.insert(key, Verified { expires_at_ns }, 0).map_err(map_error(names::VERIFIED))
     }
 
     /// Verifies every source key in `cidr` for `ttl`; how many.
@@ -136,13 +137,34 @@ fn keys_in(cidr: IpNet, ipv6_prefix: u8, max: u64) -> Result<Vec<SourceKey>, Xdp
     Ok((0..u128::from(count)).map(|i| SourceKey { addr: (first | (i << step_bits)).to_be_bytes() }).collect())
 }
 
-/// The proxy's handle on [`names::VERIFIED`]: each accepted connection's peer is
-/// written with the configured TTL.
+/// The proxy's handle on [`names::VERIFIED`]: the peer of each request served is
+/// written with the configured TTL, at most `max_per_48` (`max_per_24`) at once per
+/// IPv6 /48 (IPv4 /24), so that one site's many addresses cannot push everyone
+/// else's out of the LRU map. The entries present when it opens count too, so a
+/// restart does not hand a prefix a second quota; `limiter verify` is never capped.
 #[derive(Debug)]
 pub struct Verifier {
-    map: Mutex<VerifiedMap>,
-    ipv6_prefix: AtomicU8,
-    ttl_ns: AtomicU64,
+    state: Mutex<Tracker>,
+}
+
+/// The map, and what this agent holds verified in it, by prefix.
+struct Tracker {
+    map: VerifiedMap,
+    ipv6_prefix: u8,
+    ttl_ns: u64,
+    per_48: usize,
+    per_24: usize,
+    /// Each prefix's verified keys and their expiry (`CLOCK_MONOTONIC` ns, as the
+    /// map's), at most the prefix's cap: looked up on every request served, so that
+    /// a source whose entry has more than half its TTL left costs no write to the
+    /// map (no syscall).
+    prefixes: collections::HashMap<SourceKey, Vec<(SourceKey, u64)>>,
+}
+
+impl std::fmt::Debug for Tracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tracker").field("prefixes", &self.prefixes.len()).finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for VerifiedMap {
@@ -151,35 +173,96 @@ impl std::fmt::Debug for VerifiedMap {
     }
 }
 
+/// The /48 (an IPv4 key's /24) `key` is capped under.
+fn prefix_of(key: &SourceKey) -> SourceKey {
+    let bits = if as_v4(&key.addr).is_some() { V4_MAPPED_BITS + 24 } else { 48 };
+    SourceKey { addr: mask_v6(key.addr, bits) }
+}
+
 impl Verifier {
     /// Opens the map pinned under `pin_dir`.
     pub fn open(pin_dir: &Path, config: &XdpConfig) -> Result<Self, XdpError> {
         let path = pin_dir.join(names::VERIFIED);
         let map = MapData::from_pin(&path).and_then(Map::from_map_data).map_err(map_error(names::VERIFIED))?;
-        let verifier =
-            Self { map: Mutex::new(VerifiedMap::new(map)?), ipv6_prefix: AtomicU8::new(0), ttl_ns: AtomicU64::new(0) };
+        let map = VerifiedMap::new(map)?;
+        let now = monotonic_now_ns();
+        let mut prefixes: collections::HashMap<SourceKey, Vec<(SourceKey, u64)>> = collections::HashMap::new();
+        for entry in map.map.iter() {
+            let (key, verified) = entry.map_err(map_error(names::VERIFIED))?;
+            if verified.active(now) {
+                prefixes.entry(prefix_of(&key)).or_default().push((key, verified.expires_at_ns));
+            }
+        }
+        let tracker = Tracker { map, ipv6_prefix: 0, ttl_ns: 0, per_48: 0, per_24: 0, prefixes };
+        let verifier = Self { state: Mutex::new(tracker) };
         verifier.reconfigure(config);
         Ok(verifier)
     }
 
-    /// Takes a reloaded config's TTL and IPv6 prefix.
+    /// Takes a reloaded config's TTL, IPv6 prefix and caps.
     pub fn reconfigure(&self, config: &XdpConfig) {
-        self.ipv6_prefix.store(config.ipv6_prefix.0, Ordering::Relaxed);
-        self.ttl_ns.store(u64::try_from(config.verified.ttl.0.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        let mut tracker = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        tracker.ipv6_prefix = config.ipv6_prefix.0;
+        tracker.ttl_ns = u64::try_from(config.verified.ttl.0.as_nanos()).unwrap_or(u64::MAX);
+        tracker.per_48 = usize::try_from(config.verified.max_per_48().get()).unwrap_or(usize::MAX);
+        tracker.per_24 = usize::try_from(config.verified.max_per_24().get()).unwrap_or(usize::MAX);
     }
 
-    /// Marks `peer` verified.
-    pub fn verify(&self, peer: IpAddr) -> Result<(), XdpError> {
-        let key = source_key(peer, self.ipv6_prefix.load(Ordering::Relaxed));
-        let ttl = Duration::from_nanos(self.ttl_ns.load(Ordering::Relaxed));
-        self.map.lock().unwrap_or_else(PoisonError::into_inner).insert(&key, ttl)
+    /// Marks `peer` verified, unless its prefix holds its cap already; whether it is.
+    pub fn verify(&self, peer: IpAddr) -> Result<bool, XdpError> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).verify(peer, monotonic_now_ns())
     }
 }
 
-impl crate::accept::AcceptHook for Verifier {
-    fn accepted(&self, peer: IpAddr) {
-        if let Err(error) = self.verify(peer) {
-            tracing::debug!(%peer, %error, "cannot mark the peer verified");
+impl Tracker {
+    fn verify(&mut self, peer: IpAddr, now: u64) -> Result<bool, XdpError> {
+        let key = source_key(peer, self.ipv6_prefix);
+        let prefix = prefix_of(&key);
+        let cap = if as_v4(&key.addr).is_some() { self.per_24 } else { self.per_48 };
+        let (ttl_ns, expires) = (self.ttl_ns, now.saturating_add(self.ttl_ns).max(1));
+        if !self.prefixes.contains_key(&prefix) {
+            self.bound_prefixes(now);
+        }
+        let keys = self.prefixes.entry(prefix).or_default();
+        keys.retain(|(_, expiry)| *expiry > now);
+        let place = match keys.iter().position(|(known, _)| *known == key) {
+            Some(place) if keys[place].1 - now > ttl_ns / 2 => return Ok(true),
+            Some(place) => place,
+            None if keys.len() >= cap => return Ok(false),
+            None => {
+                keys.push((key, 0));
+                keys.len() - 1
+            }
+        };
+        keys[place].1 = expires;
+        self.map.insert_until(&key, expires).map(|()| true)
+    }
+
+    /// Forgets the prefixes left without a live entry once there are twice as many
+    /// as the map holds; if even the live ones are that many, everything: the caps
+    /// then start again from nothing, which takes more prefixes than the map holds
+    /// to bring about, where a cap per prefix no longer decides who is verified.
+    fn bound_prefixes(&mut self, now: u64) {
+        let bound = 2 * self.map.capacity as usize;
+        if self.prefixes.len() < bound {
+            return;
+        }
+        self.prefixes.retain(|_, keys| {
+            keys.retain(|(_, expiry)| *expiry > now);
+            !keys.is_empty()
+        });
+        if self.prefixes.len() > bound / 2 {
+            self.prefixes.clear();
+        }
+    }
+}
+
+impl crate::proxy::ServedHook for Verifier {
+    fn served(&self, peer: IpAddr) {
+        match self.verify(peer) {
+            Ok(true) => {}
+            Ok(false) => tracing::debug!(%peer, "not verified: its prefix holds its cap of verified sources"),
+            Err(error) => tracing::debug!(%peer, %error, "cannot mark the peer verified"),
         }
     }
 }

@@ -1,6 +1,7 @@
-//! Spoofed floods end to end: the agent (kernel layer and proxy) on two veths, a
-//! bounded `hping3 --rand-source` flood from one namespace, a calm UDP source in the
-//! same namespace and an HTTP client in the other. Needs root and hping3.
+//! Floods end to end: the agent (kernel layer and proxy) on two veths, a bounded
+//! `hping3` flood (from random sources, or from one real address) from one
+//! namespace, a calm UDP source in the same namespace and an HTTP client in the
+//! other; and whom the proxy verifies. Needs root, hping3 and curl.
 
 use std::{
     io::{Read as _, Write as _},
@@ -13,7 +14,7 @@ use std::{
 };
 
 use limiter::xdp::{CounterSnapshot, KernelMaps, source_key};
-use limiter_common::counters::Counter;
+use limiter_common::{counters::Counter, maps::BUDGET_SYN};
 use limiter_lab::{
     netns::{VethNamespace, spawn_in_namespace},
     support::{
@@ -113,7 +114,8 @@ upstream = "http://{upstream}"
     }
 
     /// Runs `hping3 args` in the flood namespace at `target`, bounded by `FLOOD`
-    /// packets and `FLOOD_TIMEOUT` seconds.
+    /// packets and `FLOOD_TIMEOUT` seconds; from the namespace's own address unless
+    /// `args` ask for `--rand-source`.
     fn flood_at(&self, target: IpAddr, args: &[&str]) -> Duration {
         // Replies to spoofed sources would leave by the host's default route. Strict
         // reverse-path filtering on the lab's link drops every packet the program
@@ -132,7 +134,7 @@ upstream = "http://{upstream}"
         let output = self
             .flood
             .command("timeout")
-            .args([FLOOD_TIMEOUT, "hping3", "-q", "--rand-source", "-c", &count, "-i", "u20"])
+            .args([FLOOD_TIMEOUT, "hping3", "-q", "-c", &count, "-i", "u20"])
             .args(args)
             .arg(&target)
             .output()
@@ -167,12 +169,34 @@ fn keep_requesting(
     proxy: SocketAddr,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<std::io::Result<(u64, u64)>> {
+    keep_trying(ns, stop, Duration::from_millis(20), move || get(proxy))
+}
+
+/// TCP connections to the proxy from the client namespace until `stop`, each closed
+/// without a request, slower than a source's share of the SYN budget;
+/// (established, attempts).
+fn keep_connecting(
+    ns: &str,
+    proxy: SocketAddr,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<std::io::Result<(u64, u64)>> {
+    let connect = move || TcpStream::connect_timeout(&proxy, Duration::from_secs(3)).is_ok();
+    keep_trying(ns, stop, Duration::from_millis(150), connect)
+}
+
+/// `attempt` from namespace `ns` every `pause` until `stop`; (successes, attempts).
+fn keep_trying(
+    ns: &str,
+    stop: Arc<AtomicBool>,
+    pause: Duration,
+    attempt: impl Fn() -> bool + Send + 'static,
+) -> std::thread::JoinHandle<std::io::Result<(u64, u64)>> {
     spawn_in_namespace(ns, move || {
         let (mut ok, mut tried) = (0, 0);
         while !stop.load(Ordering::Relaxed) {
             tried += 1;
-            ok += u64::from(get(proxy));
-            std::thread::sleep(Duration::from_millis(20));
+            ok += u64::from(attempt());
+            std::thread::sleep(pause);
         }
         (ok, tried)
     })
@@ -189,6 +213,8 @@ fn verdicts(counters: &CounterSnapshot) -> u64 {
         Counter::DroppedNewSource,
         Counter::DroppedAggregate,
         Counter::DroppedSyn,
+        Counter::DroppedSynShare,
+        Counter::DroppedV4Mapped,
     ]
     .iter()
     .map(|c| counters.get(*c))
@@ -207,7 +233,7 @@ async fn a_random_source_flood_is_held_to_the_budget_while_known_and_verified_cl
     );
     let receiver = traffic::Receiver::bind(site.flood_host).expect("receiver");
     // Known before the flood: the calm source by its first datagrams, the client by
-    // a completed handshake (which also verifies it).
+    // a request served (which also verifies it).
     traffic::send(&site.flood.ns, site.calm, receiver.addr, 5, 5).expect("calm source");
     let proxy = site.proxy;
     let first = spawn_in_namespace(&site.clients.ns, move || get(proxy));
@@ -231,7 +257,7 @@ async fn a_random_source_flood_is_held_to_the_budget_while_known_and_verified_cl
     let requests = keep_requesting(&site.clients.ns, site.proxy, stop.clone());
     let (calm_sent, elapsed) = std::thread::scope(|scope| {
         let calm = scope.spawn(|| traffic::send(&site.flood.ns, site.calm, receiver.addr, CALM, 1).expect("calm"));
-        let elapsed = site.flood(&["--udp", "-p", "9"]);
+        let elapsed = site.flood(&["--rand-source", "--udp", "-p", "9"]);
         calm.join().expect("calm source");
         (CALM, elapsed)
     });
@@ -301,7 +327,7 @@ async fn a_syn_flood_from_random_sources_leaves_a_verified_client_connecting() {
     // The proxy's address is the host's on the other link: route it over the flood's.
     let route = site.flood.command("ip").args(["route", "add", &proxy.ip().to_string(), "dev", "eth0"]).status();
     assert!(route.is_ok_and(|status| status.success()), "a route to the proxy from the flood namespace");
-    let elapsed = site.flood_at(proxy.ip(), &["-S", "-p", &proxy.port().to_string()]);
+    let elapsed = site.flood_at(proxy.ip(), &["--rand-source", "-S", "-p", &proxy.port().to_string()]);
     stop.store(true, Ordering::Relaxed);
     let (ok, tried) = requests.join().expect("client thread").expect("namespace");
     // The flood's count is what one snapshot holds less the client's packets, read
@@ -309,15 +335,17 @@ async fn a_syn_flood_from_random_sources_leaves_a_verified_client_connecting() {
     let after = maps.counter_snapshot().expect("counters");
     let client_packets = maps.source(&client_key).expect("client").packets - client_before;
     let flood_seen = verdicts(&after) - seen_before - client_packets;
-    let refused_syn = after.get(Counter::DroppedSyn) - before.get(Counter::DroppedSyn);
-    let handed_on = flood_seen - refused_syn;
+    // Refused by the new-source budget (most of them: each forged source is new) or
+    // by the SYN budget.
+    let refused = |counters: &CounterSnapshot| verdicts(counters) - counters.get(Counter::Passed);
+    let handed_on = flood_seen - (refused(&after) - refused(&before));
     let allowed = SYN_BURST + (elapsed.as_secs_f64() * SYN_RATE as f64).ceil() as u64 + 10;
     eprintln!(
-        "SYN flood: {handed_on} of {flood_seen} SYNs passed the SYN budget in {elapsed:?}; client: {ok} of {tried} \
+        "SYN flood: {handed_on} of {flood_seen} SYNs passed the budgets in {elapsed:?}; client: {ok} of {tried} \
          connected"
     );
     assert!(flood_seen >= FLOOD * 9 / 10, "the flood did not reach the program: {flood_seen} packets seen");
-    assert!(handed_on <= allowed, "{handed_on} SYNs passed the SYN budget, which allows {allowed}");
+    assert!(handed_on <= allowed, "{handed_on} SYNs passed the budgets, the SYN budget allows {allowed}");
     assert!(tried >= 3 && ok == tried, "the client connected {ok} of {tried} times");
 }
 
@@ -331,7 +359,8 @@ async fn the_cli_checks_verifies_and_reloads_the_spoofing_defences() {
     let check = text(&site.agent.cli(&["check"]));
     assert!(check.contains(&format!("xdp.new_sources: {BUDGET_RATE} pps, burst {BUDGET_BURST}")), "{check}");
     assert!(check.contains("xdp.syn: off"), "{check}");
-    assert!(check.contains("clients that complete a TCP handshake with the proxy"), "{check}");
+    assert!(check.contains("clients the proxy served a response"), "{check}");
+    assert!(check.contains("warning: xdp.verified: the proxy now verifies a client once it has served it"), "{check}");
 
     let verified = site.agent.cli(&["verify", "192.0.2.0/30", "--ttl", "1m"]);
     assert!(verified.status.success(), "{}", text(&verified));
@@ -349,8 +378,114 @@ async fn the_cli_checks_verifies_and_reloads_the_spoofing_defences() {
     let with_syn = with_xdp("[xdp.syn]\npackets_per_second = 100\nburst = 100\n");
     let resized = with_xdp("[xdp.aggregate]\nmax_prefixes = 1024\n");
     let reloaded = site.agent.reload_with(&with_syn);
-    assert!(text(&reloaded).contains("xdp.syn: off -> 100 pps, burst 100"), "{}", text(&reloaded));
+    assert!(
+        text(&reloaded).contains("xdp.syn: off -> 100 pps, burst 100, at most 10 pps, burst 10 per source"),
+        "{}",
+        text(&reloaded)
+    );
     let refused = site.agent.reload_with(&resized);
     assert!(!refused.status.success(), "{}", text(&refused));
     assert!(text(&refused).contains("xdp.aggregate.max_prefixes"), "{}", text(&refused));
+}
+
+/// The attack: `hping3 -S -p 22` from one real address, then at the proxy's own
+/// port. SYNs to the unserved port are charged to the flooder's bucket and never ask
+/// the SYN budget (before, every one took a token first, and the budget was empty
+/// for everyone); at the proxy's port it takes no more than its share, so another
+/// client, never verified since it only connects, keeps connecting.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_source_flooding_syns_leaves_the_syn_budget_to_other_clients() {
+    let upstream = Upstream::start().await;
+    let site =
+        Site::start(upstream.addr, "", &format!("[xdp.syn]\npackets_per_second = {SYN_RATE}\nburst = {SYN_BURST}\n"));
+    let maps = site.maps();
+    let flooder = source_key(IpAddr::V4(site.calm), 64);
+    let client_key = source_key(IpAddr::V4(site.client), 64);
+    let seen = || verdicts(&maps.counter_snapshot().expect("counters"));
+    let before = seen();
+
+    site.flood(&["-S", "-p", "22"]);
+    let seen_22 = site.agent.until("the flood to reach the program", seen, |n| *n >= before + FLOOD * 9 / 10);
+    let budget = maps.budget(BUDGET_SYN).expect("budget");
+    assert_eq!((budget.packets, budget.dropped), (0, 0), "SYNs to port 22 asked the SYN budget");
+    let after_22 = maps.counter_snapshot().expect("counters");
+    assert_eq!((after_22.get(Counter::DroppedSyn), after_22.get(Counter::DroppedSynShare)), (0, 0));
+    assert!(after_22.get(Counter::DroppedRateLimit) > 0, "the flooder's own bucket held it");
+
+    let proxy = site.proxy;
+    let route = site.flood.command("ip").args(["route", "add", &proxy.ip().to_string(), "dev", "eth0"]).status();
+    assert!(route.is_ok_and(|status| status.success()), "a route to the proxy from the flood namespace");
+    let stop = Arc::new(AtomicBool::new(false));
+    let connects = keep_connecting(&site.clients.ns, proxy, stop.clone());
+    let elapsed = site.flood_at(proxy.ip(), &["-S", "-p", &proxy.port().to_string()]);
+    stop.store(true, Ordering::Relaxed);
+    let (ok, tried) = connects.join().expect("client thread").expect("namespace");
+    site.agent.until("the flood at the proxy's port to reach the program", seen, |n| *n >= seen_22 + FLOOD * 9 / 10);
+    let share = maps.syn_share(&flooder).expect("the flooder's share");
+    let per_source = SYN_RATE.div_ceil(10);
+    let allowed = SYN_BURST.div_ceil(10) + (elapsed.as_secs_f64() * per_source as f64).ceil() as u64 + 1;
+    eprintln!(
+        "one-source SYN flood at the proxy: {} of {} SYNs past its bucket took from the budget in {elapsed:?}; \
+         client: {ok} of {tried} connected",
+        share.packets - share.dropped,
+        share.packets
+    );
+    assert!(
+        share.packets - share.dropped <= allowed,
+        "the flooder took {:?} of the budget, its share {allowed}",
+        share
+    );
+    assert!(tried >= 3 && ok == tried, "the other client connected {ok} of {tried} times");
+    assert!(!maps.is_verified(&client_key), "connecting alone verifies nobody");
+}
+
+/// The attack on the verified map: a host that connects without asking anything
+/// verified its address (its /64) for `ttl`, so one /48 could fill the map. Now
+/// only a request the upstream answered verifies its peer, and one /24 holds at
+/// most `max_per_24` verified addresses (a /48 `max_per_48`).
+#[tokio::test(flavor = "multi_thread")]
+async fn only_a_served_request_verifies_and_one_24_holds_at_most_its_cap() {
+    let upstream = Upstream::start().await;
+    let site = Site::start(upstream.addr, "", "[xdp.verified]\nmax_per_24 = 2\nmax_per_48 = 16\n");
+    let maps = site.maps();
+    let client_key = source_key(IpAddr::V4(site.client), 64);
+    let proxy = site.proxy;
+    let refused = spawn_in_namespace(&site.clients.ns, move || -> std::io::Result<String> {
+        drop(TcpStream::connect_timeout(&proxy, Duration::from_secs(3))?);
+        let mut stream = TcpStream::connect_timeout(&proxy, Duration::from_secs(3))?;
+        stream.set_read_timeout(Some(Duration::from_secs(3)))?;
+        stream.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n")?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply)?;
+        Ok(reply)
+    });
+    let reply = refused.join().expect("client").expect("namespace").expect("the refused request");
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    assert!(!maps.is_verified(&client_key), "a bare connect and a request the proxy refused verified the client");
+    assert_eq!(site.agent.cli_json(&["stats", "--json"])["xdp"]["verified"]["tracked"].as_u64(), Some(0));
+
+    let served = spawn_in_namespace(&site.clients.ns, move || get(proxy));
+    assert_eq!(served.join().expect("client").ok(), Some(true), "the served request");
+    site.agent.until("the served client to be verified", || maps.is_verified(&client_key), |verified| *verified);
+
+    // Three more addresses of the client's /24, each served.
+    let others: Vec<Ipv4Addr> = (3..=5).map(|last| Ipv4Addr::from(u32::from(site.client) - 2 + last)).collect();
+    for address in &others {
+        let added = site.clients.command("ip").args(["addr", "add", &format!("{address}/24"), "dev", "eth0"]).status();
+        assert!(added.is_ok_and(|status| status.success()), "address {address}");
+        let curl = site
+            .clients
+            .command("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5", "--interface"])
+            .arg(address.to_string())
+            .arg(format!("http://{proxy}/"))
+            .output()
+            .expect("run curl");
+        assert_eq!(String::from_utf8_lossy(&curl.stdout), "200", "from {address}");
+    }
+    let stats =
+        site.agent.stats_until("the verified sources", |stats| stats["xdp"]["verified"]["tracked"].as_u64() == Some(2));
+    assert_eq!(stats["xdp"]["verified"]["tracked"].as_u64(), Some(2), "{stats}");
+    let verified: Vec<bool> = others.iter().map(|a| maps.is_verified(&source_key(IpAddr::V4(*a), 64))).collect();
+    assert_eq!(verified, [true, false, false], "the client and the first other fill the /24's 2");
 }

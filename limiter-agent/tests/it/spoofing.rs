@@ -1,5 +1,6 @@
 //! The kernel layer against spoofed sources, through `BPF_PROG_TEST_RUN`: the
-//! new-source budget, prefix aggregates, verified sources and the SYN budget.
+//! new-source budget, prefix aggregates, verified sources, the SYN budget and each
+//! source's share of it, tiny first fragments and IPv4-mapped IPv6 sources.
 //! Needs root.
 
 use std::{
@@ -7,14 +8,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter::xdp::source_key;
+use limiter::{
+    config::Config,
+    xdp::{Verifier, source_key},
+};
 use limiter_common::{
     addr::v4_mapped,
     counters::Counter,
     maps::{BUDGET_NEW_SOURCES, BUDGET_SYN, SourceKey},
 };
 use limiter_lab::support::{
-    frames::{ETH_P_IPV4, ETH_P_IPV6, ethernet, extension, ipv4, ipv6, udp4, udp6},
+    frames::{ETH_P_IPV4, ETH_P_IPV6, IPPROTO_UDP, ethernet, extension, ipv4, ipv6, udp4, udp6},
     kernel::{TestKernel, xdp_config},
 };
 
@@ -35,14 +39,32 @@ fn key(ip: impl Into<IpAddr>) -> SourceKey {
     source_key(ip.into(), 64)
 }
 
-/// A TCP-over-IPv4 frame from `source` with `flags`.
+/// The port the SYN budget covers in these tests, when it covers one.
+const SERVED: u16 = 443;
+
+/// A TCP-over-IPv4 frame from `source` with `flags`, to port [`SERVED`].
 fn tcp4(source: Ipv4Addr, flags: u8) -> Vec<u8> {
+    tcp4_to(source, flags, SERVED)
+}
+
+/// A TCP-over-IPv4 frame from `source` with `flags`, to `port`.
+fn tcp4_to(source: Ipv4Addr, flags: u8, port: u16) -> Vec<u8> {
+    let mut header = tcp_header(flags);
+    header[2..4].copy_from_slice(&port.to_be_bytes());
+    ethernet(ETH_P_IPV4, &ipv4_carrying(source, &header, 0))
+}
+
+/// An IPv4 packet from `source` carrying `tcp` (all of it, or the first fragment
+/// of more when `fragment_field` sets "more fragments").
+fn ipv4_carrying(source: Ipv4Addr, tcp: &[u8], fragment_field: u16) -> Vec<u8> {
     let mut packet = ipv4(source, 0);
     packet[9] = 6;
     packet.truncate(20);
-    packet.extend_from_slice(&tcp_header(flags));
-    packet[2..4].copy_from_slice(&40u16.to_be_bytes());
-    ethernet(ETH_P_IPV4, &packet)
+    packet.extend_from_slice(tcp);
+    let total = u16::try_from(packet.len()).expect("length");
+    packet[2..4].copy_from_slice(&total.to_be_bytes());
+    packet[6..8].copy_from_slice(&fragment_field.to_be_bytes());
+    packet
 }
 
 /// A TCP segment header with `flags`, no options.
@@ -51,6 +73,15 @@ fn tcp_header(flags: u8) -> [u8; 20] {
     header[12] = 5 << 4;
     header[13] = flags;
     header
+}
+
+/// The SYN budget of `burst` (1 per second), each source's share of it far larger:
+/// the budget alone decides.
+fn syn_budget(burst: u32) -> String {
+    format!(
+        "[xdp.syn]\npackets_per_second = 1\nburst = {burst}\nper_source_packets_per_second = 1\n\
+         per_source_burst = 1000\n"
+    )
 }
 
 fn verdicts(kernel: &TestKernel, frame: &[u8], times: usize) -> Vec<u32> {
@@ -157,9 +188,8 @@ fn a_rule_sets_its_own_aggregate() {
 
 #[test]
 fn syns_from_unverified_sources_take_from_the_syn_budget() {
-    let mut kernel = TestKernel::new(&xdp_config(
-        "[xdp.limit]\npackets_per_second = 1\nburst = 100\n[xdp.syn]\npackets_per_second = 1\nburst = 2\n",
-    ));
+    let mut kernel =
+        TestKernel::new(&xdp_config(&format!("[xdp.limit]\npackets_per_second = 1\nburst = 100\n{}", syn_budget(2))));
     assert_eq!(verdicts(&kernel, &tcp4(v4(1), TCP_SYN), 3), [XDP_PASS, XDP_PASS, XDP_DROP]);
     assert_eq!(kernel.run(&tcp4(v4(2), TCP_SYN)), XDP_DROP, "the budget is global");
     assert_eq!(verdicts(&kernel, &tcp4(v4(2), TCP_SYN | TCP_ACK), 2), [XDP_PASS; 2], "a SYN-ACK opens nothing");
@@ -173,9 +203,8 @@ fn syns_from_unverified_sources_take_from_the_syn_budget() {
 
 #[test]
 fn ipv6_syns_are_found_behind_extension_headers() {
-    let kernel = TestKernel::new(&xdp_config(
-        "[xdp.limit]\npackets_per_second = 1\nburst = 100\n[xdp.syn]\npackets_per_second = 1\nburst = 1\n",
-    ));
+    let kernel =
+        TestKernel::new(&xdp_config(&format!("[xdp.limit]\npackets_per_second = 1\nburst = 100\n{}", syn_budget(1))));
     let source: Ipv6Addr = "2001:db8::5".parse().expect("addr");
     let syn = ethernet(ETH_P_IPV6, &ipv6(source, 6, 64, &tcp_header(TCP_SYN)));
     let mut behind_options = extension(6).to_vec();
@@ -259,7 +288,8 @@ fn a_global_budget_is_exact_under_two_cpus_hammering_it() {
     const REPEAT: u32 = 1_000_000;
     let kernel = TestKernel::new(&xdp_config(&format!(
         "[xdp.limit]\npackets_per_second = 1000000000\nburst = 4000000000\n\
-         [xdp.syn]\npackets_per_second = 1\nburst = {BURST}\n"
+         [xdp.syn]\npackets_per_second = 1\nburst = {BURST}\n\
+         per_source_packets_per_second = 1000000000\nper_source_burst = 4000000000\n"
     )));
     let refill = kernel.run_on_two_cpus(&tcp4(v4(1), TCP_SYN), REPEAT).as_secs().saturating_add(1);
     let budget = kernel.kernel.maps().budget(BUDGET_SYN).expect("budget");
@@ -274,7 +304,161 @@ fn reloading_keeps_the_budget_where_it_was() {
     let mut kernel = TestKernel::new(&xdp_config(&format!("{SLOW}{budget}")));
     assert_eq!(kernel.run(&udp4(v4(1))), XDP_PASS);
     let reloaded = xdp_config(&format!("[xdp.limit]\npackets_per_second = 1\nburst = 5\n{budget}"));
-    kernel.kernel.maps_mut().apply(&reloaded).expect("apply");
+    kernel.kernel.maps_mut().apply(&reloaded, None).expect("apply");
     assert_eq!(kernel.run(&udp4(v4(2))), XDP_DROP, "a reload does not refill the budget");
     assert_eq!(verdicts(&kernel, &udp4(v4(1)), 5).iter().filter(|v| **v == XDP_PASS).count(), 4, "new burst of 5");
+}
+
+/// The attack: one source floods SYNs past its own limit. Its bucket refuses the
+/// surplus before the SYN budget is asked, so the budget keeps its tokens for others
+/// (before, every SYN took one first, and the flood emptied it).
+#[test]
+fn a_syn_its_own_bucket_refuses_takes_nothing_from_the_syn_budget() {
+    let kernel = TestKernel::new(&xdp_config(&format!("{SLOW}{}", syn_budget(5))));
+    assert_eq!(
+        verdicts(&kernel, &tcp4(v4(1), TCP_SYN), 6),
+        [XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP, XDP_DROP, XDP_DROP]
+    );
+    let budget = kernel.kernel.maps().budget(BUDGET_SYN).expect("budget");
+    assert_eq!((budget.packets, budget.dropped), (3, 0), "only the SYNs its bucket admitted asked the budget");
+    assert_eq!(verdicts(&kernel, &tcp4(v4(2), TCP_SYN), 2), [XDP_PASS; 2], "the budget's last two tokens");
+    assert_eq!(kernel.counters(), [("passed", 5), ("dropped_rate_limit", 3), ("new_sources", 2)]);
+}
+
+/// The attack: `hping3 -S -p 22 --flood` from one real address, at a host whose
+/// proxy listens on 443. SYNs to other ports are charged to their source's bucket
+/// like any packet; only those to the served port take from the budget.
+#[test]
+fn syns_to_a_port_the_host_does_not_serve_leave_the_syn_budget_alone() {
+    let config = format!("[xdp.limit]\npackets_per_second = 1\nburst = 8\n{}ports = [{SERVED}, 8443]\n", syn_budget(2));
+    let kernel = TestKernel::new(&xdp_config(&config));
+    let mut expected = vec![XDP_PASS; 8];
+    expected.extend([XDP_DROP; 2]);
+    assert_eq!(verdicts(&kernel, &tcp4_to(v4(1), TCP_SYN, 22), 10), expected, "its own bucket of 8");
+    let budget = kernel.kernel.maps().budget(BUDGET_SYN).expect("budget");
+    assert_eq!((budget.packets, budget.dropped), (0, 0), "SYNs to port 22 never asked the budget");
+    assert_eq!(kernel.run(&tcp4_to(v4(2), TCP_SYN, 8443)), XDP_PASS);
+    assert_eq!(kernel.run(&tcp4_to(v4(3), TCP_SYN, SERVED)), XDP_PASS);
+    assert_eq!(kernel.run(&tcp4_to(v4(4), TCP_SYN, SERVED)), XDP_DROP, "the budget of 2 covers both served ports");
+    assert_eq!(kernel.counters(), [("passed", 10), ("dropped_rate_limit", 2), ("new_sources", 4), ("dropped_syn", 1)]);
+
+    // Without `ports` and without a proxy, every port is served.
+    let every =
+        TestKernel::new(&xdp_config(&format!("[xdp.limit]\npackets_per_second = 1\nburst = 8\n{}", syn_budget(2))));
+    assert_eq!(verdicts(&every, &tcp4_to(v4(1), TCP_SYN, 22), 3), [XDP_PASS, XDP_PASS, XDP_DROP]);
+    assert_eq!(every.counter(Counter::DroppedSyn), 1);
+}
+
+/// With a proxy and no `ports`, the budget covers the proxy's listen port.
+#[test]
+fn the_syn_budget_covers_the_proxys_port_by_default() {
+    let text = format!(
+        "[xdp]\ninterfaces = []\n[xdp.limit]\npackets_per_second = 1\nburst = 8\n{}\
+         [proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:9\"\n",
+        syn_budget(1)
+    );
+    let config = Config::parse(&text, "test.toml".as_ref()).expect("config");
+    let (xdp, proxy) = (config.xdp.expect("xdp"), config.proxy.expect("proxy"));
+    let mut kernel = TestKernel::new(&xdp);
+    kernel.kernel.maps_mut().apply(&xdp, Some(&proxy)).expect("apply with the proxy");
+    assert_eq!(verdicts(&kernel, &tcp4_to(v4(1), TCP_SYN, 443), 3), [XDP_PASS; 3], "not the proxy's port");
+    assert_eq!(kernel.run(&tcp4_to(v4(2), TCP_SYN, 8080)), XDP_PASS);
+    assert_eq!(kernel.run(&tcp4_to(v4(3), TCP_SYN, 8080)), XDP_DROP);
+    assert_eq!(kernel.counters(), [("passed", 4), ("new_sources", 3), ("dropped_syn", 1)]);
+}
+
+/// The attack: one unverified source sends SYNs as fast as its bucket lets it. It
+/// takes its share, and the rest of the budget stays for the others.
+#[test]
+fn one_source_takes_only_its_share_of_the_syn_budget() {
+    let kernel = TestKernel::new(&xdp_config(
+        "[xdp.limit]\npackets_per_second = 1\nburst = 100\n[xdp.syn]\npackets_per_second = 1\nburst = 5\n\
+         per_source_packets_per_second = 1\nper_source_burst = 3\n",
+    ));
+    assert_eq!(verdicts(&kernel, &tcp4(v4(1), TCP_SYN), 5), [XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP, XDP_DROP]);
+    assert_eq!(verdicts(&kernel, &tcp4(v4(2), TCP_SYN), 3), [XDP_PASS, XDP_PASS, XDP_DROP], "the budget's other 2");
+    assert_eq!(kernel.counters(), [("passed", 5), ("new_sources", 2), ("dropped_syn", 1), ("dropped_syn_share", 2)]);
+    let budget = kernel.kernel.maps().budget(BUDGET_SYN).expect("budget");
+    assert_eq!((budget.packets, budget.dropped), (6, 1), "SYNs beyond the share never asked the budget");
+
+    // By default a source's share is a tenth of the budget: 2 of 20.
+    let default = TestKernel::new(&xdp_config(
+        "[xdp.limit]\npackets_per_second = 1\nburst = 100\n[xdp.syn]\npackets_per_second = 1\nburst = 20\n",
+    ));
+    assert_eq!(verdicts(&default, &tcp4(v4(1), TCP_SYN), 3), [XDP_PASS, XDP_PASS, XDP_DROP]);
+    assert_eq!(default.counter(Counter::DroppedSynShare), 1);
+}
+
+/// The attack: a SYN split so that its first fragment holds only the ports and the
+/// sequence number (8 bytes), padded to Ethernet's minimum with zeros, which read
+/// as "no flags". Reassembled, it opens a handshake, so it is charged as a SYN to a
+/// served port; a whole segment that short opens nothing and is not.
+#[test]
+fn a_first_fragment_too_short_for_the_tcp_flags_is_charged_as_a_syn() {
+    let config = format!("[xdp.limit]\npackets_per_second = 1\nburst = 100\n{}ports = [{SERVED}]\n", syn_budget(1));
+    let kernel = TestKernel::new(&xdp_config(&config));
+    let mut head = tcp_header(TCP_SYN);
+    head[2..4].copy_from_slice(&22u16.to_be_bytes());
+    let mut tiny = ethernet(ETH_P_IPV4, &ipv4_carrying(v4(1), &head[..8], 0x2000));
+    tiny.resize(60, 0);
+    let short_whole = {
+        let mut frame = ethernet(ETH_P_IPV4, &ipv4_carrying(v4(2), &head[..8], 0));
+        frame.resize(60, 0);
+        frame
+    };
+    assert_eq!(verdicts(&kernel, &short_whole, 2), [XDP_PASS; 2], "no fragment: the stack refuses it whole");
+    assert_eq!(kernel.kernel.maps().budget(BUDGET_SYN).expect("budget").packets, 0);
+    assert_eq!(verdicts(&kernel, &tiny, 2), [XDP_PASS, XDP_DROP], "the budget of 1, whatever port it hides");
+    // The same behind an IPv6 fragment header (M set, offset 0).
+    let source: Ipv6Addr = "2001:db8::7".parse().expect("addr");
+    let mut payload = vec![6, 0, 0, 1, 0, 0, 0, 1];
+    payload.extend_from_slice(&head[..8]);
+    assert_eq!(kernel.run(&ethernet(ETH_P_IPV6, &ipv6(source, 44, 64, &payload))), XDP_DROP, "the budget is spent");
+    assert_eq!(kernel.counters(), [("passed", 3), ("new_sources", 3), ("dropped_syn", 2)]);
+}
+
+/// The attack: IPv6 packets from `::ffff:10.0.0.1`. Taken for the IPv4 source, they
+/// matched an IPv4 allow rule (and would have used an IPv4 client's bucket, block or
+/// verification); no IPv6 host sends them and the stack refuses them, so they are
+/// dropped before any rule.
+#[test]
+fn ipv6_packets_from_ipv4_mapped_addresses_never_match_ipv4_rules() {
+    let mut kernel = TestKernel::new(&xdp_config(&format!(
+        "{SLOW}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\n{}",
+        syn_budget(1)
+    )));
+    let mapped: Ipv6Addr = Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped();
+    let udp = ethernet(ETH_P_IPV6, &ipv6(mapped, IPPROTO_UDP, 64, &[0; 8]));
+    assert_eq!(verdicts(&kernel, &udp, 2), [XDP_DROP; 2]);
+    kernel.kernel.maps_mut().verify("192.0.2.1/32".parse().expect("cidr"), Duration::from_secs(60)).expect("verify");
+    let syn = ethernet(ETH_P_IPV6, &ipv6(v4(1).to_ipv6_mapped(), 6, 64, &tcp_header(TCP_SYN)));
+    assert_eq!(verdicts(&kernel, &syn, 2), [XDP_DROP; 2], "not the verified IPv4 source either");
+    assert_eq!(kernel.run(&udp4(Ipv4Addr::new(10, 0, 0, 1))), XDP_PASS, "the IPv4 source keeps its rule");
+    assert_eq!(kernel.counters(), [("allowed", 1), ("dropped_v4_mapped", 4)]);
+    assert_eq!(kernel.kernel.maps().sources().count(), 0);
+}
+
+/// The proxy's verifier holds at most `max_per_48` sources of one IPv6 /48 (each
+/// /64 its own source) and `max_per_24` of one IPv4 /24 verified; other prefixes
+/// are not held back, and a source it holds is refreshed, not refused.
+#[test]
+fn the_verifier_holds_at_most_its_cap_per_48_and_per_24() {
+    let xdp = xdp_config(&format!("{SLOW}[xdp.verified]\nmax_per_48 = 4\nmax_per_24 = 2\n"));
+    let kernel = TestKernel::new(&xdp);
+    let verifier = Verifier::open(&kernel.pin_dir, &xdp).expect("verifier");
+    let in_48 = |i: u16| IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 7, i, 0, 0, 0, 1));
+    let verified: Vec<bool> = (0..6).map(|i| verifier.verify(in_48(i)).expect("verify")).collect();
+    assert_eq!(verified, [true, true, true, true, false, false]);
+    assert!(verifier.verify(in_48(2)).expect("again"), "a source held is still verified");
+    let other_48 = IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 8, 0, 0, 0, 0, 1));
+    assert!(verifier.verify(other_48).expect("other /48"));
+    let in_24: Vec<bool> = (1..=3).map(|i| verifier.verify(IpAddr::V4(v4(i))).expect("verify")).collect();
+    assert_eq!(in_24, [true, true, false]);
+    let maps = kernel.kernel.maps();
+    assert_eq!((0..6).filter(|i| maps.is_verified(&key(in_48(*i)))).count(), 4);
+    assert!(maps.is_verified(&key(other_48)) && !maps.is_verified(&key(v4(3))));
+    // A new verifier (an agent restarted) counts what the map holds.
+    let reopened = Verifier::open(&kernel.pin_dir, &xdp).expect("verifier");
+    assert!(!reopened.verify(in_48(5)).expect("verify"), "the /48 is still full");
+    assert!(!reopened.verify(IpAddr::V4(v4(4))).expect("verify"), "the /24 is still full");
 }

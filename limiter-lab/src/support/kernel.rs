@@ -33,7 +33,7 @@ impl TestKernel {
         let pin_dir = PathBuf::from("/sys/fs/bpf").join(unique("limiter-test-"));
         let options = LoadOptions::for_config(pin_dir.clone(), config);
         let mut kernel = Kernel::load(&options).expect("load XDP program (run as root)");
-        kernel.maps_mut().apply(config).expect("apply config");
+        kernel.maps_mut().apply(config, None).expect("apply config");
         Self { kernel, pin_dir }
     }
 
