@@ -73,11 +73,13 @@ async fn same_outcomes(redis: &RedisStore, name: &str, specs: &[LimitSpec], char
     let mut admitted = 0;
     for step in 0..300 {
         let gap_us = rng.random_range(0..=u64::try_from(shortest.as_micros()).expect("gap") * 3 / 2);
-        // Now and then a pause past every window, and a burst with no gap at all.
-        now += match step % 50 {
-            49 => Duration::from_millis(3000),
-            0..10 => Duration::ZERO,
-            _ => Duration::from_micros(gap_us),
+        // Now and then a pause past every window, a burst with no gap at all, and the
+        // clock stepping back (a VM restored, NTP correcting a fast clock).
+        now = match step % 50 {
+            49 => now + Duration::from_millis(3000),
+            25 => now - Duration::from_millis(700),
+            0..10 => now,
+            _ => now + Duration::from_micros(gap_us),
         };
         let buckets: Vec<Bucket<'_>> =
             specs.iter().zip(&policies).map(|(spec, policy)| Bucket { policy, key: "client", spec }).collect();

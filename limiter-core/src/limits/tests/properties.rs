@@ -114,3 +114,25 @@ fn a_shaper_never_holds_more_than_its_queue() {
         assert!(pair[1] - pair[0] >= interval - NS, "departures one interval apart");
     }
 }
+
+/// A clock that steps (a VM restored, NTP correcting a clock that ran fast, or one
+/// that slept for years): a bucket emptied at `t` hands out nothing at any earlier
+/// instant, whatever the algorithm, admits again at the very instant it would have
+/// without the step, and a step years ahead gives one full bucket, no more.
+#[test]
+fn a_clock_stepping_back_hands_out_no_quota_again_and_one_far_ahead_no_more_than_full() {
+    for (spec, capacity) in all() {
+        let mut meter = Meter::new(spec.clone());
+        let t = T0 + secs(100);
+        let burst = usize::try_from(capacity).expect("small") + 5;
+        assert_eq!(meter.admitted(t, burst) as u64, capacity, "{spec:?}");
+        let retry = meter.peek(t).retry_after;
+        for back in [NS, millis(1), secs(1), secs(30), secs(3_600), secs(86_400)] {
+            assert_eq!(meter.admitted(t - back, 3), 0, "{spec:?}: {back:?} back");
+        }
+        assert!(!meter.peek(t + retry - NS).admitted, "{spec:?}");
+        assert!(meter.peek(t + retry).admitted, "{spec:?}");
+        let far = t + secs(10 * 365 * 86_400);
+        assert_eq!(meter.admitted(far, burst) as u64, capacity, "{spec:?}: years ahead");
+    }
+}
