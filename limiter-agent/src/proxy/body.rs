@@ -119,7 +119,9 @@ pub(super) fn timed_out(error: &(dyn Error + 'static)) -> bool {
 #[error("the client's buffered request bytes are at their cap")]
 pub(super) struct BuffersFull;
 
-fn stems_from<E: Error + 'static>(error: &(dyn Error + 'static)) -> bool {
+/// Whether `error`, or an error it stems from, is an `E`: the upstream client wraps
+/// a body's or a connector's error in its own.
+pub(super) fn stems_from<E: Error + 'static>(error: &(dyn Error + 'static)) -> bool {
     let mut next = Some(error);
     while let Some(error) = next {
         if error.is::<E>() {

@@ -22,7 +22,7 @@ use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
 };
 
-use super::body::BoxError;
+use super::body::{self, BoxError};
 
 /// Why no upstream connection was opened.
 #[derive(Debug, thiserror::Error)]
@@ -31,7 +31,7 @@ pub(super) struct AllInUse;
 
 /// Whether `error` (or what caused it) is [`AllInUse`].
 pub(super) fn all_in_use(error: &(dyn std::error::Error + 'static)) -> bool {
-    std::iter::successors(Some(error), |error| error.source()).any(|error| error.is::<AllInUse>())
+    body::stems_from::<AllInUse>(error)
 }
 
 /// An [`HttpConnector`] that takes a permit of `permits` for each connection.
