@@ -2,7 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
-use aya::{Ebpf, EbpfLoader, maps::MapInfo, programs::Xdp};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::MapInfo,
+    programs::{ProgramError, Xdp},
+};
 use aya_log::EbpfLogger;
 use limiter_common::maps::{self as names, Entries, Sizing};
 
@@ -17,6 +21,9 @@ static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/l
 
 /// Name of the XDP function in the object.
 pub(crate) const PROGRAM_NAME: &str = "limiter";
+
+/// Times a program is handed to the verifier before its EAGAIN is taken for an answer.
+const LOAD_ATTEMPTS: u32 = 5;
 
 /// `aya_log_common::Level` values: records at or below the level are emitted.
 const LOG_LEVEL_OFF: u8 = 0;
@@ -127,7 +134,7 @@ impl Kernel {
         let logger = if options.log { Some(EbpfLogger::init(&mut ebpf).map_err(XdpError::Log)?) } else { None };
         let program: &mut Xdp =
             ebpf.program_mut(PROGRAM_NAME).ok_or(XdpError::MissingProgram)?.try_into().map_err(XdpError::Program)?;
-        program.load().map_err(XdpError::Program)?;
+        load_program(program)?;
         let maps = KernelMaps::take(&mut ebpf)?;
         if !maps.layout_matches()? {
             return Err(XdpError::IncompatibleLayout {
@@ -158,7 +165,7 @@ impl Kernel {
             .try_into()
             .map_err(XdpError::Program)?;
         if program.fd().is_err() {
-            program.load().map_err(XdpError::Program)?;
+            load_program(program)?;
         }
         Ok(program)
     }
@@ -209,4 +216,21 @@ fn check_pinned_layout(options: &LoadOptions) -> Result<(), XdpError> {
         return Err(XdpError::IncompatibleLayout { name, dir: pin_dir.display().to_string(), found: hint });
     }
     Ok(())
+}
+
+/// Loads `program`, again if the verifier gave up with EAGAIN: it does when a signal
+/// is pending on the loading thread (a child process that exited, under the agent's
+/// or a test harness's SIGCHLD handler), whatever the program; libbpf retries alike.
+fn load_program(program: &mut Xdp) -> Result<(), XdpError> {
+    let mut attempt = 1;
+    loop {
+        match program.load() {
+            Err(ProgramError::LoadError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EAGAIN) && attempt < LOAD_ATTEMPTS =>
+            {
+                attempt += 1;
+            }
+            result => return result.map_err(XdpError::Program),
+        }
+    }
 }
