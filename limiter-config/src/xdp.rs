@@ -118,13 +118,15 @@ impl std::fmt::Display for SynConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}, at most {} per source", self.limit, self.per_source())?;
         match &self.ports {
-            Some(ports) => {
-                let ports: Vec<String> = ports.iter().map(ToString::to_string).collect();
-                write!(f, ", to ports {}", ports.join(", "))
-            }
+            Some(ports) => write!(f, ", to ports {}", port_list(ports)),
             None => Ok(()),
         }
     }
+}
+
+/// `22, 443`.
+fn port_list(ports: &[NonZeroU16]) -> String {
+    ports.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 
 /// The ports whose SYNs take from the SYN budget.
@@ -466,19 +468,19 @@ impl XdpConfig {
                      prefix is only held source by source"
                 ),
             },
-            match (&self.syn, self.syn_ports(proxy)) {
-                (Some(syn), SynPorts::Every) => format!(
-                    "xdp.syn: {}, at most {} per source, for TCP SYNs from unverified sources to any port",
-                    syn.limit,
-                    syn.per_source()
-                ),
-                (Some(syn), SynPorts::Only(ports)) => format!(
-                    "xdp.syn: {}, at most {} per source, for TCP SYNs from unverified sources to port {}",
-                    syn.limit,
-                    syn.per_source(),
-                    ports.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
-                ),
-                (None, _) => "xdp.syn: off: SYNs are limited only by their source's bucket".to_owned(),
+            match &self.syn {
+                Some(syn) => {
+                    let to = match self.syn_ports(proxy) {
+                        SynPorts::Every => "any port".to_owned(),
+                        SynPorts::Only(ports) => format!("port {}", port_list(&ports)),
+                    };
+                    format!(
+                        "xdp.syn: {}, at most {} per source, for TCP SYNs from unverified sources to {to}",
+                        syn.limit,
+                        syn.per_source()
+                    )
+                }
+                None => "xdp.syn: off: SYNs are limited only by their source's bucket".to_owned(),
             },
             if proxy.is_some() {
                 format!(

@@ -25,20 +25,20 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
                      path; set it if only the client itself makes this rule refuse"
                 );
             }
-            for warning in config.proxy.iter().filter_map(ProxyConfig::store_failure_warning) {
+            let proxy = config.proxy.as_ref();
+            let proxy_warnings = proxy.into_iter().flat_map(|proxy: &ProxyConfig| {
+                proxy
+                    .store_failure_warning()
+                    .into_iter()
+                    .chain(proxy.path_case_warnings())
+                    .chain(proxy.connection_bound_warnings())
+            });
+            let xdp_warnings = config
+                .xdp
+                .iter()
+                .flat_map(|xdp| xdp.syn_warnings(proxy).into_iter().chain(xdp.verified_warning(proxy)));
+            for warning in proxy_warnings.chain(xdp_warnings) {
                 eprintln!("warning: {warning}");
-            }
-            for warning in config.proxy.iter().filter_map(ProxyConfig::path_case_warnings) {
-                eprintln!("warning: {warning}");
-            }
-            for warning in config.proxy.iter().flat_map(ProxyConfig::connection_bound_warnings) {
-                eprintln!("warning: {warning}");
-            }
-            if let Some(xdp) = &config.xdp {
-                let proxy = config.proxy.as_ref();
-                for warning in xdp.syn_warnings(proxy).into_iter().chain(xdp.verified_warning(proxy)) {
-                    eprintln!("warning: {warning}");
-                }
             }
             let layers = [config.xdp.is_some().then_some("xdp"), config.proxy.is_some().then_some("proxy")];
             let layers: Vec<&str> = layers.into_iter().flatten().collect();
@@ -47,7 +47,7 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
                 path.display(),
                 if layers.is_empty() { "nothing enabled".to_owned() } else { layers.join(", ") }
             );
-            for line in config.xdp.iter().flat_map(|xdp| xdp.spoofing_summary(config.proxy.as_ref())) {
+            for line in config.xdp.iter().flat_map(|xdp| xdp.spoofing_summary(proxy)) {
                 println!("  {line}");
             }
             Ok(ExitCode::SUCCESS)

@@ -6,11 +6,10 @@
 //! client cannot multiply.
 
 use std::{
-    collections::HashMap,
     net::IpAddr,
     pin::Pin,
     sync::{
-        Arc, Mutex, PoisonError,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
     task::{Context, Poll},
@@ -19,16 +18,11 @@ use std::{
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Limited};
-use ipnet::IpNet;
 
 use super::{
     body::{BodyRefused, BoxError, BuffersFull, Guarded, ProxyBody, TimedBody, full_body},
-    connections::client_net,
+    shares::{Share, Shares},
 };
-
-/// The bytes each client holds now (IPv6 by its /64, as the connection bounds count).
-#[derive(Debug, Default)]
-pub(super) struct Buffers(Mutex<HashMap<IpNet, u64>>);
 
 /// The bytes one connection holds now.
 pub(super) type ConnectionBuffered = Arc<AtomicU64>;
@@ -44,70 +38,39 @@ pub(super) struct Caps {
 /// dropping it gives them back.
 #[derive(Debug)]
 pub(super) struct Reservation {
-    buffers: Arc<Buffers>,
+    client: Share,
     connection: ConnectionBuffered,
-    client: IpNet,
     caps: Caps,
-    bytes: u64,
 }
 
-impl Buffers {
-    /// An empty reservation of `client`'s, on `connection`.
-    pub(super) fn reserve(
-        self: &Arc<Self>,
-        client: IpAddr,
-        connection: &ConnectionBuffered,
-        caps: Caps,
-    ) -> Reservation {
-        Reservation {
-            buffers: Arc::clone(self),
-            connection: Arc::clone(connection),
-            client: client_net(client),
-            caps,
-            bytes: 0,
-        }
-    }
-
-    /// The bytes all clients hold now.
-    pub(super) fn held(&self) -> u64 {
-        self.lock().values().sum()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpNet, u64>> {
-        // Only additions and removals happen under the lock.
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
+/// An empty reservation of `client`'s bytes in `buffers`, on `connection`.
+pub(super) fn reserve(
+    buffers: &Arc<Shares>,
+    client: IpAddr,
+    connection: &ConnectionBuffered,
+    caps: Caps,
+) -> Reservation {
+    Reservation { client: buffers.share(client), connection: Arc::clone(connection), caps }
 }
 
 impl Reservation {
     /// Takes `n` more bytes if both shares have room; else takes nothing.
     fn grow(&mut self, n: u64) -> Result<(), BuffersFull> {
-        let mut clients = self.buffers.lock();
-        let held = clients.get(&self.client).copied().unwrap_or(0);
-        if held.saturating_add(n) > self.caps.per_client {
-            return Err(BuffersFull);
-        }
+        // A connection's requests all run on the thread that accepted it, and this
+        // does not wait: nothing else moves its count between the two steps.
         let fits = |on_connection: u64| on_connection.checked_add(n).filter(|&after| after <= self.caps.per_connection);
         self.connection.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).map_err(|_| BuffersFull)?;
-        clients.insert(self.client, held + n);
-        self.bytes += n;
+        if !self.client.grow(n, self.caps.per_client) {
+            self.connection.fetch_sub(n, Ordering::Relaxed);
+            return Err(BuffersFull);
+        }
         Ok(())
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if self.bytes == 0 {
-            return;
-        }
-        self.connection.fetch_sub(self.bytes, Ordering::Relaxed);
-        let mut clients = self.buffers.lock();
-        if let Some(held) = clients.get_mut(&self.client) {
-            *held = held.saturating_sub(self.bytes);
-            if *held == 0 {
-                clients.remove(&self.client);
-            }
-        }
+        self.connection.fetch_sub(self.client.held(), Ordering::Relaxed);
     }
 }
 
@@ -186,29 +149,30 @@ mod tests {
 
     #[test]
     fn a_connection_and_a_client_hold_at_most_their_caps_and_get_them_back() {
-        let buffers = Arc::new(Buffers::default());
+        let buffers = Arc::new(Shares::default());
+        let reserve = |client: &str, connection: &ConnectionBuffered| reserve(&buffers, ip(client), connection, CAPS);
         let (first, second) = (ConnectionBuffered::default(), ConnectionBuffered::default());
-        let mut a = buffers.reserve(ip("2001:db8::1"), &first, CAPS);
+        let mut a = reserve("2001:db8::1", &first);
         a.grow(60).expect("within both");
-        let mut b = buffers.reserve(ip("2001:db8::2"), &first, CAPS);
+        let mut b = reserve("2001:db8::2", &first);
         assert!(b.grow(41).is_err(), "the connection holds 60 of 100");
         b.grow(40).expect("the connection's last 40");
         // The same /64 on another connection: the client's 150 hold 100 already.
-        let mut c = buffers.reserve(ip("2001:db8::3"), &second, CAPS);
+        let mut c = reserve("2001:db8::3", &second);
         assert!(c.grow(51).is_err());
         c.grow(50).expect("the client's last 50");
         // A refused grow took nothing.
         assert_eq!((first.load(Ordering::Relaxed), second.load(Ordering::Relaxed)), (100, 50));
-        let mut other = buffers.reserve(ip("2001:db8:0:1::1"), &second, CAPS);
+        let mut other = reserve("2001:db8:0:1::1", &second);
         other.grow(50).expect("another client, the second connection's last 50");
         drop(a);
         drop(c);
         assert_eq!((first.load(Ordering::Relaxed), second.load(Ordering::Relaxed)), (40, 50));
-        let mut d = buffers.reserve(ip("2001:db8::4"), &second, CAPS);
+        let mut d = reserve("2001:db8::4", &second);
         assert!(d.grow(51).is_err(), "the second connection holds the other client's 50");
         drop((b, other));
         d.grow(100).expect("all given back");
         drop(d);
-        assert!(buffers.lock().is_empty(), "no client left behind");
+        assert_eq!(buffers.total(), 0, "no client left behind");
     }
 }

@@ -178,7 +178,6 @@ impl<T> Watched<T> {
         };
         self.deadline = Some((wait, Box::pin(tokio::time::sleep(timeout))));
         self.begun = self.in_flight.begun();
-        self.waiting = true;
     }
 
     fn expire(&self, wait: Wait) -> Poll<io::Result<()>> {
@@ -225,7 +224,6 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
                 // The first bytes of a request: from now on its head has header_timeout.
                 if !matches!(self.deadline, Some((Wait::Header, _))) {
                     self.start(Wait::Header);
-                    self.waiting = false;
                 }
             }
             return Poll::Ready(result);
@@ -234,6 +232,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
             // A new connection owes its first request at once: header_timeout from accept.
             let wait = if self.in_flight.begun() == 0 { Wait::Header } else { Wait::Idle };
             self.start(wait);
+            self.waiting = true;
         }
         // Only a keep-alive connection gives up its place: a new one may not have had
         // the time to send its first request yet.

@@ -35,8 +35,7 @@ use super::{
     ServedHook,
     blame::{self, Blame, Initiator},
     body::{self, BodyRefused, Guarded, ProxyBody, TimedBody, full_body},
-    buffered::{self, Buffers, Caps, ConnectionBuffered, Metered, Reservation},
-    busy::{Busy, Held},
+    buffered::{self, Caps, ConnectionBuffered, Metered, Reservation},
     connections::{Admitted, Bounds, Connections, Level, PrefixBounds, Refused, Slot},
     decision_log::{DecisionLog, Entry},
     error::ProxyError,
@@ -49,6 +48,7 @@ use super::{
     keys,
     problem::Refusal,
     proxy_protocol::Accepted,
+    shares::{Share, Shares},
     snapshot::Snapshot,
     stats::{Counters, Event, ProxyStats},
 };
@@ -126,9 +126,9 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     counters: Counters,
     connections: Arc<Connections>,
     /// The request bytes held in memory, by client.
-    buffers: Arc<Buffers>,
+    buffers: Arc<Shares>,
     /// Every client's requests in flight.
-    busy: Arc<Busy>,
+    in_flight: Arc<Shares>,
     /// One for each upstream connection `max_upstream_connections` allows, shared by
     /// every worker's pool.
     upstream_permits: Arc<Semaphore>,
@@ -162,7 +162,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             counters: Counters::default(),
             connections: Arc::default(),
             buffers: Arc::default(),
-            busy: Arc::default(),
+            in_flight: Arc::default(),
         })
     }
 
@@ -195,7 +195,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             local_decisions: self.stores.local_decisions(),
             refused_locally: self.stores.refused_locally(),
             untracked_keys: self.stores.untracked_keys(),
-            buffered_bytes: self.buffers.held(),
+            buffered_bytes: self.buffers.total(),
             policies: self.engine.policy_counts(),
             decision_log_written,
             decision_log_dropped,
@@ -419,7 +419,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             per_connection: config.buffered_bytes_per_connection(),
             per_client: config.buffered_bytes_per_client(),
         };
-        let reservation = self.buffers.reserve(exchange.client, buffered, caps);
+        let reservation = buffered::reserve(&self.buffers, exchange.client, buffered, caps);
         let body = match self.prove(&mut exchange, body, signed, reservation).await? {
             Admission::Answered(response) => return Ok(response),
             Admission::Forward(body) => body,
@@ -451,13 +451,18 @@ impl<C: Clock + Clone> Pipeline<C> {
 
     /// The request's place among its client's in flight (`None`: a trusted proxy's
     /// own), held until its response is sent.
-    fn hold(&self, exchange: &Exchange<'_>) -> Result<Option<Held>, Refusal> {
+    fn hold(&self, exchange: &Exchange<'_>) -> Result<Option<Share>, Refusal> {
         let config = exchange.config();
         if keys::is_trusted(exchange.client, &config.trusted_proxies) {
             return Ok(None);
         }
         let max = config.max_requests_in_flight_per_client.get();
-        self.busy.enter(exchange.client, max).map(Some).ok_or(Refusal::TooManyInFlight)
+        let mut held = self.in_flight.share(exchange.client);
+        if held.grow(1, u64::try_from(max).unwrap_or(u64::MAX)) {
+            Ok(Some(held))
+        } else {
+            Err(Refusal::TooManyInFlight)
+        }
     }
 
     /// Reads the body as far as proving a key needs: whole for a signed request (then

@@ -270,19 +270,22 @@ impl<C: Clock + Clone> Connection<C> {
             if let Err(error) = stream.write_all(&request_timeout_bytes()).await {
                 tracing::debug!(%error, client = %self.client, "writing 408");
             }
-        } else if self.unserved() {
-            self.pipeline.unserved(self.client.ip(), false);
+        } else {
+            self.count_unserved();
         }
         if let Err(error) = stream.shutdown().await {
             tracing::debug!(%error, client = %self.client, "closing connection");
         }
     }
 
-    /// Whether `header_timeout` closed the connection before any request, with
-    /// nothing of one received (a half-sent head is answered 408 instead).
-    fn unserved(&self) -> bool {
+    /// Counts the connection towards its client's escalation if `header_timeout`
+    /// closed it before any request, with nothing of one received (a half-sent head
+    /// is answered 408, and counted, instead).
+    fn count_unserved(&self) {
         let expired = self.in_flight.expired();
-        matches!(expired, Some(Wait::Header | Wait::Silent)) && self.in_flight.begun() == 0
+        if matches!(expired, Some(Wait::Header | Wait::Silent)) && self.in_flight.begun() == 0 {
+            self.pipeline.unserved(self.client.ip(), false);
+        }
     }
 
     /// Counts how the connection ended, where that is a count of its own.
@@ -335,9 +338,7 @@ impl<C: Clock + Clone> Connection<C> {
             }
         };
         self.ended();
-        if self.unserved() {
-            self.pipeline.unserved(self.client.ip(), false);
-        }
+        self.count_unserved();
         if let Err(error) = result {
             let h2 = std::error::Error::source(&error).and_then(|source| source.downcast_ref::<h2::Error>());
             if h2.and_then(h2::Error::reason) == Some(h2::Reason::ENHANCE_YOUR_CALM) {

@@ -1,7 +1,7 @@
 //! Verified sources (`names::VERIFIED`): addresses the proxy served a request over a
 //! completed TCP handshake (which a spoofed source cannot complete), or that an
-//! operator vouched for with `limiter verify`. The program lets them skip the new-source budget, the
-//! prefix aggregates and the SYN budget, never their own bucket.
+//! operator vouched for with `limiter verify`. The program lets them skip the
+//! new-source budget, the prefix aggregates and the SYN budget, never their own bucket.
 
 use std::{
     collections,

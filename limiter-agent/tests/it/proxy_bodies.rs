@@ -8,6 +8,8 @@ use http::{Request, StatusCode};
 use limiter_lab::support::proxy::{PROXY_HEAD, RunningProxy, Upstream, exchange_from, raw_exchange, read_to_close};
 use tokio::{io::AsyncWriteExt, net::TcpStream};
 
+use crate::proxy_http2::h2_connect;
+
 /// One upload a minute per client address.
 const PER_IP: &str =
     "[[proxy.rules]]\nname = \"uploads\"\npath = \"/upload\"\nkey = \"ip\"\nlimit = 1\nwindow = \"1m\"\n";
@@ -102,9 +104,7 @@ async fn an_http2_connection_holds_at_most_its_share_of_bodies_read_into_memory(
     let upstream = Upstream::start().await;
     let config = format!("{PROXY_HEAD}max_body_bytes = 1000\nmax_buffered_bytes_per_connection = 2500\n");
     let proxy = RunningProxy::start(&config, upstream.addr).await;
-    let tcp = TcpStream::connect(proxy.addr).await.expect("connect");
-    let (send, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
-    let _connection = tokio::spawn(connection);
+    let (send, _connection) = h2_connect(proxy.addr).await;
     // No content-length: each body is read whole before it is forwarded.
     let open = async |send: &h2::client::SendRequest<Bytes>| {
         let request = Request::post(format!("http://{}/upload", proxy.addr)).body(()).expect("request");

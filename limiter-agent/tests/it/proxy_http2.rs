@@ -157,7 +157,7 @@ async fn a_header_list_over_the_bound_gets_431() {
 }
 
 /// An h2 connection to `addr`, driven on a task of its own.
-async fn h2_connect(
+pub(crate) async fn h2_connect(
     addr: SocketAddr,
 ) -> (h2::client::SendRequest<bytes::Bytes>, tokio::task::JoinHandle<Result<(), h2::Error>>) {
     let tcp = TcpStream::connect(addr).await.expect("connect");

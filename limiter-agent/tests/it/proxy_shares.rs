@@ -25,6 +25,8 @@ use tokio::{
     sync::mpsc::Receiver,
 };
 
+use crate::proxy_http2::h2_connect;
+
 const BALANCED: &str = "trusted_proxies = [\"127.0.0.1/32\"]\nproxy_protocol = \"v2\"\n";
 
 const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
@@ -206,9 +208,7 @@ async fn an_http2_stream_its_client_stops_reading_is_reset_and_its_upstream_conn
     let (upstream, mut released) = endless_upstream().await;
     let config = format!("{PROXY_HEAD}send_timeout = \"500ms\"\nupstream_timeout = \"500ms\"\n");
     let proxy = RunningProxy::start(&config, upstream).await;
-    let tcp = TcpStream::connect(proxy.addr).await.expect("connect");
-    let (send, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
-    let _connection = tokio::spawn(connection);
+    let (send, _connection) = h2_connect(proxy.addr).await;
     let get = || http::Request::get(format!("http://{}/big", proxy.addr)).body(()).expect("request");
     let (response, _) = send.clone().ready().await.expect("open").send_request(get(), true).expect("a stream");
     let mut body = response.await.expect("the head").into_body();
