@@ -1,6 +1,7 @@
 //! The limiter's decisions, without I/O: what a limit is ([`spec`]), the five
 //! algorithms and the bucket store ([`limits`]), the time they are measured with
-//! ([`clock`]), the signed-request scheme ([`signature`]), the one canonical form
+//! ([`clock`]), the signed-request scheme ([`signature`]), the checks of a client's
+//! JSON Web Token ([`jwt`]), the one canonical form
 //! of a request path ([`path`]), and the PROXY protocol header a balancer sends
 //! ([`proxy_protocol`]).
 //!
@@ -8,6 +9,7 @@
 //! into these types, and keeps the state that lives elsewhere (Redis, the kernel).
 
 pub mod clock;
+pub mod jwt;
 pub mod limits;
 pub mod path;
 pub mod proxy_protocol;
