@@ -214,6 +214,15 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
     for (reason, value) in &stats.connections_refused_reasons {
         let _ = writeln!(out, "limiter_proxy_connections_refused_total{{reason=\"{reason}\"}} {value}");
     }
+    family(
+        out,
+        "limiter_proxy_jwt_failures_total",
+        "counter",
+        "JWTs not taken, by reason: their requests lack every jwt: key.",
+    );
+    for (reason, value) in &stats.jwt_failure_reasons {
+        let _ = writeln!(out, "limiter_proxy_jwt_failures_total{{reason=\"{reason}\"}} {value}");
+    }
     for (name, help, value) in [
         (
             "limiter_proxy_idempotent_replays_total",

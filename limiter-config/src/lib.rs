@@ -223,6 +223,10 @@ fn first_bad_element(text: &str, array: &str) -> Option<usize> {
 /// the header of its table (the n-th `[[...]]` for an index), then the key's own
 /// line below it if present.
 fn line_of(text: &str, key: &str) -> usize {
+    // A key naming a table (`proxy.jwt`) is at its header.
+    if let Some(header) = text.lines().position(|line| line.trim().strip_prefix('[').and_then(|l| l.strip_suffix(']')) == Some(key)) {
+        return header + 1;
+    }
     let mut table = key;
     let mut field = None;
     let mut index = None;
@@ -245,7 +249,8 @@ fn line_of(text: &str, key: &str) -> usize {
     };
     let Some(start) = lines.iter().enumerate().filter(|(_, l)| header(l)).map(|(i, _)| i).nth(index.unwrap_or(0))
     else {
-        return 1;
+        // An inline array (`issuers = [{ … }]`) has no headers: its own line, then.
+        return if index.is_some() { line_of(text, table) } else { 1 };
     };
     let field_line = field.and_then(|field| {
         lines[start + 1..]

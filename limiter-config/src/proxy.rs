@@ -148,6 +148,8 @@ pub struct ProxyConfig {
     pub rules: Vec<Rule>,
     #[serde(default)]
     pub signature: SignatureConfig,
+    /// JSON Web Tokens that `jwt:CLAIM` keys count by; `None`: no token is read.
+    pub jwt: Option<JwtConfig>,
     /// A JSON line for a sample of the limits' decisions; `None`: none.
     #[changes(restart_if_added_or_removed = "the file is opened at start")]
     pub decision_log: Option<DecisionLogConfig>,
@@ -487,6 +489,8 @@ pub enum KeyKind {
     ApiKey,
     /// The value of a request header (lower-case name).
     Header(http::HeaderName),
+    /// A claim of the request's JWT, if it verified (`[proxy.jwt]`).
+    Jwt(String),
 }
 
 impl fmt::Display for KeyKind {
@@ -496,6 +500,7 @@ impl fmt::Display for KeyKind {
             Self::Ip => f.write_str("ip"),
             Self::ApiKey => f.write_str("api_key"),
             Self::Header(name) => write!(f, "header:{name}"),
+            Self::Jwt(claim) => write!(f, "jwt:{claim}"),
         }
     }
 }
@@ -509,7 +514,11 @@ impl FromStr for KeyKind {
             "api_key" => Ok(Self::ApiKey),
             other => match other.strip_prefix("header:").map(http::HeaderName::try_from) {
                 Some(Ok(name)) => Ok(Self::Header(name)),
-                _ => Err(()),
+                Some(Err(_)) => Err(()),
+                None => match other.strip_prefix("jwt:") {
+                    Some(claim) if !claim.is_empty() => Ok(Self::Jwt(claim.to_owned())),
+                    _ => Err(()),
+                },
             },
         }
     }
@@ -529,7 +538,7 @@ impl<'de> Deserialize<'de> for KeySpec {
             None => (text.as_str(), false),
         };
         let by = by.parse().map_err(|()| {
-            de::Error::custom(format!("`{text}` is not a key: use ip, api_key or header:NAME, optionally with +route"))
+            de::Error::custom(format!("`{text}` is not a key: use ip, api_key, header:NAME or jwt:CLAIM, optionally with +route"))
         })?;
         Ok(Self { by, per_route })
     }
@@ -722,6 +731,89 @@ impl Default for SignatureConfig {
     }
 }
 
+/// `[proxy.jwt]`: the tokens clients prove themselves with. Secrets and JWKS files
+/// are read with the config, at start and on every reload.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(deny_unknown_fields)]
+pub struct JwtConfig {
+    /// The header carrying `Bearer TOKEN` (or the bare token).
+    #[serde(default = "authorization", deserialize_with = "header_name")]
+    pub header: http::HeaderName,
+    /// Clock skew allowed on `exp` and `nbf`.
+    #[serde(default = "default_jwt_leeway")]
+    pub leeway: HumanDuration,
+    /// `file:PATH` or `env:NAME` references to the secrets of HS256, HS384 and HS512
+    /// tokens; several for rotation.
+    #[serde(default)]
+    #[changes(redacted)]
+    pub hs256_secrets: Vec<String>,
+    /// The `iss` a token of `hs256_secrets` must carry; `None`: any.
+    pub iss: Option<String>,
+    /// The audiences a token of `hs256_secrets` must name one of (`aud`); empty: any.
+    #[serde(default)]
+    pub audiences: Vec<String>,
+    /// Issuers of RS, PS, ES and EdDSA tokens, each picked by the token's `iss`.
+    #[serde(default)]
+    #[changes(keyed)]
+    pub issuers: Vec<JwtIssuer>,
+}
+
+/// One `proxy.jwt.issuers` entry.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(deny_unknown_fields)]
+pub struct JwtIssuer {
+    pub iss: String,
+    /// The audiences its tokens must name one of; empty: any.
+    #[serde(default)]
+    pub audiences: Vec<String>,
+    /// Its public keys (a JWKS document), read again on reload and when it changes.
+    pub jwks_file: std::path::PathBuf,
+}
+
+impl Keyed for JwtIssuer {
+    fn id(&self) -> String {
+        self.iss.clone()
+    }
+}
+
+impl JwtConfig {
+    fn validate(&self) -> Result<(), (String, String)> {
+        if self.hs256_secrets.is_empty() && self.issuers.is_empty() {
+            return Err((
+                "proxy.jwt".to_owned(),
+                "verifies no token: give hs256_secrets, issuers, or both".to_owned(),
+            ));
+        }
+        if self.hs256_secrets.is_empty() && (self.iss.is_some() || !self.audiences.is_empty()) {
+            return Err((
+                "proxy.jwt.iss".to_owned(),
+                "iss and audiences are what tokens of hs256_secrets must say, and there are none; an issuer's \
+                 go in its issuers entry"
+                    .to_owned(),
+            ));
+        }
+        for (i, issuer) in self.issuers.iter().enumerate() {
+            if issuer.iss.is_empty() || self.issuers[..i].iter().any(|other| other.iss == issuer.iss) {
+                return Err((format!("proxy.jwt.issuers[{i}].iss"), format!("`{}` is empty or appears twice", issuer.iss)));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn authorization() -> http::HeaderName {
+    http::header::AUTHORIZATION
+}
+
+fn header_name<'de, D: Deserializer<'de>>(deserializer: D) -> Result<http::HeaderName, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    http::HeaderName::try_from(text.as_str()).map_err(|_| de::Error::custom(format!("`{text}` is not a header name")))
+}
+
+fn default_jwt_leeway() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
+
 impl ProxyConfig {
     /// How request paths are canonicalised (see [`limiter_core::path`]).
     #[must_use]
@@ -866,6 +958,21 @@ impl ProxyConfig {
             if let Some(path) = &rule.path {
                 self.check_rule_path(path).map_err(|message| (format!("proxy.rules[{i}].path"), message))?;
             }
+            if let KeyKind::Jwt(claim) = &rule.key.by
+                && self.jwt.is_none()
+            {
+                return Err((
+                    format!("proxy.rules[{i}].key"),
+                    format!(
+                        "rule `{}` counts by the JWT claim `{claim}`, but there is no [proxy.jwt] to verify tokens \
+                         with, so every request would lack its key",
+                        rule.name
+                    ),
+                ));
+            }
+        }
+        if let Some(jwt) = &self.jwt {
+            jwt.validate()?;
         }
         for (key, timeout) in [
             ("proxy.idle_timeout", &self.idle_timeout),

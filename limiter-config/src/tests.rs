@@ -639,3 +639,33 @@ fn check_warns_where_a_new_connection_bound_is_tighter_than_one_the_config_set()
     let upstream = warnings("max_connections = 20000\n");
     assert!(upstream.len() == 1 && upstream[0].contains("max_upstream_connections"), "{upstream:?}");
 }
+
+#[test]
+fn a_jwt_key_needs_proxy_jwt_and_is_refused_at_its_rule_without_it() {
+    let rules = "[[proxy.rules]]\nname = \"per-ip\"\nkey = \"ip\"\nlimit = 5\nwindow = \"1s\"\n\
+                 [[proxy.rules]]\nname = \"per-user\"\nkey = \"jwt:sub+route\"\nlimit = 3\nwindow = \"1m\"\n";
+    let (line, key, message) = refusal(&format!("{PROXY}{rules}"));
+    assert_eq!((line, key.as_str()), (11, "proxy.rules[1].key"), "{message}");
+    assert!(message.contains("rule `per-user`") && message.contains("[proxy.jwt]"), "{message}");
+
+    let jwt = "[proxy.jwt]\nhs256_secrets = [\"file:/etc/limiter/keys/jwt\"]\niss = \"https://id.example.com\"\n\
+               issuers = [{ iss = \"https://login.example.org\", audiences = [\"api\"], jwks_file = \"/etc/limiter/jwks.json\" }]\n";
+    let proxy = parse(&format!("{PROXY}{jwt}{rules}")).expect("with [proxy.jwt]").proxy.expect("proxy");
+    let rule = &proxy.rules[1].key;
+    assert_eq!((&rule.by, rule.per_route, rule.to_string().as_str()), (&crate::proxy::KeyKind::Jwt("sub".to_owned()), true, "jwt:sub+route"));
+    let jwt = proxy.jwt.expect("jwt");
+    assert_eq!((jwt.header.as_str(), jwt.leeway.0), ("authorization", Duration::from_secs(30)), "the defaults");
+    assert_eq!((jwt.issuers[0].audiences.as_slice(), jwt.audiences.len()), (&["api".to_owned()][..], 0));
+
+    for (bad, key) in [
+        ("[proxy.jwt]\nleeway = \"30s\"\n", "proxy.jwt"),
+        ("[proxy.jwt]\nissuers = [{ iss = \"a\", jwks_file = \"/j\" }, { iss = \"a\", jwks_file = \"/k\" }]\n", "proxy.jwt.issuers[1].iss"),
+        ("[proxy.jwt]\nissuers = [{ iss = \"a\", jwks_file = \"/j\" }]\naudiences = [\"api\"]\n", "proxy.jwt.iss"),
+        ("[proxy.jwt]\nheader = \"not a header\"\nhs256_secrets = [\"env:S\"]\n", "proxy.jwt.header"),
+    ] {
+        let (line, at, message) = refusal(&format!("{PROXY}{bad}"));
+        assert_eq!(at, key, "{message}");
+        assert!(line > 3, "{key} at line {line}, in [proxy.jwt]");
+    }
+    assert_eq!(refusal(&format!("{PROXY}[[proxy.rules]]\nname = \"r\"\nkey = \"jwt:\"\nlimit = 1\nwindow = \"1s\"\n")).1, "proxy.rules[0].key");
+}

@@ -261,6 +261,10 @@ impl Agent {
                 // Read again whether or not the paths changed: a renewed certificate keeps its path.
                 changes.push(Change::note("proxy.tls", "certificates read again for new connections".to_owned()));
             }
+            if proxy.jwt.is_some() {
+                // As for certificates: a rotated JWKS keeps its path.
+                changes.push(Change::note("proxy.jwt", "secrets and JWKS files read again".to_owned()));
+            }
         }
         match self.apply_xdp(&new, &mut changes) {
             Ok(()) => {}

@@ -1,7 +1,8 @@
 //! The config file watcher: an edit is applied only once the file has held the same
 //! text for [`SETTLE`], so that a file caught mid-write (by an editor or `cp`),
 //! which may well parse while lacking its last rules, is never applied. A renewed
-//! TLS certificate or key counts as an edit of the config that names it.
+//! TLS certificate or key, or an issuer's JWKS file replaced (its keys rotated),
+//! counts as an edit of the config that names it.
 
 use std::{
     fmt::Write as _,
@@ -45,14 +46,16 @@ impl Settle {
     }
 }
 
-/// What the watcher compares: a first line stamping the certificate files `config`
-/// names (size and modification time of each), then the config's `text`.
+/// What the watcher compares: a first line stamping the certificate and JWKS files
+/// `config` names (size and modification time of each), then the config's `text`.
 #[must_use]
 pub fn state(text: &str, config: &Config) -> String {
     let tls = config.proxy.as_ref().and_then(|proxy| proxy.tls.as_ref());
+    let jwt = config.proxy.as_ref().and_then(|proxy| proxy.jwt.as_ref());
     let files = tls
         .into_iter()
-        .flat_map(|tls| [&tls.cert, &tls.key].into_iter().chain(tls.sni.iter().flat_map(|sni| [&sni.cert, &sni.key])));
+        .flat_map(|tls| [&tls.cert, &tls.key].into_iter().chain(tls.sni.iter().flat_map(|sni| [&sni.cert, &sni.key])))
+        .chain(jwt.into_iter().flat_map(|jwt| jwt.issuers.iter().map(|issuer| &issuer.jwks_file)));
     let mut stamp = String::new();
     for file in files {
         let _ = write!(stamp, "{:?}={:?};", file, file_stamp(file));

@@ -14,14 +14,17 @@
 //! - `header:NAME`: the header's value (all its lines, joined); empty is missing.
 //!   Values longer than [`MAX_KEY_VALUE`] bytes or not UTF-8 are keyed by their
 //!   SHA-256, so that key memory stays bounded.
+//! - `jwt:CLAIM`: that claim of the request's JWT, only if the token verified
+//!   ([`RequestInfo::jwt`]); a string by value, a number or boolean by its JSON text,
+//!   bounded like header values. A claim absent, empty or structured is missing.
 //! - `+route`: the rule's path prefix is part of the key.
 //!
 //! A missing key follows `missing_key`: `shared` counts all such requests of a rule
 //! in one bucket, [`MISSING_KEY`]; `reject` answers [`Verdict::MissingKey`] and
 //! charges nothing.
 //!
-//! A bucket is the client's own when it is keyed by the client's address or by the
-//! key it proved (its plan too); the missing-key bucket and a header's value are
+//! A bucket is the client's own when it is keyed by the client's address, by the
+//! key it proved (its plan too) or by a claim of the token it proved; the missing-key bucket and a header's value are
 //! anyone's who sends the same ([`Holder`]). [`Decision::own_bucket_refused`] says
 //! whether a refusal is the client's doing, which is what escalation counts.
 //!
@@ -46,6 +49,7 @@ use sha2::{Digest, Sha256};
 
 use limiter_core::{
     Clock, LimitSpec,
+    jwt::Claims,
     limits::{Bucket, Charge, Outcome, Outcomes, Quota},
 };
 
@@ -76,6 +80,9 @@ pub struct RequestInfo<'a> {
     /// The key id the request proved; `None` for a keyless request, whatever its
     /// `X-API-Key` says.
     pub api_key: Option<&'a str>,
+    /// The claims of the request's JWT if it verified; `None` for none, one that
+    /// failed, or one no rule that applies needed.
+    pub jwt: Option<&'a Claims>,
     pub headers: &'a http::HeaderMap,
     /// The query as sent, without `?`.
     pub query: Option<&'a str>,
@@ -141,7 +148,8 @@ pub struct Decision {
 /// Whose a bucket is, which says whether its refusals are the client's own doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Holder {
-    /// The client alone: keyed by its address, or by the key it proved.
+    /// The client alone: keyed by its address, by the key it proved, or by a claim of
+    /// the token it proved.
     Client,
     /// Anyone who sends the same: the missing-key bucket, or a header's value (which
     /// any client may send, or a third party make a browser send).
@@ -526,12 +534,9 @@ impl Policies {
                 if value.is_empty() {
                     return None;
                 }
-                let key = match std::str::from_utf8(&value) {
-                    Ok(text) if text.len() <= MAX_KEY_VALUE => format!("header={text}"),
-                    _ => format!("header#{}", hex::encode(Sha256::digest(&value))),
-                };
-                (key, Holder::Anyone)
+                (bounded_value("header", &value), Holder::Anyone)
             }
+            KeyKind::Jwt(claim) => (bounded_value("jwt", request.jwt?.key_value(claim)?.as_bytes()), Holder::Client),
         };
         // `+route` counts each path the rule covers on its own: per client per
         // endpoint. (The rule's own prefix would add nothing: every rule already has
@@ -860,6 +865,15 @@ fn count_in<'p>(policies: &'p Policies, matching: &[&'p (Rule, Policy)], request
         counted.push(Counting { policy: plan, key: format!("api_key={key}"), holder: Holder::Client });
     }
     Ok(counted)
+}
+
+/// `kind=value`, or `kind#` and its SHA-256 for a value longer than [`MAX_KEY_VALUE`]
+/// bytes or not UTF-8: client-chosen values must not grow key memory.
+fn bounded_value(kind: &str, value: &[u8]) -> String {
+    match std::str::from_utf8(value) {
+        Ok(text) if text.len() <= MAX_KEY_VALUE => format!("{kind}={text}"),
+        _ => format!("{kind}#{}", hex::encode(Sha256::digest(value))),
+    }
 }
 
 /// An IPv4 address as is, an IPv6 address by its /64.

@@ -3,7 +3,10 @@ use std::{net::IpAddr, path::Path, sync::Barrier};
 
 use std::time::Duration;
 
-use limiter_core::{Algorithm, FakeClock};
+use limiter_core::{
+    Algorithm, FakeClock,
+    jwt::{self, Claims, testing::SigningKey},
+};
 
 use crate::{
     backend::Stores,
@@ -81,6 +84,7 @@ struct Req {
     client: IpAddr,
     api_key: Option<&'static str>,
     headers: HeaderMap,
+    jwt: Option<Claims>,
 }
 
 fn get(path: &'static str) -> Req {
@@ -90,6 +94,7 @@ fn get(path: &'static str) -> Req {
         client: "192.0.2.7".parse().expect("ip"),
         api_key: None,
         headers: HeaderMap::new(),
+        jwt: None,
     }
 }
 
@@ -106,6 +111,14 @@ impl Req {
         Self { api_key: Some(key), ..self }
     }
 
+    /// A verified token with `claims`.
+    fn jwt(self, claims: &serde_json::Value) -> Self {
+        const SECRET: &[u8] = b"an hs256 secret of some 32 bytes";
+        let verifier = jwt::Verifier::new(Duration::ZERO).with_secrets(&[SECRET.to_vec()], jwt::Expected::default());
+        let token = jwt::testing::sign("HS256", None, claims, &SigningKey::Hmac(SECRET.to_vec()));
+        Self { jwt: Some(verifier.verify(token.as_bytes(), T0).expect("a valid token")), ..self }
+    }
+
     fn header(mut self, name: &'static str, value: &str) -> Self {
         self.headers.append(name, HeaderValue::from_str(value).expect("header value"));
         self
@@ -117,6 +130,7 @@ impl Req {
             path: self.path,
             client: self.client,
             api_key: self.api_key,
+            jwt: self.jwt.as_ref(),
             headers: &self.headers,
             query: None,
             body_length: Some(0),
@@ -382,6 +396,40 @@ fn header_values_are_keys_and_long_ones_are_hashed() {
         let d = request.to(&engine);
         assert_eq!(status(&d, "by-tenant").remaining, 2, "{tenant:.10}: its own bucket");
     }
+}
+
+#[test]
+fn a_jwt_claim_is_the_clients_own_bucket_wherever_it_comes_from() {
+    let (engine, _) = engine(
+        r#"
+[proxy.jwt]
+hs256_secrets = ["env:UNREAD_HERE"]
+
+[[proxy.rules]]
+name = "per-user"
+key = "jwt:sub"
+algorithm = "token_bucket"
+limit = 2
+window = "1m"
+"#,
+    );
+    let alice = serde_json::json!({"sub": "alice"});
+    assert!(is_forward(&get("/").from("192.0.2.1").jwt(&alice).to(&engine)));
+    assert!(is_forward(&get("/").from("2001:db8::1").jwt(&alice).to(&engine)), "from anywhere, one bucket");
+    let refused = get("/").from("198.51.100.9").jwt(&alice).to(&engine);
+    assert!(is_reject(&refused) && refused.own_bucket_refused, "{refused:?}");
+    assert!(is_forward(&get("/").jwt(&serde_json::json!({"sub": "bob"})).to(&engine)), "another subject");
+    // A number by its text, a long value by its hash: each its own bucket.
+    let long = "x".repeat(1_000);
+    for sub in [serde_json::json!(42), serde_json::json!(long)] {
+        let request = get("/").jwt(&serde_json::json!({ "sub": sub }));
+        assert_eq!(status(&request.to(&engine), "per-user").remaining, 1, "{sub:.10}");
+    }
+    // No token, or a claim that names no one: the shared missing-key bucket.
+    let shared = [get("/"), get("/").jwt(&serde_json::json!({"sub": ""})), get("/").jwt(&serde_json::json!({}))];
+    let remaining: Vec<u64> = shared.iter().map(|request| status(&request.to(&engine), "per-user").remaining).collect();
+    assert_eq!(remaining, [1, 0, 0]);
+    assert!(!get("/").to(&engine).own_bucket_refused, "the missing-key bucket is anyone's");
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use http::{HeaderValue, header, request};
 use hyper::body::{Body as _, Incoming};
-use limiter_core::{path::CanonicalPath, signature::Authenticated};
+use limiter_core::{jwt::Claims, path::CanonicalPath, signature::Authenticated};
 
 use super::{
     forward::{Origin, Upstream},
@@ -63,6 +63,8 @@ pub(super) struct Exchange<'s> {
     pub client: IpAddr,
     /// Set once the request proved a key.
     pub proof: Proof,
+    /// The claims of its JWT, once verified (only where a rule that applies needs them).
+    pub jwt: Option<Claims>,
     /// The idempotency key this request holds until its response is stored.
     pub claim: Option<Claim>,
 }
@@ -101,7 +103,7 @@ impl<'s> Exchange<'s> {
         // request, over either protocol; an HTTP/2 body without `content-length` is
         // as unknown as a chunked one.
         let body_length = body.size_hint().exact();
-        Ok(Self { snapshot, upstream, origin, parts, path, body_length, client, proof: Proof::None, claim: None })
+        Ok(Self { snapshot, upstream, origin, parts, path, body_length, client, proof: Proof::None, jwt: None, claim: None })
     }
 
     pub(super) fn config(&self) -> &'s ProxyConfig {
@@ -115,6 +117,7 @@ impl<'s> Exchange<'s> {
             path: self.path.route(),
             client: self.client,
             api_key: self.proof.key_id(),
+            jwt: self.jwt.as_ref(),
             headers: &self.parts.headers,
             query: self.parts.uri.query(),
             body_length: self.body_length,

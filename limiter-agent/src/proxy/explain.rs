@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
-use limiter_core::{Clock, path::CanonicalPath, signature::verify::API_KEY_HEADER};
+use limiter_core::{Clock, jwt::Claims, path::CanonicalPath, signature::verify::API_KEY_HEADER};
 use serde::{Deserialize, Serialize};
 
 use super::keys;
@@ -66,11 +66,14 @@ pub(crate) enum ExplainError {
 }
 
 /// Explains `request` under `config`; with `live`, with each bucket's quota now.
+/// `jwt` verifies the request's token (the running agent's keys); without it, `jwt:`
+/// keys are missing.
 pub async fn explain<C: Clock>(
     config: &ProxyConfig,
     engine: &Engine<C>,
     request: &ExplainRequest,
     live: bool,
+    jwt: Option<&(dyn Fn(&HeaderMap) -> Option<Claims> + Sync)>,
 ) -> Result<ProxyExplanation, ExplainError> {
     let method =
         Method::from_bytes(request.method.as_bytes()).map_err(|_| ExplainError::Method(request.method.clone()))?;
@@ -93,11 +96,13 @@ pub async fn explain<C: Clock>(
         Some((id, auth)) => (Some(id), Some(auth)),
         None => (None, None),
     };
+    let claims = jwt.and_then(|verify| verify(&headers));
     let info = RequestInfo {
         method: &method,
         path: path.route(),
         client,
         api_key: key.as_deref(),
+        jwt: claims.as_ref(),
         headers: &headers,
         query,
         body_length: http1_body_length(&headers),

@@ -54,6 +54,7 @@ use super::{
 };
 use limiter_core::{
     Clock,
+    jwt::{Claims, JwtFailure},
     signature::{
         Authenticated, Begin, Failure, SignedRequest,
         idempotency::{self, IDEMPOTENCY_KEY_HEADER, MAX_IDEMPOTENCY_KEY_BYTES},
@@ -219,7 +220,9 @@ impl<C: Clock + Clone> Pipeline<C> {
         &self,
         request: &super::explain::ExplainRequest,
     ) -> Result<super::explain::ProxyExplanation, super::explain::ExplainError> {
-        super::explain::explain(&self.snapshot().config, &self.engine, request, true).await
+        let snapshot = self.snapshot();
+        let verify = |headers: &http::HeaderMap| self.jwt_of(&snapshot, headers)?.ok();
+        super::explain::explain(&snapshot.config, &self.engine, request, true, Some(&verify)).await
     }
 
     /// Sends this proxy's rejections to `escalator`; only the first call counts.
@@ -403,6 +406,19 @@ impl<C: Clock + Clone> Pipeline<C> {
         // Before anything costly (reading the body, checking a MAC): a scanner's
         // request is refused on its face.
         let screened = self.screen(&exchange)?;
+        // Before the early refusal, which counts `jwt:` keys too: a token needs no body.
+        if needs_jwt(config, &exchange.info()) {
+            exchange.jwt = match self.jwt_of(snapshot, &exchange.parts.headers) {
+                Some(Ok(claims)) => Some(claims),
+                // Its request lacks every `jwt:` key.
+                Some(Err(failure)) => {
+                    self.counters.add_jwt_failure(failure);
+                    tracing::debug!(%failure, "JWT not taken");
+                    None
+                }
+                None => None,
+            };
+        }
         let signed =
             exchange.parts.headers.contains_key(SIGNATURE_HEADER) || requires_signature(config, &exchange.info());
         // A body read whole before the limits are asked is asked about first, so that a
@@ -609,7 +625,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             }
             Verdict::MissingKey { rule } if config.enforce => {
                 let status = match config.rules.iter().find(|r| r.name == rule).map(|r| &r.key.by) {
-                    Some(KeyKind::ApiKey) => StatusCode::UNAUTHORIZED,
+                    Some(KeyKind::ApiKey | KeyKind::Jwt(_)) => StatusCode::UNAUTHORIZED,
                     _ => StatusCode::BAD_REQUEST,
                 };
                 Err(Refusal::MissingKey { rule: named.then_some(rule), status })
@@ -743,6 +759,19 @@ impl<C: Clock + Clone> Pipeline<C> {
         Ok(Ok(authenticated))
     }
 
+    /// The JWT `headers` carry, verified now; `None` without one (or without
+    /// `[proxy.jwt]`).
+    fn jwt_of(&self, snapshot: &Snapshot, headers: &http::HeaderMap) -> Option<Result<Claims, JwtFailure>> {
+        let (Some(verifier), Some(config)) = (&snapshot.jwt, &snapshot.config.jwt) else { return None };
+        let mut values = headers.get_all(&config.header).iter();
+        let value = values.next()?;
+        // Two tokens would leave the upstream to pick one, perhaps not the verified one.
+        Some(match values.next() {
+            Some(_) => Err(JwtFailure::Malformed),
+            None => verifier.verify(value.as_bytes(), self.clock.now()),
+        })
+    }
+
     /// Counts a request refused for want of the shared store. Replay protection and
     /// idempotency fail closed whatever `store_failure` says: unrecorded, a signature
     /// could be replayed and an idempotent request run twice, and an attacker able to
@@ -757,6 +786,14 @@ impl<C: Clock + Clone> Pipeline<C> {
 fn requires_signature(config: &ProxyConfig, request: &RequestInfo<'_>) -> bool {
     let seen = request.seen();
     config.rules.iter().any(|rule| rule.require_signature && rule.applies(&seen))
+}
+
+/// Whether a rule that applies to `request` counts by a JWT claim: only then is a
+/// token verified, which costs a signature check (an RSA one some tens of
+/// microseconds).
+fn needs_jwt(config: &ProxyConfig, request: &RequestInfo<'_>) -> bool {
+    let seen = request.seen();
+    config.rules.iter().any(|rule| matches!(rule.key.by, KeyKind::Jwt(_)) && rule.applies(&seen))
 }
 
 /// The `Idempotency-Key` of a state-changing request. Only signed requests get here:

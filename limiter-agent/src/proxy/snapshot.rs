@@ -1,5 +1,6 @@
 //! What one config makes of requests, taken apart once per reload: the verifier of
-//! its keys, its certificates, which keys are bearer keys and which plans disclose what.
+//! its keys, its certificates, what verifies JWTs, which keys are bearer keys and
+//! which plans disclose what.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -7,7 +8,10 @@ use std::{
 };
 
 use http::HeaderMap;
-use limiter_core::signature::{Verifier, verify::API_KEY_HEADER};
+use limiter_core::{
+    jwt,
+    signature::{Verifier, verify::API_KEY_HEADER},
+};
 
 use crate::{
     config::{
@@ -25,6 +29,8 @@ pub(super) struct Snapshot {
     /// The listener's certificates, as loaded with the config.
     pub tls: Option<ServerTls>,
     pub verifier: Verifier,
+    /// With `[proxy.jwt]`: its keys, as loaded with the config.
+    pub jwt: Option<Arc<jwt::Verifier>>,
     /// Ids of the keys with `auth = "bearer"`.
     bearer: HashSet<String>,
     /// Keys whose plan sets its own `disclose`.
@@ -40,7 +46,8 @@ impl Snapshot {
             .filter_map(|key| Some((key.id.clone(), config.plans.get(&key.plan)?.disclose?)))
             .collect();
         let tls = secrets.tls().cloned();
-        Self { verifier: Verifier::new(secrets.into_keys()), tls, config, bearer, disclose_of }
+        let jwt = secrets.jwt().cloned();
+        Self { verifier: Verifier::new(secrets.into_keys()), tls, jwt, config, bearer, disclose_of }
     }
 
     /// What the rate-limit headers and refusals may tell a client that proved `key`.

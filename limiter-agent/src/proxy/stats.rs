@@ -7,7 +7,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use limiter_core::signature::FailureReason;
+use limiter_core::{jwt::JwtFailure, signature::FailureReason};
 
 use super::connections::Refused;
 use crate::limits::PolicyCounts;
@@ -77,6 +77,7 @@ pub(super) struct Counters {
     timeouts: AtomicU64,
     upstream_errors: AtomicU64,
     signature_failures: [AtomicU64; FailureReason::ALL.len()],
+    jwt_failures: [AtomicU64; JwtFailure::ALL.len()],
     decision_seconds: [AtomicU64; DECISION_BUCKETS.len() + 1],
     decision_nanos_sum: AtomicU64,
     body_timeouts: AtomicU64,
@@ -149,11 +150,7 @@ impl Counters {
     }
 
     pub(super) fn add_connection_refused(&self, reason: Refused) {
-        if let Some(counter) =
-            Refused::ALL.iter().position(|r| *r == reason).and_then(|i| self.connections_refused.get(i))
-        {
-            counter.fetch_add(1, Ordering::Relaxed);
-        }
+        add_by_reason(&Refused::ALL, &self.connections_refused, reason);
     }
 
     pub(super) fn observe_decision(&self, took: std::time::Duration) {
@@ -166,34 +163,27 @@ impl Counters {
     }
 
     pub(super) fn add_signature_failure(&self, reason: FailureReason) {
-        if let Some(counter) =
-            FailureReason::ALL.iter().position(|r| *r == reason).and_then(|i| self.signature_failures.get(i))
-        {
-            counter.fetch_add(1, Ordering::Relaxed);
-        }
+        add_by_reason(&FailureReason::ALL, &self.signature_failures, reason);
+    }
+
+    pub(super) fn add_jwt_failure(&self, failure: JwtFailure) {
+        add_by_reason(&JwtFailure::ALL, &self.jwt_failures, failure);
     }
 
     pub(super) fn snapshot(&self, tracked_keys: usize, evictions: u64, store_failures: u64) -> ProxyStats {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let by_reason: BTreeMap<String, u64> = FailureReason::ALL
-            .iter()
-            .zip(&self.signature_failures)
-            .map(|(reason, counter)| (reason.as_str().to_owned(), load(counter)))
-            .collect();
-        let refused: BTreeMap<String, u64> = Refused::ALL
-            .iter()
-            .zip(&self.connections_refused)
-            .map(|(reason, counter)| (reason.as_str().to_owned(), load(counter)))
-            .collect();
+        let signatures = by_reason(&FailureReason::ALL, &self.signature_failures, FailureReason::as_str);
+        let refused = by_reason(&Refused::ALL, &self.connections_refused, Refused::as_str);
+        let jwt_failures = by_reason(&JwtFailure::ALL, &self.jwt_failures, JwtFailure::as_str);
         ProxyStats {
             requests: load(&self.requests),
             forwarded: load(&self.forwarded),
             throttled: load(&self.throttled),
             rejected: load(&self.rejected),
             denied: load(&self.denied),
-            signature_failures: by_reason.values().sum(),
-            replays: by_reason.get(FailureReason::Replay.as_str()).copied().unwrap_or(0),
-            signature_failure_reasons: by_reason,
+            signature_failures: signatures.values().sum(),
+            replays: signatures.get(FailureReason::Replay.as_str()).copied().unwrap_or(0),
+            signature_failure_reasons: signatures,
             idempotent_replays: load(&self.idempotent_replays),
             body_too_large: load(&self.body_too_large),
             buffers_full: load(&self.buffers_full),
@@ -202,6 +192,8 @@ impl Counters {
             body_timeouts: load(&self.body_timeouts),
             connections_refused: refused.values().sum(),
             connections_refused_reasons: refused,
+            jwt_failures: jwt_failures.values().sum(),
+            jwt_failure_reasons: jwt_failures,
             upstream_errors: load(&self.upstream_errors),
             tls_handshake_failures: load(&self.tls_handshake_failures),
             http2_reset_floods: load(&self.http2_reset_floods),
@@ -231,6 +223,19 @@ impl Counters {
             decision_log_dropped: 0,
         }
     }
+}
+
+/// Adds one to the counter of `reason`, `counters` being in the order of `all`.
+fn add_by_reason<R: PartialEq>(all: &[R], counters: &[AtomicU64], reason: R) {
+    if let Some(counter) = all.iter().position(|r| *r == reason).and_then(|i| counters.get(i)) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Each of `counters` under the label of its reason, `counters` being in the order
+/// of `all`.
+fn by_reason<R: Copy>(all: &[R], counters: &[AtomicU64], label: fn(R) -> &'static str) -> BTreeMap<String, u64> {
+    all.iter().zip(counters).map(|(reason, counter)| (label(*reason).to_owned(), counter.load(Ordering::Relaxed))).collect()
 }
 
 /// A point-in-time copy of the proxy's counters (the `proxy` object of
@@ -281,6 +286,13 @@ pub struct ProxyStats {
     /// `connections_refused` by reason (the metrics label values).
     #[serde(default)]
     pub connections_refused_reasons: BTreeMap<String, u64>,
+    /// JWTs not taken where a rule that applies counts by a claim: their requests
+    /// lack every `jwt:` key.
+    #[serde(default)]
+    pub jwt_failures: u64,
+    /// `jwt_failures` by reason (the metrics label values).
+    #[serde(default)]
+    pub jwt_failure_reasons: BTreeMap<String, u64>,
     /// Upstream failures answered with 502.
     pub upstream_errors: u64,
     /// TLS handshakes that failed, or did not finish within `header_timeout`.

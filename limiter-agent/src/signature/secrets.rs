@@ -4,10 +4,14 @@ use std::ffi::OsString;
 use std::io::Read as _;
 use std::os::unix::{ffi::OsStringExt, fs::PermissionsExt as _};
 use std::path::Path;
+use std::sync::Arc;
 
-use limiter_core::signature::SigningKey;
+use limiter_core::{jwt, signature::SigningKey};
 
-use crate::{config::ProxyConfig, tls::ServerTls};
+use crate::{
+    config::{ProxyConfig, proxy::JwtConfig},
+    tls::ServerTls,
+};
 
 /// Why a secret reference could not be loaded. Messages name the reference, never
 /// the secret.
@@ -41,6 +45,9 @@ pub enum SecretError {
     /// A certificate or private key of `[proxy.tls]` that cannot serve.
     #[error("{0}")]
     Tls(String),
+    /// A JWKS file of `[proxy.jwt]` that cannot be read or holds no usable key.
+    #[error("{0}")]
+    Jwks(String),
 }
 
 /// Loads the secret `reference` points to: `file:PATH` (one trailing line ending is
@@ -76,6 +83,9 @@ pub(crate) const MAX_SECRET_BYTES: u64 = 4096;
 /// Shorter secrets are warned about: a guessable key lets anyone sign.
 pub(crate) const MIN_SECRET_BYTES: usize = 16;
 
+/// The most a JWKS file may hold: an issuer publishes a few keys, some kilobytes.
+const MAX_JWKS_BYTES: u64 = 1 << 20;
+
 /// Reads a secret file the way both the proxy and `limiter sign` must, so that they
 /// agree on the key bytes: contents minus one trailing `\n` or `\r\n`. A file
 /// larger than [`MAX_SECRET_BYTES`] is refused.
@@ -97,13 +107,14 @@ pub(crate) fn read_secret_file(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Every key's secrets, and the listener's TLS certificates and keys, read once the
-/// config is parsed: the one place the agent reads them, in its own environment (not
-/// the CLI's).
+/// Every key's secrets, the listener's TLS certificates and keys, and the keys JWTs
+/// are verified with, read once the config is parsed: the one place the agent reads
+/// them, in its own environment (not the CLI's).
 #[derive(Clone, Default)]
 pub struct KeySecrets {
     keys: Vec<(String, SigningKey)>,
     tls: Option<ServerTls>,
+    jwt: Option<Arc<jwt::Verifier>>,
     warnings: Vec<String>,
 }
 
@@ -166,7 +177,16 @@ impl KeySecrets {
                 .map_err(|error| KeySecretError { key: error.key, source: SecretError::Tls(error.message) })?;
             loaded.tls = Some(server);
         }
+        if let Some(config) = &proxy.jwt {
+            loaded.jwt = Some(Arc::new(load_jwt(config, &mut loaded.warnings)?));
+        }
         Ok(loaded)
+    }
+
+    /// What verifies JWTs, with `[proxy.jwt]`.
+    #[must_use]
+    pub(crate) fn jwt(&self) -> Option<&Arc<jwt::Verifier>> {
+        self.jwt.as_ref()
     }
 
     /// The listener's TLS, with `[proxy.tls]`.
@@ -187,4 +207,43 @@ impl KeySecrets {
     pub(crate) fn into_keys(self) -> Vec<(String, SigningKey)> {
         self.keys
     }
+}
+
+/// The verifier of `[proxy.jwt]`: its secrets read (the weak ones noted in
+/// `warnings`), its issuers' JWKS files read and checked.
+fn load_jwt(config: &JwtConfig, warnings: &mut Vec<String>) -> Result<jwt::Verifier, KeySecretError> {
+    let name = "proxy.jwt.hs256_secrets";
+    let mut secrets = Vec::with_capacity(config.hs256_secrets.len());
+    for reference in &config.hs256_secrets {
+        let secret = load_secret(reference).map_err(|source| KeySecretError { key: name.to_owned(), source })?;
+        warnings.extend(weaknesses(name, reference, &secret));
+        secrets.push(secret);
+    }
+    let mut verifier = jwt::Verifier::new(config.leeway.0);
+    if !secrets.is_empty() {
+        let expected = jwt::Expected { iss: config.iss.clone(), audiences: config.audiences.clone() };
+        verifier = verifier.with_secrets(&secrets, expected);
+    }
+    for (i, issuer) in config.issuers.iter().enumerate() {
+        let keys = read_jwks(&issuer.jwks_file).map_err(|message| KeySecretError {
+            key: format!("proxy.jwt.issuers[{i}].jwks_file"),
+            source: SecretError::Jwks(message),
+        })?;
+        verifier = verifier.with_issuer(issuer.iss.clone(), issuer.audiences.clone(), keys);
+    }
+    Ok(verifier)
+}
+
+/// The keys of the JWKS file at `path`; a file larger than [`MAX_JWKS_BYTES`] is
+/// refused.
+fn read_jwks(path: &Path) -> Result<Vec<jwt::PublicKey>, String> {
+    let failed = |error: &dyn std::fmt::Display| format!("{}: {error}", path.display());
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_JWKS_BYTES + 1).read_to_string(&mut text))
+        .map_err(|error| failed(&error))?;
+    if text.len() as u64 > MAX_JWKS_BYTES {
+        return Err(failed(&format!("larger than {MAX_JWKS_BYTES} bytes, not a JWKS")));
+    }
+    jwt::parse_jwks(&text).map_err(|error| failed(&error))
 }

@@ -244,6 +244,8 @@ fn what_is_not_a_token_is_malformed() {
         signed_garbage("[1,2]"),
         signed_garbage("not json"),
         signed_garbage(r#""alice""#),
+        // jsonwebtoken refuses a `sub` of another type, whatever the rules key by.
+        signed_garbage(r#"{"sub":["alice"]}"#),
     ] {
         assert_eq!(verifier.verify(value.as_bytes(), clock.now()).map(|_| ()), Err(JwtFailure::Malformed), "{value:?}");
     }
@@ -284,3 +286,4 @@ fn a_jwks_holds_public_signature_keys_only() {
         Err(JwtFailure::UnknownKey)
     );
 }
+
