@@ -224,7 +224,9 @@ fn first_bad_element(text: &str, array: &str) -> Option<usize> {
 /// line below it if present.
 fn line_of(text: &str, key: &str) -> usize {
     // A key naming a table (`proxy.jwt`) is at its header.
-    if let Some(header) = text.lines().position(|line| line.trim().strip_prefix('[').and_then(|l| l.strip_suffix(']')) == Some(key)) {
+    if let Some(header) =
+        text.lines().position(|line| line.trim().strip_prefix('[').and_then(|l| l.strip_suffix(']')) == Some(key))
+    {
         return header + 1;
     }
     let mut table = key;

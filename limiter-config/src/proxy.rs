@@ -538,7 +538,9 @@ impl<'de> Deserialize<'de> for KeySpec {
             None => (text.as_str(), false),
         };
         let by = by.parse().map_err(|()| {
-            de::Error::custom(format!("`{text}` is not a key: use ip, api_key, header:NAME or jwt:CLAIM, optionally with +route"))
+            de::Error::custom(format!(
+                "`{text}` is not a key: use ip, api_key, header:NAME or jwt:CLAIM, optionally with +route"
+            ))
         })?;
         Ok(Self { by, per_route })
     }
@@ -779,10 +781,7 @@ impl Keyed for JwtIssuer {
 impl JwtConfig {
     fn validate(&self) -> Result<(), (String, String)> {
         if self.hs256_secrets.is_empty() && self.issuers.is_empty() {
-            return Err((
-                "proxy.jwt".to_owned(),
-                "verifies no token: give hs256_secrets, issuers, or both".to_owned(),
-            ));
+            return Err(("proxy.jwt".to_owned(), "verifies no token: give hs256_secrets, issuers, or both".to_owned()));
         }
         if self.hs256_secrets.is_empty() && (self.iss.is_some() || !self.audiences.is_empty()) {
             return Err((
@@ -794,7 +793,10 @@ impl JwtConfig {
         }
         for (i, issuer) in self.issuers.iter().enumerate() {
             if issuer.iss.is_empty() || self.issuers[..i].iter().any(|other| other.iss == issuer.iss) {
-                return Err((format!("proxy.jwt.issuers[{i}].iss"), format!("`{}` is empty or appears twice", issuer.iss)));
+                return Err((
+                    format!("proxy.jwt.issuers[{i}].iss"),
+                    format!("`{}` is empty or appears twice", issuer.iss),
+                ));
             }
         }
         Ok(())

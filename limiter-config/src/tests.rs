@@ -652,14 +652,20 @@ fn a_jwt_key_needs_proxy_jwt_and_is_refused_at_its_rule_without_it() {
                issuers = [{ iss = \"https://login.example.org\", audiences = [\"api\"], jwks_file = \"/etc/limiter/jwks.json\" }]\n";
     let proxy = parse(&format!("{PROXY}{jwt}{rules}")).expect("with [proxy.jwt]").proxy.expect("proxy");
     let rule = &proxy.rules[1].key;
-    assert_eq!((&rule.by, rule.per_route, rule.to_string().as_str()), (&crate::proxy::KeyKind::Jwt("sub".to_owned()), true, "jwt:sub+route"));
+    assert_eq!(
+        (&rule.by, rule.per_route, rule.to_string().as_str()),
+        (&crate::proxy::KeyKind::Jwt("sub".to_owned()), true, "jwt:sub+route")
+    );
     let jwt = proxy.jwt.expect("jwt");
     assert_eq!((jwt.header.as_str(), jwt.leeway.0), ("authorization", Duration::from_secs(30)), "the defaults");
     assert_eq!((jwt.issuers[0].audiences.as_slice(), jwt.audiences.len()), (&["api".to_owned()][..], 0));
 
     for (bad, key) in [
         ("[proxy.jwt]\nleeway = \"30s\"\n", "proxy.jwt"),
-        ("[proxy.jwt]\nissuers = [{ iss = \"a\", jwks_file = \"/j\" }, { iss = \"a\", jwks_file = \"/k\" }]\n", "proxy.jwt.issuers[1].iss"),
+        (
+            "[proxy.jwt]\nissuers = [{ iss = \"a\", jwks_file = \"/j\" }, { iss = \"a\", jwks_file = \"/k\" }]\n",
+            "proxy.jwt.issuers[1].iss",
+        ),
         ("[proxy.jwt]\nissuers = [{ iss = \"a\", jwks_file = \"/j\" }]\naudiences = [\"api\"]\n", "proxy.jwt.iss"),
         ("[proxy.jwt]\nheader = \"not a header\"\nhs256_secrets = [\"env:S\"]\n", "proxy.jwt.header"),
     ] {
@@ -667,5 +673,8 @@ fn a_jwt_key_needs_proxy_jwt_and_is_refused_at_its_rule_without_it() {
         assert_eq!(at, key, "{message}");
         assert!(line > 3, "{key} at line {line}, in [proxy.jwt]");
     }
-    assert_eq!(refusal(&format!("{PROXY}[[proxy.rules]]\nname = \"r\"\nkey = \"jwt:\"\nlimit = 1\nwindow = \"1s\"\n")).1, "proxy.rules[0].key");
+    assert_eq!(
+        refusal(&format!("{PROXY}[[proxy.rules]]\nname = \"r\"\nkey = \"jwt:\"\nlimit = 1\nwindow = \"1s\"\n")).1,
+        "proxy.rules[0].key"
+    );
 }

@@ -98,6 +98,23 @@ mod tests {
     }
 
     #[test]
+    fn a_rotated_jwks_changes_the_state() {
+        let dir = std::env::temp_dir().join(format!("limiter-watch-jwks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let jwks = dir.join("jwks.json");
+        std::fs::write(&jwks, r#"{"keys": []}"#).expect("jwks");
+        let text = format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\n[proxy.jwt]\n\
+             issuers = [{{ iss = \"https://id.example.com\", jwks_file = {jwks:?} }}]\n"
+        );
+        let config = Config::parse(&text, Path::new("t.toml")).expect("config");
+        let before = state(&text, &config);
+        std::fs::write(&jwks, r#"{"keys": [{"kty": "OKP", "crv": "Ed25519", "x": "rotated"}]}"#).expect("jwks");
+        assert_ne!(state(&text, &config), before, "the issuer rotated its keys");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn an_edit_is_applied_only_after_it_held_still_for_the_settle_interval() {
         let start = Instant::now();
         let at = |ms: u64| start + Duration::from_millis(ms);

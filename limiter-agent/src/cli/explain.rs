@@ -128,7 +128,8 @@ fn explain_request(config: &Config, request: &ExplainRequest) -> Result<ProxyAns
             let stores = Stores::new(&offline)?;
             let engine = Engine::new(&offline, limiter_core::SystemClock, Arc::new(stores));
             let runtime = tokio::runtime::Builder::new_current_thread().build()?;
-            let explained = runtime.block_on(explain(&offline, &engine, request, false, None)).map_err(|e| e.to_string());
+            let explained =
+                runtime.block_on(explain(&offline, &engine, request, false, None)).map_err(|e| e.to_string());
             (AnswerSource::Config, explained)
         }
         Err(error) => return Err(error.into()),

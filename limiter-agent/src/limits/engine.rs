@@ -15,8 +15,10 @@
 //!   Values longer than [`MAX_KEY_VALUE`] bytes or not UTF-8 are keyed by their
 //!   SHA-256, so that key memory stays bounded.
 //! - `jwt:CLAIM`: that claim of the request's JWT, only if the token verified
-//!   ([`RequestInfo::jwt`]); a string by value, a number or boolean by its JSON text,
-//!   bounded like header values. A claim absent, empty or structured is missing.
+//!   ([`RequestInfo::jwt`]); a string by value, a number or boolean by its JSON text
+//!   (after its issuer's `iss` for a JWKS issuer's token, so that two issuers'
+//!   subjects never share a bucket), bounded like header values. A claim absent,
+//!   empty or structured is missing.
 //! - `+route`: the rule's path prefix is part of the key.
 //!
 //! A missing key follows `missing_key`: `shared` counts all such requests of a rule

@@ -103,7 +103,18 @@ impl<'s> Exchange<'s> {
         // request, over either protocol; an HTTP/2 body without `content-length` is
         // as unknown as a chunked one.
         let body_length = body.size_hint().exact();
-        Ok(Self { snapshot, upstream, origin, parts, path, body_length, client, proof: Proof::None, jwt: None, claim: None })
+        Ok(Self {
+            snapshot,
+            upstream,
+            origin,
+            parts,
+            path,
+            body_length,
+            client,
+            proof: Proof::None,
+            jwt: None,
+            claim: None,
+        })
     }
 
     pub(super) fn config(&self) -> &'s ProxyConfig {

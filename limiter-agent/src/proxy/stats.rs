@@ -235,7 +235,10 @@ fn add_by_reason<R: PartialEq>(all: &[R], counters: &[AtomicU64], reason: R) {
 /// Each of `counters` under the label of its reason, `counters` being in the order
 /// of `all`.
 fn by_reason<R: Copy>(all: &[R], counters: &[AtomicU64], label: fn(R) -> &'static str) -> BTreeMap<String, u64> {
-    all.iter().zip(counters).map(|(reason, counter)| (label(*reason).to_owned(), counter.load(Ordering::Relaxed))).collect()
+    all.iter()
+        .zip(counters)
+        .map(|(reason, counter)| (label(*reason).to_owned(), counter.load(Ordering::Relaxed)))
+        .collect()
 }
 
 /// A point-in-time copy of the proxy's counters (the `proxy` object of

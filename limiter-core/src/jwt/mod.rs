@@ -96,20 +96,30 @@ impl JwtFailure {
 
 /// The claims of a token that verified.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Claims(Map<String, Value>);
+pub struct Claims {
+    claims: Map<String, Value>,
+    /// The configured issuer whose JWKS verified it; `None` for the shared secrets.
+    issuer: Option<String>,
+}
 
 impl Claims {
     /// What a `jwt:NAME` key counts by: a string as it is, a number or a boolean by
-    /// its JSON text; `None` where the claim is absent, empty, null, an object or a
-    /// list, none of which names one holder.
+    /// its JSON text, after the issuer's `iss` and a space for a token of an issuer's
+    /// JWKS, so that two issuers' `alice` never share a bucket; `None` where the
+    /// claim is absent, empty, null, an object or a list, none of which names one
+    /// holder.
     #[must_use]
     pub fn key_value(&self, name: &str) -> Option<Cow<'_, str>> {
-        match self.0.get(name)? {
-            Value::String(text) if !text.is_empty() => Some(Cow::Borrowed(text)),
-            Value::Number(number) => Some(Cow::Owned(number.to_string())),
-            Value::Bool(yes) => Some(Cow::Borrowed(if *yes { "true" } else { "false" })),
-            Value::String(_) | Value::Null | Value::Array(_) | Value::Object(_) => None,
-        }
+        let value = match self.claims.get(name)? {
+            Value::String(text) if !text.is_empty() => Cow::Borrowed(text.as_str()),
+            Value::Number(number) => Cow::Owned(number.to_string()),
+            Value::Bool(yes) => Cow::Borrowed(if *yes { "true" } else { "false" }),
+            Value::String(_) | Value::Null | Value::Array(_) | Value::Object(_) => return None,
+        };
+        Some(match &self.issuer {
+            Some(iss) => Cow::Owned(format!("{iss} {value}")),
+            None => value,
+        })
     }
 }
 
@@ -184,7 +194,8 @@ impl Verifier {
             if self.secrets.is_empty() {
                 return Err(JwtFailure::Algorithm);
             }
-            (first_verifying(token, header.alg, &self.secrets)?, &self.shared)
+            let claims = first_verifying(token, header.alg, &self.secrets)?;
+            (Claims { claims, issuer: None }, &self.shared)
         } else {
             // The issuer is picked by the claim before the signature is checked, and
             // the claim is checked again once it is.
@@ -206,7 +217,8 @@ impl Verifier {
             if keys.is_empty() {
                 return Err(JwtFailure::UnknownKey);
             }
-            (first_verifying(token, header.alg, &keys)?, &issuer.expected)
+            let claims = first_verifying(token, header.alg, &keys)?;
+            (Claims { claims, issuer: Some(iss) }, &issuer.expected)
         };
         check(claims, expected, now, self.leeway)
     }
@@ -283,12 +295,8 @@ fn first_verifying(token: &str, alg: Algorithm, keys: &[DecodingKey]) -> Result<
 
 /// The verified `claims`, if their times hold at `now` and they say what `expected`
 /// says.
-fn check(
-    claims: Map<String, Value>,
-    expected: &Expected,
-    now: Duration,
-    leeway: Duration,
-) -> Result<Claims, JwtFailure> {
+fn check(verified: Claims, expected: &Expected, now: Duration, leeway: Duration) -> Result<Claims, JwtFailure> {
+    let claims = &verified.claims;
     let time = |name: &str| claims.get(name).map(|value| value.as_f64().ok_or(JwtFailure::Malformed)).transpose();
     let (now, leeway) = (now.as_secs_f64(), leeway.as_secs_f64());
     if time("exp")?.is_some_and(|exp| now >= exp + leeway) {
@@ -313,5 +321,5 @@ fn check(
             return Err(JwtFailure::Audience);
         }
     }
-    Ok(Claims(claims))
+    Ok(verified)
 }
