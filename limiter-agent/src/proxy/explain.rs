@@ -65,6 +65,9 @@ pub(crate) enum ExplainError {
     Path { path: String, reason: String },
 }
 
+/// The claims of the JWT a request's headers carry, if it verifies.
+pub(crate) type VerifyJwt<'a> = dyn Fn(&HeaderMap) -> Option<Claims> + Sync + 'a;
+
 /// Explains `request` under `config`; with `live`, with each bucket's quota now.
 /// `jwt` verifies the request's token (the running agent's keys); without it, `jwt:`
 /// keys are missing.
@@ -73,7 +76,7 @@ pub async fn explain<C: Clock>(
     engine: &Engine<C>,
     request: &ExplainRequest,
     live: bool,
-    jwt: Option<&(dyn Fn(&HeaderMap) -> Option<Claims> + Sync)>,
+    jwt: Option<&VerifyJwt<'_>>,
 ) -> Result<ProxyExplanation, ExplainError> {
     let method =
         Method::from_bytes(request.method.as_bytes()).map_err(|_| ExplainError::Method(request.method.clone()))?;
