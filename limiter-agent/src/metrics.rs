@@ -201,27 +201,24 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
         writeln!(out, "limiter_proxy_decision_log_lines_total{{result=\"dropped\"}} {}", stats.decision_log_dropped);
     family(out, "limiter_proxy_received_total", "counter", "Requests that reached the proxy's handler.");
     let _ = writeln!(out, "limiter_proxy_received_total {}", stats.requests);
-    family(out, "limiter_signature_failures_total", "counter", "Signed requests refused, by reason.");
-    for (reason, value) in &stats.signature_failure_reasons {
-        let _ = writeln!(out, "limiter_signature_failures_total{{reason=\"{}\"}} {value}", escape(reason));
-    }
-    family(
-        out,
-        "limiter_proxy_connections_refused_total",
-        "counter",
-        "Connections closed before their first request, by bound or for their PROXY header.",
-    );
-    for (reason, value) in &stats.connections_refused_reasons {
-        let _ = writeln!(out, "limiter_proxy_connections_refused_total{{reason=\"{reason}\"}} {value}");
-    }
-    family(
-        out,
-        "limiter_proxy_jwt_failures_total",
-        "counter",
-        "JWTs not taken, by reason: their requests lack every jwt: key.",
-    );
-    for (reason, value) in &stats.jwt_failure_reasons {
-        let _ = writeln!(out, "limiter_proxy_jwt_failures_total{{reason=\"{reason}\"}} {value}");
+    let by_reason = [
+        ("limiter_signature_failures_total", "Signed requests refused, by reason.", &stats.signature_failure_reasons),
+        (
+            "limiter_proxy_connections_refused_total",
+            "Connections closed before their first request, by bound or for their PROXY header.",
+            &stats.connections_refused_reasons,
+        ),
+        (
+            "limiter_proxy_jwt_failures_total",
+            "JWTs not taken, by reason: their requests lack every jwt: key.",
+            &stats.jwt_failure_reasons,
+        ),
+    ];
+    for (name, help, reasons) in by_reason {
+        family(out, name, "counter", help);
+        for (reason, value) in reasons {
+            let _ = writeln!(out, "{name}{{reason=\"{}\"}} {value}", escape(reason));
+        }
     }
     for (name, help, value) in [
         (
