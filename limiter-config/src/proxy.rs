@@ -12,6 +12,7 @@ use std::{
 use ipnet::IpNet;
 use limiter_core::{
     Algorithm, LimitSpec,
+    carried::{JsonPointer, PointerError},
     path::{CanonicalPath, EscapedSlashes, PathOptions},
     spec::LimitOptions,
 };
@@ -155,6 +156,8 @@ pub struct ProxyConfig {
     pub tls: Option<TlsConfig>,
     #[serde(default)]
     pub http2: Http2Config,
+    #[serde(default)]
+    pub body_keys: BodyKeysConfig,
     /// Whether the peers in `trusted_proxies` open each connection with a PROXY
     /// protocol header naming the client.
     #[serde(default)]
@@ -197,6 +200,22 @@ pub struct SniCertificate {
 impl Keyed for SniCertificate {
     fn id(&self) -> String {
         self.name.clone()
+    }
+}
+
+/// `[proxy.body_keys]`: how much of a body is read for the rules keyed on it
+/// (`json:`, `form:`).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(deny_unknown_fields, default)]
+pub struct BodyKeysConfig {
+    /// A body longer than this is not read for a key (the key is missing), and is
+    /// forwarded as it streams in.
+    pub max_bytes: u64,
+}
+
+impl Default for BodyKeysConfig {
+    fn default() -> Self {
+        Self { max_bytes: 16 << 10 }
     }
 }
 
@@ -473,12 +492,53 @@ pub enum KeyAuth {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Changes)]
 #[changes(display)]
 pub struct KeySpec {
-    pub by: KeyKind,
+    /// What the key is made of: one kind, or a composite (`key = ["ip",
+    /// "header:x-tenant"]`) that every part must be present for.
+    pub parts: Vec<KeyKind>,
     /// `+route`: count per rule path as well.
     pub per_route: bool,
+    /// `key_fold`: how the values a client sends are folded first.
+    pub fold: KeyFold,
 }
 
-/// The identity part of a [`KeySpec`].
+impl KeySpec {
+    /// A key of one kind.
+    #[must_use]
+    pub fn of(kind: KeyKind) -> Self {
+        Self { parts: vec![kind], per_route: false, fold: KeyFold::None }
+    }
+
+    /// Whether the key is this one kind alone.
+    #[must_use]
+    pub fn is(&self, kind: &KeyKind) -> bool {
+        matches!(self.parts.as_slice(), [only] if only == kind)
+    }
+
+    /// Whether some part needs the key a request proves (`api_key`).
+    #[must_use]
+    pub fn needs_proof(&self) -> bool {
+        self.parts.contains(&KeyKind::ApiKey)
+    }
+
+    /// Whether some part is read from the body (`json:`, `form:`).
+    #[must_use]
+    pub fn needs_body(&self) -> bool {
+        self.parts.iter().any(KeyKind::in_body)
+    }
+}
+
+/// `key_fold` of a rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Changes)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyFold {
+    /// Values as sent.
+    #[default]
+    None,
+    /// Values in lower case, so that `Alice` and `alice` share a bucket.
+    Lower,
+}
+
+/// One part of a [`KeySpec`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum KeyKind {
     /// The client address (IPv6 per /64).
@@ -487,6 +547,29 @@ pub enum KeyKind {
     ApiKey,
     /// The value of a request header (lower-case name).
     Header(http::HeaderName),
+    /// A query parameter, percent-decoded; its first occurrence.
+    Query(String),
+    /// A cookie.
+    Cookie(String),
+    /// A member of a JSON body.
+    Json(JsonPointer),
+    /// A field of an `application/x-www-form-urlencoded` body.
+    Form(String),
+}
+
+impl KeyKind {
+    /// Read from the body, which is then read for it (up to `[proxy.body_keys]`).
+    #[must_use]
+    pub fn in_body(&self) -> bool {
+        matches!(self, Self::Json(_) | Self::Form(_))
+    }
+
+    /// Whether its value is whatever the client chooses to send (what `key_fold`
+    /// folds), rather than its address or a key it proved.
+    #[must_use]
+    pub fn client_chosen(&self) -> bool {
+        !matches!(self, Self::Ip | Self::ApiKey)
+    }
 }
 
 impl fmt::Display for KeyKind {
@@ -496,42 +579,101 @@ impl fmt::Display for KeyKind {
             Self::Ip => f.write_str("ip"),
             Self::ApiKey => f.write_str("api_key"),
             Self::Header(name) => write!(f, "header:{name}"),
+            Self::Query(name) => write!(f, "query:{name}"),
+            Self::Cookie(name) => write!(f, "cookie:{name}"),
+            Self::Json(pointer) => write!(f, "json:{pointer}"),
+            Self::Form(name) => write!(f, "form:{name}"),
         }
     }
 }
 
-impl FromStr for KeyKind {
-    type Err = ();
+/// Why a rule's `key` names no key.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error(
+        "`{0}` is not a key: use ip, api_key, header:NAME, query:NAME, cookie:NAME, json:/POINTER or form:NAME, \
+         optionally with +route"
+    )]
+    Unknown(String),
+    #[error("`{text}`: {error} (RFC 6901)")]
+    Pointer { text: String, error: PointerError },
+    #[error("a composite key lists at least one part")]
+    EmptyComposite,
+    #[error("`{0}` is listed twice in the key")]
+    Repeated(String),
+}
 
-    fn from_str(text: &str) -> Result<Self, ()> {
-        match text {
-            "ip" => Ok(Self::Ip),
-            "api_key" => Ok(Self::ApiKey),
-            other => match other.strip_prefix("header:").map(http::HeaderName::try_from) {
-                Some(Ok(name)) => Ok(Self::Header(name)),
-                _ => Err(()),
-            },
+impl FromStr for KeyKind {
+    type Err = KeyError;
+
+    fn from_str(text: &str) -> Result<Self, KeyError> {
+        let unknown = || KeyError::Unknown(text.to_owned());
+        let named = |name: &str| if name.is_empty() { Err(unknown()) } else { Ok(name.to_owned()) };
+        match text.split_once(':') {
+            None if text == "ip" => Ok(Self::Ip),
+            None if text == "api_key" => Ok(Self::ApiKey),
+            Some(("header", name)) => http::HeaderName::try_from(name).map(Self::Header).map_err(|_| unknown()),
+            Some(("query", name)) => named(name).map(Self::Query),
+            Some(("cookie", name)) => named(name).map(Self::Cookie),
+            Some(("form", name)) => named(name).map(Self::Form),
+            Some(("json", pointer)) => {
+                pointer.parse().map(Self::Json).map_err(|error| KeyError::Pointer { text: text.to_owned(), error })
+            }
+            _ => Err(unknown()),
         }
     }
 }
 
 impl fmt::Display for KeySpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{}", self.by, if self.per_route { "+route" } else { "" })
+        match self.parts.as_slice() {
+            [only] => write!(f, "{only}")?,
+            parts => {
+                let parts: Vec<String> = parts.iter().map(ToString::to_string).collect();
+                write!(f, "[{}]", parts.join(", "))?;
+            }
+        }
+        f.write_str(if self.per_route { "+route" } else { "" })?;
+        match self.fold {
+            KeyFold::None => Ok(()),
+            KeyFold::Lower => f.write_str(" folded to lower case"),
+        }
     }
 }
 
-impl<'de> Deserialize<'de> for KeySpec {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        let (by, per_route) = match text.strip_suffix("+route") {
-            Some(by) => (by, true),
-            None => (text.as_str(), false),
+/// A rule's `key` as written: one kind, or the parts of a composite.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+enum WrittenKey {
+    One(String),
+    Composite(Vec<String>),
+}
+
+impl TryFrom<WrittenKey> for KeySpec {
+    type Error = KeyError;
+
+    fn try_from(written: WrittenKey) -> Result<Self, KeyError> {
+        let written = match written {
+            WrittenKey::One(text) => vec![text],
+            WrittenKey::Composite(parts) if parts.is_empty() => return Err(KeyError::EmptyComposite),
+            WrittenKey::Composite(parts) => parts,
         };
-        let by = by.parse().map_err(|()| {
-            de::Error::custom(format!("`{text}` is not a key: use ip, api_key or header:NAME, optionally with +route"))
-        })?;
-        Ok(Self { by, per_route })
+        let mut spec = Self { parts: Vec::with_capacity(written.len()), per_route: false, fold: KeyFold::None };
+        for text in &written {
+            let kind = match text.strip_suffix("+route") {
+                Some(kind) => {
+                    spec.per_route = true;
+                    kind
+                }
+                None => text.as_str(),
+            };
+            let kind: KeyKind = kind.parse()?;
+            if spec.parts.contains(&kind) {
+                return Err(KeyError::Repeated(kind.to_string()));
+            }
+            spec.parts.push(kind);
+        }
+        Ok(spec)
     }
 }
 
@@ -585,7 +727,9 @@ with_limit! {
         action: Option<String>,
         #[serde(default)]
         when: RawConditions,
-        key: Option<KeySpec>,
+        key: Option<WrittenKey>,
+        #[serde(default)]
+        key_fold: KeyFold,
         #[serde(default)]
         require_signature: bool,
         #[serde(default)]
@@ -615,8 +759,11 @@ impl TryFrom<RawRule> for Rule {
             })
             .collect::<Result<_, _>>()?;
         let limit = raw.limit_spec().map_err(in_rule)?;
-        let (action, key) = match (raw.action.as_deref(), limit, raw.key.clone()) {
-            (None | Some("limit"), Some(spec), Some(key)) => (RuleAction::Limit(spec), key),
+        let key = raw.key.clone().map(KeySpec::try_from).transpose().map_err(|error| in_rule(error.to_string()))?;
+        let (action, key) = match (raw.action.as_deref(), limit, key) {
+            (None | Some("limit"), Some(spec), Some(key)) => {
+                (RuleAction::Limit(spec), KeySpec { fold: raw.key_fold, ..key })
+            }
             (None | Some("limit"), None, _) => {
                 return Err(in_rule(
                     "a limit rule needs limit and window (or action = \"deny\" or \"tag\")".to_owned(),
@@ -625,7 +772,7 @@ impl TryFrom<RawRule> for Rule {
             (None | Some("limit"), Some(_), None) => return Err(in_rule("a limit rule needs a key".to_owned())),
             (Some(action @ ("deny" | "tag")), None, None) => {
                 let action = if action == "deny" { RuleAction::Deny } else { RuleAction::Tag };
-                (action, KeySpec { by: KeyKind::Ip, per_route: false })
+                (action, KeySpec { fold: raw.key_fold, ..KeySpec::of(KeyKind::Ip) })
             }
             (Some(action @ ("deny" | "tag")), _, _) => {
                 return Err(in_rule(format!("action = \"{action}\" counts nothing: it takes no limit and no key")));
@@ -634,7 +781,12 @@ impl TryFrom<RawRule> for Rule {
                 return Err(in_rule(format!("action `{other}` is not limit, deny or tag")));
             }
         };
-        if raw.require_signature && (key.by != KeyKind::ApiKey || !matches!(action, RuleAction::Limit(_))) {
+        if key.fold != KeyFold::None && !key.parts.iter().any(KeyKind::client_chosen) {
+            return Err(in_rule(format!(
+                "key_fold folds what a client sends: key = \"{key}\" has no header:, query:, cookie:, json: or form: part"
+            )));
+        }
+        if raw.require_signature && (!key.needs_proof() || !matches!(action, RuleAction::Limit(_))) {
             return Err(in_rule(
                 "require_signature needs a limit rule with key = \"api_key\" (or \"api_key+route\")".to_owned(),
             ));

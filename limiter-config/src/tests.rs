@@ -520,10 +520,53 @@ fn edge_keys_have_their_defaults_and_inconsistent_ones_are_refused_by_key_and_li
 #[test]
 fn every_key_kind_reads_back_from_its_name() {
     use crate::proxy::KeyKind;
-    for kind in [KeyKind::Ip, KeyKind::ApiKey, KeyKind::Header(http::HeaderName::from_static("x-tenant"))] {
+    let kinds = [
+        KeyKind::Ip,
+        KeyKind::ApiKey,
+        KeyKind::Header(http::HeaderName::from_static("x-tenant")),
+        KeyKind::Query("page".to_owned()),
+        KeyKind::Cookie("session".to_owned()),
+        KeyKind::Json("/user/e~1mail".parse().expect("pointer")),
+        KeyKind::Form("username".to_owned()),
+    ];
+    for kind in kinds {
         assert_eq!(kind.to_string().parse::<KeyKind>(), Ok(kind.clone()), "{kind}");
     }
-    assert_eq!("header:".parse::<KeyKind>(), Err(()));
+    for nothing in ["header:", "query:", "cookie:", "form:", "ipv6", "jsonx:/a"] {
+        assert!(nothing.parse::<KeyKind>().is_err(), "{nothing}");
+    }
+}
+
+#[test]
+fn a_key_of_several_parts_or_read_from_the_request_is_checked_naming_the_rule_and_line() {
+    let rule = |key: &str, extra: &str| {
+        format!(
+            "{PROXY}[[proxy.rules]]\nname = \"login\"\npath = \"/login\"\nkey = {key}\n{extra}limit = 5\nwindow = \"1h\"\n"
+        )
+    };
+    let key_line = PROXY.lines().count() + 4;
+    let config = parse(&rule("[\"ip\", \"header:x-tenant\"]", "key_fold = \"lower\"\n")).expect("composite");
+    let key = &config.proxy.as_ref().expect("proxy").rules[0].key;
+    assert_eq!(key.to_string(), "[ip, header:x-tenant] folded to lower case");
+    assert!(!key.needs_body() && !key.needs_proof());
+    let config = parse(&rule("\"json:/user/name+route\"", "")).expect("json");
+    let key = &config.proxy.as_ref().expect("proxy").rules[0].key;
+    assert!(key.needs_body() && key.per_route);
+    for (key, says) in [
+        ("\"json:username\"", "starts with /"),
+        ("\"json:/a~2\"", "RFC 6901"),
+        ("[]", "at least one part"),
+        ("[\"ip\", \"ip\"]", "twice"),
+        ("\"cookie:\"", "is not a key"),
+    ] {
+        let (line, at, message) = refusal(&rule(key, ""));
+        assert!(message.contains(says) && message.contains("login"), "{key}: {message}");
+        assert!((key_line - 4..=key_line).contains(&line), "{key}: line {line} ({at}): {message}");
+    }
+    let (_, _, message) = refusal(&rule("\"ip\"", "key_fold = \"lower\"\n"));
+    assert!(message.contains("key_fold folds what a client sends"), "{message}");
+    let body_keys = parse(&format!("{PROXY}[proxy.body_keys]\nmax_bytes = 4096\n")).expect("body_keys");
+    assert_eq!(body_keys.proxy.expect("proxy").body_keys.max_bytes, 4096);
 }
 
 #[test]

@@ -29,6 +29,10 @@ pub struct ExplainArgs {
     /// A header, as `Name: value`; repeat for more.
     #[arg(long = "header", short = 'H', value_name = "NAME: VALUE")]
     pub headers: Vec<String>,
+    /// The request's body, read from this file, for the rules keyed on it (`json:`,
+    /// `form:`, with the `Content-Type` given as a header).
+    #[arg(long, value_name = "PATH")]
+    pub body_file: Option<std::path::PathBuf>,
     /// The client address: the request's TCP peer, and the source explained at the
     /// kernel layer.
     #[arg(long, default_value = "127.0.0.1")]
@@ -102,7 +106,13 @@ fn request(args: &ExplainArgs, path: &str) -> Result<ExplainRequest, CliError> {
             None => Err(CliError::Usage(format!("--header {header:?}: expected `Name: value`"))),
         })
         .collect::<Result<_, _>>()?;
-    Ok(ExplainRequest { method: args.method.clone(), path: path.to_owned(), headers, peer: args.ip })
+    let body = match &args.body_file {
+        Some(file) => Some(
+            std::fs::read(file).map_err(|error| CliError::Usage(format!("--body-file {}: {error}", file.display())))?,
+        ),
+        None => None,
+    };
+    Ok(ExplainRequest { method: args.method.clone(), path: path.to_owned(), headers, peer: args.ip, body })
 }
 
 /// The running agent's explanation (with live quotas), or the config's alone when no

@@ -120,6 +120,7 @@ impl Req {
             headers: &self.headers,
             query: None,
             body_length: Some(0),
+            body: None,
         }
     }
 

@@ -4,6 +4,7 @@
 
 use std::net::IpAddr;
 
+use bytes::Bytes;
 use http::{HeaderValue, header, request};
 use hyper::body::{Body as _, Incoming};
 use limiter_core::{path::CanonicalPath, signature::Authenticated};
@@ -65,6 +66,8 @@ pub(super) struct Exchange<'s> {
     pub proof: Proof,
     /// The idempotency key this request holds until its response is stored.
     pub claim: Option<Claim>,
+    /// The body, once read for a rule keyed on it.
+    pub body: Option<Bytes>,
 }
 
 impl<'s> Exchange<'s> {
@@ -101,7 +104,18 @@ impl<'s> Exchange<'s> {
         // request, over either protocol; an HTTP/2 body without `content-length` is
         // as unknown as a chunked one.
         let body_length = body.size_hint().exact();
-        Ok(Self { snapshot, upstream, origin, parts, path, body_length, client, proof: Proof::None, claim: None })
+        Ok(Self {
+            snapshot,
+            upstream,
+            origin,
+            parts,
+            path,
+            body_length,
+            client,
+            proof: Proof::None,
+            claim: None,
+            body: None,
+        })
     }
 
     pub(super) fn config(&self) -> &'s ProxyConfig {
@@ -118,6 +132,7 @@ impl<'s> Exchange<'s> {
             headers: &self.parts.headers,
             query: self.parts.uri.query(),
             body_length: self.body_length,
+            body: self.body.as_deref(),
         }
     }
 }

@@ -23,6 +23,9 @@ pub(crate) struct ExplainRequest {
     pub headers: Vec<(String, String)>,
     /// The TCP peer the request would come from.
     pub peer: IpAddr,
+    /// Its body, for the rules keyed on it.
+    #[serde(default)]
+    pub body: Option<Vec<u8>>,
 }
 
 /// How a request proves its key.
@@ -93,6 +96,9 @@ pub async fn explain<C: Clock>(
         Some((id, auth)) => (Some(id), Some(auth)),
         None => (None, None),
     };
+    let body_length = http1_body_length(&headers).or_else(|| Some(request.body.as_ref()?.len() as u64));
+    // As the proxy reads it: only a body within `[proxy.body_keys] max_bytes`.
+    let body = request.body.as_deref().filter(|body| body.len() as u64 <= config.body_keys.max_bytes);
     let info = RequestInfo {
         method: &method,
         path: path.route(),
@@ -100,7 +106,8 @@ pub async fn explain<C: Clock>(
         api_key: key.as_deref(),
         headers: &headers,
         query,
-        body_length: http1_body_length(&headers),
+        body_length,
+        body,
     };
     let Screened { denied_by, tagged, .. } = engine.would_screen(&info);
     let limits = engine.explain(&info, live).await;

@@ -65,7 +65,7 @@ use crate::{
     backend::{Claim, Stores},
     config::{
         ProxyConfig,
-        proxy::{Disclose, Http2Config, KeyKind, ProxyProtocol},
+        proxy::{Disclose, Http2Config, ProxyProtocol},
     },
     escalation::Escalator,
     fleet::FleetError,
@@ -405,10 +405,13 @@ impl<C: Clock + Clone> Pipeline<C> {
         let screened = self.screen(&exchange)?;
         let signed =
             exchange.parts.headers.contains_key(SIGNATURE_HEADER) || requires_signature(config, &exchange.info());
+        let for_keys = (snapshot.body_keyed && self.engine.needs_body(&exchange.info()))
+            .then_some(config.body_keys.max_bytes)
+            .filter(|&most| exchange.body_length.is_none_or(|length| length <= most));
         // A body read whole before the limits are asked is asked about first, so that a
         // client over its own limit costs no read (and gets no `100 Continue`). In
         // shadow mode the decision after the read counts it.
-        let read_first = signed || exchange.body_length.is_none();
+        let read_first = signed || exchange.body_length.is_none() || for_keys.is_some();
         if read_first
             && config.enforce
             && let Some((refusal, policies)) = self.refuse_early(&exchange, &screened.tagged).await
@@ -420,7 +423,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             per_client: config.buffered_bytes_per_client(),
         };
         let reservation = buffered::reserve(&self.buffers, exchange.client, buffered, caps);
-        let body = match self.prove(&mut exchange, body, signed, reservation).await? {
+        let body = match self.prove(&mut exchange, body, signed, reservation, for_keys).await? {
             Admission::Answered(response) => return Ok(response),
             Admission::Forward(body) => body,
         };
@@ -466,20 +469,23 @@ impl<C: Clock + Clone> Pipeline<C> {
     }
 
     /// Reads the body as far as proving a key needs: whole for a signed request (then
-    /// verified, and its idempotency key applied), else streamed on. What is read
-    /// whole grows `reservation`, and holds it until forwarded.
+    /// verified, and its idempotency key applied), else streamed on; and, for a rule
+    /// keyed on it, whole if it is at most `for_keys` bytes. What is read whole grows
+    /// `reservation`, and holds it until forwarded.
     async fn prove(
         &self,
         exchange: &mut Exchange<'_>,
         body: TimedBody,
         signed: bool,
         reservation: Reservation,
+        for_keys: Option<u64>,
     ) -> Result<Admission, Refusal> {
         let config = exchange.config();
         if signed {
-            return self.admit_signed(exchange, Metered::new(body, reservation)).await;
+            return self.admit_signed(exchange, Metered::new(body, reservation), for_keys).await;
         }
-        let body = buffered::forwardable(body, config.max_body_bytes, reservation).await?;
+        let (body, read) = buffered::forwardable(body, config.max_body_bytes, reservation, for_keys).await?;
+        exchange.body = read;
         if let Some(id) = exchange.snapshot.bearer_key(&exchange.parts.headers) {
             exchange.proof = Proof::Bearer(id);
         }
@@ -608,8 +614,8 @@ impl<C: Clock + Clone> Pipeline<C> {
                 Err(Refusal::QuotaExceeded { violated, retry_after, own_bucket })
             }
             Verdict::MissingKey { rule } if config.enforce => {
-                let status = match config.rules.iter().find(|r| r.name == rule).map(|r| &r.key.by) {
-                    Some(KeyKind::ApiKey) => StatusCode::UNAUTHORIZED,
+                let status = match config.rules.iter().find(|r| r.name == rule) {
+                    Some(rule) if rule.key.needs_proof() => StatusCode::UNAUTHORIZED,
                     _ => StatusCode::BAD_REQUEST,
                 };
                 Err(Refusal::MissingKey { rule: named.then_some(rule), status })
@@ -669,6 +675,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         &self,
         exchange: &mut Exchange<'_>,
         mut body: Metered<TimedBody>,
+        for_keys: Option<u64>,
     ) -> Result<Admission, Refusal> {
         let snapshot = exchange.snapshot;
         let config = exchange.config();
@@ -703,6 +710,9 @@ impl<C: Clock + Clone> Pipeline<C> {
             };
         }
         exchange.proof = Proof::Signed(authenticated);
+        if for_keys.is_some_and(|most| u64::try_from(bytes.len()).is_ok_and(|length| length <= most)) {
+            exchange.body = Some(bytes.clone());
+        }
         Ok(Admission::Forward(Guarded::new(full_body(bytes), body.into_reservation()).boxed()))
     }
 

@@ -29,6 +29,9 @@ pub(super) struct Snapshot {
     bearer: HashSet<String>,
     /// Keys whose plan sets its own `disclose`.
     disclose_of: HashMap<String, Disclose>,
+    /// Some rule is keyed on the body (`json:`, `form:`): only then is a request
+    /// asked whether its body is to be read for a key.
+    pub body_keyed: bool,
 }
 
 impl Snapshot {
@@ -40,7 +43,8 @@ impl Snapshot {
             .filter_map(|key| Some((key.id.clone(), config.plans.get(&key.plan)?.disclose?)))
             .collect();
         let tls = secrets.tls().cloned();
-        Self { verifier: Verifier::new(secrets.into_keys()), tls, config, bearer, disclose_of }
+        let body_keyed = config.rules.iter().any(|rule| rule.key.needs_body());
+        Self { verifier: Verifier::new(secrets.into_keys()), tls, config, bearer, disclose_of, body_keyed }
     }
 
     /// What the rate-limit headers and refusals may tell a client that proved `key`.

@@ -10,6 +10,7 @@ mod fleet_redis;
 mod fleet_topologies;
 mod kernel;
 mod proxy_bodies;
+mod proxy_body_keys;
 mod proxy_bounds;
 mod proxy_decisions;
 mod proxy_disclose;
