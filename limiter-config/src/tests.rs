@@ -39,7 +39,9 @@ fn example_config_parses_with_its_documented_values() {
         (proxy.disclose, proxy.plans["pro"].disclose, proxy.plans["free"].disclose),
         (Disclose::Minimal, Some(Disclose::Full), None)
     );
-    assert_eq!(proxy.rules[2].limit().expect("a limit rule").burst.map(NonZeroU32::get), Some(20));
+    assert_eq!(proxy.rules[2].key.to_string(), "json:/username folded to lower case");
+    assert_eq!(proxy.rules[3].limit().expect("a limit rule").burst.map(NonZeroU32::get), Some(20));
+    assert_eq!(proxy.body_keys.max_bytes, 16_384);
     assert_eq!(proxy.signature.max_skew.0, Duration::from_secs(300));
 }
 

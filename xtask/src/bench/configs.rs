@@ -31,6 +31,30 @@ limit = 1000000000
 window = "1s"
 "#;
 
+/// A rule keyed on a JSON body's member beside the per-IP one: what reading a body
+/// for its key costs. The bench's logins all name one user, far below the limit.
+pub const LIMITER_BODY_KEY: &str = r#"
+[[proxy.rules]]
+name = "per-ip"
+key = "ip"
+algorithm = "sliding_window_counter"
+limit = 1000000000
+window = "1s"
+
+[[proxy.rules]]
+name = "per-user"
+path = "/login"
+methods = ["POST"]
+key = "json:/username"
+key_fold = "lower"
+algorithm = "sliding_window_log"
+limit = 1000000000
+window = "1s"
+"#;
+
+/// The login the body-key scenario posts.
+pub const LOGIN_BODY: &str = r#"{"username":"alice","password":"correct horse battery staple"}"#;
+
 pub const LIMITER_SIGNED: &str = r#"
 [[proxy.rules]]
 name = "signed"
