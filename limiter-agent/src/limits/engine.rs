@@ -539,23 +539,27 @@ impl Policies {
     /// lacks it (any part of it).
     fn key(&self, rule: &Rule, request: &RequestInfo<'_>) -> Option<(String, Holder)> {
         let spec = &rule.key;
-        let mut key = String::new();
-        let mut holder = Holder::Anyone;
-        for kind in &spec.parts {
-            let (part, whose) = self.key_part(kind, spec.fold, request)?;
-            // Parts of a composite each with their length, so that values a client
-            // chooses cannot shift text from one part to the next and meet another's.
-            if spec.parts.len() > 1 {
-                key.push_str(&part.len().to_string());
-                key.push(':');
+        let (mut key, holder) = match spec.parts.as_slice() {
+            [only] => self.key_part(only, spec.fold, request)?,
+            parts => {
+                let mut key = String::new();
+                let mut holder = Holder::Anyone;
+                for kind in parts {
+                    let (part, whose) = self.key_part(kind, spec.fold, request)?;
+                    // Each part with its length, so that values a client chooses cannot
+                    // shift text from one part to the next and meet another's.
+                    key.push_str(&part.len().to_string());
+                    key.push(':');
+                    key.push_str(&part);
+                    // Only this client's requests reach a bucket that its address or
+                    // proven key is a part of.
+                    if whose == Holder::Client {
+                        holder = Holder::Client;
+                    }
+                }
+                (key, holder)
             }
-            key.push_str(&part);
-            // Only this client's requests reach a bucket that its address or proven
-            // key is a part of.
-            if whose == Holder::Client {
-                holder = Holder::Client;
-            }
-        }
+        };
         // `+route` counts each path the rule covers on its own: per client per
         // endpoint. (The rule's own prefix would add nothing: every rule already has
         // state of its own.) Paths are client-chosen, so the key is bounded in length

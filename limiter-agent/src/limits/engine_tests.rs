@@ -81,6 +81,7 @@ struct Req {
     client: IpAddr,
     api_key: Option<&'static str>,
     headers: HeaderMap,
+    query: Option<&'static str>,
 }
 
 fn get(path: &'static str) -> Req {
@@ -90,6 +91,7 @@ fn get(path: &'static str) -> Req {
         client: "192.0.2.7".parse().expect("ip"),
         api_key: None,
         headers: HeaderMap::new(),
+        query: None,
     }
 }
 
@@ -111,6 +113,10 @@ impl Req {
         self
     }
 
+    fn query(self, query: &'static str) -> Self {
+        Self { query: Some(query), ..self }
+    }
+
     fn info(&self) -> RequestInfo<'_> {
         RequestInfo {
             method: &self.method,
@@ -118,7 +124,7 @@ impl Req {
             client: self.client,
             api_key: self.api_key,
             headers: &self.headers,
-            query: None,
+            query: self.query,
             body_length: Some(0),
             body: None,
         }
@@ -681,8 +687,8 @@ fn kinds_display_as_the_json_names_them() {
 }
 
 /// A refusal is the client's own doing only when a bucket keyed by its address or its
-/// proven key (or that key's plan) refused: the missing-key bucket and a header's
-/// value are anyone's.
+/// proven key (or that key's plan, or a composite with either as a part) refused: the
+/// missing-key bucket and the values a client chooses are anyone's.
 #[test]
 fn a_refusal_is_the_clients_own_only_from_its_address_or_proven_key() {
     let rules = r#"
@@ -713,6 +719,20 @@ path = "/header"
 key = "ip"
 limit = 1000
 window = "1m"
+
+[[proxy.rules]]
+name = "by-tenant-and-ip"
+path = "/composite"
+key = ["header:x-tenant", "ip"]
+limit = 2
+window = "1m"
+
+[[proxy.rules]]
+name = "by-user"
+path = "/query"
+key = "query:user"
+limit = 2
+window = "1m"
 "#;
     let (engine, clock) = engine(rules);
     // Past each bucket's 2, then one more: which refusals were the client's own.
@@ -728,6 +748,8 @@ window = "1m"
     assert!(third(&get("/key").key("k-free-1")), "its own proven key");
     assert!(!third(&get("/key").from("192.0.2.8")), "the shared missing-key bucket");
     assert!(!third(&get("/header").header("x-user", "victim")), "a header anyone can send");
+    assert!(third(&get("/composite").header("x-tenant", "acme")), "a value of its own, with its address");
+    assert!(!third(&get("/query").query("user=victim")), "a username anyone can try");
     let free = get("/other").key("k-free-1").from("192.0.2.9");
     for _ in 0..98 {
         assert!(matches!(free.to(&engine).verdict, Verdict::Forward | Verdict::Delay(_)));
