@@ -214,6 +214,15 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
     for (reason, value) in &stats.connections_refused_reasons {
         let _ = writeln!(out, "limiter_proxy_connections_refused_total{{reason=\"{reason}\"}} {value}");
     }
+    family(
+        out,
+        "limiter_proxy_forbidden_total",
+        "counter",
+        "Requests that proved their key refused with 403, by reason (scope: outside the key's scopes).",
+    );
+    for (reason, value) in &stats.forbidden_reasons {
+        let _ = writeln!(out, "limiter_proxy_forbidden_total{{reason=\"{reason}\"}} {value}");
+    }
     for (name, help, value) in [
         (
             "limiter_proxy_idempotent_replays_total",

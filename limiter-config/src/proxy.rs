@@ -139,8 +139,15 @@ pub struct ProxyConfig {
     /// What clients are told of the policies (a plan may say otherwise for its keys).
     #[serde(default)]
     pub disclose: Disclose,
+    /// The realm a 401's `WWW-Authenticate` challenges name (RFC 9110 §11.6.1).
+    #[serde(default = "default_realm")]
+    pub realm: String,
     #[serde(default)]
     pub plans: BTreeMap<String, Plan>,
+    /// Areas of routes only keys holding them may call.
+    #[serde(default)]
+    #[changes(keyed)]
+    pub scopes: Vec<Scope>,
     #[serde(default)]
     #[changes(keyed)]
     pub keys: Vec<ApiKey>,
@@ -468,11 +475,80 @@ pub struct ApiKey {
     /// signed for one site does not verify on another behind the same keys.
     #[serde(default)]
     pub sign_host: bool,
+    /// The `[[proxy.scopes]]` the key holds; `None`: every one.
+    #[changes(unset = "every scope")]
+    pub scopes: Option<Vec<String>>,
 }
 
 impl Keyed for ApiKey {
     fn id(&self) -> String {
         self.id.clone()
+    }
+}
+
+impl ApiKey {
+    /// Whether the key holds the scope named `scope`.
+    #[must_use]
+    pub fn holds(&self, scope: &str) -> bool {
+        self.scopes.as_ref().is_none_or(|held| held.iter().any(|name| name == scope))
+    }
+}
+
+/// One `[[proxy.scopes]]`: an area of routes that only a proven key holding the scope
+/// may call.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(try_from = "RawScope")]
+pub struct Scope {
+    pub name: String,
+    /// Path prefixes of the area, matched as a rule's `path`.
+    pub paths: Vec<String>,
+    /// Methods of the area (all if empty), as [`crate::methods`] tells which a request
+    /// may be served as.
+    pub methods: Vec<http::Method>,
+}
+
+impl Keyed for Scope {
+    fn id(&self) -> String {
+        self.name.clone()
+    }
+}
+
+/// One `[[proxy.scopes]]` record.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScope {
+    name: String,
+    paths: Vec<String>,
+    #[serde(default)]
+    methods: Vec<String>,
+}
+
+impl TryFrom<RawScope> for Scope {
+    type Error = String;
+
+    fn try_from(raw: RawScope) -> Result<Self, String> {
+        let in_scope = |message: String| format!("scope `{}`: {message}", raw.name);
+        if raw.name.is_empty() {
+            return Err("a scope needs a name".to_owned());
+        }
+        if raw.paths.is_empty() {
+            return Err(in_scope("a scope needs paths, or its area would be empty".to_owned()));
+        }
+        if let Some(path) = raw.paths.iter().find(|path| !path.starts_with('/')) {
+            return Err(in_scope(format!("path `{path}` must start with /")));
+        }
+        let methods = parse_methods(&raw.methods).map_err(in_scope)?;
+        Ok(Self { name: raw.name, paths: raw.paths, methods })
+    }
+}
+
+impl Scope {
+    /// Whether a request is in the scope's area: one of its paths is a prefix of the
+    /// route, and the request may be served as one of its methods.
+    #[must_use]
+    pub fn covers(&self, seen: &Seen<'_>) -> bool {
+        self.paths.iter().any(|prefix| path_has_prefix(seen.path, prefix))
+            && (self.methods.is_empty() || crate::methods::served_as_any(seen, &self.methods))
     }
 }
 
@@ -750,14 +826,7 @@ impl TryFrom<RawRule> for Rule {
         {
             return Err(in_rule(format!("path `{path}` must start with /")));
         }
-        let methods = raw
-            .methods
-            .iter()
-            .map(|m| {
-                http::Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                    .map_err(|_| in_rule(format!("`{m}` is not an HTTP method")))
-            })
-            .collect::<Result<_, _>>()?;
+        let methods = parse_methods(&raw.methods).map_err(in_rule)?;
         let limit = raw.limit_spec().map_err(in_rule)?;
         let key = raw.key.clone().map(KeySpec::try_from).transpose().map_err(|error| in_rule(error.to_string()))?;
         let (action, key) = match (raw.action.as_deref(), limit, key) {
@@ -827,6 +896,17 @@ impl Rule {
             RuleAction::Deny | RuleAction::Tag => None,
         }
     }
+}
+
+/// Methods as a rule or scope lists them, in any case.
+fn parse_methods(methods: &[String]) -> Result<Vec<http::Method>, String> {
+    methods
+        .iter()
+        .map(|m| {
+            http::Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|_| format!("`{m}` is not an HTTP method"))
+        })
+        .collect()
 }
 
 /// `/login` matches `/login`, `/login/` and `/login/x`, not `/loginx`.
@@ -931,6 +1011,31 @@ impl ProxyConfig {
         })
     }
 
+    /// The first scope whose area a request is in that `key`, the key it proved, does
+    /// not hold; for a keyless request (`None`), the first whose area it is in. A
+    /// request needs every scope whose area it is in: with `methods` matched as every
+    /// method it may be served as, holding any one of them would let a key into
+    /// another's area by a method override.
+    #[must_use]
+    pub fn scope_missing(&self, seen: &Seen<'_>, key: Option<&ApiKey>) -> Option<&Scope> {
+        self.scopes.iter().find(|scope| scope.covers(seen) && key.is_none_or(|key| !key.holds(&scope.name)))
+    }
+
+    /// What `limiter check` says of keys that list no scopes while some exist: they
+    /// hold every one, which a key added before the scopes may not be meant to.
+    #[must_use]
+    pub fn unscoped_keys_warning(&self) -> Option<String> {
+        let unscoped: Vec<&str> =
+            self.keys.iter().filter(|key| key.scopes.is_none()).map(|key| key.id.as_str()).collect();
+        (!self.scopes.is_empty() && !unscoped.is_empty()).then(|| {
+            format!(
+                "proxy.keys {} list no scopes, so they hold every [[proxy.scopes]]: give each the scopes it \
+                 needs (scopes = [] for none)",
+                unscoped.join(", ")
+            )
+        })
+    }
+
     /// What `limiter check` says of connection bounds a config set before the wider
     /// prefixes, the in-flight cap and the upstream bound existed, where one of those
     /// (by default or not) is now the tighter bound.
@@ -984,8 +1089,8 @@ impl ProxyConfig {
         self.workers.unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
     }
 
-    /// Checks across records: plan references, rule names, rule paths. Errors name
-    /// the key.
+    /// Checks across records: plan and scope references, rule and scope names and
+    /// paths, the realm. Errors name the key.
     pub(super) fn validate(&self) -> Result<(), (String, String)> {
         for (i, key) in self.keys.iter().enumerate() {
             if !self.plans.contains_key(&key.plan) {
@@ -1010,6 +1115,31 @@ impl ProxyConfig {
             if key.secrets.is_empty() && key.sign_host {
                 return Err((format!("proxy.keys[{i}].sign_host"), "needs the key's secrets".to_owned()));
             }
+            if let Some(unknown) =
+                key.scopes.iter().flatten().find(|name| !self.scopes.iter().any(|scope| &scope.name == *name))
+            {
+                return Err((
+                    format!("proxy.keys[{i}].scopes"),
+                    format!("key `{}` holds scope `{unknown}`, which no [[proxy.scopes]] defines", key.id),
+                ));
+            }
+        }
+        for (i, scope) in self.scopes.iter().enumerate() {
+            if self.scopes[..i].iter().any(|s| s.name == scope.name) {
+                return Err((format!("proxy.scopes[{i}].name"), format!("scope name `{}` appears twice", scope.name)));
+            }
+            for path in &scope.paths {
+                self.check_rule_path(path).map_err(|message| (format!("proxy.scopes[{i}].paths"), message))?;
+            }
+        }
+        // Written into a quoted string, which `"` and `\` would end or escape.
+        if self.realm.is_empty()
+            || !self.realm.bytes().all(|b| b == b' ' || (b.is_ascii_graphic() && b != b'"' && b != b'\\'))
+        {
+            return Err((
+                "proxy.realm".to_owned(),
+                format!("`{}` is not a realm: visible ASCII and spaces, without \" or \\", self.realm),
+            ));
         }
         for (i, rule) in self.rules.iter().enumerate() {
             if self.rules[..i].iter().any(|r| r.name == rule.name) {
@@ -1117,8 +1247,8 @@ impl ProxyConfig {
         }
     }
 
-    /// Requests are matched on their canonical route, so a rule path in another form
-    /// would never match: it must be its own route.
+    /// Requests are matched on their canonical route, so a rule or scope path in
+    /// another form would never match: it must be its own route.
     fn check_rule_path(&self, path: &str) -> Result<(), String> {
         let canonical =
             CanonicalPath::parse(path, self.path_options()).map_err(|error| format!("`{path}`: {error}"))?;
@@ -1208,6 +1338,10 @@ fn default_upstream_timeout() -> HumanDuration {
 
 fn default_max_tracked_keys() -> NonZeroUsize {
     NonZeroUsize::new(1_000_000).unwrap_or(NonZeroUsize::MIN)
+}
+
+fn default_realm() -> String {
+    "limiter".to_owned()
 }
 
 fn default_redis_prefix() -> String {

@@ -684,3 +684,167 @@ fn check_warns_where_a_new_connection_bound_is_tighter_than_one_the_config_set()
     let upstream = warnings("max_connections = 20000\n");
     assert!(upstream.len() == 1 && upstream[0].contains("max_upstream_connections"), "{upstream:?}");
 }
+
+/// Two scopes and three bearer keys: one holding `payments:write`, one holding none
+/// (`scopes = []`), one listing none (every scope).
+const SCOPES: &str = r#"[proxy.plans.p]
+limit = 10
+window = "1m"
+[[proxy.scopes]]
+name = "payments:write"
+paths = ["/api/transfer", "/api/refund"]
+methods = ["post"]
+[[proxy.scopes]]
+name = "admin"
+paths = ["/api"]
+[[proxy.keys]]
+id = "k-pay"
+plan = "p"
+auth = "bearer"
+scopes = ["payments:write"]
+[[proxy.keys]]
+id = "k-none"
+plan = "p"
+auth = "bearer"
+scopes = []
+[[proxy.keys]]
+id = "k-all"
+plan = "p"
+auth = "bearer"
+"#;
+
+/// The scope `proxy` says a request misses, by name.
+fn scope_missing(
+    proxy: &crate::ProxyConfig,
+    method: http::Method,
+    path: &str,
+    headers: &[(&'static str, &'static str)],
+    key: Option<&crate::proxy::ApiKey>,
+) -> Option<String> {
+    let headers: http::HeaderMap = headers
+        .iter()
+        .map(|&(name, value)| (http::HeaderName::from_static(name), http::HeaderValue::from_static(value)))
+        .collect();
+    let seen = super::conditions::Seen {
+        method: &method,
+        path,
+        query: None,
+        client: std::net::IpAddr::from([192, 0, 2, 1]),
+        headers: &headers,
+        body_length: Some(0),
+    };
+    proxy.scope_missing(&seen, key).map(|scope| scope.name.clone())
+}
+
+#[test]
+fn a_request_needs_every_scope_whose_area_it_is_in_and_none_outside_them() {
+    use http::Method;
+    let proxy = parse(&format!("{PROXY}{SCOPES}")).expect("scopes").proxy.expect("proxy");
+    assert_eq!(proxy.scopes[0].methods, [Method::POST]);
+    let [pay, none, all] = [0, 1, 2].map(|i| Some(&proxy.keys[i]));
+    let missing = |method, path, headers, key| scope_missing(&proxy, method, path, headers, key);
+    // Outside every area: any key, and a keyless request.
+    for key in [pay, none, all, None] {
+        assert_eq!(missing(Method::POST, "/public", &[], key), None);
+        assert_eq!(missing(Method::POST, "/apix", &[], key), None, "a prefix is whole segments");
+    }
+    // `/api/transfer` by POST is in both areas: it needs both scopes.
+    assert_eq!(missing(Method::POST, "/api/transfer", &[], pay).as_deref(), Some("admin"));
+    assert_eq!(missing(Method::POST, "/api/transfer/7", &[], none).as_deref(), Some("payments:write"));
+    assert_eq!(missing(Method::POST, "/api/transfer", &[], all), None, "no scopes listed: every one");
+    assert_eq!(missing(Method::POST, "/api/transfer", &[], None).as_deref(), Some("payments:write"));
+    // By GET it is in `admin`'s area only; a method override cannot take it out of
+    // `payments:write`'s.
+    assert_eq!(missing(Method::GET, "/api/transfer", &[], none).as_deref(), Some("admin"));
+    let override_post = [("x-http-method-override", "POST")];
+    assert_eq!(missing(Method::GET, "/api/refund", &override_post, none).as_deref(), Some("payments:write"));
+
+    let only_payments = format!("{PROXY}{}", SCOPES.replace("paths = [\"/api\"]", "paths = [\"/admin\"]"));
+    let proxy = parse(&only_payments).expect("scopes").proxy.expect("proxy");
+    let [pay, none] = [0, 1].map(|i| Some(&proxy.keys[i]));
+    let override_get = [("x-http-method-override", "GET")];
+    assert_eq!(scope_missing(&proxy, Method::POST, "/api/refund", &override_get, pay), None, "inside its scope");
+    assert_eq!(scope_missing(&proxy, Method::GET, "/api/refund", &[], none), None, "GET is outside every area");
+    assert_eq!(scope_missing(&proxy, Method::HEAD, "/api/refund", &[], none), None);
+    let missing = scope_missing(&proxy, Method::POST, "/api/refund", &override_get, none);
+    assert_eq!(missing.as_deref(), Some("payments:write"), "served as POST or GET: in the area");
+}
+
+#[test]
+fn scopes_name_their_mistakes_by_key_and_line() {
+    let text = format!("{PROXY}{SCOPES}").replace("scopes = [\"payments:write\"]", "scopes = [\"payments:read\"]");
+    let (line, key, message) = refusal(&text);
+    assert_eq!(key, "proxy.keys[0].scopes", "{message}");
+    assert_eq!(line, text.lines().position(|l| l.starts_with("scopes = [\"payments:read\"]")).expect("line") + 1);
+    assert!(
+        message.contains("key `k-pay` holds scope `payments:read`, which no [[proxy.scopes]] defines"),
+        "{message}"
+    );
+
+    let twice = format!("{PROXY}{SCOPES}").replace("name = \"admin\"", "name = \"payments:write\"");
+    let (line, key, message) = refusal(&twice);
+    assert_eq!((line, key.as_str()), (12, "proxy.scopes[1].name"), "{message}");
+    let (_, key, message) = refusal(&format!("{PROXY}{SCOPES}").replace("\"/api\"]", "\"/API/\"]"));
+    assert_eq!(key, "proxy.scopes[1].paths", "{message}");
+    assert!(message.contains("write `/api`"), "{message}");
+    for (bad, wanted) in [
+        ("paths = []", "needs paths"),
+        ("paths = [\"api\"]", "path `api` must start with /"),
+        ("paths = [\"/api\"]\nmethods = [\"G T\"]", "`G T` is not an HTTP method"),
+        ("paths = [\"/api\"]\nkey = \"ip\"", "unknown field `key`"),
+    ] {
+        let (_, key, message) = refusal(&format!("{PROXY}{SCOPES}").replace("paths = [\"/api\"]", bad));
+        assert!(key.starts_with("proxy.scopes"), "{bad}: {key}");
+        assert!(message.contains(wanted), "{bad}: {message}");
+    }
+}
+
+#[test]
+fn the_realm_defaults_to_limiter_and_must_fit_in_a_quoted_string() {
+    assert_eq!(parse(PROXY).expect("proxy").proxy.expect("proxy").realm, "limiter");
+    let set = parse(&format!("{PROXY}realm = \"pay.example.com API\"\n")).expect("realm");
+    assert_eq!(set.proxy.expect("proxy").realm, "pay.example.com API");
+    for bad in ["", "a\\\"b", "a\\\\b", "caf\u{e9}"] {
+        let (line, key, message) = refusal(&format!("{PROXY}realm = \"{bad}\"\n"));
+        assert_eq!((line, key.as_str()), (4, "proxy.realm"), "{bad}: {message}");
+    }
+}
+
+#[test]
+fn check_names_the_keys_that_hold_every_scope_by_listing_none() {
+    let warning = |text: &str| parse(text).expect("valid").proxy.expect("proxy").unscoped_keys_warning();
+    let listed = warning(&format!("{PROXY}{SCOPES}")).expect("k-all lists none");
+    assert!(listed.starts_with("proxy.keys k-all list no scopes"), "{listed}");
+    let every_key_listing = format!("{PROXY}{SCOPES}scopes = [\"admin\"]\n");
+    assert_eq!(warning(&every_key_listing), None);
+    let without_scopes = SCOPES.split("[[proxy.scopes]]").next().expect("the plan");
+    let unlisted = format!("{PROXY}{without_scopes}[[proxy.keys]]\nid = \"k\"\nplan = \"p\"\nauth = \"bearer\"\n");
+    assert_eq!(warning(&unlisted), None, "no scope, nothing to hold");
+}
+
+#[test]
+fn a_reload_report_shows_scopes_and_a_keys_scopes() {
+    use crate::changes::Changes as _;
+    let before = format!("{PROXY}{SCOPES}");
+    let after = before.replace("scopes = [\"payments:write\"]", "scopes = []").replace("methods = [\"post\"]", "");
+    let (old, new) = (parse(&before).expect("before"), parse(&after).expect("after"));
+    let mut changes = Vec::new();
+    old.changes(&new, "", &mut changes);
+    let lines: Vec<String> = changes.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        ["proxy.scopes[payments:write].methods: [POST] -> []", "proxy.keys[k-pay].scopes: [payments:write] -> []"]
+    );
+    assert!(changes.iter().all(|change| change.restart.is_none()), "scopes apply live: {changes:?}");
+}
+
+#[test]
+fn the_examples_scope_parses_once_uncommented() {
+    let mut text = EXAMPLE.to_owned();
+    for line in ["scopes = [", "[[proxy.scopes]]", "name = \"payments:write\"", "paths = [", "methods = ["] {
+        text = text.replace(&format!("# {line}"), line);
+    }
+    let proxy = parse(&text).expect("the example with its scope").proxy.expect("proxy");
+    assert_eq!((proxy.scopes[0].name.as_str(), proxy.realm.as_str()), ("payments:write", "limiter"));
+    assert_eq!(proxy.keys[0].scopes.as_deref(), Some(&["payments:write".to_owned()][..]));
+}

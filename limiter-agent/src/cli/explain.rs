@@ -138,13 +138,14 @@ fn explain_request(config: &Config, request: &ExplainRequest) -> Result<ProxyAns
             let stores = Stores::new(&offline)?;
             let engine = Engine::new(&offline, limiter_core::SystemClock, Arc::new(stores));
             let runtime = tokio::runtime::Builder::new_current_thread().build()?;
-            let explained = runtime.block_on(explain(&offline, &engine, request, false)).map_err(|e| e.to_string());
+            let explained =
+                runtime.block_on(explain(&offline, &engine, request, false)).map(Box::new).map_err(|e| e.to_string());
             (AnswerSource::Config, explained)
         }
         Err(error) => return Err(error.into()),
     };
     let outcome = match explained {
-        Ok(explanation) => ProxyOutcome::Explained(Box::new(explanation)),
+        Ok(explanation) => ProxyOutcome::Explained(explanation),
         Err(error) => ProxyOutcome::Failed { error },
     };
     Ok(ProxyAnswer { source, outcome })
@@ -176,6 +177,22 @@ fn render_proxy(out: &mut String, proxy: &ProxyExplanation) {
     }
     for rule in &proxy.tagged {
         *out += &format!("  tagged by rule {rule}\n");
+    }
+    if let Some(scopes) = &proxy.scopes {
+        *out += &match (&scopes.missing, scopes.status, &proxy.key) {
+            (Some(scope), Some(status), Some(key)) => {
+                format!("  refused ({status}) before the limits: key {key} does not hold scope {scope}\n")
+            }
+            (Some(scope), Some(status), None) => {
+                format!("  refused ({status}) before the limits: scope {scope} needs a proven key that holds it\n")
+            }
+            _ if scopes.covering.is_empty() => "  in no scope's area: open to any request\n".to_owned(),
+            (_, _, key) => format!(
+                "  in the area of scope {}, which key {} holds\n",
+                scopes.covering.join(", "),
+                key.as_deref().unwrap_or_default()
+            ),
+        };
     }
     let limits = &proxy.limits;
     match limits.verdict {

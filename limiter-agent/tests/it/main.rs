@@ -21,6 +21,7 @@ mod proxy_paths;
 mod proxy_patterns;
 mod proxy_protocol;
 mod proxy_robustness;
+mod proxy_scopes;
 mod proxy_shares;
 mod proxy_signature;
 mod proxy_tls;
