@@ -284,9 +284,25 @@ fn spawn_upstream() -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
-/// One request through the proxy; (status, headers text).
+/// One request through the proxy from 127.0.0.1; (status, headers text).
 fn request(method: &str, target: &str, headers: &[(&str, String)], body: &str) -> anyhow::Result<(u16, String)> {
-    let mut stream = TcpStream::connect("127.0.0.1:18080")?;
+    request_from(Ipv4Addr::LOCALHOST, method, target, headers, body)
+}
+
+/// One request through the proxy from `from` (any address of 127.0.0.0/8 is this
+/// host's, so each is a client of its own to the proxy).
+fn request_from(
+    from: Ipv4Addr,
+    method: &str,
+    target: &str,
+    headers: &[(&str, String)],
+    body: &str,
+) -> anyhow::Result<(u16, String)> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from((from, 0)))?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+    let mut stream = runtime.block_on(socket.connect(SocketAddr::from((Ipv4Addr::LOCALHOST, 18080))))?.into_std()?;
+    stream.set_nonblocking(false)?;
     let mut text =
         format!("{method} {target} HTTP/1.1\r\nhost: demo\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
     for (name, value) in headers {
@@ -361,6 +377,20 @@ fn proxy_phase() -> anyhow::Result<()> {
     println!("POST /login 7 times from one IP (limit 5/min): {statuses:?}");
     let get = request("GET", "/login", &[], "")?.0;
     println!("GET /login from the same IP: {get}");
+
+    // A botnet's credential stuffing: one account, one attempt per address, so the
+    // per-IP rule never fires; the per-username rule (10 an hour) does.
+    let json = [("content-type", "application/json".to_owned())];
+    let login = |user: &str, n: u8| {
+        let body = format!(r#"{{"username":"{user}","password":"guess-{n}"}}"#);
+        request_from(Ipv4Addr::new(127, 0, 0, 10 + n), "POST", "/login", &json, &body).map(|r| r.0)
+    };
+    let stuffed: Vec<u16> =
+        (0..12).map(|n| login(if n == 11 { "ALICE" } else { "alice" }, n)).collect::<Result<_, _>>()?;
+    let bob = login("bob", 30)?;
+    println!(
+        "POST /login as alice from 12 addresses, one each (10/h per username, case folded): {stuffed:?}; bob: {bob}"
+    );
 
     let body = r#"{"to":"acct-42","amount":100}"#;
     let headers = signed("/api/transfer", body, "n-1");

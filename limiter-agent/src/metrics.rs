@@ -213,6 +213,11 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
             "JWTs not taken, by reason: their requests lack every jwt: key.",
             &stats.jwt_failure_reasons,
         ),
+        (
+            "limiter_proxy_forbidden_total",
+            "Requests that proved their key refused with 403, by reason (scope: outside the key's scopes).",
+            &stats.forbidden_reasons,
+        ),
     ];
     for (name, help, reasons) in by_reason {
         family(out, name, "counter", help);

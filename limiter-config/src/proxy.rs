@@ -12,6 +12,7 @@ use std::{
 use ipnet::IpNet;
 use limiter_core::{
     Algorithm, LimitSpec,
+    carried::{JsonPointer, PointerError},
     path::{CanonicalPath, EscapedSlashes, PathOptions},
     spec::LimitOptions,
 };
@@ -138,8 +139,15 @@ pub struct ProxyConfig {
     /// What clients are told of the policies (a plan may say otherwise for its keys).
     #[serde(default)]
     pub disclose: Disclose,
+    /// The realm a 401's `WWW-Authenticate` challenges name (RFC 9110 §11.6.1).
+    #[serde(default = "default_realm")]
+    pub realm: String,
     #[serde(default)]
     pub plans: BTreeMap<String, Plan>,
+    /// Areas of routes only keys holding them may call.
+    #[serde(default)]
+    #[changes(keyed)]
+    pub scopes: Vec<Scope>,
     #[serde(default)]
     #[changes(keyed)]
     pub keys: Vec<ApiKey>,
@@ -157,6 +165,8 @@ pub struct ProxyConfig {
     pub tls: Option<TlsConfig>,
     #[serde(default)]
     pub http2: Http2Config,
+    #[serde(default)]
+    pub body_keys: BodyKeysConfig,
     /// Whether the peers in `trusted_proxies` open each connection with a PROXY
     /// protocol header naming the client.
     #[serde(default)]
@@ -199,6 +209,22 @@ pub struct SniCertificate {
 impl Keyed for SniCertificate {
     fn id(&self) -> String {
         self.name.clone()
+    }
+}
+
+/// `[proxy.body_keys]`: how much of a body is read for the rules keyed on it
+/// (`json:`, `form:`).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(deny_unknown_fields, default)]
+pub struct BodyKeysConfig {
+    /// A body longer than this is not read for a key (the key is missing), and is
+    /// forwarded as it streams in.
+    pub max_bytes: u64,
+}
+
+impl Default for BodyKeysConfig {
+    fn default() -> Self {
+        Self { max_bytes: 16 << 10 }
     }
 }
 
@@ -451,11 +477,80 @@ pub struct ApiKey {
     /// signed for one site does not verify on another behind the same keys.
     #[serde(default)]
     pub sign_host: bool,
+    /// The `[[proxy.scopes]]` the key holds; `None`: every one.
+    #[changes(unset = "every scope")]
+    pub scopes: Option<Vec<String>>,
 }
 
 impl Keyed for ApiKey {
     fn id(&self) -> String {
         self.id.clone()
+    }
+}
+
+impl ApiKey {
+    /// Whether the key holds the scope named `scope`.
+    #[must_use]
+    pub fn holds(&self, scope: &str) -> bool {
+        self.scopes.as_ref().is_none_or(|held| held.iter().any(|name| name == scope))
+    }
+}
+
+/// One `[[proxy.scopes]]`: an area of routes that only a proven key holding the scope
+/// may call.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(try_from = "RawScope")]
+pub struct Scope {
+    pub name: String,
+    /// Path prefixes of the area, matched as a rule's `path`.
+    pub paths: Vec<String>,
+    /// Methods of the area (all if empty), as [`crate::methods`] tells which a request
+    /// may be served as.
+    pub methods: Vec<http::Method>,
+}
+
+impl Keyed for Scope {
+    fn id(&self) -> String {
+        self.name.clone()
+    }
+}
+
+/// One `[[proxy.scopes]]` record.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScope {
+    name: String,
+    paths: Vec<String>,
+    #[serde(default)]
+    methods: Vec<String>,
+}
+
+impl TryFrom<RawScope> for Scope {
+    type Error = String;
+
+    fn try_from(raw: RawScope) -> Result<Self, String> {
+        let in_scope = |message: String| format!("scope `{}`: {message}", raw.name);
+        if raw.name.is_empty() {
+            return Err("a scope needs a name".to_owned());
+        }
+        if raw.paths.is_empty() {
+            return Err(in_scope("a scope needs paths, or its area would be empty".to_owned()));
+        }
+        if let Some(path) = raw.paths.iter().find(|path| !path.starts_with('/')) {
+            return Err(in_scope(format!("path `{path}` must start with /")));
+        }
+        let methods = parse_methods(&raw.methods).map_err(in_scope)?;
+        Ok(Self { name: raw.name, paths: raw.paths, methods })
+    }
+}
+
+impl Scope {
+    /// Whether a request is in the scope's area: one of its paths is a prefix of the
+    /// route, and the request may be served as one of its methods.
+    #[must_use]
+    pub fn covers(&self, seen: &Seen<'_>) -> bool {
+        self.paths.iter().any(|prefix| path_has_prefix(seen.path, prefix))
+            && (self.methods.is_empty() || crate::methods::served_as_any(seen, &self.methods))
     }
 }
 
@@ -475,12 +570,59 @@ pub enum KeyAuth {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Changes)]
 #[changes(display)]
 pub struct KeySpec {
-    pub by: KeyKind,
+    /// What the key is made of: one kind, or a composite (`key = ["ip",
+    /// "header:x-tenant"]`) that every part must be present for.
+    pub parts: Vec<KeyKind>,
     /// `+route`: count per rule path as well.
     pub per_route: bool,
+    /// `key_fold`: how the values a client sends are folded first.
+    pub fold: KeyFold,
 }
 
-/// The identity part of a [`KeySpec`].
+impl KeySpec {
+    /// A key of one kind.
+    #[must_use]
+    pub fn of(kind: KeyKind) -> Self {
+        Self { parts: vec![kind], per_route: false, fold: KeyFold::None }
+    }
+
+    /// Whether the key is this one kind alone.
+    #[must_use]
+    pub fn is(&self, kind: &KeyKind) -> bool {
+        matches!(self.parts.as_slice(), [only] if only == kind)
+    }
+
+    /// Whether some part needs the key a request proves (`api_key`).
+    #[must_use]
+    pub fn needs_proof(&self) -> bool {
+        self.parts.contains(&KeyKind::ApiKey)
+    }
+
+    /// Whether some part is a claim of the request's JWT (`jwt:`).
+    #[must_use]
+    pub fn needs_token(&self) -> bool {
+        self.parts.iter().any(|part| matches!(part, KeyKind::Jwt(_)))
+    }
+
+    /// Whether some part is read from the body (`json:`, `form:`).
+    #[must_use]
+    pub fn needs_body(&self) -> bool {
+        self.parts.iter().any(KeyKind::in_body)
+    }
+}
+
+/// `key_fold` of a rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Changes)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyFold {
+    /// Values as sent.
+    #[default]
+    None,
+    /// Values in lower case, so that `Alice` and `alice` share a bucket.
+    Lower,
+}
+
+/// One part of a [`KeySpec`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum KeyKind {
     /// The client address (IPv6 per /64).
@@ -489,8 +631,32 @@ pub enum KeyKind {
     ApiKey,
     /// The value of a request header (lower-case name).
     Header(http::HeaderName),
+    /// A query parameter, percent-decoded; its first occurrence.
+    Query(String),
+    /// A cookie.
+    Cookie(String),
+    /// A member of a JSON body.
+    Json(JsonPointer),
+    /// A field of an `application/x-www-form-urlencoded` body.
+    Form(String),
     /// A claim of the request's JWT, if it verified (`[proxy.jwt]`).
     Jwt(String),
+}
+
+impl KeyKind {
+    /// Read from the body, which is then read for it (up to `[proxy.body_keys]`).
+    #[must_use]
+    pub fn in_body(&self) -> bool {
+        matches!(self, Self::Json(_) | Self::Form(_))
+    }
+
+    /// Whether its value is whatever the client chooses to send (what `key_fold`
+    /// folds), rather than its address, a key it proved or a claim of a token it
+    /// proved.
+    #[must_use]
+    pub fn client_chosen(&self) -> bool {
+        !matches!(self, Self::Ip | Self::ApiKey | Self::Jwt(_))
+    }
 }
 
 impl fmt::Display for KeyKind {
@@ -500,49 +666,103 @@ impl fmt::Display for KeyKind {
             Self::Ip => f.write_str("ip"),
             Self::ApiKey => f.write_str("api_key"),
             Self::Header(name) => write!(f, "header:{name}"),
+            Self::Query(name) => write!(f, "query:{name}"),
+            Self::Cookie(name) => write!(f, "cookie:{name}"),
+            Self::Json(pointer) => write!(f, "json:{pointer}"),
+            Self::Form(name) => write!(f, "form:{name}"),
             Self::Jwt(claim) => write!(f, "jwt:{claim}"),
         }
     }
 }
 
-impl FromStr for KeyKind {
-    type Err = ();
+/// Why a rule's `key` names no key.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error(
+        "`{0}` is not a key: use ip, api_key, header:NAME, query:NAME, cookie:NAME, json:/POINTER, form:NAME or \
+         jwt:CLAIM, optionally with +route"
+    )]
+    Unknown(String),
+    #[error("`{text}`: {error} (RFC 6901)")]
+    Pointer { text: String, error: PointerError },
+    #[error("a composite key lists at least one part")]
+    EmptyComposite,
+    #[error("`{0}` is listed twice in the key")]
+    Repeated(String),
+}
 
-    fn from_str(text: &str) -> Result<Self, ()> {
-        match text {
-            "ip" => Ok(Self::Ip),
-            "api_key" => Ok(Self::ApiKey),
-            other => match other.strip_prefix("header:").map(http::HeaderName::try_from) {
-                Some(Ok(name)) => Ok(Self::Header(name)),
-                Some(Err(_)) => Err(()),
-                None => match other.strip_prefix("jwt:") {
-                    Some(claim) if !claim.is_empty() => Ok(Self::Jwt(claim.to_owned())),
-                    _ => Err(()),
-                },
-            },
+impl FromStr for KeyKind {
+    type Err = KeyError;
+
+    fn from_str(text: &str) -> Result<Self, KeyError> {
+        let unknown = || KeyError::Unknown(text.to_owned());
+        let named = |name: &str| if name.is_empty() { Err(unknown()) } else { Ok(name.to_owned()) };
+        match text.split_once(':') {
+            None if text == "ip" => Ok(Self::Ip),
+            None if text == "api_key" => Ok(Self::ApiKey),
+            Some(("header", name)) => http::HeaderName::try_from(name).map(Self::Header).map_err(|_| unknown()),
+            Some(("query", name)) => named(name).map(Self::Query),
+            Some(("cookie", name)) => named(name).map(Self::Cookie),
+            Some(("form", name)) => named(name).map(Self::Form),
+            Some(("jwt", claim)) => named(claim).map(Self::Jwt),
+            Some(("json", pointer)) => {
+                pointer.parse().map(Self::Json).map_err(|error| KeyError::Pointer { text: text.to_owned(), error })
+            }
+            _ => Err(unknown()),
         }
     }
 }
 
 impl fmt::Display for KeySpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{}", self.by, if self.per_route { "+route" } else { "" })
+        match self.parts.as_slice() {
+            [only] => write!(f, "{only}")?,
+            parts => {
+                let parts: Vec<String> = parts.iter().map(ToString::to_string).collect();
+                write!(f, "[{}]", parts.join(", "))?;
+            }
+        }
+        f.write_str(if self.per_route { "+route" } else { "" })?;
+        match self.fold {
+            KeyFold::None => Ok(()),
+            KeyFold::Lower => f.write_str(" folded to lower case"),
+        }
     }
 }
 
-impl<'de> Deserialize<'de> for KeySpec {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        let (by, per_route) = match text.strip_suffix("+route") {
-            Some(by) => (by, true),
-            None => (text.as_str(), false),
+/// A rule's `key` as written: one kind, or the parts of a composite.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+enum WrittenKey {
+    One(String),
+    Composite(Vec<String>),
+}
+
+impl TryFrom<WrittenKey> for KeySpec {
+    type Error = KeyError;
+
+    fn try_from(written: WrittenKey) -> Result<Self, KeyError> {
+        let written = match written {
+            WrittenKey::One(text) => vec![text],
+            WrittenKey::Composite(parts) if parts.is_empty() => return Err(KeyError::EmptyComposite),
+            WrittenKey::Composite(parts) => parts,
         };
-        let by = by.parse().map_err(|()| {
-            de::Error::custom(format!(
-                "`{text}` is not a key: use ip, api_key, header:NAME or jwt:CLAIM, optionally with +route"
-            ))
-        })?;
-        Ok(Self { by, per_route })
+        let mut spec = Self { parts: Vec::with_capacity(written.len()), per_route: false, fold: KeyFold::None };
+        for text in &written {
+            let kind = match text.strip_suffix("+route") {
+                Some(kind) => {
+                    spec.per_route = true;
+                    kind
+                }
+                None => text.as_str(),
+            };
+            let kind: KeyKind = kind.parse()?;
+            if spec.parts.contains(&kind) {
+                return Err(KeyError::Repeated(kind.to_string()));
+            }
+            spec.parts.push(kind);
+        }
+        Ok(spec)
     }
 }
 
@@ -596,7 +816,9 @@ with_limit! {
         action: Option<String>,
         #[serde(default)]
         when: RawConditions,
-        key: Option<KeySpec>,
+        key: Option<WrittenKey>,
+        #[serde(default)]
+        key_fold: KeyFold,
         #[serde(default)]
         require_signature: bool,
         #[serde(default)]
@@ -617,17 +839,13 @@ impl TryFrom<RawRule> for Rule {
         {
             return Err(in_rule(format!("path `{path}` must start with /")));
         }
-        let methods = raw
-            .methods
-            .iter()
-            .map(|m| {
-                http::Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                    .map_err(|_| in_rule(format!("`{m}` is not an HTTP method")))
-            })
-            .collect::<Result<_, _>>()?;
+        let methods = parse_methods(&raw.methods).map_err(in_rule)?;
         let limit = raw.limit_spec().map_err(in_rule)?;
-        let (action, key) = match (raw.action.as_deref(), limit, raw.key.clone()) {
-            (None | Some("limit"), Some(spec), Some(key)) => (RuleAction::Limit(spec), key),
+        let key = raw.key.clone().map(KeySpec::try_from).transpose().map_err(|error| in_rule(error.to_string()))?;
+        let (action, key) = match (raw.action.as_deref(), limit, key) {
+            (None | Some("limit"), Some(spec), Some(key)) => {
+                (RuleAction::Limit(spec), KeySpec { fold: raw.key_fold, ..key })
+            }
             (None | Some("limit"), None, _) => {
                 return Err(in_rule(
                     "a limit rule needs limit and window (or action = \"deny\" or \"tag\")".to_owned(),
@@ -636,7 +854,7 @@ impl TryFrom<RawRule> for Rule {
             (None | Some("limit"), Some(_), None) => return Err(in_rule("a limit rule needs a key".to_owned())),
             (Some(action @ ("deny" | "tag")), None, None) => {
                 let action = if action == "deny" { RuleAction::Deny } else { RuleAction::Tag };
-                (action, KeySpec { by: KeyKind::Ip, per_route: false })
+                (action, KeySpec { fold: raw.key_fold, ..KeySpec::of(KeyKind::Ip) })
             }
             (Some(action @ ("deny" | "tag")), _, _) => {
                 return Err(in_rule(format!("action = \"{action}\" counts nothing: it takes no limit and no key")));
@@ -645,7 +863,12 @@ impl TryFrom<RawRule> for Rule {
                 return Err(in_rule(format!("action `{other}` is not limit, deny or tag")));
             }
         };
-        if raw.require_signature && (key.by != KeyKind::ApiKey || !matches!(action, RuleAction::Limit(_))) {
+        if key.fold != KeyFold::None && !key.parts.iter().any(KeyKind::client_chosen) {
+            return Err(in_rule(format!(
+                "key_fold folds what a client sends: key = \"{key}\" has no header:, query:, cookie:, json: or form: part"
+            )));
+        }
+        if raw.require_signature && (!key.needs_proof() || !matches!(action, RuleAction::Limit(_))) {
             return Err(in_rule(
                 "require_signature needs a limit rule with key = \"api_key\" (or \"api_key+route\")".to_owned(),
             ));
@@ -686,6 +909,17 @@ impl Rule {
             RuleAction::Deny | RuleAction::Tag => None,
         }
     }
+}
+
+/// Methods as a rule or scope lists them, in any case.
+fn parse_methods(methods: &[String]) -> Result<Vec<http::Method>, String> {
+    methods
+        .iter()
+        .map(|m| {
+            http::Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|_| format!("`{m}` is not an HTTP method"))
+        })
+        .collect()
 }
 
 /// `/login` matches `/login`, `/login/` and `/login/x`, not `/loginx`.
@@ -873,6 +1107,31 @@ impl ProxyConfig {
         })
     }
 
+    /// The first scope whose area a request is in that `key`, the key it proved, does
+    /// not hold; for a keyless request (`None`), the first whose area it is in. A
+    /// request needs every scope whose area it is in: with `methods` matched as every
+    /// method it may be served as, holding any one of them would let a key into
+    /// another's area by a method override.
+    #[must_use]
+    pub fn scope_missing(&self, seen: &Seen<'_>, key: Option<&ApiKey>) -> Option<&Scope> {
+        self.scopes.iter().find(|scope| scope.covers(seen) && key.is_none_or(|key| !key.holds(&scope.name)))
+    }
+
+    /// What `limiter check` says of keys that list no scopes while some exist: they
+    /// hold every one, which a key added before the scopes may not be meant to.
+    #[must_use]
+    pub fn unscoped_keys_warning(&self) -> Option<String> {
+        let unscoped: Vec<&str> =
+            self.keys.iter().filter(|key| key.scopes.is_none()).map(|key| key.id.as_str()).collect();
+        (!self.scopes.is_empty() && !unscoped.is_empty()).then(|| {
+            format!(
+                "proxy.keys {} list no scopes, so they hold every [[proxy.scopes]]: give each the scopes it \
+                 needs (scopes = [] for none)",
+                unscoped.join(", ")
+            )
+        })
+    }
+
     /// What `limiter check` says of connection bounds a config set before the wider
     /// prefixes, the in-flight cap and the upstream bound existed, where one of those
     /// (by default or not) is now the tighter bound.
@@ -926,8 +1185,8 @@ impl ProxyConfig {
         self.workers.unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
     }
 
-    /// Checks across records: plan references, rule names, rule paths. Errors name
-    /// the key.
+    /// Checks across records: plan and scope references, rule and scope names and
+    /// paths, the realm. Errors name the key.
     pub(super) fn validate(&self) -> Result<(), (String, String)> {
         for (i, key) in self.keys.iter().enumerate() {
             if !self.plans.contains_key(&key.plan) {
@@ -952,6 +1211,31 @@ impl ProxyConfig {
             if key.secrets.is_empty() && key.sign_host {
                 return Err((format!("proxy.keys[{i}].sign_host"), "needs the key's secrets".to_owned()));
             }
+            if let Some(unknown) =
+                key.scopes.iter().flatten().find(|name| !self.scopes.iter().any(|scope| &scope.name == *name))
+            {
+                return Err((
+                    format!("proxy.keys[{i}].scopes"),
+                    format!("key `{}` holds scope `{unknown}`, which no [[proxy.scopes]] defines", key.id),
+                ));
+            }
+        }
+        for (i, scope) in self.scopes.iter().enumerate() {
+            if self.scopes[..i].iter().any(|s| s.name == scope.name) {
+                return Err((format!("proxy.scopes[{i}].name"), format!("scope name `{}` appears twice", scope.name)));
+            }
+            for path in &scope.paths {
+                self.check_rule_path(path).map_err(|message| (format!("proxy.scopes[{i}].paths"), message))?;
+            }
+        }
+        // Written into a quoted string, which `"` and `\` would end or escape.
+        if self.realm.is_empty()
+            || !self.realm.bytes().all(|b| b == b' ' || (b.is_ascii_graphic() && b != b'"' && b != b'\\'))
+        {
+            return Err((
+                "proxy.realm".to_owned(),
+                format!("`{}` is not a realm: visible ASCII and spaces, without \" or \\", self.realm),
+            ));
         }
         for (i, rule) in self.rules.iter().enumerate() {
             if self.rules[..i].iter().any(|r| r.name == rule.name) {
@@ -960,15 +1244,13 @@ impl ProxyConfig {
             if let Some(path) = &rule.path {
                 self.check_rule_path(path).map_err(|message| (format!("proxy.rules[{i}].path"), message))?;
             }
-            if let KeyKind::Jwt(claim) = &rule.key.by
-                && self.jwt.is_none()
-            {
+            if rule.key.needs_token() && self.jwt.is_none() {
                 return Err((
                     format!("proxy.rules[{i}].key"),
                     format!(
-                        "rule `{}` counts by the JWT claim `{claim}`, but there is no [proxy.jwt] to verify tokens \
-                         with, so every request would lack its key",
-                        rule.name
+                        "rule `{}` counts by a JWT claim (`{}`), but there is no [proxy.jwt] to verify tokens with, \
+                         so every request would lack its key",
+                        rule.name, rule.key
                     ),
                 ));
             }
@@ -1074,8 +1356,8 @@ impl ProxyConfig {
         }
     }
 
-    /// Requests are matched on their canonical route, so a rule path in another form
-    /// would never match: it must be its own route.
+    /// Requests are matched on their canonical route, so a rule or scope path in
+    /// another form would never match: it must be its own route.
     fn check_rule_path(&self, path: &str) -> Result<(), String> {
         let canonical =
             CanonicalPath::parse(path, self.path_options()).map_err(|error| format!("`{path}`: {error}"))?;
@@ -1165,6 +1447,10 @@ fn default_upstream_timeout() -> HumanDuration {
 
 fn default_max_tracked_keys() -> NonZeroUsize {
     NonZeroUsize::new(1_000_000).unwrap_or(NonZeroUsize::MIN)
+}
+
+fn default_realm() -> String {
+    "limiter".to_owned()
 }
 
 fn default_redis_prefix() -> String {

@@ -39,7 +39,9 @@ fn example_config_parses_with_its_documented_values() {
         (proxy.disclose, proxy.plans["pro"].disclose, proxy.plans["free"].disclose),
         (Disclose::Minimal, Some(Disclose::Full), None)
     );
-    assert_eq!(proxy.rules[2].limit().expect("a limit rule").burst.map(NonZeroU32::get), Some(20));
+    assert_eq!(proxy.rules[2].key.to_string(), "json:/username folded to lower case");
+    assert_eq!(proxy.rules[3].limit().expect("a limit rule").burst.map(NonZeroU32::get), Some(20));
+    assert_eq!(proxy.body_keys.max_bytes, 16_384);
     assert_eq!(proxy.signature.max_skew.0, Duration::from_secs(300));
 }
 
@@ -520,10 +522,53 @@ fn edge_keys_have_their_defaults_and_inconsistent_ones_are_refused_by_key_and_li
 #[test]
 fn every_key_kind_reads_back_from_its_name() {
     use crate::proxy::KeyKind;
-    for kind in [KeyKind::Ip, KeyKind::ApiKey, KeyKind::Header(http::HeaderName::from_static("x-tenant"))] {
+    let kinds = [
+        KeyKind::Ip,
+        KeyKind::ApiKey,
+        KeyKind::Header(http::HeaderName::from_static("x-tenant")),
+        KeyKind::Query("page".to_owned()),
+        KeyKind::Cookie("session".to_owned()),
+        KeyKind::Json("/user/e~1mail".parse().expect("pointer")),
+        KeyKind::Form("username".to_owned()),
+    ];
+    for kind in kinds {
         assert_eq!(kind.to_string().parse::<KeyKind>(), Ok(kind.clone()), "{kind}");
     }
-    assert_eq!("header:".parse::<KeyKind>(), Err(()));
+    for nothing in ["header:", "query:", "cookie:", "form:", "ipv6", "jsonx:/a"] {
+        assert!(nothing.parse::<KeyKind>().is_err(), "{nothing}");
+    }
+}
+
+#[test]
+fn a_key_of_several_parts_or_read_from_the_request_is_checked_naming_the_rule_and_line() {
+    let rule = |key: &str, extra: &str| {
+        format!(
+            "{PROXY}[[proxy.rules]]\nname = \"login\"\npath = \"/login\"\nkey = {key}\n{extra}limit = 5\nwindow = \"1h\"\n"
+        )
+    };
+    let key_line = PROXY.lines().count() + 4;
+    let config = parse(&rule("[\"ip\", \"header:x-tenant\"]", "key_fold = \"lower\"\n")).expect("composite");
+    let key = &config.proxy.as_ref().expect("proxy").rules[0].key;
+    assert_eq!(key.to_string(), "[ip, header:x-tenant] folded to lower case");
+    assert!(!key.needs_body() && !key.needs_proof());
+    let config = parse(&rule("\"json:/user/name+route\"", "")).expect("json");
+    let key = &config.proxy.as_ref().expect("proxy").rules[0].key;
+    assert!(key.needs_body() && key.per_route);
+    for (key, says) in [
+        ("\"json:username\"", "starts with /"),
+        ("\"json:/a~2\"", "RFC 6901"),
+        ("[]", "at least one part"),
+        ("[\"ip\", \"ip\"]", "twice"),
+        ("\"cookie:\"", "is not a key"),
+    ] {
+        let (line, at, message) = refusal(&rule(key, ""));
+        assert!(message.contains(says) && message.contains("login"), "{key}: {message}");
+        assert!((key_line - 4..=key_line).contains(&line), "{key}: line {line} ({at}): {message}");
+    }
+    let (_, _, message) = refusal(&rule("\"ip\"", "key_fold = \"lower\"\n"));
+    assert!(message.contains("key_fold folds what a client sends"), "{message}");
+    let body_keys = parse(&format!("{PROXY}[proxy.body_keys]\nmax_bytes = 4096\n")).expect("body_keys");
+    assert_eq!(body_keys.proxy.expect("proxy").body_keys.max_bytes, 4096);
 }
 
 #[test]
@@ -653,8 +698,8 @@ fn a_jwt_key_needs_proxy_jwt_and_is_refused_at_its_rule_without_it() {
     let proxy = parse(&format!("{PROXY}{jwt}{rules}")).expect("with [proxy.jwt]").proxy.expect("proxy");
     let rule = &proxy.rules[1].key;
     assert_eq!(
-        (&rule.by, rule.per_route, rule.to_string().as_str()),
-        (&crate::proxy::KeyKind::Jwt("sub".to_owned()), true, "jwt:sub+route")
+        (rule.parts.as_slice(), rule.per_route, rule.to_string().as_str()),
+        (&[crate::proxy::KeyKind::Jwt("sub".to_owned())][..], true, "jwt:sub+route")
     );
     let jwt = proxy.jwt.expect("jwt");
     assert_eq!((jwt.header.as_str(), jwt.leeway.0), ("authorization", Duration::from_secs(30)), "the defaults");
@@ -673,8 +718,175 @@ fn a_jwt_key_needs_proxy_jwt_and_is_refused_at_its_rule_without_it() {
         assert_eq!(at, key, "{message}");
         assert!(line > 3, "{key} at line {line}, in [proxy.jwt]");
     }
-    assert_eq!(
-        refusal(&format!("{PROXY}[[proxy.rules]]\nname = \"r\"\nkey = \"jwt:\"\nlimit = 1\nwindow = \"1s\"\n")).1,
-        "proxy.rules[0].key"
+    let (_, key, message) =
+        refusal(&format!("{PROXY}[[proxy.rules]]\nname = \"r\"\nkey = \"jwt:\"\nlimit = 1\nwindow = \"1s\"\n"));
+    assert!(key == "proxy.rules[0]" && message.contains("jwt:CLAIM"), "{key}: {message}");
+    let composite =
+        "[[proxy.rules]]\nname = \"per-user-ip\"\nkey = [\"ip\", \"jwt:sub\"]\nlimit = 1\nwindow = \"1s\"\n";
+    let (_, key, message) = refusal(&format!("{PROXY}{composite}"));
+    assert_eq!(key, "proxy.rules[0].key", "a part of a composite: {message}");
+}
+
+/// Two scopes and three bearer keys: one holding `payments:write`, one holding none
+/// (`scopes = []`), one listing none (every scope).
+const SCOPES: &str = r#"[proxy.plans.p]
+limit = 10
+window = "1m"
+[[proxy.scopes]]
+name = "payments:write"
+paths = ["/api/transfer", "/api/refund"]
+methods = ["post"]
+[[proxy.scopes]]
+name = "admin"
+paths = ["/api"]
+[[proxy.keys]]
+id = "k-pay"
+plan = "p"
+auth = "bearer"
+scopes = ["payments:write"]
+[[proxy.keys]]
+id = "k-none"
+plan = "p"
+auth = "bearer"
+scopes = []
+[[proxy.keys]]
+id = "k-all"
+plan = "p"
+auth = "bearer"
+"#;
+
+/// The scope `proxy` says a request misses, by name.
+fn scope_missing(
+    proxy: &crate::ProxyConfig,
+    method: http::Method,
+    path: &str,
+    headers: &[(&'static str, &'static str)],
+    key: Option<&crate::proxy::ApiKey>,
+) -> Option<String> {
+    let headers: http::HeaderMap = headers
+        .iter()
+        .map(|&(name, value)| (http::HeaderName::from_static(name), http::HeaderValue::from_static(value)))
+        .collect();
+    let seen = super::conditions::Seen {
+        method: &method,
+        path,
+        query: None,
+        client: std::net::IpAddr::from([192, 0, 2, 1]),
+        headers: &headers,
+        body_length: Some(0),
+    };
+    proxy.scope_missing(&seen, key).map(|scope| scope.name.clone())
+}
+
+#[test]
+fn a_request_needs_every_scope_whose_area_it_is_in_and_none_outside_them() {
+    use http::Method;
+    let proxy = parse(&format!("{PROXY}{SCOPES}")).expect("scopes").proxy.expect("proxy");
+    assert_eq!(proxy.scopes[0].methods, [Method::POST]);
+    let [pay, none, all] = [0, 1, 2].map(|i| Some(&proxy.keys[i]));
+    let missing = |method, path, headers, key| scope_missing(&proxy, method, path, headers, key);
+    // Outside every area: any key, and a keyless request.
+    for key in [pay, none, all, None] {
+        assert_eq!(missing(Method::POST, "/public", &[], key), None);
+        assert_eq!(missing(Method::POST, "/apix", &[], key), None, "a prefix is whole segments");
+    }
+    // `/api/transfer` by POST is in both areas: it needs both scopes.
+    assert_eq!(missing(Method::POST, "/api/transfer", &[], pay).as_deref(), Some("admin"));
+    assert_eq!(missing(Method::POST, "/api/transfer/7", &[], none).as_deref(), Some("payments:write"));
+    assert_eq!(missing(Method::POST, "/api/transfer", &[], all), None, "no scopes listed: every one");
+    assert_eq!(missing(Method::POST, "/api/transfer", &[], None).as_deref(), Some("payments:write"));
+    // By GET it is in `admin`'s area only; a method override cannot take it out of
+    // `payments:write`'s.
+    assert_eq!(missing(Method::GET, "/api/transfer", &[], none).as_deref(), Some("admin"));
+    let override_post = [("x-http-method-override", "POST")];
+    assert_eq!(missing(Method::GET, "/api/refund", &override_post, none).as_deref(), Some("payments:write"));
+
+    let only_payments = format!("{PROXY}{}", SCOPES.replace("paths = [\"/api\"]", "paths = [\"/admin\"]"));
+    let proxy = parse(&only_payments).expect("scopes").proxy.expect("proxy");
+    let [pay, none] = [0, 1].map(|i| Some(&proxy.keys[i]));
+    let override_get = [("x-http-method-override", "GET")];
+    assert_eq!(scope_missing(&proxy, Method::POST, "/api/refund", &override_get, pay), None, "inside its scope");
+    assert_eq!(scope_missing(&proxy, Method::GET, "/api/refund", &[], none), None, "GET is outside every area");
+    assert_eq!(scope_missing(&proxy, Method::HEAD, "/api/refund", &[], none), None);
+    let missing = scope_missing(&proxy, Method::POST, "/api/refund", &override_get, none);
+    assert_eq!(missing.as_deref(), Some("payments:write"), "served as POST or GET: in the area");
+}
+
+#[test]
+fn scopes_name_their_mistakes_by_key_and_line() {
+    let text = format!("{PROXY}{SCOPES}").replace("scopes = [\"payments:write\"]", "scopes = [\"payments:read\"]");
+    let (line, key, message) = refusal(&text);
+    assert_eq!(key, "proxy.keys[0].scopes", "{message}");
+    assert_eq!(line, text.lines().position(|l| l.starts_with("scopes = [\"payments:read\"]")).expect("line") + 1);
+    assert!(
+        message.contains("key `k-pay` holds scope `payments:read`, which no [[proxy.scopes]] defines"),
+        "{message}"
     );
+
+    let twice = format!("{PROXY}{SCOPES}").replace("name = \"admin\"", "name = \"payments:write\"");
+    let (line, key, message) = refusal(&twice);
+    assert_eq!((line, key.as_str()), (12, "proxy.scopes[1].name"), "{message}");
+    let (_, key, message) = refusal(&format!("{PROXY}{SCOPES}").replace("\"/api\"]", "\"/API/\"]"));
+    assert_eq!(key, "proxy.scopes[1].paths", "{message}");
+    assert!(message.contains("write `/api`"), "{message}");
+    for (bad, wanted) in [
+        ("paths = []", "needs paths"),
+        ("paths = [\"api\"]", "path `api` must start with /"),
+        ("paths = [\"/api\"]\nmethods = [\"G T\"]", "`G T` is not an HTTP method"),
+        ("paths = [\"/api\"]\nkey = \"ip\"", "unknown field `key`"),
+    ] {
+        let (_, key, message) = refusal(&format!("{PROXY}{SCOPES}").replace("paths = [\"/api\"]", bad));
+        assert!(key.starts_with("proxy.scopes"), "{bad}: {key}");
+        assert!(message.contains(wanted), "{bad}: {message}");
+    }
+}
+
+#[test]
+fn the_realm_defaults_to_limiter_and_must_fit_in_a_quoted_string() {
+    assert_eq!(parse(PROXY).expect("proxy").proxy.expect("proxy").realm, "limiter");
+    let set = parse(&format!("{PROXY}realm = \"pay.example.com API\"\n")).expect("realm");
+    assert_eq!(set.proxy.expect("proxy").realm, "pay.example.com API");
+    for bad in ["", "a\\\"b", "a\\\\b", "caf\u{e9}"] {
+        let (line, key, message) = refusal(&format!("{PROXY}realm = \"{bad}\"\n"));
+        assert_eq!((line, key.as_str()), (4, "proxy.realm"), "{bad}: {message}");
+    }
+}
+
+#[test]
+fn check_names_the_keys_that_hold_every_scope_by_listing_none() {
+    let warning = |text: &str| parse(text).expect("valid").proxy.expect("proxy").unscoped_keys_warning();
+    let listed = warning(&format!("{PROXY}{SCOPES}")).expect("k-all lists none");
+    assert!(listed.starts_with("proxy.keys k-all list no scopes"), "{listed}");
+    let every_key_listing = format!("{PROXY}{SCOPES}scopes = [\"admin\"]\n");
+    assert_eq!(warning(&every_key_listing), None);
+    let without_scopes = SCOPES.split("[[proxy.scopes]]").next().expect("the plan");
+    let unlisted = format!("{PROXY}{without_scopes}[[proxy.keys]]\nid = \"k\"\nplan = \"p\"\nauth = \"bearer\"\n");
+    assert_eq!(warning(&unlisted), None, "no scope, nothing to hold");
+}
+
+#[test]
+fn a_reload_report_shows_scopes_and_a_keys_scopes() {
+    use crate::changes::Changes as _;
+    let before = format!("{PROXY}{SCOPES}");
+    let after = before.replace("scopes = [\"payments:write\"]", "scopes = []").replace("methods = [\"post\"]", "");
+    let (old, new) = (parse(&before).expect("before"), parse(&after).expect("after"));
+    let mut changes = Vec::new();
+    old.changes(&new, "", &mut changes);
+    let lines: Vec<String> = changes.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        ["proxy.scopes[payments:write].methods: [POST] -> []", "proxy.keys[k-pay].scopes: [payments:write] -> []"]
+    );
+    assert!(changes.iter().all(|change| change.restart.is_none()), "scopes apply live: {changes:?}");
+}
+
+#[test]
+fn the_examples_scope_parses_once_uncommented() {
+    let mut text = EXAMPLE.to_owned();
+    for line in ["scopes = [", "[[proxy.scopes]]", "name = \"payments:write\"", "paths = [", "methods = ["] {
+        text = text.replace(&format!("# {line}"), line);
+    }
+    let proxy = parse(&text).expect("the example with its scope").proxy.expect("proxy");
+    assert_eq!((proxy.scopes[0].name.as_str(), proxy.realm.as_str()), ("payments:write", "limiter"));
+    assert_eq!(proxy.keys[0].scopes.as_deref(), Some(&["payments:write".to_owned()][..]));
 }

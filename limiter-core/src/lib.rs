@@ -3,11 +3,13 @@
 //! ([`clock`]), the signed-request scheme ([`signature`]), the checks of a client's
 //! JSON Web Token ([`jwt`]), the one canonical form
 //! of a request path ([`path`]), and the PROXY protocol header a balancer sends
-//! ([`proxy_protocol`]).
+//! ([`proxy_protocol`]), and the values a rule's key reads from a request's body,
+//! query and cookies ([`carried`]).
 //!
 //! Nothing here reads a file, a socket or a BPF map: the agent parses the config
 //! into these types, and keeps the state that lives elsewhere (Redis, the kernel).
 
+pub mod carried;
 pub mod clock;
 pub mod jwt;
 pub mod limits;

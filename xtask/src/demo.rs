@@ -56,6 +56,10 @@ mod tests {
         );
         assert!(shown.contains("[200, 200, 200, 200, 200, 429, 429]"), "{shown}");
         assert!(
+            shown.contains("one each (10/h per username, case folded): [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 429, 429]; bob: 200"),
+            "{shown}"
+        );
+        assert!(
             shown.contains("valid 200, same request again (replay) 401, body changed after signing 401"),
             "{shown}"
         );
@@ -63,8 +67,9 @@ mod tests {
         let suggested = shown.split("$ limiter suggest").nth(1).expect("a suggest table");
         let login = suggested.lines().find(|l| l.starts_with("rule login ")).expect("the login rule's row");
         let cells: Vec<&str> = login.split_whitespace().collect();
-        // One client, 7 POSTs in a minute against 5: over, and 7 × 1.5 suggested.
-        assert_eq!(cells[2..], ["5/60s", "1", "7", "7", "7", "7", "1", "11"], "{login}");
+        // One client with 7 POSTs in a minute against 5 (over, and 7 × 1.5 suggested),
+        // and 11 with one each: the stuffing addresses the per-username rule admitted.
+        assert_eq!(cells[2..], ["5/60s", "12", "1", "7", "7", "7", "1", "11"], "{login}");
         let explained = shown.split("$ limiter explain").nth(1).expect("the demo ends with an explain");
         assert!(explained.contains("proxy: /login from 127.0.0.1 (no key)\n  now: reject (retry after "), "{shown}");
         assert!(explained.lines().any(|l| l.contains("login") && l.ends_with("remaining 0  refuses")), "{shown}");

@@ -16,15 +16,15 @@ use crate::{
 pub const NEEDS: Needs = Needs { steps: &[Step::Nightly], debian: &[], cargo: &[CARGO_FUZZ] };
 
 /// Every target in `fuzz/fuzz_targets`, by name.
-pub const TARGETS: [&str; 6] = ["config", "signature", "path", "packet", "proxy_header", "jwt"];
+pub const TARGETS: [&str; 7] = ["config", "signature", "path", "packet", "proxy_header", "body_keys", "jwt"];
 
 /// Per target in `cargo xtask test`, all at once: long enough to pass the easy
-/// inputs, short enough that the six add a quarter of a minute.
+/// inputs, short enough that they add a quarter of a minute.
 pub const TEST_SECONDS: u32 = 15;
 
 #[derive(Debug, clap::Args)]
 pub struct Opts {
-    /// One target (config, signature, path, packet, proxy_header, jwt); all when absent.
+    /// One target (config, signature, path, packet, proxy_header, body_keys, jwt); all when absent.
     target: Option<String>,
     /// How long each target runs.
     #[arg(long, default_value_t = 60)]

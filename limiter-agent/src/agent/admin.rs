@@ -44,8 +44,9 @@ pub enum Response {
         stats: Box<AgentStats>,
     },
     Detaching,
+    /// Boxed: the second largest.
     Explained {
-        explanation: crate::proxy::explain::ProxyExplanation,
+        explanation: Box<crate::proxy::explain::ProxyExplanation>,
     },
     /// `None`: the agent runs without `[proxy]`.
     Top {

@@ -401,7 +401,7 @@ impl Agent {
         };
         tokio::spawn(async move {
             let response = match proxy.explain(&request).await {
-                Ok(explanation) => Response::Explained { explanation },
+                Ok(explanation) => Response::Explained { explanation: Box::new(explanation) },
                 Err(error) => Response::Rejected { error: error.to_string() },
             };
             let _ = reply.send(response);

@@ -32,6 +32,7 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
                     .into_iter()
                     .chain(proxy.path_case_warnings())
                     .chain(proxy.connection_bound_warnings())
+                    .chain(proxy.unscoped_keys_warning())
             });
             let xdp_warnings = config
                 .xdp

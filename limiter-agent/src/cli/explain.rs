@@ -29,6 +29,10 @@ pub struct ExplainArgs {
     /// A header, as `Name: value`; repeat for more.
     #[arg(long = "header", short = 'H', value_name = "NAME: VALUE")]
     pub headers: Vec<String>,
+    /// The request's body, read from this file, for the rules keyed on it (`json:`,
+    /// `form:`, with the `Content-Type` given as a header).
+    #[arg(long, value_name = "PATH")]
+    pub body_file: Option<std::path::PathBuf>,
     /// The client address: the request's TCP peer, and the source explained at the
     /// kernel layer.
     #[arg(long, default_value = "127.0.0.1")]
@@ -102,7 +106,13 @@ fn request(args: &ExplainArgs, path: &str) -> Result<ExplainRequest, CliError> {
             None => Err(CliError::Usage(format!("--header {header:?}: expected `Name: value`"))),
         })
         .collect::<Result<_, _>>()?;
-    Ok(ExplainRequest { method: args.method.clone(), path: path.to_owned(), headers, peer: args.ip })
+    let body = match &args.body_file {
+        Some(file) => Some(
+            std::fs::read(file).map_err(|error| CliError::Usage(format!("--body-file {}: {error}", file.display())))?,
+        ),
+        None => None,
+    };
+    Ok(ExplainRequest { method: args.method.clone(), path: path.to_owned(), headers, peer: args.ip, body })
 }
 
 /// The running agent's explanation (with live quotas), or the config's alone when no
@@ -128,14 +138,16 @@ fn explain_request(config: &Config, request: &ExplainRequest) -> Result<ProxyAns
             let stores = Stores::new(&offline)?;
             let engine = Engine::new(&offline, limiter_core::SystemClock, Arc::new(stores));
             let runtime = tokio::runtime::Builder::new_current_thread().build()?;
-            let explained =
-                runtime.block_on(explain(&offline, &engine, request, false, None)).map_err(|e| e.to_string());
+            let explained = runtime
+                .block_on(explain(&offline, &engine, request, false, None))
+                .map(Box::new)
+                .map_err(|e| e.to_string());
             (AnswerSource::Config, explained)
         }
         Err(error) => return Err(error.into()),
     };
     let outcome = match explained {
-        Ok(explanation) => ProxyOutcome::Explained(Box::new(explanation)),
+        Ok(explanation) => ProxyOutcome::Explained(explanation),
         Err(error) => ProxyOutcome::Failed { error },
     };
     Ok(ProxyAnswer { source, outcome })
@@ -167,6 +179,22 @@ fn render_proxy(out: &mut String, proxy: &ProxyExplanation) {
     }
     for rule in &proxy.tagged {
         *out += &format!("  tagged by rule {rule}\n");
+    }
+    if let Some(scopes) = &proxy.scopes {
+        *out += &match (&scopes.missing, scopes.status, &proxy.key) {
+            (Some(scope), Some(status), Some(key)) => {
+                format!("  refused ({status}) before the limits: key {key} does not hold scope {scope}\n")
+            }
+            (Some(scope), Some(status), None) => {
+                format!("  refused ({status}) before the limits: scope {scope} needs a proven key that holds it\n")
+            }
+            _ if scopes.covering.is_empty() => "  in no scope's area: open to any request\n".to_owned(),
+            (_, _, key) => format!(
+                "  in the area of scope {}, which key {} holds\n",
+                scopes.covering.join(", "),
+                key.as_deref().unwrap_or_default()
+            ),
+        };
     }
     let limits = &proxy.limits;
     match limits.verdict {

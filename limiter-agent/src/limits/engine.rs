@@ -11,23 +11,32 @@
 //!   id: see `proxy::pipeline`), if it is a configured key. An unproven or unknown key
 //!   is treated as missing, so neither made-up keys nor someone else's key id spend
 //!   anything but the missing-key bucket.
-//! - `header:NAME`: the header's value (all its lines, joined); empty is missing.
-//!   Values longer than [`MAX_KEY_VALUE`] bytes or not UTF-8 are keyed by their
-//!   SHA-256, so that key memory stays bounded.
+//! - `header:NAME`: the header's value (all its lines, joined).
+//! - `query:NAME`, `cookie:NAME`: the first such query parameter (percent-decoded)
+//!   or cookie.
+//! - `json:/POINTER`, `form:NAME`: a member of a JSON body or a field of a form
+//!   body, read by [`limiter_core::carried`] when the body was read for it
+//!   ([`RequestInfo::body`]) and its `Content-Type` says that format.
 //! - `jwt:CLAIM`: that claim of the request's JWT, only if the token verified
 //!   ([`RequestInfo::jwt`]); a string by value, a number or boolean by its JSON text
 //!   (after its issuer's `iss` for a JWKS issuer's token, so that two issuers'
-//!   subjects never share a bucket), bounded like header values. A claim absent,
-//!   empty or structured is missing.
+//!   subjects never share a bucket); absent, empty or structured is missing. Never
+//!   folded: the client proved it.
+//! - a composite (`["ip", "header:x-tenant"]`): every part, each present.
 //! - `+route`: the rule's path prefix is part of the key.
+//!
+//! The values a client chooses (every kind but `ip`, `api_key` and `jwt:`) are folded as
+//! `key_fold` says; an empty one is missing; one longer than [`MAX_KEY_VALUE`] bytes
+//! or not UTF-8 is keyed by its SHA-256, so that key memory stays bounded.
 //!
 //! A missing key follows `missing_key`: `shared` counts all such requests of a rule
 //! in one bucket, [`MISSING_KEY`]; `reject` answers [`Verdict::MissingKey`] and
 //! charges nothing.
 //!
-//! A bucket is the client's own when it is keyed by the client's address, by the
-//! key it proved (its plan too) or by a claim of the token it proved; the missing-key bucket and a header's value are
-//! anyone's who sends the same ([`Holder`]). [`Decision::own_bucket_refused`] says
+//! A bucket is the client's own when its key has the client's address, the key it
+//! proved or a claim of the token it proved as a part (its plan too); the missing-key bucket and the values a client
+//! chooses are anyone's who sends the same ([`Holder`]): a username's bucket is
+//! filled by whoever tries that username. [`Decision::own_bucket_refused`] says
 //! whether a refusal is the client's doing, which is what escalation counts.
 //!
 //! The strictest verdict wins: a rejection by any bucket rejects (with the longest
@@ -51,6 +60,7 @@ use sha2::{Digest, Sha256};
 
 use limiter_core::{
     Clock, LimitSpec,
+    carried::{self, BodyFormat},
     jwt::Claims,
     limits::{Bucket, Charge, Outcome, Outcomes, Quota},
 };
@@ -60,7 +70,7 @@ use crate::{
     backend::Stores,
     config::{
         conditions::Seen,
-        proxy::{KeyKind, KeySpec, MissingKey, ProxyConfig, Rule, RuleAction, StoreFailure},
+        proxy::{KeyFold, KeyKind, KeySpec, MissingKey, ProxyConfig, Rule, RuleAction, StoreFailure},
     },
 };
 
@@ -90,9 +100,25 @@ pub struct RequestInfo<'a> {
     pub query: Option<&'a str>,
     /// See [`Seen::body_length`].
     pub body_length: Option<u64>,
+    /// The body, when a rule keyed on it matched and it was read whole within
+    /// `[proxy.body_keys] max_bytes`.
+    pub body: Option<&'a [u8]>,
 }
 
 impl RequestInfo<'_> {
+    /// The body, if it was read and its head says it is in `format`, unencoded: a
+    /// compressed body, or one with two `Content-Type`s, is read for no key.
+    fn body_as(&self, format: BodyFormat) -> Option<&[u8]> {
+        let mut types = self.headers.get_all(http::header::CONTENT_TYPE).into_iter();
+        let named = types.next().and_then(|value| BodyFormat::of_content_type(value.as_bytes()));
+        let encoded = self
+            .headers
+            .get_all(http::header::CONTENT_ENCODING)
+            .into_iter()
+            .any(|value| !value.as_bytes().eq_ignore_ascii_case(b"identity"));
+        (named == Some(format) && types.next().is_none() && !encoded).then_some(self.body?)
+    }
+
     /// What rule conditions look at.
     #[must_use]
     pub fn seen(&self) -> Seen<'_> {
@@ -419,7 +445,7 @@ pub(super) struct Policies {
 impl Policies {
     /// The policies of `config`, their observations starting at `now`.
     fn new(config: &ProxyConfig, now: Duration) -> Self {
-        let api_key = KeySpec { by: KeyKind::ApiKey, per_route: false };
+        let api_key = KeySpec::of(KeyKind::ApiKey);
         Self {
             rules: config
                 .rules
@@ -520,31 +546,35 @@ impl Policies {
     }
 
     /// The bucket key of `rule` for `request` and whose it is; `None` if the request
-    /// lacks it.
+    /// lacks it (any part of it).
     fn key(&self, rule: &Rule, request: &RequestInfo<'_>) -> Option<(String, Holder)> {
-        let (mut key, holder) = match &rule.key.by {
-            KeyKind::Ip => (ip_key(request.client), Holder::Client),
-            KeyKind::ApiKey => (format!("api_key={}", self.known_key(request)?), Holder::Client),
-            KeyKind::Header(name) => {
-                let mut value = Vec::new();
-                for line in request.headers.get_all(name) {
-                    if !value.is_empty() {
-                        value.extend_from_slice(b", ");
+        let spec = &rule.key;
+        let (mut key, holder) = match spec.parts.as_slice() {
+            [only] => self.key_part(only, spec.fold, request)?,
+            parts => {
+                let mut key = String::new();
+                let mut holder = Holder::Anyone;
+                for kind in parts {
+                    let (part, whose) = self.key_part(kind, spec.fold, request)?;
+                    // Each part with its length, so that values a client chooses cannot
+                    // shift text from one part to the next and meet another's.
+                    key.push_str(&part.len().to_string());
+                    key.push(':');
+                    key.push_str(&part);
+                    // Only this client's requests reach a bucket that its address or
+                    // proven key is a part of.
+                    if whose == Holder::Client {
+                        holder = Holder::Client;
                     }
-                    value.extend_from_slice(line.as_bytes());
                 }
-                if value.is_empty() {
-                    return None;
-                }
-                (bounded_value("header", &value), Holder::Anyone)
+                (key, holder)
             }
-            KeyKind::Jwt(claim) => (bounded_value("jwt", request.jwt?.key_value(claim)?.as_bytes()), Holder::Client),
         };
         // `+route` counts each path the rule covers on its own: per client per
         // endpoint. (The rule's own prefix would add nothing: every rule already has
         // state of its own.) Paths are client-chosen, so the key is bounded in length
         // like header values, and the store's bound holds the number of them.
-        if rule.key.per_route {
+        if spec.per_route {
             if request.path.len() <= MAX_KEY_VALUE {
                 key.push_str(" route=");
                 key.push_str(request.path);
@@ -555,6 +585,56 @@ impl Policies {
         }
         Some((key, holder))
     }
+
+    fn key_part(&self, kind: &KeyKind, fold: KeyFold, request: &RequestInfo<'_>) -> Option<(String, Holder)> {
+        let chosen =
+            |label: &dyn std::fmt::Display, value: &[u8]| Some((chosen_key(label, value, fold)?, Holder::Anyone));
+        match kind {
+            KeyKind::Ip => Some((ip_key(request.client), Holder::Client)),
+            KeyKind::ApiKey => Some((format!("api_key={}", self.known_key(request)?), Holder::Client)),
+            KeyKind::Header(name) => {
+                let mut value = Vec::new();
+                for line in request.headers.get_all(name) {
+                    if !value.is_empty() {
+                        value.extend_from_slice(b", ");
+                    }
+                    value.extend_from_slice(line.as_bytes());
+                }
+                chosen(&"header", &value)
+            }
+            KeyKind::Query(name) => chosen(kind, &carried::query_value(request.query?, name)?),
+            KeyKind::Cookie(name) => {
+                let lines = request.headers.get_all(http::header::COOKIE).into_iter().map(http::HeaderValue::as_bytes);
+                chosen(kind, carried::cookie_value(lines, name)?)
+            }
+            KeyKind::Json(pointer) => {
+                chosen(kind, carried::json_value(request.body_as(BodyFormat::Json)?, pointer)?.as_bytes())
+            }
+            KeyKind::Form(name) => chosen(kind, &carried::form_field(request.body_as(BodyFormat::Form)?, name)?),
+            KeyKind::Jwt(claim) => {
+                let value = request.jwt?.key_value(claim)?;
+                Some((chosen_key(kind, value.as_bytes(), KeyFold::None)?, Holder::Client))
+            }
+        }
+    }
+}
+
+/// The key text of a value the client chose, under `label` (`header`, or the kind as
+/// written: `json:/username`): folded as the rule says, as is if it is short UTF-8
+/// text, else by its SHA-256, so that key memory stays bounded. Empty is missing.
+fn chosen_key(label: &dyn std::fmt::Display, value: &[u8], fold: KeyFold) -> Option<String> {
+    if value.is_empty() {
+        return None;
+    }
+    let folded: std::borrow::Cow<'_, [u8]> = match (fold, std::str::from_utf8(value)) {
+        (KeyFold::None, _) => value.into(),
+        (KeyFold::Lower, Ok(text)) => text.to_lowercase().into_bytes().into(),
+        (KeyFold::Lower, Err(_)) => value.to_ascii_lowercase().into(),
+    };
+    Some(match std::str::from_utf8(&folded) {
+        Ok(text) if text.len() <= MAX_KEY_VALUE => format!("{label}={text}"),
+        _ => format!("{label}#{}", hex::encode(Sha256::digest(&folded))),
+    })
 }
 
 /// Either the counted buckets or the verdict that stops a request before counting.
@@ -614,16 +694,26 @@ impl<C: Clock> Engine<C> {
         }
     }
 
+    /// Whether a rule keyed on the body (`json:`, `form:`) matches `request`, so that
+    /// its body is to be read for the key.
+    pub fn needs_body(&self, request: &RequestInfo<'_>) -> bool {
+        let seen = request.seen();
+        self.snapshot().rules.iter().any(|(rule, _)| rule.key.needs_body() && rule.applies(&seen))
+    }
+
     /// What [`Self::decide`] would answer now from the request's rules not keyed by
-    /// `api_key` (which need its key proven, and its body for that), charging nothing:
+    /// `api_key` nor on the body (which need the body read first), charging nothing:
     /// asked before a body is read, so that a client already over its own limit costs
     /// no read. `None`: they admit it (or the store is unreachable), and the request
     /// goes on to `decide`. A refusal is counted as `decide` counts one.
     pub async fn refuse_early(&self, request: &RequestInfo<'_>) -> Option<Decision> {
         let policies = self.snapshot();
         let seen = request.seen();
-        let keyless: Vec<&(Rule, Policy)> =
-            policies.rules.iter().filter(|(rule, _)| rule.key.by != KeyKind::ApiKey && rule.applies(&seen)).collect();
+        let keyless: Vec<&(Rule, Policy)> = policies
+            .rules
+            .iter()
+            .filter(|(rule, _)| !rule.key.needs_proof() && !rule.key.needs_body() && rule.applies(&seen))
+            .collect();
         if keyless.is_empty() {
             return None;
         }
@@ -680,7 +770,7 @@ impl<C: Clock> Engine<C> {
         let counted: Vec<Counting<'_>> = policies
             .rules
             .iter()
-            .filter(|(rule, _)| rule.key.by == KeyKind::Ip && rule.applies(&seen))
+            .filter(|(rule, _)| rule.key.is(&KeyKind::Ip) && rule.applies(&seen))
             .filter_map(|(rule, policy)| {
                 let (key, holder) = policies.key(rule, request)?;
                 Some(Counting { policy, key, holder })
@@ -867,15 +957,6 @@ fn count_in<'p>(policies: &'p Policies, matching: &[&'p (Rule, Policy)], request
         counted.push(Counting { policy: plan, key: format!("api_key={key}"), holder: Holder::Client });
     }
     Ok(counted)
-}
-
-/// `kind=value`, or `kind#` and its SHA-256 for a value longer than [`MAX_KEY_VALUE`]
-/// bytes or not UTF-8: client-chosen values must not grow key memory.
-fn bounded_value(kind: &str, value: &[u8]) -> String {
-    match std::str::from_utf8(value) {
-        Ok(text) if text.len() <= MAX_KEY_VALUE => format!("{kind}={text}"),
-        _ => format!("{kind}#{}", hex::encode(Sha256::digest(value))),
-    }
 }
 
 /// An IPv4 address as is, an IPv6 address by its /64.

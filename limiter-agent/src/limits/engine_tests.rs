@@ -85,6 +85,7 @@ struct Req {
     api_key: Option<&'static str>,
     headers: HeaderMap,
     jwt: Option<Claims>,
+    query: Option<&'static str>,
 }
 
 fn get(path: &'static str) -> Req {
@@ -95,6 +96,7 @@ fn get(path: &'static str) -> Req {
         api_key: None,
         headers: HeaderMap::new(),
         jwt: None,
+        query: None,
     }
 }
 
@@ -124,6 +126,10 @@ impl Req {
         self
     }
 
+    fn query(self, query: &'static str) -> Self {
+        Self { query: Some(query), ..self }
+    }
+
     fn info(&self) -> RequestInfo<'_> {
         RequestInfo {
             method: &self.method,
@@ -132,8 +138,9 @@ impl Req {
             api_key: self.api_key,
             jwt: self.jwt.as_ref(),
             headers: &self.headers,
-            query: None,
+            query: self.query,
             body_length: Some(0),
+            body: None,
         }
     }
 
@@ -728,8 +735,8 @@ fn kinds_display_as_the_json_names_them() {
 }
 
 /// A refusal is the client's own doing only when a bucket keyed by its address or its
-/// proven key (or that key's plan) refused: the missing-key bucket and a header's
-/// value are anyone's.
+/// proven key (or that key's plan, or a composite with either as a part) refused: the
+/// missing-key bucket and the values a client chooses are anyone's.
 #[test]
 fn a_refusal_is_the_clients_own_only_from_its_address_or_proven_key() {
     let rules = r#"
@@ -760,6 +767,20 @@ path = "/header"
 key = "ip"
 limit = 1000
 window = "1m"
+
+[[proxy.rules]]
+name = "by-tenant-and-ip"
+path = "/composite"
+key = ["header:x-tenant", "ip"]
+limit = 2
+window = "1m"
+
+[[proxy.rules]]
+name = "by-user"
+path = "/query"
+key = "query:user"
+limit = 2
+window = "1m"
 "#;
     let (engine, clock) = engine(rules);
     // Past each bucket's 2, then one more: which refusals were the client's own.
@@ -775,6 +796,8 @@ window = "1m"
     assert!(third(&get("/key").key("k-free-1")), "its own proven key");
     assert!(!third(&get("/key").from("192.0.2.8")), "the shared missing-key bucket");
     assert!(!third(&get("/header").header("x-user", "victim")), "a header anyone can send");
+    assert!(third(&get("/composite").header("x-tenant", "acme")), "a value of its own, with its address");
+    assert!(!third(&get("/query").query("user=victim")), "a username anyone can try");
     let free = get("/other").key("k-free-1").from("192.0.2.9");
     for _ in 0..98 {
         assert!(matches!(free.to(&engine).verdict, Verdict::Forward | Verdict::Delay(_)));

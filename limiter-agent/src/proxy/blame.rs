@@ -4,9 +4,9 @@
 //! page making its readers' browsers send requests to a signed route, another client
 //! emptying a shared bucket, a header value anyone can send.
 //!
-//! What counts: a 401 for a signature or key the request carried; a 429 from a
-//! bucket of the client's own (its address's, its proven key's or plan's); a `deny`
-//! rule with `escalate = true`. None of them for a request the browser says another
+//! What counts: a 401 for a signature or key the request carried; a 403 for a proven
+//! key outside its scopes; a 429 from a bucket of the client's own (its address's, its
+//! proven key's or plan's); a `deny` rule with `escalate = true`. None of them for a request the browser says another
 //! site made it send (`Sec-Fetch-Site: cross-site`): it is limited as usual, never
 //! escalated. A client may send that header itself to stay unescalated; it still
 //! meets every limit. The 429s, 401s and 403s spared are counted
@@ -61,7 +61,11 @@ impl Refusal {
     pub(super) fn blame(&self, initiator: Initiator) -> Blame {
         let client_caused = match self {
             Self::QuotaExceeded { own_bucket, .. } => *own_bucket,
-            Self::Unauthorized { carried_credentials } => *carried_credentials,
+            Self::Unauthorized { carried_credentials, .. } | Self::KeyRequired { carried_credentials, .. } => {
+                *carried_credentials
+            }
+            // The key was proven: its holder sent it.
+            Self::InsufficientScope { .. } => true,
             Self::Denied { escalates, .. } => *escalates,
             // Everyone behind the address shares the cap.
             Self::TooManyInFlight => false,
@@ -90,7 +94,7 @@ impl Refusal {
 mod tests {
     use std::time::Duration;
 
-    use http::{HeaderMap, HeaderValue, StatusCode};
+    use http::{HeaderMap, HeaderValue};
 
     use super::{Blame, Initiator, Refusal, carries_credentials};
 
@@ -105,11 +109,17 @@ mod tests {
         Refusal::QuotaExceeded { violated: Vec::new(), retry_after: Duration::from_secs(1), own_bucket }
     }
 
+    fn challenge() -> HeaderValue {
+        HeaderValue::from_static("Limiter-HMAC realm=\"limiter\"")
+    }
+
     #[test]
     fn only_refusals_the_client_caused_escalate() {
         let escalating = [
             over_limit(true),
-            Refusal::Unauthorized { carried_credentials: true },
+            Refusal::Unauthorized { carried_credentials: true, challenge: challenge() },
+            Refusal::KeyRequired { scope: None, carried_credentials: true, challenge: challenge() },
+            Refusal::InsufficientScope { scope: None },
             Refusal::Denied { rule: None, escalates: true },
         ];
         for refusal in &escalating {
@@ -118,14 +128,15 @@ mod tests {
         }
         let doubtful = [
             over_limit(false),
-            Refusal::Unauthorized { carried_credentials: false },
+            Refusal::Unauthorized { carried_credentials: false, challenge: challenge() },
+            Refusal::KeyRequired { scope: None, carried_credentials: false, challenge: challenge() },
             Refusal::Denied { rule: Some("probe".to_owned()), escalates: false },
         ];
         for refusal in &doubtful {
             assert_eq!(refusal.blame(Initiator::Client), Blame::Doubtful, "{refusal:?}");
         }
         let nobodys = [
-            Refusal::MissingKey { rule: None, status: StatusCode::UNAUTHORIZED },
+            Refusal::MissingKey { rule: None, challenge: Some(challenge()) },
             Refusal::StoreUnavailable,
             Refusal::UpstreamTimeout,
         ];

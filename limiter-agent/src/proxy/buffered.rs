@@ -118,23 +118,31 @@ impl<B: Body<Data = Bytes, Error = BoxError> + Unpin> Body for Metered<B> {
     }
 }
 
-/// The body to forward. One of known length (already checked) streams through; a
-/// chunked one is read in full first, so that one found too large halfway is refused
-/// before the upstream has seen any part of the request, and holds `reservation`
-/// until it is forwarded.
+/// The body to forward, and its bytes when they were read for a key. One of known
+/// length (already checked) streams through, unless `for_keys` asks for a body of
+/// up to that many bytes and this one is; a chunked one is read in full first, so
+/// that one found too large halfway is refused before the upstream has seen any
+/// part of the request. What is read holds `reservation` until it is forwarded, and
+/// goes upstream as it came.
 pub(super) async fn forwardable(
     body: TimedBody,
     max_bytes: u64,
     reservation: Reservation,
-) -> Result<ProxyBody, BodyRefused> {
+    for_keys: Option<u64>,
+) -> Result<(ProxyBody, Option<Bytes>), BodyRefused> {
     let limit = usize::try_from(max_bytes).unwrap_or(usize::MAX);
-    if body.size_hint().exact().is_some() {
-        return Ok(Limited::new(body, limit).boxed());
+    let within_keys = |length: u64| for_keys.is_some_and(|most| length <= most);
+    if let Some(length) = body.size_hint().exact()
+        && !within_keys(length)
+    {
+        return Ok((Limited::new(body, limit).boxed(), None));
     }
     let mut metered = Metered::new(body, reservation);
     let collected =
         Limited::new(&mut metered, limit).collect().await.map_err(|error| BodyRefused::of_read(&*error, max_bytes))?;
-    Ok(Guarded::new(full_body(collected.to_bytes()), metered.into_reservation()).boxed())
+    let bytes = collected.to_bytes();
+    let read = within_keys(u64::try_from(bytes.len()).unwrap_or(u64::MAX)).then(|| bytes.clone());
+    Ok((Guarded::new(full_body(bytes), metered.into_reservation()).boxed(), read))
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 use std::net::IpAddr;
 
+use bytes::Bytes;
 use http::{HeaderValue, header, request};
 use hyper::body::{Body as _, Incoming};
 use limiter_core::{jwt::Claims, path::CanonicalPath, signature::Authenticated};
@@ -67,6 +68,8 @@ pub(super) struct Exchange<'s> {
     pub jwt: Option<Claims>,
     /// The idempotency key this request holds until its response is stored.
     pub claim: Option<Claim>,
+    /// The body, once read for a rule keyed on it.
+    pub body: Option<Bytes>,
 }
 
 impl<'s> Exchange<'s> {
@@ -114,6 +117,7 @@ impl<'s> Exchange<'s> {
             proof: Proof::None,
             jwt: None,
             claim: None,
+            body: None,
         })
     }
 
@@ -132,6 +136,7 @@ impl<'s> Exchange<'s> {
             headers: &self.parts.headers,
             query: self.parts.uri.query(),
             body_length: self.body_length,
+            body: self.body.as_deref(),
         }
     }
 }

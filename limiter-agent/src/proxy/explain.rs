@@ -1,6 +1,6 @@
 //! `limiter explain` at the proxy: a described request taken through the steps that
 //! come before the limits (the canonical path, the client address through trusted
-//! proxies, the key the request would prove), then explained by the engine.
+//! proxies, the key the request would prove, its scopes), then explained by the engine.
 
 use std::net::IpAddr;
 
@@ -10,7 +10,11 @@ use serde::{Deserialize, Serialize};
 
 use super::keys;
 use crate::{
-    config::{ProxyConfig, conditions::http1_body_length, proxy::KeyAuth},
+    config::{
+        ProxyConfig,
+        conditions::http1_body_length,
+        proxy::{ApiKey, KeyAuth},
+    },
     limits::{Engine, Explanation, RequestInfo, Screened},
 };
 
@@ -23,6 +27,9 @@ pub(crate) struct ExplainRequest {
     pub headers: Vec<(String, String)>,
     /// The TCP peer the request would come from.
     pub peer: IpAddr,
+    /// Its body, for the rules keyed on it.
+    #[serde(default)]
+    pub body: Option<Vec<u8>>,
 }
 
 /// How a request proves its key.
@@ -50,8 +57,23 @@ pub(crate) struct ProxyExplanation {
     pub denied_by: Option<String>,
     /// The `tag` rules that would mark it.
     pub tagged: Vec<String>,
+    /// What the scopes make of it; `None`: the config has none.
+    pub scopes: Option<ScopeExplanation>,
     #[serde(flatten)]
     pub limits: Explanation,
+}
+
+/// Where a request stands with the `[[proxy.scopes]]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ScopeExplanation {
+    /// The scopes whose area it is in, in the config's order; empty: any request may
+    /// call it.
+    pub covering: Vec<String>,
+    /// The first of them its key does not hold (for a keyless request, the first).
+    pub missing: Option<String>,
+    /// What the proxy answers before the limits: 401 without a key, 403 for a key
+    /// without `missing`; `None`: it lets the request on.
+    pub status: Option<u16>,
 }
 
 /// A described request the proxy would refuse before its limits, or could not read.
@@ -95,11 +117,15 @@ pub async fn explain<C: Clock>(
     let path = CanonicalPath::parse(path, config.path_options())
         .map_err(|reason| ExplainError::Path { path: request.path.clone(), reason: reason.to_string() })?;
     let client = keys::client_ip(request.peer, &headers, &config.trusted_proxies);
-    let (key, proof) = match proven_key(config, &headers) {
-        Some((id, auth)) => (Some(id), Some(auth)),
+    let proven = proven_key(config, &headers);
+    let (key, proof) = match proven {
+        Some((key, auth)) => (Some(key.id.clone()), Some(auth)),
         None => (None, None),
     };
     let claims = jwt.and_then(|verify| verify(&headers));
+    let body_length = http1_body_length(&headers).or_else(|| Some(request.body.as_ref()?.len() as u64));
+    // As the proxy reads it: only a body within `[proxy.body_keys] max_bytes`.
+    let body = request.body.as_deref().filter(|body| body.len() as u64 <= config.body_keys.max_bytes);
     let info = RequestInfo {
         method: &method,
         path: path.route(),
@@ -108,16 +134,24 @@ pub async fn explain<C: Clock>(
         jwt: claims.as_ref(),
         headers: &headers,
         query,
-        body_length: http1_body_length(&headers),
+        body_length,
+        body,
     };
     let Screened { denied_by, tagged, .. } = engine.would_screen(&info);
+    let scopes = (!config.scopes.is_empty()).then(|| {
+        let seen = info.seen();
+        let missing = config.scope_missing(&seen, proven.map(|(key, _)| key)).map(|scope| scope.name.clone());
+        let status = missing.as_ref().map(|_| if proven.is_some() { 403 } else { 401 });
+        let covering = config.scopes.iter().filter(|scope| scope.covers(&seen)).map(|s| s.name.clone()).collect();
+        ScopeExplanation { covering, missing, status }
+    });
     let limits = engine.explain(&info, live).await;
-    Ok(ProxyExplanation { route: path.route().to_owned(), client, key, proof, denied_by, tagged, limits })
+    Ok(ProxyExplanation { route: path.route().to_owned(), client, key, proof, denied_by, tagged, scopes, limits })
 }
 
 /// The configured key `X-API-Key` names (one value only, as the pipeline takes it),
 /// and how the request would prove it.
-fn proven_key(config: &ProxyConfig, headers: &HeaderMap) -> Option<(String, ProofKind)> {
+fn proven_key<'c>(config: &'c ProxyConfig, headers: &HeaderMap) -> Option<(&'c ApiKey, ProofKind)> {
     let mut values = headers.get_all(API_KEY_HEADER).iter();
     let id = values.next()?.to_str().ok()?;
     if values.next().is_some() {
@@ -128,5 +162,5 @@ fn proven_key(config: &ProxyConfig, headers: &HeaderMap) -> Option<(String, Proo
         KeyAuth::Bearer => ProofKind::Bearer,
         KeyAuth::Signature => ProofKind::Signature,
     };
-    Some((key.id.clone(), proof))
+    Some((key, proof))
 }

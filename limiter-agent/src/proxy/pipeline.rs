@@ -26,7 +26,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use http::{Request, Response, StatusCode, request, uri::PathAndQuery};
+use http::{Request, Response, request, uri::PathAndQuery};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::sync::Semaphore;
@@ -50,7 +50,7 @@ use super::{
     proxy_protocol::Accepted,
     shares::{Share, Shares},
     snapshot::Snapshot,
-    stats::{Counters, Event, ProxyStats},
+    stats::{Counters, Event, Forbidden, ProxyStats},
 };
 use limiter_core::{
     Clock,
@@ -66,7 +66,7 @@ use crate::{
     backend::{Claim, Stores},
     config::{
         ProxyConfig,
-        proxy::{Disclose, Http2Config, KeyKind, ProxyProtocol},
+        proxy::{Disclose, Http2Config, ProxyProtocol},
     },
     escalation::Escalator,
     fleet::FleetError,
@@ -369,9 +369,11 @@ impl<C: Clock + Clone> Pipeline<C> {
             }
         }
         let event = match &refusal {
-            Refusal::QuotaExceeded { .. } | Refusal::MissingKey { .. } | Refusal::StoreUnavailable => {
-                Some(Event::Rejected)
-            }
+            Refusal::QuotaExceeded { .. }
+            | Refusal::MissingKey { .. }
+            | Refusal::KeyRequired { .. }
+            | Refusal::StoreUnavailable => Some(Event::Rejected),
+            Refusal::InsufficientScope { .. } => Some(Event::Forbidden(Forbidden::Scope)),
             Refusal::BodyTooLarge { .. } => Some(Event::BodyTooLarge),
             Refusal::BuffersFull => Some(Event::BuffersFull),
             Refusal::BodyTimeout => Some(Event::BodyTimeout),
@@ -421,10 +423,13 @@ impl<C: Clock + Clone> Pipeline<C> {
         }
         let signed =
             exchange.parts.headers.contains_key(SIGNATURE_HEADER) || requires_signature(config, &exchange.info());
+        let for_keys = (snapshot.body_keyed && self.engine.needs_body(&exchange.info()))
+            .then_some(config.body_keys.max_bytes)
+            .filter(|&most| exchange.body_length.is_none_or(|length| length <= most));
         // A body read whole before the limits are asked is asked about first, so that a
         // client over its own limit costs no read (and gets no `100 Continue`). In
         // shadow mode the decision after the read counts it.
-        let read_first = signed || exchange.body_length.is_none();
+        let read_first = signed || exchange.body_length.is_none() || for_keys.is_some();
         if read_first
             && config.enforce
             && let Some((refusal, policies)) = self.refuse_early(&exchange, &screened.tagged).await
@@ -436,14 +441,14 @@ impl<C: Clock + Clone> Pipeline<C> {
             per_client: config.buffered_bytes_per_client(),
         };
         let reservation = buffered::reserve(&self.buffers, exchange.client, buffered, caps);
-        let body = match self.prove(&mut exchange, body, signed, reservation).await? {
+        let body = match self.prove(&mut exchange, body, signed, reservation, for_keys).await? {
             Admission::Answered(response) => return Ok(response),
             Admission::Forward(body) => body,
         };
         let decision = self.decide(&exchange, &screened.tagged).await;
         let Decision { verdict, policies, violated, own_bucket_refused, .. } = decision;
         let disclose = snapshot.disclose(exchange.proof.key_id());
-        let outcome = match self.act(config, verdict, violated, own_bucket_refused, disclose).await {
+        let outcome = match self.act(snapshot, verdict, violated, own_bucket_refused, disclose).await {
             Ok(()) => self.forward(exchange, body).await,
             Err(refusal) => Err(refusal),
         };
@@ -482,24 +487,56 @@ impl<C: Clock + Clone> Pipeline<C> {
     }
 
     /// Reads the body as far as proving a key needs: whole for a signed request (then
-    /// verified, and its idempotency key applied), else streamed on. What is read
-    /// whole grows `reservation`, and holds it until forwarded.
+    /// verified, and its idempotency key applied), else streamed on; and, for a rule
+    /// keyed on it, whole if it is at most `for_keys` bytes. What is read whole grows
+    /// `reservation`, and holds it until forwarded.
     async fn prove(
         &self,
         exchange: &mut Exchange<'_>,
         body: TimedBody,
         signed: bool,
         reservation: Reservation,
+        for_keys: Option<u64>,
     ) -> Result<Admission, Refusal> {
         let config = exchange.config();
         if signed {
-            return self.admit_signed(exchange, Metered::new(body, reservation)).await;
+            return self.admit_signed(exchange, Metered::new(body, reservation), for_keys).await;
         }
-        let body = buffered::forwardable(body, config.max_body_bytes, reservation).await?;
         if let Some(id) = exchange.snapshot.bearer_key(&exchange.parts.headers) {
             exchange.proof = Proof::Bearer(id);
         }
+        self.check_scopes(exchange).await?;
+        let (body, read) = buffered::forwardable(body, config.max_body_bytes, reservation, for_keys).await?;
+        exchange.body = read;
         Ok(Admission::Forward(body))
+    }
+
+    /// Refuses a request in the area of a scope its proof does not hold: 401 with no
+    /// key proven, 403 for a key without the scope. Scopes say who may call a route,
+    /// as signatures say who sent it, so shadow mode does not lift them. The request
+    /// is charged to its IP limits, as a failed signature is (a client sweeping
+    /// bearer key ids or routes is rate limited), and to no key's quota.
+    async fn check_scopes(&self, exchange: &Exchange<'_>) -> Result<(), Refusal> {
+        let snapshot = exchange.snapshot;
+        if snapshot.config.scopes.is_empty() {
+            return Ok(());
+        }
+        let info = exchange.info();
+        let key_id = exchange.proof.key_id();
+        let key = key_id.and_then(|id| snapshot.key(id));
+        let Some(scope) = snapshot.config.scope_missing(&info.seen(), key) else { return Ok(()) };
+        self.engine.penalize(&info).await;
+        self.heavy.record(exchange.proof.client(exchange.client), Some(&scope.name));
+        let scope = (snapshot.disclose(key_id) == Disclose::Full).then(|| scope.name.clone());
+        tracing::debug!(key = key_id, ?scope, "outside the key's scopes");
+        Err(match key_id {
+            Some(_) => Refusal::InsufficientScope { scope },
+            None => Refusal::KeyRequired {
+                scope,
+                carried_credentials: blame::carries_credentials(&exchange.parts.headers),
+                challenge: snapshot.key_challenge.clone(),
+            },
+        })
     }
 
     /// One decision over every matching rule and the key's plan, counted, logged and
@@ -524,7 +561,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.account(exchange, &decision, tagged);
         let Decision { verdict, policies, violated, own_bucket_refused, .. } = decision;
         let disclose = exchange.snapshot.disclose(None);
-        let refusal = self.act(exchange.config(), verdict, violated, own_bucket_refused, disclose).await.err()?;
+        let refusal = self.act(exchange.snapshot, verdict, violated, own_bucket_refused, disclose).await.err()?;
         Some((refusal, policies))
     }
 
@@ -603,12 +640,13 @@ impl<C: Clock + Clone> Pipeline<C> {
     /// would have done.
     async fn act(
         &self,
-        config: &ProxyConfig,
+        snapshot: &Snapshot,
         verdict: Verdict,
         violated: Vec<String>,
         own_bucket: bool,
         disclose: Disclose,
     ) -> Result<(), Refusal> {
+        let config = &snapshot.config;
         let named = disclose == Disclose::Full;
         match verdict {
             Verdict::Forward => Ok(()),
@@ -624,11 +662,12 @@ impl<C: Clock + Clone> Pipeline<C> {
                 Err(Refusal::QuotaExceeded { violated, retry_after, own_bucket })
             }
             Verdict::MissingKey { rule } if config.enforce => {
-                let status = match config.rules.iter().find(|r| r.name == rule).map(|r| &r.key.by) {
-                    Some(KeyKind::ApiKey | KeyKind::Jwt(_)) => StatusCode::UNAUTHORIZED,
-                    _ => StatusCode::BAD_REQUEST,
+                let challenge = match config.rules.iter().find(|r| r.name == rule) {
+                    Some(rule) if rule.key.needs_proof() => Some(snapshot.key_challenge.clone()),
+                    Some(rule) if rule.key.needs_token() => Some(snapshot.jwt_challenge.clone()),
+                    _ => None,
                 };
-                Err(Refusal::MissingKey { rule: named.then_some(rule), status })
+                Err(Refusal::MissingKey { rule: named.then_some(rule), challenge })
             }
             Verdict::StoreUnavailable if config.enforce => Err(Refusal::StoreUnavailable),
             Verdict::Reject { .. } | Verdict::MissingKey { .. } | Verdict::StoreUnavailable => {
@@ -685,6 +724,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         &self,
         exchange: &mut Exchange<'_>,
         mut body: Metered<TimedBody>,
+        for_keys: Option<u64>,
     ) -> Result<Admission, Refusal> {
         let snapshot = exchange.snapshot;
         let config = exchange.config();
@@ -707,18 +747,26 @@ impl<C: Clock + Clone> Pipeline<C> {
                 // Failures count against the client's IP limits, so guessing is rate limited.
                 self.engine.penalize(&exchange.info()).await;
                 tracing::debug!(%failure, "signature refused");
-                return Err(Refusal::Unauthorized { carried_credentials: blame::carries_credentials(&parts.headers) });
+                return Err(Refusal::Unauthorized {
+                    carried_credentials: blame::carries_credentials(&parts.headers),
+                    challenge: snapshot.signature_challenge.clone(),
+                });
             }
         };
-        if let Some(key) = idempotency_key {
+        exchange.proof = Proof::Signed(authenticated);
+        // Before the idempotency key: a key outside its scopes has no stored answer replayed.
+        self.check_scopes(exchange).await?;
+        if let (Some(key), Some(key_id)) = (idempotency_key, exchange.proof.key_id()) {
             let fingerprint = idempotency::fingerprint(&parts.method, target, &body_sha256);
-            exchange.claim = match self.claim(&authenticated.key_id, key, fingerprint).await {
+            exchange.claim = match self.claim(key_id, key, fingerprint).await {
                 Ok(Taken::Claim(claim)) => Some(claim),
                 Ok(Taken::Replay(response)) => return Ok(Admission::Answered(response)),
                 Err(refusal) => return Err(refusal),
             };
         }
-        exchange.proof = Proof::Signed(authenticated);
+        if for_keys.is_some_and(|most| u64::try_from(bytes.len()).is_ok_and(|length| length <= most)) {
+            exchange.body = Some(bytes.clone());
+        }
         Ok(Admission::Forward(Guarded::new(full_body(bytes), body.into_reservation()).boxed()))
     }
 
@@ -793,7 +841,7 @@ fn requires_signature(config: &ProxyConfig, request: &RequestInfo<'_>) -> bool {
 /// microseconds).
 fn needs_jwt(config: &ProxyConfig, request: &RequestInfo<'_>) -> bool {
     let seen = request.seen();
-    config.rules.iter().any(|rule| matches!(rule.key.by, KeyKind::Jwt(_)) && rule.applies(&seen))
+    config.rules.iter().any(|rule| rule.key.needs_token() && rule.applies(&seen))
 }
 
 /// The `Idempotency-Key` of a state-changing request. Only signed requests get here:

@@ -23,9 +23,18 @@ pub(super) enum Refusal {
     #[error("over the limit of {violated:?}")]
     QuotaExceeded { violated: Vec<String>, retry_after: Duration, own_bucket: bool },
     /// A rule with `missing_key = "reject"` counts by a key the request lacks; named
-    /// only where `disclose = "full"`.
+    /// only where `disclose = "full"`. `challenge`: for a rule counting by API key,
+    /// the `WWW-Authenticate` of its 401; `None`: a header's rule, 400.
     #[error("rule {rule:?} needs a key the request lacks")]
-    MissingKey { rule: Option<String>, status: StatusCode },
+    MissingKey { rule: Option<String>, challenge: Option<HeaderValue> },
+    /// The route is in a scope's area and the request proves no key (401); the scope
+    /// is named only where `disclose = "full"`.
+    #[error("scope {scope:?} needs a proven key")]
+    KeyRequired { scope: Option<String>, carried_credentials: bool, challenge: HeaderValue },
+    /// The request proved a key that does not hold a scope whose area the route is in
+    /// (403); named only where the key's `disclose` is `full`.
+    #[error("the key does not hold scope {scope:?}")]
+    InsufficientScope { scope: Option<String> },
     /// A `deny` rule applies; named only where `disclose = "full"`.
     /// `escalates`: the rule has `escalate = true`.
     #[error("denied by rule {rule:?}")]
@@ -33,8 +42,9 @@ pub(super) enum Refusal {
     /// Every signature failure looks the same from outside; the reason is counted.
     /// `carried_credentials`: the request carried a signature or a key
     /// ([`super::blame::carries_credentials`]).
+    /// `challenge`: the 401's `WWW-Authenticate`.
     #[error("signature not accepted")]
-    Unauthorized { carried_credentials: bool },
+    Unauthorized { carried_credentials: bool, challenge: HeaderValue },
     /// The path has no canonical form, or holds an escaped separator
     /// (`escaped_slashes = "reject"`).
     #[error("path refused: {0}")]
@@ -128,6 +138,13 @@ fn problem(status: StatusCode, slug: &str, detail: &str, violated: Option<&[Stri
     response
 }
 
+/// A 401 (RFC 9110 §15.5.2), which must say how to authenticate.
+fn unauthorized(slug: &str, detail: &str, challenge: HeaderValue) -> Response<ProxyBody> {
+    let mut response = problem(StatusCode::UNAUTHORIZED, slug, detail, None);
+    response.headers_mut().insert(header::WWW_AUTHENTICATE, challenge);
+    response
+}
+
 /// A 429 for a share of the client's that its requests in progress hold: free again
 /// as soon as one ends, so `Retry-After: 1`.
 fn share_in_use(slug: &str, detail: &str) -> Response<ProxyBody> {
@@ -150,12 +167,29 @@ impl Refusal {
                 response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(ceil_secs(retry_after)));
                 response
             }
-            Self::MissingKey { rule, status } => {
+            Self::MissingKey { rule, challenge } => {
                 let detail = match rule {
                     Some(rule) => format!("Rule `{rule}` requires a key this request does not carry."),
                     None => "A rule requires a key this request does not carry.".to_owned(),
                 };
-                problem(status, "missing-key", &detail, None)
+                match challenge {
+                    Some(challenge) => unauthorized("missing-key", &detail, challenge),
+                    None => problem(StatusCode::BAD_REQUEST, "missing-key", &detail, None),
+                }
+            }
+            Self::KeyRequired { scope, challenge, .. } => {
+                let detail = match scope {
+                    Some(scope) => format!("Scope `{scope}` covers this route: it needs a proven key that holds it."),
+                    None => "This route needs a proven key.".to_owned(),
+                };
+                unauthorized("missing-key", &detail, challenge)
+            }
+            Self::InsufficientScope { scope } => {
+                let detail = match scope {
+                    Some(scope) => format!("The key does not hold scope `{scope}`, which this route needs."),
+                    None => "The key does not hold a scope this route needs.".to_owned(),
+                };
+                problem(StatusCode::FORBIDDEN, "insufficient-scope", &detail, None)
             }
             Self::Denied { rule, .. } => {
                 let detail = match rule {
@@ -164,12 +198,9 @@ impl Refusal {
                 };
                 problem(StatusCode::FORBIDDEN, "denied", &detail, None)
             }
-            Self::Unauthorized { .. } => problem(
-                StatusCode::UNAUTHORIZED,
-                "invalid-signature",
-                "The request signature could not be verified.",
-                None,
-            ),
+            Self::Unauthorized { challenge, .. } => {
+                unauthorized("invalid-signature", "The request signature could not be verified.", challenge)
+            }
             Self::BodyTooLarge { limit } => {
                 let mut response = problem(
                     StatusCode::PAYLOAD_TOO_LARGE,

@@ -98,6 +98,7 @@ mod tests {
         let _other = in_flight("2001:db8:0:1::1").expect("another /64");
         drop(first);
         let _again = in_flight("2001:db8::3").expect("a request ended");
-        assert_eq!((shares.lock().len(), shares.total()), (2, 3));
+        let clients = shares.lock().len();
+        assert_eq!((clients, shares.total()), (2, 3));
     }
 }

@@ -21,7 +21,8 @@ pub(super) enum Event {
     Forwarded,
     /// Inside a throttle band or a queue: delayed (in shadow mode: would have been).
     Throttled,
-    /// Over a limit or missing its key: refused (in shadow mode: would have been).
+    /// Over a limit or missing its key: refused (in shadow mode: would have been); or
+    /// in a scope's area without a proven key.
     Rejected,
     /// A `deny` rule applies: refused with 403 (in shadow mode: would have been).
     Denied,
@@ -59,6 +60,26 @@ pub(super) enum Event {
     InFlightRefused,
     /// A request refused (503): `max_upstream_connections` were open.
     UpstreamBusy,
+    /// A request with a valid proof refused (403).
+    Forbidden(Forbidden),
+}
+
+/// Why a request that proved its key was refused with 403: the label values of
+/// `limiter_proxy_forbidden_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Forbidden {
+    /// The key does not hold a scope whose area the route is in.
+    Scope,
+}
+
+impl Forbidden {
+    const ALL: [Self; 1] = [Self::Scope];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Scope => "scope",
+        }
+    }
 }
 
 /// The live counters. Relaxed atomics: each counter is independent, and a reader
@@ -77,7 +98,6 @@ pub(super) struct Counters {
     timeouts: AtomicU64,
     upstream_errors: AtomicU64,
     signature_failures: [AtomicU64; FailureReason::ALL.len()],
-    jwt_failures: [AtomicU64; JwtFailure::ALL.len()],
     decision_seconds: [AtomicU64; DECISION_BUCKETS.len() + 1],
     decision_nanos_sum: AtomicU64,
     body_timeouts: AtomicU64,
@@ -92,6 +112,25 @@ pub(super) struct Counters {
     send_timeouts: AtomicU64,
     in_flight_refused: AtomicU64,
     upstream_busy: AtomicU64,
+    /// By [`Forbidden::ALL`].
+    forbidden: [AtomicU64; Forbidden::ALL.len()],
+    jwt_failures: [AtomicU64; JwtFailure::ALL.len()],
+}
+
+/// Adds one to the counter of `which`, `counters` being in the order of `all`.
+fn add_by<T: PartialEq>(all: &[T], counters: &[AtomicU64], which: T) {
+    if let Some(counter) = all.iter().position(|t| *t == which).and_then(|i| counters.get(i)) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Each of `counters` under the label of what it counts, `counters` being in the
+/// order of `all`.
+fn by_label<T: Copy>(all: &[T], counters: &[AtomicU64], label: fn(T) -> &'static str) -> BTreeMap<String, u64> {
+    all.iter()
+        .zip(counters)
+        .map(|(which, counter)| (label(*which).to_owned(), counter.load(Ordering::Relaxed)))
+        .collect()
 }
 
 /// Upper bounds, in seconds, of the `limiter_proxy_decision_seconds` buckets: a
@@ -145,12 +184,16 @@ impl Counters {
             Event::SendTimeout => &self.send_timeouts,
             Event::InFlightRefused => &self.in_flight_refused,
             Event::UpstreamBusy => &self.upstream_busy,
+            Event::Forbidden(reason) => {
+                add_by(&Forbidden::ALL, &self.forbidden, reason);
+                return;
+            }
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(super) fn add_connection_refused(&self, reason: Refused) {
-        add_by_reason(&Refused::ALL, &self.connections_refused, reason);
+        add_by(&Refused::ALL, &self.connections_refused, reason);
     }
 
     pub(super) fn observe_decision(&self, took: std::time::Duration) {
@@ -163,18 +206,19 @@ impl Counters {
     }
 
     pub(super) fn add_signature_failure(&self, reason: FailureReason) {
-        add_by_reason(&FailureReason::ALL, &self.signature_failures, reason);
+        add_by(&FailureReason::ALL, &self.signature_failures, reason);
     }
 
     pub(super) fn add_jwt_failure(&self, failure: JwtFailure) {
-        add_by_reason(&JwtFailure::ALL, &self.jwt_failures, failure);
+        add_by(&JwtFailure::ALL, &self.jwt_failures, failure);
     }
 
     pub(super) fn snapshot(&self, tracked_keys: usize, evictions: u64, store_failures: u64) -> ProxyStats {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let signatures = by_reason(&FailureReason::ALL, &self.signature_failures, FailureReason::as_str);
-        let refused = by_reason(&Refused::ALL, &self.connections_refused, Refused::as_str);
-        let jwt_failures = by_reason(&JwtFailure::ALL, &self.jwt_failures, JwtFailure::as_str);
+        let signatures = by_label(&FailureReason::ALL, &self.signature_failures, FailureReason::as_str);
+        let refused = by_label(&Refused::ALL, &self.connections_refused, Refused::as_str);
+        let forbidden = by_label(&Forbidden::ALL, &self.forbidden, Forbidden::as_str);
+        let jwt_failures = by_label(&JwtFailure::ALL, &self.jwt_failures, JwtFailure::as_str);
         ProxyStats {
             requests: load(&self.requests),
             forwarded: load(&self.forwarded),
@@ -204,6 +248,8 @@ impl Counters {
             send_timeouts: load(&self.send_timeouts),
             in_flight_refused: load(&self.in_flight_refused),
             upstream_busy: load(&self.upstream_busy),
+            forbidden: forbidden.values().sum(),
+            forbidden_reasons: forbidden,
             tracked_keys: u64::try_from(tracked_keys).unwrap_or(u64::MAX),
             decision_seconds: DecisionHistogram {
                 counts: self.decision_seconds.iter().map(load).collect(),
@@ -225,22 +271,6 @@ impl Counters {
     }
 }
 
-/// Adds one to the counter of `reason`, `counters` being in the order of `all`.
-fn add_by_reason<R: PartialEq>(all: &[R], counters: &[AtomicU64], reason: R) {
-    if let Some(counter) = all.iter().position(|r| *r == reason).and_then(|i| counters.get(i)) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Each of `counters` under the label of its reason, `counters` being in the order
-/// of `all`.
-fn by_reason<R: Copy>(all: &[R], counters: &[AtomicU64], label: fn(R) -> &'static str) -> BTreeMap<String, u64> {
-    all.iter()
-        .zip(counters)
-        .map(|(reason, counter)| (label(*reason).to_owned(), counter.load(Ordering::Relaxed)))
-        .collect()
-}
-
 /// A point-in-time copy of the proxy's counters (the `proxy` object of
 /// `limiter stats --json`).
 ///
@@ -254,7 +284,8 @@ pub struct ProxyStats {
     pub forwarded: u64,
     /// Requests delayed by a throttle band or queue.
     pub throttled: u64,
-    /// Requests refused by a limit (429) or for lacking a rule's key (401/400).
+    /// Requests refused by a limit (429), or for lacking the key a rule or a scope
+    /// needs (401/400).
     pub rejected: u64,
     /// Requests a `deny` rule refused (403).
     #[serde(default)]
@@ -331,6 +362,14 @@ pub struct ProxyStats {
     /// Requests refused with 503: `max_upstream_connections` were open.
     #[serde(default)]
     pub upstream_busy: u64,
+    /// Requests that proved their key (a signature, a bearer key) refused with 403;
+    /// none was forwarded or charged to a quota.
+    #[serde(default)]
+    pub forbidden: u64,
+    /// `forbidden` by reason (the metrics label values): `scope`, outside the key's
+    /// scopes.
+    #[serde(default)]
+    pub forbidden_reasons: BTreeMap<String, u64>,
     /// Per-key limiter state currently held (with Redis: the server's keys).
     pub tracked_keys: u64,
     /// Request body bytes held in memory now: signed and chunked bodies are read

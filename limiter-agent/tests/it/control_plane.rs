@@ -731,6 +731,23 @@ fn check_says_that_store_failure_now_defaults_to_local_for_a_config_on_redis() {
     assert_eq!(check(""), "", "in memory the store never fails");
 }
 
+/// A key that lists no scopes holds every one: `limiter check` names it once scopes
+/// exist, and says nothing of a key that lists its own.
+#[test]
+fn check_names_the_keys_that_hold_every_scope_for_listing_none() {
+    let config = "[proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:9\"\n\
+                  [proxy.plans.p]\nlimit = 1\nwindow = \"1s\"\n\
+                  [[proxy.scopes]]\nname = \"admin\"\npaths = [\"/admin\"]\n\
+                  [[proxy.keys]]\nid = \"k-old\"\nplan = \"p\"\nauth = \"bearer\"\n\
+                  [[proxy.keys]]\nid = \"k-new\"\nplan = \"p\"\nauth = \"bearer\"\nscopes = []\n";
+    let stderr = check_warnings(config);
+    assert!(
+        stderr.contains("warning: proxy.keys k-old list no scopes, so they hold every [[proxy.scopes]]"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("k-new"), "{stderr}");
+}
+
 /// A config that raised `max_connections_per_ip` past the new wider bounds: `limiter
 /// check` says which one now holds an IPv6 client, and that its requests in flight
 /// are capped.

@@ -2,7 +2,8 @@
 //! caused itself. Unsigned requests a page makes its readers' browsers send to a
 //! signed route, shared buckets another client emptied, header buckets and requests
 //! a browser sent for another site are refused as before and never escalate; wrong
-//! signatures and a client's own per-IP bucket still do.
+//! signatures, a proven key outside its scopes and a client's own per-IP bucket
+//! still do.
 //!
 //! The escalator counts a refusal before the proxy answers it (the memory store's
 //! count is synchronous), so once a client has its answer, whether it was escalated
@@ -163,4 +164,30 @@ async fn what_a_browser_sent_for_another_site_is_refused_and_never_escalates() {
         client.get(&proxy.url("/"), &[("user-agent", "sqlmap/1.7")]).await.status
     })
     .await;
+}
+
+/// A proven key outside its scopes is its holder's own doing: its 403s escalate, and
+/// each is charged to the client's per-IP bucket as a failed signature is.
+#[tokio::test]
+async fn a_proven_key_outside_its_scopes_escalates_and_is_charged_to_its_ip_limits() {
+    let upstream = Upstream::start().await;
+    let config = format!(
+        "{PROXY_HEAD}[proxy.plans.p]\nlimit = 100\nwindow = \"1h\"\n\
+         [[proxy.scopes]]\nname = \"admin\"\npaths = [\"/admin\"]\n\
+         [[proxy.keys]]\nid = \"k-reader\"\nplan = \"p\"\nauth = \"bearer\"\nscopes = []\n\
+         [[proxy.rules]]\nname = \"per-ip\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 4\nwindow = \"1h\"\n"
+    );
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let mut escalated = proxy.escalate(&config, upstream.addr, THRESHOLD);
+    let client = TestClient::default();
+    let reader = [("x-api-key", "k-reader")];
+    escalated_by_exactly(&mut escalated, StatusCode::FORBIDDEN, || async {
+        client.get(&proxy.url("/admin/users"), &reader).await.status
+    })
+    .await;
+    // The four 403s took the bucket's four requests.
+    let reply = client.get(&proxy.url("/public"), &reader).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(reply.json()["violated_policies"], serde_json::json!(["per-ip"]));
+    assert_eq!(upstream.count(), 0, "nothing reached the upstream");
 }

@@ -116,7 +116,14 @@ async fn a_reload_takes_the_rotated_jwks(client: TestClient) {
     let by_old = sign("ES256", Some("2024"), &claims("carol", now, json!({})), &old);
     let by_new = sign("EdDSA", Some("2025"), &claims("carol", now, json!({})), &new);
     assert_eq!(get(&client, &proxy, "192.0.2.1", &by_old).await, StatusCode::OK);
-    assert_eq!(get(&client, &proxy, "192.0.2.1", &by_new).await, StatusCode::UNAUTHORIZED, "not yet published");
+    let bearer = format!("Bearer {by_new}");
+    let unpublished =
+        client.get(&proxy.url("/api/items"), &[("x-forwarded-for", "192.0.2.1"), ("authorization", &bearer)]).await;
+    assert_eq!(
+        (unpublished.status, unpublished.header("www-authenticate")),
+        (StatusCode::UNAUTHORIZED, "Bearer realm=\"limiter\""),
+        "not yet published: missing_key = \"reject\" asks for a token"
+    );
 
     // The issuer rotates: the file now holds the new key alone, under the same path.
     std::fs::write(&jwks_file, jwks(&[("2025", &new)])).expect("rotate the JWKS");

@@ -27,7 +27,10 @@ use limiter::{
     proxy::{Proxy, ProxyStats, Serving},
     signature::KeySecrets,
 };
-use limiter_core::{Clock as _, FakeClock, SystemClock};
+use limiter_core::{
+    Clock as _, FakeClock, SystemClock,
+    signature::{Canonical, sha256, sign_hex},
+};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpSocket, TcpStream},
@@ -343,6 +346,36 @@ impl TestClient {
 
     pub async fn get(&self, url: &str, headers: &[(&str, &str)]) -> Reply {
         self.request(Method::GET, url, headers, b"").await
+    }
+
+    /// A request signed by `key` (its id and secret) at the wall clock's second, as
+    /// README's "Signed requests" says, made unique by `nonce`; `headers` are sent
+    /// too, unsigned.
+    pub async fn signed(
+        &self,
+        method: Method,
+        url: &str,
+        (key_id, secret): (&str, &[u8]),
+        nonce: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Reply {
+        let uri: Uri = url.parse().expect("test URL");
+        let timestamp = SystemClock.now().as_secs().to_string();
+        let canonical = Canonical {
+            method: method.as_str(),
+            target: uri.path_and_query().map_or("/", |target| target.as_str()),
+            timestamp: &timestamp,
+            body_sha256: &sha256(body),
+            nonce: Some(nonce),
+            idempotency_key: None,
+            host: None,
+        };
+        let signature = sign_hex(secret, &canonical.string_to_sign());
+        let mut all =
+            vec![("x-api-key", key_id), ("x-timestamp", &timestamp), ("x-nonce", nonce), ("x-signature", &signature)];
+        all.extend_from_slice(headers);
+        self.request(method, url, &all, body).await
     }
 
     /// A request to `addr` for the site `host`: over HTTP/1.1 in its `Host` header,

@@ -15,21 +15,51 @@ limit = 1000000000
 window = "1s"
 "#;
 
-pub const LIMITER_RULES: &str = r#"
+/// The per-IP rule of the rule sets below, the same in each.
+macro_rules! per_ip_rule {
+    () => {
+        r#"
 [[proxy.rules]]
 name = "per-ip"
 key = "ip"
 algorithm = "sliding_window_counter"
 limit = 1000000000
 window = "1s"
+"#
+    };
+}
 
+pub const LIMITER_RULES: &str = concat!(
+    per_ip_rule!(),
+    r#"
 [[proxy.rules]]
 name = "per-key"
 key = "api_key"
 algorithm = "token_bucket"
 limit = 1000000000
 window = "1s"
-"#;
+"#
+);
+
+/// A rule keyed on a JSON body's member beside the per-IP one: what reading a body
+/// for its key costs. The bench's logins all name one user, far below the limit.
+pub const LIMITER_BODY_KEY: &str = concat!(
+    per_ip_rule!(),
+    r#"
+[[proxy.rules]]
+name = "per-user"
+path = "/login"
+methods = ["POST"]
+key = "json:/username"
+key_fold = "lower"
+algorithm = "sliding_window_counter"
+limit = 1000000000
+window = "1s"
+"#
+);
+
+/// The login the body-key scenario posts.
+pub const LOGIN_BODY: &str = r#"{"username":"alice","password":"correct horse battery staple"}"#;
 
 pub const LIMITER_SIGNED: &str = r#"
 [[proxy.rules]]

@@ -11,8 +11,8 @@ use serde_json::Value;
 use super::{
     Bench,
     configs::{
-        KEY_ID, LIMITER_RULES, LIMITER_SIGNED, Listener, SECRET, WRK_DONE, limiter_conf, nginx_limit_req_conf,
-        upstream_conf,
+        KEY_ID, LIMITER_BODY_KEY, LIMITER_RULES, LIMITER_SIGNED, LOGIN_BODY, Listener, SECRET, WRK_DONE, limiter_conf,
+        nginx_limit_req_conf, upstream_conf,
     },
     format::num,
     process::{Server, answers_http1, free_port},
@@ -21,6 +21,9 @@ use super::{
 use crate::util::{cmd, find_program};
 
 pub const TITLE: &str = "3. HTTP";
+
+/// The path the body-key scenario posts its logins to.
+const LOGIN: &str = "/login";
 
 /// What both HTTP groups start from: a fresh output directory, one upstream nginx
 /// (the first of `servers`), and the bench key's secret file.
@@ -71,6 +74,7 @@ pub fn run(bench: &mut Bench) -> Result<Http> {
     };
     start_limiter(bench, "limiter, no rules", "", "/")?;
     start_limiter(bench, "limiter, per-IP + per-key + plan", LIMITER_RULES, "/")?;
+    start_limiter(bench, "limiter, per-IP + per-username (json:/username)", LIMITER_BODY_KEY, LOGIN)?;
     start_limiter(bench, "limiter, signed route", LIMITER_SIGNED, "/signed")?;
     let nginx_port = free_port()?;
     servers.push(Server::nginx(
@@ -85,6 +89,11 @@ pub fn run(bench: &mut Bench) -> Result<Http> {
 
     let latency_lua = dir.join("latency.lua");
     fs::write(&latency_lua, WRK_DONE)?;
+    let login_lua = dir.join("login.lua");
+    let login = format!(
+        "wrk.method = \"POST\"\nwrk.body = '{LOGIN_BODY}'\nwrk.headers[\"Content-Type\"] = \"application/json\"\n{WRK_DONE}"
+    );
+    fs::write(&login_lua, login)?;
     let signed_lua = dir.join("signed.lua");
     let mut c = cmd(bench.bin_dir.join("examples/bench_hmac"));
     c.arg("--wrk-script")
@@ -101,7 +110,11 @@ pub fn run(bench: &mut Bench) -> Result<Http> {
     let mut rows = Vec::new();
     for &(name, port, path) in &scenarios {
         let url = format!("http://127.0.0.1:{port}{path}");
-        let script = if path == "/signed" { &signed_lua } else { &latency_lua };
+        let script = match path {
+            "/signed" => &signed_lua,
+            LOGIN => &login_lua,
+            _ => &latency_lua,
+        };
         let mut c = cmd(&wrk);
         c.args(["-t1", "-c", &connections, "-d", &format!("{seconds}s"), "-s"]).arg(script).args([
             "-H",
@@ -141,7 +154,11 @@ pub fn run(bench: &mut Bench) -> Result<Http> {
                 "--output-format",
                 "json",
             ])
-            .args(["-H", &format!("X-API-Key: {KEY_ID}"), &row.url]);
+            .args(["-H", &format!("X-API-Key: {KEY_ID}")]);
+            if path == LOGIN {
+                c.args(["-m", "POST", "-T", "application/json", "-d", LOGIN_BODY]);
+            }
+            c.arg(&row.url);
             bench.record(&c);
             let out = c.output()?;
             // oha's own format: read by key, and only the figures the report keeps.

@@ -122,6 +122,13 @@ pub fn targets(report: &Report) -> Vec<Target> {
         }),
         tail(limiter).zip(tail(nginx)).map(|((l99, l999), (n99, n999))| l99 <= n99 && l999 <= n999),
     ));
+    let body_key = rps(http("limiter, per-IP + per-username (json:/username)"));
+    list.push(target(
+        "Proxy, a rule keyed on a JSON body's member: requests per second",
+        "≥ 0.9 × per-IP + per-key + plan",
+        body_key.zip(rps(limiter)).map_or("—".into(), |(b, l)| format!("{b:.0} vs {l:.0} ({:.2} ×)", b / l)),
+        body_key.zip(rps(limiter)).map(|(b, l)| b >= 0.9 * l),
+    ));
     let bare = rps(http("limiter, no rules")).zip(rps(http("upstream direct")));
     list.push(target(
         "Proxy, no rules: requests per second",
