@@ -10,7 +10,7 @@ use limiter::{
 };
 use limiter_core::{
     Algorithm, Clock as _, LimitSpec, SystemClock,
-    limits::{Bucket, Charge, MemoryStore, Outcomes},
+    limits::{Bucket, Charge, MemoryStore, Outcomes, Refund},
     signature::{Canonical, sha256, sign_hex},
 };
 use limiter_lab::support::{
@@ -60,8 +60,9 @@ fn spec(algorithm: Algorithm, limit: u32, window_ms: u64, burst: Option<u32>, qu
 }
 
 /// Runs one schedule through both stores, step by step, and demands the same
-/// outcomes (admission, quotas, retry, wait) from each, for `charge` and for checks
-/// that charge nothing.
+/// outcomes (admission, quotas, retry, wait, the time charged) from each, for
+/// `charge` and for checks that charge nothing, with now and then the charges of a
+/// recent step given back (a `count_when` rule's, at once or later).
 async fn same_outcomes(redis: &RedisStore, name: &str, specs: &[LimitSpec], charge: Charge, seed: u64) {
     let memory = MemoryStore::new(1000.try_into().expect("nonzero"));
     let mut rng = StdRng::seed_from_u64(seed);
@@ -70,7 +71,8 @@ async fn same_outcomes(redis: &RedisStore, name: &str, specs: &[LimitSpec], char
     // Microseconds, as the server's clock counts; started now so that keys live long
     // enough in real time.
     let mut now = Duration::from_secs(SystemClock.now().as_secs());
-    let mut admitted = 0;
+    let (mut admitted, mut refunds) = (0, 0);
+    let mut recent: Vec<Outcomes> = Vec::new();
     for step in 0..300 {
         let gap_us = rng.random_range(0..=u64::try_from(shortest.as_micros()).expect("gap") * 3 / 2);
         // Now and then a pause past every window, a burst with no gap at all, and the
@@ -94,12 +96,30 @@ async fn same_outcomes(redis: &RedisStore, name: &str, specs: &[LimitSpec], char
         let actual: Outcomes = redis.apply(&buckets, now, charge).await.expect("redis");
         assert_eq!(actual, expected, "{name}: step {step} at {now:?}");
         admitted += usize::from(expected.iter().all(|o| o.admitted));
+        if expected.iter().any(|o| o.charged_at.is_some()) {
+            recent.push(expected);
+            if recent.len() > 3 {
+                recent.remove(0);
+            }
+        }
+        if !recent.is_empty() && rng.random_range(0..8) == 0 {
+            let given = recent.remove(rng.random_range(0..recent.len()));
+            let back: Vec<Refund<'_>> = buckets
+                .iter()
+                .zip(&given)
+                .filter_map(|(bucket, o)| Some(Refund { bucket: *bucket, charged_at: o.charged_at? }))
+                .collect();
+            memory.refund(&back, now);
+            redis.refund(&back, now).await.expect("redis");
+            refunds += 1;
+        }
     }
     assert!((10..290).contains(&admitted), "{name}: the schedule should both admit and reject ({admitted} admitted)");
+    assert!(refunds > 20, "{name}: the schedule should give back ({refunds} refunds)");
 }
 
 #[tokio::test]
-async fn every_algorithm_decides_on_redis_exactly_as_in_memory() {
+async fn every_algorithm_decides_and_gives_back_on_redis_exactly_as_in_memory() {
     let redis = TestRedis::shared();
     let fleet = Fleet::connect(redis.url(), &unique_prefix("same-outcomes"), Duration::from_secs(2)).expect("fleet");
     let store = RedisStore::new(fleet, TimeSource::Caller);

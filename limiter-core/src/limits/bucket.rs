@@ -6,7 +6,7 @@ use super::{fixed_window, leaky_bucket, outcome::Outcome, sliding_window_counter
 use crate::{Algorithm, LimitSpec};
 
 /// Writes the state enum and the dispatch once, from one list of (algorithm, module):
-/// every algorithm module has the same `State`, `check` and `charge`.
+/// every algorithm module has the same `State`, `check`, `charge` and `refund`.
 macro_rules! algorithms {
     ($($algorithm:ident => $module:ident),+ $(,)?) => {
         /// The state of one (policy, key) bucket.
@@ -37,13 +37,27 @@ macro_rules! algorithms {
         }
 
         /// Charges one request; call only for a request [`check`] admitted at `now`.
-        pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) {
+        /// Returns the instant the request is counted at, which [`refund`] takes.
+        pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) -> Duration {
             match state {
                 $(State::$algorithm(s) if spec.algorithm == Algorithm::$algorithm => $module::charge(spec, s, now),)+
                 _ => {
                     *state = State::new(spec.algorithm);
-                    charge(spec, state, now);
+                    charge(spec, state, now)
                 }
+            }
+        }
+
+        /// Gives back, at `now`, the charge [`charge`] counted at `charged_at` under
+        /// `spec`, as far as the bucket still holds it: at most what it took, never
+        /// leaving the bucket fuller than had the request not come, and nothing to a
+        /// bucket made since (another algorithm's state) or past the charge.
+        pub fn refund(spec: &LimitSpec, state: &mut State, charged_at: Duration, now: Duration) {
+            match state {
+                $(State::$algorithm(s) if spec.algorithm == Algorithm::$algorithm => {
+                    $module::refund(spec, s, charged_at, now);
+                })+
+                _ => {}
             }
         }
     };

@@ -8,6 +8,9 @@
 //!   until the window ends (`reset_after` is 0 for a window with nothing counted);
 //!   `used` is the count including the request.
 //!
+//! - A refund takes one off the count of the window its request was counted in,
+//!   while that window lasts.
+//!
 //! Up to `2 × limit` requests can pass in a `window` straddling a boundary; the
 //! sliding algorithms exist for that.
 
@@ -37,10 +40,21 @@ pub fn check(spec: &LimitSpec, state: &State, now: Duration) -> Outcome {
     if remaining == 0 { Outcome::rejected(limit, before, to_end) } else { Outcome::admitted(limit, before, to_end) }
 }
 
-/// Counts one request; call only for a request [`check`] admitted at `now`.
-pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) {
+/// Counts one request; call only for a request [`check`] admitted at `now`. Returns
+/// the instant it is counted at: `now`, or the start of the window counted in if the
+/// clock stepped back before it.
+pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) -> Duration {
     let (window, count) = current(spec, state, now);
     *state = State { window: window.index, count: count.saturating_add(1) };
+    window.instant()
+}
+
+/// Gives back the request counted at `charged_at`: one less in its window, nothing
+/// once that window is over.
+pub fn refund(spec: &LimitSpec, state: &mut State, charged_at: Duration, _now: Duration) {
+    if state.window == Window::index_of(spec, charged_at) {
+        state.count = state.count.saturating_sub(1);
+    }
 }
 
 /// The window of `now` and its count so far.

@@ -12,6 +12,9 @@
 //! `window` units: 3 per second is exactly 3 per second, with no rounding drift.
 //! Times reported back are rounded up to the nanosecond, so a request retried after
 //! `retry_after` is admitted, and one a nanosecond earlier is not.
+//!
+//! A refund moves the TAT back by `T`, less the time since the charge: see
+//! `Gcra::refund` for why that is the most it may give back.
 
 use std::{num::NonZeroU32, time::Duration};
 
@@ -104,6 +107,39 @@ impl Gcra {
         *tat = Tat {
             nanos: nanos.saturating_add(self.interval / limit).saturating_add(carry),
             frac: u32::try_from(frac).unwrap_or_default(),
+            scale: self.limit,
+        };
+    }
+
+    /// Gives back the charge made at `charged_at`, as of `now`: the TAT moves back
+    /// by one interval less the time since the charge, and not at all once the
+    /// interval has passed or if the TAT no longer holds the charge (it is less
+    /// than one interval past it: a bucket made again since) or was counted with
+    /// another limit (a reload changed it since).
+    ///
+    /// Never more than undoing it would: the TAT without the request would be
+    /// `max(TAT − T, m)`, `m` the TAT of the later charges alone, and `m` exceeds
+    /// `TAT − T` by at most the time from the charge to the refund (each later
+    /// charge came by then). So the bucket ends at most that much (the request's
+    /// time upstream) short of exact, and exact when the refund comes at the
+    /// instant of the charge; knowing `m` would take the history of the charges.
+    pub(super) fn refund(&self, tat: &mut Tat, charged_at: Duration, now: Duration) {
+        if tat.scale != self.limit {
+            return;
+        }
+        let limit = u128::from(self.limit);
+        let interval = u128::from(self.interval);
+        let units = u128::from(tat.nanos) * limit + u128::from(tat.frac);
+        let charged = u128::from(to_nanos(charged_at)) * limit;
+        if units.checked_sub(charged).is_none_or(|ahead| ahead < interval) {
+            return;
+        }
+        let late = u128::from(to_nanos(now).saturating_sub(to_nanos(charged_at))) * limit;
+        let units = units - interval.saturating_sub(late);
+        // Below the old TAT, so both parts fit their fields.
+        *tat = Tat {
+            nanos: u64::try_from(units / limit).unwrap_or(u64::MAX),
+            frac: u32::try_from(units % limit).unwrap_or_default(),
             scale: self.limit,
         };
     }

@@ -41,9 +41,16 @@ pub fn check(spec: &LimitSpec, state: &State, now: Duration) -> Outcome {
     outcome
 }
 
-/// Pours one unit in; call only for a request [`check`] admitted at `now`.
-pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) {
+/// Pours one unit in; call only for a request [`check`] admitted at `now`. Returns the
+/// instant it is counted at, `now`.
+pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) -> Duration {
     gcra(spec).charge(state, now);
+    now
+}
+
+/// Gives back the charge made at `charged_at`, as of `now` (see [`super::gcra`]).
+pub fn refund(spec: &LimitSpec, state: &mut State, charged_at: Duration, now: Duration) {
+    gcra(spec).refund(state, charged_at, now);
 }
 
 fn gcra(spec: &LimitSpec) -> Gcra {

@@ -9,6 +9,10 @@
 //!   until the bucket is back in full, which for the sliding window counter can reach
 //!   two windows.
 //! - A clock that steps back is read as standing still.
+//! - A charge can be given back ([`MemoryStore::refund`], for a request whose answer
+//!   a rule does not count): exactly for the windows and the log; for the GCRA
+//!   buckets exactly when given back at once, else at most the time since the
+//!   charge short of it (see `gcra`); never more than the request took.
 
 pub mod bucket;
 pub mod fixed_window;
@@ -26,5 +30,5 @@ mod tests;
 
 pub use self::{
     outcome::{Outcome, Quota},
-    store::{Bucket, Charge, MemoryStore, Outcomes},
+    store::{Bucket, Charge, MemoryStore, Outcomes, Refund},
 };

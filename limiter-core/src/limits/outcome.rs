@@ -34,6 +34,10 @@ pub struct Outcome {
     pub used: u64,
     /// Leaky bucket as a shaper: how long the request waits for its departure slot.
     pub wait: Duration,
+    /// The instant the store counted the request at, if it charged the bucket: what a
+    /// refund of that charge needs (see [`super::bucket::refund`]). `None` for a
+    /// bucket not charged.
+    pub charged_at: Option<Duration>,
 }
 
 impl Outcome {
@@ -47,12 +51,21 @@ impl Outcome {
             retry_after: Duration::ZERO,
             used: capacity.saturating_sub(remaining),
             wait: Duration::ZERO,
+            charged_at: None,
         }
     }
 
     /// A rejected request: `before.remaining` is 0.
     pub(super) fn rejected(capacity: u64, before: Quota, retry_after: Duration) -> Self {
-        Self { admitted: false, before, after: before, retry_after, used: capacity, wait: Duration::ZERO }
+        Self {
+            admitted: false,
+            before,
+            after: before,
+            retry_after,
+            used: capacity,
+            wait: Duration::ZERO,
+            charged_at: None,
+        }
     }
 
     /// How long an admitted request is held before it is forwarded: its shaper wait,

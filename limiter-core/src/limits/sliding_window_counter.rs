@@ -23,6 +23,8 @@
 //! - `retry_after` is the exact first instant the test above passes, possibly in the
 //!   next window or, at worst, at the start of the one after.
 //! - `used` is `limit − remaining` after the request, the rounded-up estimate.
+//! - A refund takes one off the count of the window its request was counted in,
+//!   current or previous, while it weighs.
 
 use std::time::Duration;
 
@@ -71,10 +73,24 @@ pub fn check(spec: &LimitSpec, state: &State, now: Duration) -> Outcome {
     Outcome::rejected(limit.into(), before, retry_after)
 }
 
-/// Counts one request; call only for a request [`check`] admitted at `now`.
-pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) {
+/// Counts one request; call only for a request [`check`] admitted at `now`. Returns
+/// the instant it is counted at: `now`, or the start of the window counted in if the
+/// clock stepped back before it.
+pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) -> Duration {
     let (window, previous, current) = counts(spec, state, now);
     *state = State { window: window.index, current: current.saturating_add(1), previous };
+    window.instant()
+}
+
+/// Gives back the request counted at `charged_at`: one less in its window's count,
+/// current or previous; nothing once that window no longer weighs.
+pub fn refund(spec: &LimitSpec, state: &mut State, charged_at: Duration, _now: Duration) {
+    let charged = Window::index_of(spec, charged_at);
+    if state.window == charged {
+        state.current = state.current.saturating_sub(1);
+    } else if state.window == charged.saturating_add(1) {
+        state.previous = state.previous.saturating_sub(1);
+    }
 }
 
 /// The window of `now` and its previous and current counts.

@@ -9,6 +9,7 @@
 //!   leaves the window (then the log is empty); `retry_after` the time until the entry
 //!   whose departure brings the count below `limit` leaves; `used` is the count
 //!   including the request.
+//! - A refund takes its request's entry out of the log.
 
 use std::{collections::VecDeque, time::Duration};
 
@@ -60,13 +61,24 @@ pub fn check(spec: &LimitSpec, state: &State, now: Duration) -> Outcome {
     }
 }
 
-/// Logs one request; call only for a request [`check`] admitted at `now`.
-pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) {
+/// Logs one request; call only for a request [`check`] admitted at `now`. Returns
+/// the time it is logged at (`now`, or the latest entry's if the clock stepped back).
+pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) -> Duration {
     let now = to_nanos(now);
     let first = first_live(state, window::length(spec), now);
     state.times.drain(..first);
     let time = logged_time(state, now);
     state.times.push_back(time);
+    Duration::from_nanos(time)
+}
+
+/// Gives back the request logged at `charged_at`: its entry leaves the log (one of
+/// them, if several were logged at that time: they are alike); nothing once it has
+/// left the window.
+pub fn refund(_spec: &LimitSpec, state: &mut State, charged_at: Duration, _now: Duration) {
+    if let Ok(entry) = state.times.binary_search(&to_nanos(charged_at)) {
+        state.times.remove(entry);
+    }
 }
 
 /// Index of the oldest entry still in the window.

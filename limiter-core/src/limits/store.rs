@@ -35,6 +35,14 @@ pub struct Bucket<'a> {
     pub spec: &'a LimitSpec,
 }
 
+/// A charge to give back: its bucket, and the instant the charge counted its request
+/// at ([`Outcome::charged_at`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Refund<'a> {
+    pub bucket: Bucket<'a>,
+    pub charged_at: Duration,
+}
+
 /// Which of the checked buckets a step charges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Charge {
@@ -276,11 +284,11 @@ impl MemoryStore {
         let admitted = outcome.admitted;
         match found {
             // The common case in one lookup: nothing else moves the bucket meanwhile.
-            Some(place) if charge.charges(admitted, admitted) => shard.charge_at(place, bucket.spec, &outcome, now),
+            Some(place) if charge.charges(admitted, admitted) => shard.charge_at(place, bucket.spec, &mut outcome, now),
             _ => {
                 self.prepare(&mut shard, bucket, fingerprint, &mut outcome, now, charge, admitted, &[]);
                 if charge.charges(outcome.admitted, outcome.admitted) {
-                    shard.charge(bucket, fingerprint, &outcome, now);
+                    shard.charge(bucket, fingerprint, &mut outcome, now);
                 }
             }
         }
@@ -382,12 +390,24 @@ impl MemoryStore {
             self.prepare(&mut guards[g], b, f, outcome, now, charge, all_admit, &fingerprints);
         }
         let all_admit = outcomes.iter().all(|o| o.admitted);
-        for (((b, &g), &f), outcome) in buckets.iter().zip(&guard_of).zip(&fingerprints).zip(&outcomes) {
+        for (((b, &g), &f), outcome) in buckets.iter().zip(&guard_of).zip(&fingerprints).zip(&mut outcomes) {
             if charge.charges(outcome.admitted, all_admit) {
                 guards[g].charge(b, f, outcome, now);
             }
         }
         outcomes
+    }
+
+    /// Gives back each charge at `now`, as [`bucket::refund`] says; a bucket no longer
+    /// tracked (evicted, or its policy dropped by a reload) has nothing to give back.
+    pub fn refund(&self, refunds: &[Refund<'_>], now: Duration) {
+        for refund in refunds {
+            let (fingerprint, shard) = self.locate(&refund.bucket);
+            let mut shard = lock(&self.shards[shard]);
+            if let Some(place) = shard.find(refund.bucket.policy, fingerprint) {
+                shard.refund_at(place, refund, now);
+            }
+        }
     }
 
     /// Drops the state of every policy whose identity `keep` refuses.
@@ -473,18 +493,29 @@ impl Shard {
     }
 
     /// Charges an admitted request to `bucket`, if it has a slot.
-    fn charge(&mut self, bucket: &Bucket<'_>, fingerprint: Fingerprint, outcome: &Outcome, now: Duration) {
+    fn charge(&mut self, bucket: &Bucket<'_>, fingerprint: Fingerprint, outcome: &mut Outcome, now: Duration) {
         if let Some(place) = self.find(bucket.policy, fingerprint) {
             self.charge_at(place, bucket.spec, outcome, now);
         }
     }
 
-    /// Charges an admitted request to the bucket at `place`.
-    fn charge_at(&mut self, (table, slot): Place, spec: &LimitSpec, outcome: &Outcome, now: Duration) {
+    /// Charges an admitted request to the bucket at `place`, noting when in `outcome`.
+    fn charge_at(&mut self, (table, slot): Place, spec: &LimitSpec, outcome: &mut Outcome, now: Duration) {
         if let Some(slot) = &mut self.tables[table].slots[slot] {
-            bucket::charge(spec, &mut slot.state, now);
+            outcome.charged_at = Some(bucket::charge(spec, &mut slot.state, now));
             let exhausted = outcome.after.remaining == 0 || slot.idle.held(to_nanos(now));
             slot.idle = Idle::new(idle_at(outcome.after, now), exhausted);
+        }
+    }
+
+    /// Gives back a charge to the bucket at `place`, which is then full sooner; one
+    /// that ran out stays held until then, as a charge leaves it.
+    fn refund_at(&mut self, (table, slot): Place, refund: &Refund<'_>, now: Duration) {
+        let spec = refund.bucket.spec;
+        if let Some(slot) = &mut self.tables[table].slots[slot] {
+            bucket::refund(spec, &mut slot.state, refund.charged_at, now);
+            let quota = bucket::check(spec, Some(&slot.state), now).before;
+            slot.idle = Idle::new(idle_at(quota, now), slot.idle.held(to_nanos(now)));
         }
     }
 

@@ -29,6 +29,16 @@ impl Window {
         Self { index, length, elapsed: now.saturating_sub(index.saturating_mul(length)) }
     }
 
+    /// The index of the window containing `instant`.
+    pub fn index_of(spec: &LimitSpec, instant: Duration) -> u64 {
+        to_nanos(instant) / length(spec)
+    }
+
+    /// The instant this window was taken at, moved to its start if it was earlier.
+    pub fn instant(&self) -> Duration {
+        Duration::from_nanos(self.index.saturating_mul(self.length).saturating_add(self.elapsed))
+    }
+
     /// Time until the end of the window `ahead` windows after this one.
     pub fn until_end(&self, ahead: u64) -> Duration {
         Duration::from_nanos(self.length.saturating_mul(ahead + 1).saturating_sub(self.elapsed))

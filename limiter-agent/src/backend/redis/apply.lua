@@ -5,21 +5,14 @@
 -- KEYS: the buckets. ARGV[1]: "all" | "each" | "none"; ARGV[2]: now in us, or "" for the
 -- server's clock; then per bucket: algorithm, limit, window (us), capacity, shaper
 -- (1 | 0). Reply: per bucket, admitted, before remaining, before reset (ns), after
--- remaining, after reset (ns), retry after (ns), used, wait (ns).
+-- remaining, after reset (ns), retry after (ns), used, wait (ns), and the time (us)
+-- the charge counted the request at, which `refund.lua` takes (-1: not charged).
 
-local now
-if ARGV[2] ~= '' then
-  now = tonumber(ARGV[2])
-else
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
+local now = step_time(ARGV[2])
 
 local buckets, all_admit = {}, true
 for i = 1, #KEYS do
-  local at = 2 + (i - 1) * 5
-  local spec = { algorithm = ARGV[at + 1], limit = tonumber(ARGV[at + 2]), window_us = tonumber(ARGV[at + 3]),
-                 capacity = tonumber(ARGV[at + 4]), shaper = ARGV[at + 5] == '1' }
+  local spec = spec_at(2 + (i - 1) * 5)
   local algorithm = ALGORITHMS[spec.algorithm]
   local state = algorithm.load(KEYS[i])
   local outcome = algorithm.check(spec, state, now)
@@ -30,12 +23,13 @@ end
 local reply = {}
 for i, b in ipairs(buckets) do
   local o = b.outcome
+  local charged_at = -1
   if o.admitted == 1 and ((all_admit and ARGV[1] == 'all') or ARGV[1] == 'each') then
     -- The state is dropped when the bucket is back to full: a missing bucket is full.
-    b.algorithm.charge(KEYS[i], b.spec, b.state, now, o, math.max(ceil_div(o.after_reset, 1000000), 1))
+    charged_at = b.algorithm.charge(KEYS[i], b.spec, b.state, now, o, math.max(ceil_div(o.after_reset, 1000000), 1))
   end
   for _, v in ipairs({ o.admitted, o.before_remaining, o.before_reset, o.after_remaining, o.after_reset, o.retry,
-                       o.used, o.wait }) do
+                       o.used, o.wait, charged_at }) do
     reply[#reply + 1] = v
   end
 end

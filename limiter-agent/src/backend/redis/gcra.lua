@@ -49,7 +49,34 @@ local function gcra_charge(key, spec, state, now, outcome, ttl_ms)
   local ahead = outcome.debt + g.interval
   local whole = floor_div(ahead, g.per_us)
   redis.call('SET', key, int(now + whole) .. ' ' .. int(ahead - whole * g.per_us) .. ' ' .. int(spec.limit), 'PX', ttl_ms)
+  return now
 end
 
-ALGORITHMS.token_bucket = { load = load_numbers, check = gcra_check, charge = gcra_charge }
-ALGORITHMS.leaky_bucket = { load = load_numbers, check = gcra_check, charge = gcra_charge }
+-- The TAT moves back by one interval less the time since the charge, if it still
+-- holds the charge (at least one interval past it) and was counted with this limit.
+local function gcra_refund(key, spec, charged_at, now)
+  local state = load_numbers(key)
+  local late = math.max(now - charged_at, 0)
+  if not state or state[3] ~= spec.limit or late * spec.limit >= spec.window_us then
+    return
+  end
+  local g = gcra(spec)
+  -- How far the TAT is past the charge, in units.
+  local ahead = (state[1] - charged_at) * g.per_us + state[2]
+  if ahead < g.interval then
+    return
+  end
+  ahead = ahead - (g.interval - late * g.per_us)
+  local whole = floor_div(ahead, g.per_us)
+  local tat_us, rem = charged_at + whole, ahead - whole * g.per_us
+  local debt = (tat_us - now) * g.per_us + rem
+  if debt <= 0 then
+    redis.call('DEL', key)
+  else
+    local ttl_ms = math.max(ceil_div(ceil_div(debt, spec.limit), 1000000), 1)
+    redis.call('SET', key, int(tat_us) .. ' ' .. int(rem) .. ' ' .. int(spec.limit), 'PX', ttl_ms)
+  end
+end
+
+ALGORITHMS.token_bucket = { load = load_numbers, check = gcra_check, charge = gcra_charge, refund = gcra_refund }
+ALGORITHMS.leaky_bucket = { load = load_numbers, check = gcra_check, charge = gcra_charge, refund = gcra_refund }

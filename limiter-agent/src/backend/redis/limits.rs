@@ -17,6 +17,9 @@
 //!   `limit × window` or `capacity × window` would pass 2^53 units
 //!   (`LimitSpec::check_exact_in_doubles`); below that the arithmetic is exact.
 //!
+//! - A refund is a second script (`refund.lua`, after the same parts), one round trip
+//!   for all of a request's buckets, with the time each charge counted at from the
+//!   step's reply (the server's clock again).
 //! - The sliding window log is a sorted set, so that a step costs O(log limit), not a
 //!   read of the whole log (see `sliding_window_log.lua`).
 //!
@@ -28,24 +31,28 @@ use std::time::Duration;
 
 use limiter_core::{
     Algorithm,
-    limits::{Bucket, Charge, Outcome, Outcomes, Quota},
+    limits::{Bucket, Charge, Outcome, Outcomes, Quota, Refund},
 };
-use redis::Script;
+use redis::{Script, ScriptInvocation};
 
 use crate::fleet::{Fleet, FleetError};
 
-/// The script: shared helpers, one part per algorithm, then the step itself.
-const SCRIPT: &str = concat!(
-    include_str!("prelude.lua"),
-    include_str!("gcra.lua"),
-    include_str!("fixed_window.lua"),
-    include_str!("sliding_window_counter.lua"),
-    include_str!("sliding_window_log.lua"),
-    include_str!("apply.lua"),
-);
+/// Shared helpers and one part per algorithm, `$step` after them: a script.
+macro_rules! script {
+    ($step:literal) => {
+        concat!(
+            include_str!("prelude.lua"),
+            include_str!("gcra.lua"),
+            include_str!("fixed_window.lua"),
+            include_str!("sliding_window_counter.lua"),
+            include_str!("sliding_window_log.lua"),
+            include_str!($step),
+        )
+    };
+}
 
-/// Numbers per bucket in the script's reply.
-const REPLY_FIELDS: usize = 8;
+/// Numbers per bucket in the step's reply.
+const REPLY_FIELDS: usize = 9;
 
 /// Whose clock a step is measured with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +68,7 @@ pub enum TimeSource {
 pub struct RedisStore {
     fleet: Fleet,
     script: Script,
+    refund: Script,
     time: TimeSource,
 }
 
@@ -73,7 +81,7 @@ impl std::fmt::Debug for RedisStore {
 impl RedisStore {
     #[must_use]
     pub fn new(fleet: Fleet, time: TimeSource) -> Self {
-        Self { fleet, script: Script::new(SCRIPT), time }
+        Self { fleet, script: Script::new(script!("apply.lua")), refund: Script::new(script!("refund.lua")), time }
     }
 
     /// [`MemoryStore::apply`](limiter_core::limits::MemoryStore::apply) in one round
@@ -88,20 +96,9 @@ impl RedisStore {
             Charge::EachAdmitting => "each",
             Charge::Nothing => "none",
         });
-        invocation.arg(match self.time {
-            TimeSource::Server => String::new(),
-            TimeSource::Caller => now.as_micros().to_string(),
-        });
+        invocation.arg(self.time_arg(now));
         for bucket in buckets {
-            let spec = bucket.spec;
-            invocation.key(self.fleet.key(&format!("{}:{}:{}", kind(spec.algorithm), bucket.policy, bucket.key)));
-            let shaper = spec.algorithm == Algorithm::LeakyBucket && spec.queue.is_some();
-            invocation
-                .arg(spec.algorithm.name())
-                .arg(spec.limit.get())
-                .arg(spec.window_micros())
-                .arg(spec.capacity().get())
-                .arg(u8::from(shaper));
+            self.bucket_args(&mut invocation, bucket);
         }
         let reply: Vec<i64> =
             self.fleet.call(|mut connection| async move { invocation.invoke_async(&mut connection).await }).await?;
@@ -109,6 +106,45 @@ impl RedisStore {
             return Err(FleetError::Reply(format!("{} numbers for {} buckets", reply.len(), buckets.len())));
         }
         Ok(reply.chunks_exact(REPLY_FIELDS).map(outcome).collect())
+    }
+
+    /// [`MemoryStore::refund`](limiter_core::limits::MemoryStore::refund) in one round
+    /// trip; `now` is used only with [`TimeSource::Caller`]. A bucket's key that expired
+    /// meanwhile (it was full) has nothing to give back.
+    pub async fn refund(&self, refunds: &[Refund<'_>], now: Duration) -> Result<(), FleetError> {
+        if refunds.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = self.refund.prepare_invoke();
+        invocation.arg(self.time_arg(now));
+        for refund in refunds {
+            self.bucket_args(&mut invocation, &refund.bucket);
+            invocation.arg(refund.charged_at.as_micros().to_string());
+        }
+        let _buckets: i64 =
+            self.fleet.call(|mut connection| async move { invocation.invoke_async(&mut connection).await }).await?;
+        Ok(())
+    }
+
+    /// The time argument of a script: empty for the server's clock.
+    fn time_arg(&self, now: Duration) -> String {
+        match self.time {
+            TimeSource::Server => String::new(),
+            TimeSource::Caller => now.as_micros().to_string(),
+        }
+    }
+
+    /// A bucket's key, and its spec's arguments.
+    fn bucket_args(&self, invocation: &mut ScriptInvocation<'_>, bucket: &Bucket<'_>) {
+        let spec = bucket.spec;
+        invocation.key(self.fleet.key(&format!("{}:{}:{}", kind(spec.algorithm), bucket.policy, bucket.key)));
+        let shaper = spec.algorithm == Algorithm::LeakyBucket && spec.queue.is_some();
+        invocation
+            .arg(spec.algorithm.name())
+            .arg(spec.limit.get())
+            .arg(spec.window_micros())
+            .arg(spec.capacity().get())
+            .arg(u8::from(shaper));
     }
 }
 
@@ -131,5 +167,6 @@ fn outcome(fields: &[i64]) -> Outcome {
         retry_after: nanos(5),
         used: number(6),
         wait: nanos(7),
+        charged_at: fields.get(8).and_then(|&us| u64::try_from(us).ok()).map(Duration::from_micros),
     }
 }

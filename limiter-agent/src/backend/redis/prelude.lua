@@ -74,4 +74,23 @@ local function load_numbers(key)
   return values
 end
 
+-- The time of a step (us): the caller's if it gives one, else the server's.
+local function step_time(given)
+  if given ~= '' then
+    return tonumber(given)
+  end
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
+-- The spec of a bucket from the five arguments after `at`: algorithm, limit,
+-- window (us), capacity, shaper (1 | 0).
+local function spec_at(at)
+  return { algorithm = ARGV[at + 1], limit = tonumber(ARGV[at + 2]), window_us = tonumber(ARGV[at + 3]),
+           capacity = tonumber(ARGV[at + 4]), shaper = ARGV[at + 5] == '1' }
+end
+
+-- Each algorithm: load(key) -> state; check(spec, state, now) -> outcome;
+-- charge(key, spec, state, now, outcome, ttl_ms) -> the time (us) it counted the
+-- request at; refund(key, spec, charged_at, now), which gives that charge back.
 local ALGORITHMS = {}

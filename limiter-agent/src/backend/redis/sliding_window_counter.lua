@@ -67,5 +67,24 @@ ALGORITHMS.sliding_window_counter = {
   charge = function(key, spec, state, now, _, ttl_ms)
     local w, previous, current = swc_counts(spec, state, now)
     redis.call('SET', key, int(w.index) .. ' ' .. int(current + 1) .. ' ' .. int(previous), 'PX', ttl_ms)
+    return w.index * w.length + w.elapsed
+  end,
+  -- One less in the count of the window the request was counted in, current or
+  -- previous, while it weighs.
+  refund = function(key, spec, charged_at)
+    local state = load_numbers(key)
+    if not state then
+      return
+    end
+    local charged = floor_div(charged_at, spec.window_us)
+    local window, current, previous = state[1], state[2], state[3]
+    if window == charged then
+      current = math.max(current - 1, 0)
+    elseif window == charged + 1 then
+      previous = math.max(previous - 1, 0)
+    else
+      return
+    end
+    redis.call('SET', key, int(window) .. ' ' .. int(current) .. ' ' .. int(previous), 'KEEPTTL')
   end,
 }

@@ -54,5 +54,15 @@ ALGORITHMS.sliding_window_log = {
     local n = redis.call('ZCOUNT', key, time, time)
     redis.call('ZADD', key, time, time .. ':' .. n)
     redis.call('PEXPIRE', key, ttl_ms)
+    return tonumber(time)
+  end,
+  -- The request's entry leaves the log: the one numbered last at its time, so that
+  -- the numbers stay 0 to n - 1 (entries of one time are alike).
+  refund = function(key, _, charged_at)
+    local time = int(charged_at)
+    local n = redis.call('ZCOUNT', key, time, time)
+    if n > 0 then
+      redis.call('ZREM', key, time .. ':' .. int(n - 1))
+    end
   end,
 }

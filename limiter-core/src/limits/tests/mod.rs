@@ -4,6 +4,7 @@
 mod fixed_window;
 mod leaky_bucket;
 mod properties;
+mod refunds;
 mod sliding_window_counter;
 mod sliding_window_log;
 mod store;
@@ -55,13 +56,20 @@ impl Meter {
         bucket::check(&self.spec, Some(&self.state), at)
     }
 
-    /// A request at `at`, charged if admitted.
+    /// A request at `at`, charged if admitted (then `charged_at` says when, as a
+    /// store notes it).
     fn hit(&mut self, at: Duration) -> Outcome {
-        let outcome = self.peek(at);
+        let mut outcome = self.peek(at);
         if outcome.admitted {
-            bucket::charge(&self.spec, &mut self.state, at);
+            outcome.charged_at = Some(bucket::charge(&self.spec, &mut self.state, at));
         }
         outcome
+    }
+
+    /// Gives back at `at` the charge of `outcome` (one [`Self::hit`] admitted).
+    fn refund(&mut self, outcome: &Outcome, at: Duration) {
+        let charged_at = outcome.charged_at.expect("a charged request");
+        bucket::refund(&self.spec, &mut self.state, charged_at, at);
     }
 
     /// How many of `n` requests at `at` are admitted.

@@ -8,7 +8,7 @@ use super::{Meter, NS, T0, millis, nz, secs, spec};
 use crate::{Algorithm, LimitSpec};
 
 /// Every algorithm, with its capacity (what `remaining` is when the bucket is full).
-fn all() -> Vec<(LimitSpec, u64)> {
+pub(super) fn all() -> Vec<(LimitSpec, u64)> {
     vec![
         (spec(Algorithm::TokenBucket, 7, secs(3)), 7),
         (LimitSpec { burst: Some(nz(12)), ..spec(Algorithm::TokenBucket, 3, secs(1)) }, 12),
@@ -21,7 +21,7 @@ fn all() -> Vec<(LimitSpec, u64)> {
 }
 
 /// Gaps from none (bursts) to several windows (idle).
-fn gap(rng: &mut StdRng) -> Duration {
+pub(super) fn gap(rng: &mut StdRng) -> Duration {
     match rng.random_range(0..10) {
         0..=3 => Duration::ZERO,
         4..=8 => Duration::from_nanos(rng.random_range(0..800_000_000)),

@@ -5,7 +5,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use super::{T0, nz, secs, spec};
 use crate::{
     Algorithm, LimitSpec,
-    limits::store::{Bucket, Charge, MemoryStore},
+    limits::store::{Bucket, Charge, MemoryStore, Refund},
 };
 
 fn bound(n: usize) -> NonZeroUsize {
@@ -227,4 +227,30 @@ fn every_tracked_bucket_stays_found_through_evictions() {
     }
     assert_eq!(store.tracked_keys(), 300);
     assert!(store.evictions() > 1_000);
+}
+
+#[test]
+fn a_charge_says_when_it_counted_and_a_refund_reaches_only_a_tracked_bucket() {
+    let store = MemoryStore::with_shards(bound(2), 1);
+    let policy: Arc<str> = "login".into();
+    let spec = spec(Algorithm::TokenBucket, 2, secs(60));
+    let bucket = |key| Bucket { policy: &policy, key, spec: &spec };
+    let remaining = |key, at| store.apply(&[bucket(key)], at, Charge::Nothing)[0].before.remaining;
+    let charged = store.apply(&[bucket("a"), bucket("b")], T0, Charge::AllOrNothing);
+    assert_eq!(charged.iter().map(|o| o.charged_at).collect::<Vec<_>>(), [Some(T0), Some(T0)]);
+    assert_eq!(store.apply(&[bucket("a")], T0, Charge::Nothing)[0].charged_at, None, "a look charges nothing");
+    store.refund(&[Refund { bucket: bucket("a"), charged_at: T0 }], T0);
+    assert_eq!((remaining("a", T0), remaining("b", T0)), (2, 1));
+    // "a", charged again, is full again first: a new key evicts it.
+    assert!(store.apply(&[bucket("a")], T0 + secs(1), Charge::AllOrNothing)[0].admitted);
+    let b = store.apply(&[bucket("b")], T0 + secs(2), Charge::AllOrNothing)[0];
+    assert!(store.apply(&[bucket("c")], T0 + secs(3), Charge::AllOrNothing)[0].admitted);
+    assert_eq!((store.tracked_keys(), store.evictions()), (2, 1));
+    store.refund(&[Refund { bucket: bucket("a"), charged_at: T0 + secs(1) }], T0 + secs(3));
+    assert_eq!(store.tracked_keys(), 2, "an evicted bucket is not made again");
+    store.refund(&[Refund { bucket: bucket("b"), charged_at: b.charged_at.expect("charged") }], T0 + secs(3));
+    assert_eq!(remaining("b", T0 + secs(3)), 1, "one of b's two back, less the second since");
+    store.retain_policies(&|_| false);
+    store.refund(&[Refund { bucket: bucket("c"), charged_at: T0 + secs(3) }], T0 + secs(3));
+    assert_eq!(store.tracked_keys(), 0, "a dropped policy's bucket is not made again");
 }
