@@ -287,6 +287,11 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
             stats.upstream_busy,
         ),
         (
+            "limiter_proxy_refunded_total",
+            "Requests whose units count_when rules gave back: the upstream's answer was not one they count.",
+            stats.refunded,
+        ),
+        (
             "limiter_proxy_key_evictions_total",
             "Per-key states evicted to stay within max_tracked_keys.",
             stats.evictions,

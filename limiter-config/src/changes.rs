@@ -269,7 +269,7 @@ shown_by_display!(
     limiter_core::path::EscapedSlashes,
 );
 
-shown!(PathBuf => |path| path.display().to_string());
+shown!(PathBuf => |path| path.display().to_string(), http::StatusCode => |status| status.as_u16().to_string());
 
 #[cfg(test)]
 mod tests {

@@ -2,6 +2,7 @@
 
 use std::{num::NonZeroU32, time::Duration};
 
+use http::StatusCode;
 use serde::Deserialize;
 
 use super::units::HumanDuration;
@@ -19,6 +20,9 @@ pub struct EscalationConfig {
     pub threshold: NonZeroU32,
     pub window: Duration,
     pub block_ttl: Duration,
+    /// The upstream's own answers with these statuses count as refusals too (a
+    /// login's 401): the upstream judged what the client sent.
+    pub upstream_statuses: Vec<StatusCode>,
 }
 
 #[derive(Deserialize)]
@@ -32,6 +36,8 @@ struct RawEscalation {
     window: HumanDuration,
     #[serde(default = "default_block_ttl")]
     block_ttl: HumanDuration,
+    #[serde(default)]
+    upstream_statuses: Vec<u16>,
 }
 
 impl TryFrom<RawEscalation> for EscalationConfig {
@@ -44,7 +50,24 @@ impl TryFrom<RawEscalation> for EscalationConfig {
         if raw.block_ttl.0.is_zero() {
             return Err("block_ttl must be longer than 0".to_owned());
         }
-        Ok(Self { enabled: raw.enabled, threshold: raw.threshold, window: raw.window.0, block_ttl: raw.block_ttl.0 })
+        let upstream_statuses = raw
+            .upstream_statuses
+            .iter()
+            .map(|&code| {
+                (100..=599)
+                    .contains(&code)
+                    .then(|| StatusCode::from_u16(code).ok())
+                    .flatten()
+                    .ok_or_else(|| format!("upstream_statuses: {code} is not an HTTP status (100 to 599)"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            enabled: raw.enabled,
+            threshold: raw.threshold,
+            window: raw.window.0,
+            block_ttl: raw.block_ttl.0,
+            upstream_statuses,
+        })
     }
 }
 

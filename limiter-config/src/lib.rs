@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod changes;
 pub mod conditions;
+pub mod count_when;
 pub mod escalation;
 pub mod methods;
 pub mod proxy;

@@ -21,6 +21,7 @@ use serde::{Deserialize, Deserializer, de};
 use super::{
     changes::{Changes, Keyed, shown},
     conditions::{Conditions, RawConditions, Seen},
+    count_when::{CountWhen, RawCountWhen},
     units::HumanDuration,
     xdp::parse_cidr,
 };
@@ -787,6 +788,8 @@ pub struct Rule {
     /// the client itself makes it break (a third party can make a browser send almost
     /// any path).
     pub escalate: bool,
+    /// A limit rule's requests keep their unit only for these answers of the upstream.
+    pub count_when: Option<CountWhen>,
 }
 
 impl Keyed for Rule {
@@ -823,6 +826,7 @@ with_limit! {
         require_signature: bool,
         #[serde(default)]
         escalate: bool,
+        count_when: Option<RawCountWhen>,
     }
 }
 
@@ -879,6 +883,10 @@ impl TryFrom<RawRule> for Rule {
             ));
         }
         let when = Conditions::try_from(raw.when).map_err(in_rule)?;
+        let count_when = raw.count_when.map(CountWhen::try_from).transpose().map_err(in_rule)?;
+        if count_when.is_some() && !matches!(action, RuleAction::Limit(_)) {
+            return Err(in_rule("count_when needs a limit rule: deny and tag rules count nothing".to_owned()));
+        }
         Ok(Self {
             name: raw.name,
             path: raw.path,
@@ -888,6 +896,7 @@ impl TryFrom<RawRule> for Rule {
             key,
             require_signature: raw.require_signature,
             escalate: raw.escalate,
+            count_when,
         })
     }
 }

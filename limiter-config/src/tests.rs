@@ -890,3 +890,62 @@ fn the_examples_scope_parses_once_uncommented() {
     assert_eq!((proxy.scopes[0].name.as_str(), proxy.realm.as_str()), ("payments:write", "limiter"));
     assert_eq!(proxy.keys[0].scopes.as_deref(), Some(&["payments:write".to_owned()][..]));
 }
+
+#[test]
+fn count_when_takes_codes_classes_and_timeout_on_limit_rules_and_names_the_rule_of_a_bad_entry() {
+    use crate::count_when::StatusMatch;
+    let rule = |body: &str| {
+        format!(
+            "{PROXY}[[proxy.rules]]\nname = \"login\"\npath = \"/login\"\nkey = \"ip\"\nlimit = 5\nwindow = \"1h\"\n{body}"
+        )
+    };
+    let config = parse(&rule("count_when = { status = [\"401\", 403, \"5xx\", \"timeout\"] }\n")).expect("count_when");
+    let count_when = config.proxy.expect("proxy").rules[0].count_when.clone().expect("count_when");
+    let code = |code| StatusMatch::Code(http::StatusCode::from_u16(code).expect("a status"));
+    assert_eq!(count_when.status, [code(401), code(403), StatusMatch::Class(5), StatusMatch::Timeout]);
+    assert_eq!(parse(&rule("")).expect("without").proxy.expect("proxy").rules[0].count_when, None);
+
+    for (entry, written) in
+        [("\"600\"", "\"600\""), ("99", "99"), ("\"4\"", "\"4\""), ("\"6xx\"", "\"6xx\""), ("\"408 \"", "\"408 \"")]
+    {
+        let (line, key, message) = refusal(&rule(&format!("count_when = {{ status = [\"401\", {entry}] }}\n")));
+        assert_eq!((line, key.as_str()), (4, "proxy.rules[0]"), "{entry}: {message}");
+        assert!(message.starts_with("rule `login`: count_when.status:"), "{entry}: {message}");
+        assert!(message.contains(&format!("{written} is not a status")), "{entry}: {message}");
+    }
+    let (_, _, message) = refusal(&rule("count_when = { status = [] }\n"));
+    assert!(message.contains("rule `login`: count_when.status needs an entry"), "{message}");
+    let (_, key, message) = refusal(&rule("count_when = { status = [\"401\"], header = \"x\" }\n"));
+    assert!(key.starts_with("proxy.rules[0]") && message.contains("unknown field `header`"), "{key}: {message}");
+    let (_, _, message) = refusal(&rule("count_when = { status = [true] }\n"));
+    assert!(message.contains("a status (\"401\"), a class (\"4xx\") or \"timeout\""), "{message}");
+    let deny =
+        format!("{PROXY}[[proxy.rules]]\nname = \"probe\"\naction = \"deny\"\ncount_when = {{ status = [\"401\"] }}\n");
+    let (_, _, message) = refusal(&deny);
+    assert!(message.contains("rule `probe`: count_when needs a limit rule"), "{message}");
+}
+
+#[test]
+fn a_reload_report_shows_count_when_and_upstream_statuses() {
+    use crate::changes::Changes as _;
+    let rule = "[[proxy.rules]]\nname = \"login\"\nkey = \"ip\"\nlimit = 5\nwindow = \"1h\"\n";
+    let before = format!("{XDP}{PROXY}{rule}[escalation]\nthreshold = 5\n");
+    let after = format!(
+        "{XDP}{PROXY}{rule}count_when = {{ status = [\"401\", \"4xx\"] }}\n[escalation]\nthreshold = 5\n\
+         upstream_statuses = [401, 403]\n"
+    );
+    let (old, new) = (parse(&before).expect("before"), parse(&after).expect("after"));
+    let mut changes = Vec::new();
+    old.changes(&new, "", &mut changes);
+    let lines: Vec<String> = changes.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "proxy.rules[login].count_when: off -> {status = [401, 4xx]}",
+            "escalation.upstream_statuses: [] -> [401, 403]"
+        ]
+    );
+    let (line, key, message) = refusal(&after.replace("[401, 403]", "[401, 600]"));
+    assert_eq!((line, key.as_str()), (15, "escalation"), "{message}");
+    assert!(message.contains("upstream_statuses: 600 is not an HTTP status (100 to 599)"), "{message}");
+}

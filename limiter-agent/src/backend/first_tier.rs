@@ -9,6 +9,12 @@
 //! until `t + retry_after` whatever the other agents do, and `t` is taken before the
 //! call, so the deadline is never later than the server's. A reload may raise a limit:
 //! it forgets everything ([`FirstTier::clear`]).
+//!
+//! A refund breaks that for a `count_when` rule's bucket: any agent's refund may give a
+//! unit back at any moment, so such a refusal is held [`REFUNDABLE_HOLD`] at most (a
+//! client hammering it costs Redis one call a second per agent, a client it no longer
+//! holds waits that much at worst), and this agent's own refunds forget it at once
+//! ([`FirstTier::forget`]).
 
 use std::{
     collections::HashMap,
@@ -25,6 +31,9 @@ use limiter_core::limits::{Bucket, Outcome, Quota};
 /// at most `MAX_KEY_VALUE` bytes, so a few megabytes in all.
 pub(crate) const CAPACITY: usize = 16_384;
 
+/// How long a refusal of a bucket a refund may lift is answered here at most.
+pub(crate) const REFUNDABLE_HOLD: Duration = Duration::from_secs(1);
+
 /// Buckets Redis refused, by policy and key, and what it said then.
 #[derive(Debug, Default)]
 pub(crate) struct FirstTier {
@@ -38,6 +47,9 @@ struct Refused {
     /// The agent's clock before the call that refused.
     at: Duration,
     outcome: Outcome,
+    /// Until when it is answered here: its `retry_after`, or sooner for a bucket a
+    /// refund may lift.
+    until: Duration,
 }
 
 /// One bucket's entry: the identity's length first, so that no two (policy, key)
@@ -51,6 +63,9 @@ impl FirstTier {
     /// refusal still holds.
     pub(crate) fn refusal(&self, bucket: &Bucket<'_>, now: Duration) -> Option<Outcome> {
         let refused = *self.lock().get(&entry(bucket))?;
+        if now >= refused.until {
+            return None;
+        }
         let elapsed = now.checked_sub(refused.at)?;
         let retry_after = refused.outcome.retry_after.checked_sub(elapsed).filter(|left| !left.is_zero())?;
         let before = Quota {
@@ -60,19 +75,22 @@ impl FirstTier {
         Some(Outcome { before, after: before, retry_after, ..refused.outcome })
     }
 
-    /// Remembers the buckets Redis refused in `outcomes`, asked at `now`.
-    pub(crate) fn note(&self, buckets: &[Bucket<'_>], outcomes: &[Outcome], now: Duration) {
+    /// Remembers the buckets Redis refused in `outcomes`, asked at `now`; those a
+    /// refund may lift (`refundable`, bucket by bucket) for [`REFUNDABLE_HOLD`] at most.
+    pub(crate) fn note(&self, buckets: &[Bucket<'_>], outcomes: &[Outcome], refundable: &[bool], now: Duration) {
         let mut refused = self.lock();
-        for (bucket, outcome) in buckets.iter().zip(outcomes).filter(|(_, outcome)| !outcome.admitted) {
+        let noted = buckets.iter().zip(outcomes).zip(refundable).filter(|((_, outcome), _)| !outcome.admitted);
+        for ((bucket, outcome), &refundable) in noted {
             if refused.len() >= CAPACITY {
-                refused.retain(|_, r| r.at + r.outcome.retry_after > now);
+                refused.retain(|_, r| r.until > now);
                 // Still mostly live: a flood of keys. Starting over keeps each insert
                 // amortised O(1); the forgotten ones are asked of Redis again.
                 if refused.len() > CAPACITY / 2 {
                     refused.clear();
                 }
             }
-            refused.insert(entry(bucket), Refused { at: now, outcome: *outcome });
+            let held = if refundable { outcome.retry_after.min(REFUNDABLE_HOLD) } else { outcome.retry_after };
+            refused.insert(entry(bucket), Refused { at: now, outcome: *outcome, until: now + held });
         }
     }
 
@@ -84,6 +102,11 @@ impl FirstTier {
     /// Decisions taken here without asking Redis, since the start.
     pub(crate) fn answered(&self) -> u64 {
         self.answered.load(Ordering::Relaxed)
+    }
+
+    /// Forgets the refusal of `bucket`, which this agent gave a unit back.
+    pub(crate) fn forget(&self, bucket: &Bucket<'_>) {
+        self.lock().remove(&entry(bucket));
     }
 
     /// Forgets every refusal (a reload may have raised the limits).

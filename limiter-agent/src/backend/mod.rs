@@ -21,7 +21,7 @@ use std::{
 
 use limiter_core::{
     Clock as _,
-    limits::{Bucket, Charge, MemoryStore, Outcomes},
+    limits::{Bucket, Charge, MemoryStore, Outcomes, Refund},
     signature::{
         Authenticated, Begin, Guard, IdempotencyConfig, IdempotencyStore, ReplayCache, ReplayError, StoredResponse,
     },
@@ -227,6 +227,12 @@ impl Stores {
         Some(self.local.get_or_init(|| MemoryStore::new(self.local_capacity)))
     }
 
+    /// The local fallback's store, if it was ever used: where the charges it took are
+    /// given back.
+    pub(crate) fn local_store(&self) -> Option<&MemoryStore> {
+        self.local.get()
+    }
+
     /// With Redis, this agent's memory of the buckets it refused; `None` in memory,
     /// where the store is this agent's own.
     pub(crate) fn first_tier(&self) -> Option<&FirstTier> {
@@ -278,6 +284,18 @@ impl Limits {
         match self {
             Self::Memory(store) => Ok(store.apply(buckets, now, charge)),
             Self::Redis(store) => store.apply(buckets, now, charge).await,
+        }
+    }
+
+    /// [`limiter_core::limits::MemoryStore::refund`], wherever the buckets are; `now`
+    /// is used in memory.
+    pub async fn refund(&self, refunds: &[Refund<'_>], now: Duration) -> Result<(), FleetError> {
+        match self {
+            Self::Memory(store) => {
+                store.refund(refunds, now);
+                Ok(())
+            }
+            Self::Redis(store) => store.refund(refunds, now).await,
         }
     }
 

@@ -222,12 +222,14 @@ fn render_proxy(out: &mut String, proxy: &ProxyExplanation) {
             _ => String::new(),
         };
         let limit = format!("{}/{}s", policy.limit, policy.window_secs);
+        let counted = policy.count_when.as_ref().map(|status| format!("  counts only {}", status.join(", ")));
         *out += &format!(
-            "  {:<4} {:<16} {:<28} {:<22} {limit:<10}{quota}\n",
+            "  {:<4} {:<16} {:<28} {:<22} {limit:<10}{quota}{}\n",
             policy.kind.to_string(),
             policy.name,
             policy.key,
             policy.algorithm.name(),
+            counted.unwrap_or_default(),
         );
     }
     if limits.policies.is_empty() && limits.missing_key.is_none() {

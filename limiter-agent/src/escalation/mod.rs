@@ -2,7 +2,8 @@
 //! kernel layer, so that it stops costing the proxy anything.
 //!
 //! The proxy counts each refusal a directly connected client caused itself (see
-//! `proxy/blame.rs`: never one a third party can bring about) in the
+//! `proxy/blame.rs`: never one a third party can bring about), and each answer of the
+//! upstream with a status of `upstream_statuses` (a login's 401), in the
 //! [`Escalator`], a sliding window log per source (the limits' own algorithm), kept
 //! where `proxy.store` keeps the limits (`counts.rs`). The rejection past
 //! `threshold` within `window` sends an [`Escalation`] to the agent loop, which owns
@@ -120,6 +121,8 @@ struct Settings {
     /// `allow` CIDRs and trusted proxies: never blocked, not even in part.
     protected: Vec<IpNet>,
     ipv6_prefix: u8,
+    /// The upstream's answers that count as refusals.
+    upstream_statuses: Vec<http::StatusCode>,
 }
 
 /// Why a block was not put in place.
@@ -154,6 +157,7 @@ impl Settings {
                 .chain(config.proxy.iter().flat_map(|p| p.trusted_proxies.iter().copied()))
                 .collect(),
             ipv6_prefix: xdp.map_or(64, |x| x.ipv6_prefix.0),
+            upstream_statuses: escalation.map(|e| e.upstream_statuses.clone()).unwrap_or_default(),
         }
     }
 
@@ -220,6 +224,12 @@ impl<C: Clock> Escalator<C> {
     pub fn blocked(&self, source: IpAddr) -> bool {
         let cidr = self.settings.read().unwrap_or_else(PoisonError::into_inner).cidr(source);
         self.blocked.contains(cidr, self.clock.now())
+    }
+
+    /// Whether an answer of the upstream with `status` counts as a rejection
+    /// (`upstream_statuses`).
+    pub fn counts_upstream(&self, status: http::StatusCode) -> bool {
+        self.settings.read().unwrap_or_else(PoisonError::into_inner).upstream_statuses.contains(&status)
     }
 
     /// Counts one rejection of a directly connected `source`.

@@ -62,7 +62,7 @@ use limiter_core::{
     Clock, LimitSpec,
     carried::{self, BodyFormat},
     jwt::Claims,
-    limits::{Bucket, Charge, Outcome, Outcomes, Quota},
+    limits::{Bucket, Charge, Outcome, Outcomes, Quota, Refund},
 };
 
 use super::observe::{Observation, Peaks};
@@ -70,6 +70,7 @@ use crate::{
     backend::Stores,
     config::{
         conditions::Seen,
+        count_when::{Answer, CountWhen},
         proxy::{KeyFold, KeyKind, KeySpec, MissingKey, ProxyConfig, Rule, RuleAction, StoreFailure},
     },
 };
@@ -171,6 +172,48 @@ pub struct Decision {
     pub require_signature: bool,
     /// A bucket of the client's own ([`Holder::Client`]) refused the request.
     pub own_bucket_refused: bool,
+    /// The charges of the `count_when` rules, to give back ([`Engine::refund`]) once
+    /// the upstream's answer is known.
+    pub refundable: Vec<Refundable>,
+}
+
+/// A charge a request's answer may give back: a `count_when` rule's bucket, as it was
+/// charged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refundable {
+    identity: Arc<str>,
+    key: String,
+    /// The spec charged: the rule's, or its share in the local fallback.
+    spec: LimitSpec,
+    charged_at: Duration,
+    /// The rule's as it was then: a reload meanwhile does not change what the charge was
+    /// for.
+    count_when: Arc<CountWhen>,
+    /// Charged in the local fallback (`store_failure = "local"`) instead of the store.
+    local: bool,
+}
+
+impl Refundable {
+    fn refund(&self) -> Refund<'_> {
+        Refund {
+            bucket: Bucket { policy: &self.identity, key: &self.key, spec: &self.spec },
+            charged_at: self.charged_at,
+        }
+    }
+}
+
+impl Decision {
+    /// A verdict no bucket was counted for.
+    fn uncounted(verdict: Verdict, require_signature: bool) -> Self {
+        Self {
+            verdict,
+            policies: Vec::new(),
+            violated: Vec::new(),
+            require_signature,
+            own_bucket_refused: false,
+            refundable: Vec::new(),
+        }
+    }
 }
 
 /// Whose a bucket is, which says whether its refusals are the client's own doing.
@@ -335,6 +378,8 @@ pub(super) struct Policy {
     decisions: Arc<PolicyDecisions>,
     /// What it has seen of its keys, kept across reloads while its identity stays.
     observation: Arc<Observation>,
+    /// A rule's `count_when`.
+    pub(super) count_when: Option<Arc<CountWhen>>,
 }
 
 /// Requests one policy let through at once, delayed, refused, denied and tagged.
@@ -393,7 +438,12 @@ impl Policy {
             spec: spec.clone(),
             decisions: Arc::default(),
             observation: Arc::new(Observation::new(spec.window, now)),
+            count_when: None,
         }
+    }
+
+    fn counting_when(self, count_when: Option<&CountWhen>) -> Self {
+        Self { count_when: count_when.cloned().map(Arc::new), ..self }
     }
 
     fn suggestion(&self, headroom: f64, now: Duration) -> Suggestion {
@@ -451,7 +501,8 @@ impl Policies {
                 .rules
                 .iter()
                 .filter_map(|rule| {
-                    Some((rule.clone(), Policy::new(PolicyKind::Rule, &rule.name, &rule.key, rule.limit()?, now)))
+                    let policy = Policy::new(PolicyKind::Rule, &rule.name, &rule.key, rule.limit()?, now);
+                    Some((rule.clone(), policy.counting_when(rule.count_when.as_ref())))
                 })
                 .collect(),
             screens: config
@@ -488,7 +539,7 @@ impl Policies {
             StoreFailure::Allow | StoreFailure::Local => Verdict::Forward,
             StoreFailure::Deny => Verdict::StoreUnavailable,
         };
-        Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature, own_bucket_refused: false }
+        Decision::uncounted(verdict, require_signature)
     }
 
     /// The decision on a request stopped before any bucket was counted, counted
@@ -499,7 +550,7 @@ impl Policies {
         {
             policy.record(Decided::Rejected);
         }
-        Decision { verdict, policies: Vec::new(), violated: Vec::new(), require_signature, own_bucket_refused: false }
+        Decision::uncounted(verdict, require_signature)
     }
 
     /// The plans, by name.
@@ -682,10 +733,14 @@ impl<C: Clock> Engine<C> {
             Err(counted) => counted,
         };
         match self.apply(&counted, Charge::AllOrNothing).await {
-            Some(outcomes) => {
-                observe(&counted, Some(&outcomes), request.client, now);
-                record(&counted, &outcomes);
-                decision(&counted, &outcomes, require_signature)
+            Some(applied) => {
+                let outcomes = &applied.outcomes;
+                observe(&counted, Some(outcomes), request.client, now);
+                record(&counted, outcomes);
+                Decision {
+                    refundable: refundable(&counted, &applied),
+                    ..decision(&counted, outcomes, require_signature)
+                }
             }
             None => {
                 observe(&counted, None, request.client, now);
@@ -726,7 +781,7 @@ impl<C: Clock> Engine<C> {
             Ok(refused) => return Some(refused),
             Err(counted) => counted,
         };
-        let outcomes = self.apply(&counted, Charge::Nothing).await?;
+        let outcomes = self.apply(&counted, Charge::Nothing).await?.outcomes;
         if outcomes.iter().all(|outcome| outcome.admitted) {
             return None;
         }
@@ -785,6 +840,34 @@ impl<C: Clock> Engine<C> {
         }
         // Without the store a penalty is lost: the signature was refused anyway.
         let _ = self.apply(&counted, Charge::EachAdmitting).await;
+    }
+
+    /// Gives back the charges of `refundable` whose rule does not count `answer`;
+    /// whether any was. Without the store a charge stays taken: the request was let
+    /// through on it, and the rule's limit is what may not be passed.
+    pub async fn refund(&self, refundable: &[Refundable], answer: Answer) -> bool {
+        let given: Vec<&Refundable> = refundable.iter().filter(|r| !r.count_when.counts(answer)).collect();
+        if given.is_empty() {
+            return false;
+        }
+        let now = self.clock.now();
+        let refunds = |local: bool| -> Vec<Refund<'_>> {
+            given.iter().filter(|r| r.local == local).map(|r| r.refund()).collect()
+        };
+        let (shared, local) = (refunds(false), refunds(true));
+        if !shared.is_empty() {
+            if let Err(error) = self.stores.limits.refund(&shared, now).await {
+                tracing::debug!(%error, "limits store unreachable: a charge not given back");
+                return false;
+            }
+            if let Some(tier) = self.stores.first_tier() {
+                shared.iter().for_each(|refund| tier.forget(&refund.bucket));
+            }
+        }
+        if let Some(store) = self.stores.local_store().filter(|_| !local.is_empty()) {
+            store.refund(&local, now);
+        }
+        true
     }
 
     /// What each configured rule and plan decided: limit rules, then deny and tag
@@ -855,15 +938,16 @@ impl<C: Clock> Engine<C> {
 
     /// The outcome of each bucket; `None` if the store could not be reached (counted,
     /// and logged once per outage by the connection).
-    pub(super) async fn apply(&self, counted: &[Counting<'_>], charge: Charge) -> Option<Outcomes> {
+    pub(super) async fn apply(&self, counted: &[Counting<'_>], charge: Charge) -> Option<Applied> {
         let buckets: Vec<Bucket<'_>> = counted.iter().map(Counting::bucket).collect();
         let now = self.clock.now();
         match self.stores.limits.apply(&buckets, now, charge).await {
             Ok(outcomes) => {
                 if let Some(tier) = self.stores.first_tier() {
-                    tier.note(&buckets, &outcomes, now);
+                    let refundable: Vec<bool> = counted.iter().map(|c| c.policy.count_when.is_some()).collect();
+                    tier.note(&buckets, &outcomes, &refundable, now);
                 }
-                Some(outcomes)
+                Some(Applied { outcomes, local: None })
             }
             Err(error) => {
                 self.stores.count_failure();
@@ -882,10 +966,41 @@ impl<C: Clock> Engine<C> {
                     .zip(&shares)
                     .map(|(Counting { policy, key, .. }, spec)| Bucket { policy: &policy.identity, key, spec })
                     .collect();
-                Some(local.apply(&buckets, self.clock.now(), charge))
+                let outcomes = local.apply(&buckets, self.clock.now(), charge);
+                Some(Applied { outcomes, local: Some(shares) })
             }
         }
     }
+}
+
+/// What one store step answered.
+pub(super) struct Applied {
+    pub(super) outcomes: Outcomes,
+    /// The specs the local fallback decided with (each rule's share), when it did.
+    local: Option<Vec<LimitSpec>>,
+}
+
+/// The charges of `counted` a `count_when` rule may give back.
+fn refundable(counted: &[Counting<'_>], applied: &Applied) -> Vec<Refundable> {
+    let specs = counted
+        .iter()
+        .enumerate()
+        .map(|(i, counting)| applied.local.as_ref().and_then(|shares| shares.get(i)).unwrap_or(&counting.policy.spec));
+    counted
+        .iter()
+        .zip(&applied.outcomes)
+        .zip(specs)
+        .filter_map(|((counting, outcome), spec)| {
+            Some(Refundable {
+                count_when: Arc::clone(counting.policy.count_when.as_ref()?),
+                charged_at: outcome.charged_at?,
+                identity: Arc::clone(&counting.policy.identity),
+                key: counting.key.clone(),
+                spec: spec.clone(),
+                local: applied.local.is_some(),
+            })
+        })
+        .collect()
 }
 
 /// Shows each policy its key's request for `limiter suggest`, unless another policy
@@ -925,6 +1040,7 @@ pub(super) fn decision(counted: &[Counting<'_>], outcomes: &[Outcome], require_s
             violated: rejecting().map(|(counting, _)| counting.policy.name.clone()).collect(),
             require_signature,
             own_bucket_refused: rejecting().any(|(counting, _)| counting.holder == Holder::Client),
+            refundable: Vec::new(),
         };
     }
     let delay = counted.iter().zip(outcomes).map(|(c, o)| o.delay(c.policy.spec.throttle)).max();
@@ -937,6 +1053,7 @@ pub(super) fn decision(counted: &[Counting<'_>], outcomes: &[Outcome], require_s
         violated: Vec::new(),
         require_signature,
         own_bucket_refused: false,
+        refundable: Vec::new(),
     }
 }
 

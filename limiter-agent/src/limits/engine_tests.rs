@@ -10,7 +10,7 @@ use limiter_core::{
 
 use crate::{
     backend::Stores,
-    config::{Config, ProxyConfig},
+    config::{Config, ProxyConfig, count_when::Answer},
     limits::{Decision, Engine, PolicyStatus, RequestInfo, Verdict, VerdictKind, engine::PolicyKind},
 };
 
@@ -845,4 +845,48 @@ window = "1m"
     assert_eq!((by_user.keys, by_user.p99, by_user.max), (60 + 5, 50, 50), "60 poison keys per-ip admitted");
     let per_ip = peaks("per-ip");
     assert_eq!((per_ip.keys, per_ip.max), (6, 1_000), "per-ip saw all it refused");
+}
+
+/// Failed logins per client, 2 an hour, beside all logins per client.
+const LOGINS: &str = r#"
+[[proxy.rules]]
+name = "failed-logins"
+path = "/login"
+methods = ["POST"]
+key = "ip"
+limit = 2
+window = "1h"
+count_when = { status = ["401", "4xx", "timeout"] }
+
+[[proxy.rules]]
+name = "logins"
+path = "/login"
+key = "ip"
+limit = 100
+window = "1h"
+"#;
+
+#[test]
+fn a_count_when_rule_gives_back_the_unit_of_an_answer_it_does_not_count() {
+    let (engine, _clock) = engine(LOGINS);
+    let login = get("/login").post();
+    let answer = |code| Answer::Status(http::StatusCode::from_u16(code).expect("a status"));
+    for answered in [answer(200), answer(302), answer(500), Answer::Unsent] {
+        let d = login.to(&engine);
+        assert!(is_forward(&d));
+        assert_eq!(status(&d, "failed-logins").remaining, 1, "the unit is taken while the answer is awaited");
+        assert_eq!(d.refundable.len(), 1, "only the count_when rule's charge");
+        assert!(ready(engine.refund(&d.refundable, answered)), "{answered:?}");
+    }
+    for answered in [answer(401), Answer::Timeout] {
+        let d = login.to(&engine);
+        assert!(!ready(engine.refund(&d.refundable, answered)), "{answered:?} counts");
+    }
+    let refused = login.to(&engine);
+    assert!(is_reject(&refused));
+    assert_eq!((refused.violated.as_slice(), refused.refundable.len()), (&["failed-logins".to_owned()][..], 0));
+    assert_eq!(status(&refused, "logins").remaining, 94, "all six counted by the rule without count_when");
+    let explained = ready(engine.explain(&login.info(), false));
+    let counted: Vec<Option<Vec<String>>> = explained.policies.iter().map(|p| p.count_when.clone()).collect();
+    assert_eq!(counted, [Some(vec!["401".to_owned(), "4xx".to_owned(), "timeout".to_owned()]), None]);
 }

@@ -36,6 +36,9 @@ pub struct ExplainedPolicy {
     pub algorithm: Algorithm,
     pub limit: u32,
     pub window_secs: f64,
+    /// A rule's `count_when.status`, as written: the answers that keep the unit.
+    #[serde(default)]
+    pub count_when: Option<Vec<String>>,
     /// Requests this bucket would let through back to back now; `None` when the
     /// quotas were not looked up.
     pub remaining: Option<u64>,
@@ -64,7 +67,7 @@ impl<C: Clock> Engine<C> {
                 };
             }
         };
-        let outcomes = if live { self.apply(&counted, Charge::Nothing).await } else { None };
+        let outcomes = if live { self.apply(&counted, Charge::Nothing).await.map(|a| a.outcomes) } else { None };
         let verdict = match &outcomes {
             Some(outcomes) => Some(decision(&counted, outcomes, require_signature).verdict),
             None if live => Some(policies.store_failed(require_signature).verdict),
@@ -83,6 +86,7 @@ impl<C: Clock> Engine<C> {
                 algorithm: policy.spec.algorithm,
                 limit: policy.spec.limit.get(),
                 window_secs: policy.spec.window.as_secs_f64(),
+                count_when: policy.count_when.as_ref().map(|c| c.status.iter().map(ToString::to_string).collect()),
                 remaining: outcome.map(|o| o.before.remaining),
                 reset_after_ms: outcome.map(|o| millis(o.before.reset_after)),
                 admits: outcome.map(|o| o.admitted),

@@ -16,6 +16,9 @@
 //!   (for a leaky-bucket shaper: places left in its queue); `reset_after` is the time
 //!   until the bucket is back in full, which for the sliding window counter can reach
 //!   two windows.
+//! - A `count_when` rule's charge is taken as any other, and [`Decision::refundable`]
+//!   carries it: [`Engine::refund`] gives it back once the upstream's answer is one the
+//!   rule does not count.
 //! - [`Engine::penalize`] takes one unit from each matching IP-keyed bucket that has
 //!   one (failed signatures, so that guessing is rate limited).
 //! - The state of rules and plans whose identity (kind, name, key, algorithm and
@@ -31,6 +34,9 @@ pub mod observe;
 mod engine_tests;
 
 pub use self::{
-    engine::{Decision, Engine, PolicyCounts, PolicyStatus, RequestInfo, Screened, Suggestion, Verdict, VerdictKind},
+    engine::{
+        Decision, Engine, PolicyCounts, PolicyStatus, Refundable, RequestInfo, Screened, Suggestion, Verdict,
+        VerdictKind,
+    },
     explain::Explanation,
 };

@@ -9,7 +9,8 @@
 //! proven key's or plan's); a `deny` rule with `escalate = true`. None of them for a request the browser says another
 //! site made it send (`Sec-Fetch-Site: cross-site`): it is limited as usual, never
 //! escalated. A client may send that header itself to stay unescalated; it still
-//! meets every limit. The 429s, 401s and 403s spared are counted
+//! meets every limit. The same goes for an answer of the upstream that
+//! `[escalation] upstream_statuses` names: a page can post a login form to the API. The 429s, 401s and 403s spared are counted
 //! (`refusals_not_escalated`), so an operator sees how much escalation left alone.
 
 use http::HeaderMap;
@@ -54,6 +55,18 @@ pub(super) fn carries_credentials(headers: &HeaderMap) -> bool {
     headers.contains_key(SIGNATURE_HEADER) || headers.contains_key(API_KEY_HEADER)
 }
 
+/// Whom an answer of the upstream that `upstream_statuses` names is held against:
+/// the client, unless a page of another site made it send the request.
+pub(super) fn upstream_answer(initiator: Initiator) -> Blame {
+    for_what_was_sent(true, initiator)
+}
+
+/// A refusal for what was sent: the client's doing if it caused it, unless a page of
+/// another site made it send the request.
+fn for_what_was_sent(client_caused: bool, initiator: Initiator) -> Blame {
+    if client_caused && initiator == Initiator::Client { Blame::Client } else { Blame::Doubtful }
+}
+
 impl Refusal {
     /// Whom this refusal is held against, answered to the directly connected client
     /// that sent the request at `initiator`'s bidding: only [`Blame::Client`] counts
@@ -86,7 +99,7 @@ impl Refusal {
             | Self::UpstreamBusy
             | Self::StoreUnavailable => return Blame::Nobody,
         };
-        if client_caused && initiator == Initiator::Client { Blame::Client } else { Blame::Doubtful }
+        for_what_was_sent(client_caused, initiator)
     }
 }
 

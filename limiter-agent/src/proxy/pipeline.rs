@@ -66,11 +66,12 @@ use crate::{
     backend::{Claim, Stores},
     config::{
         ProxyConfig,
+        count_when::Answer,
         proxy::{Disclose, Http2Config, ProxyProtocol},
     },
     escalation::Escalator,
     fleet::FleetError,
-    limits::{Decision, Engine, PolicyStatus, RequestInfo, Screened, Verdict, VerdictKind},
+    limits::{Decision, Engine, PolicyStatus, Refundable, RequestInfo, Screened, Verdict, VerdictKind},
     signature::{BodyError, KeySecrets, read_body_hashed},
     tls::ServerTls,
 };
@@ -359,15 +360,7 @@ impl<C: Clock + Clone> Pipeline<C> {
     /// [`Refusal::blame`]) counts towards its escalation, one it may not have is
     /// counted as such.
     fn refuse(&self, origin: Origin, initiator: Initiator, refusal: Refusal) -> Response<ProxyBody> {
-        if let Some(escalator) = self.escalator.get()
-            && !origin.peer_trusted
-        {
-            match refusal.blame(initiator) {
-                Blame::Client => escalator.record(origin.peer),
-                Blame::Doubtful => self.counters.add(Event::NotEscalated),
-                Blame::Nobody => {}
-            }
-        }
+        self.hold_against(origin, refusal.blame(initiator));
         let event = match &refusal {
             Refusal::QuotaExceeded { .. }
             | Refusal::MissingKey { .. }
@@ -388,6 +381,20 @@ impl<C: Clock + Clone> Pipeline<C> {
         }
         tracing::debug!(%refusal, "refused");
         refusal.into_response()
+    }
+
+    /// Counts what the client is to blame for towards its escalation, if it is
+    /// connected directly; what it may not be is counted as such.
+    fn hold_against(&self, origin: Origin, blame: Blame) {
+        if let Some(escalator) = self.escalator.get()
+            && !origin.peer_trusted
+        {
+            match blame {
+                Blame::Client => escalator.record(origin.peer),
+                Blame::Doubtful => self.counters.add(Event::NotEscalated),
+                Blame::Nobody => {}
+            }
+        }
     }
 
     async fn process(
@@ -446,10 +453,10 @@ impl<C: Clock + Clone> Pipeline<C> {
             Admission::Forward(body) => body,
         };
         let decision = self.decide(&exchange, &screened.tagged).await;
-        let Decision { verdict, policies, violated, own_bucket_refused, .. } = decision;
+        let Decision { verdict, policies, violated, own_bucket_refused, refundable, .. } = decision;
         let disclose = snapshot.disclose(exchange.proof.key_id());
         let outcome = match self.act(snapshot, verdict, violated, own_bucket_refused, disclose).await {
-            Ok(()) => self.forward(exchange, body).await,
+            Ok(()) => self.forward(exchange, body, initiator, &refundable).await,
             Err(refusal) => Err(refusal),
         };
         let response = self.answer(outcome, origin, initiator, &policies, disclose);
@@ -677,8 +684,15 @@ impl<C: Clock + Clone> Pipeline<C> {
         }
     }
 
-    /// Sends the request upstream and, with an idempotency key, stores the answer.
-    async fn forward(&self, exchange: Exchange<'_>, body: ProxyBody) -> Result<Response<ProxyBody>, Refusal> {
+    /// Sends the request upstream and, with an idempotency key, stores the answer; the
+    /// head (or its absence) settles the request's `refundable` charges first.
+    async fn forward(
+        &self,
+        exchange: Exchange<'_>,
+        body: ProxyBody,
+        initiator: Initiator,
+        refundable: &[Refundable],
+    ) -> Result<Response<ProxyBody>, Refusal> {
         let config = exchange.config();
         let Exchange { upstream, origin, parts, path, mut claim, .. } = exchange;
         self.counters.add(Event::Forwarded);
@@ -689,24 +703,28 @@ impl<C: Clock + Clone> Pipeline<C> {
             claim.sent(self.clock.now()).await;
         }
         // Bounds the wait for the response head; a streaming body may take longer.
-        let response =
+        let head =
             tokio::time::timeout(config.upstream_timeout.0, upstream.send(config, path.forward(), parts, body, origin))
                 .await
-                .map_err(|_| Refusal::UpstreamTimeout)?
-                .map_err(|error| {
-                    if error.never_sent()
-                        && let Some(claim) = &mut claim
-                    {
-                        claim.not_sent();
-                    }
-                    if error.all_in_use() {
-                        Refusal::UpstreamBusy
-                    } else if body::timed_out(&error) {
-                        Refusal::BodyTimeout
-                    } else {
-                        Refusal::Upstream(error.into())
-                    }
-                })?;
+                .map_err(|_| Refusal::UpstreamTimeout)
+                .and_then(|sent| {
+                    sent.map_err(|error| {
+                        if error.never_sent()
+                            && let Some(claim) = &mut claim
+                        {
+                            claim.not_sent();
+                        }
+                        if error.all_in_use() {
+                            Refusal::UpstreamBusy
+                        } else if body::timed_out(&error) {
+                            Refusal::BodyTimeout
+                        } else {
+                            Refusal::Upstream(error.into())
+                        }
+                    })
+                });
+        self.answered(&head, refundable, origin, initiator).await;
+        let response = head?;
         if let Some(hook) = self.served.get() {
             hook.served(origin.peer);
         }
@@ -717,6 +735,33 @@ impl<C: Clock + Clone> Pipeline<C> {
             idempotent::capture(response, self.max_stored_body).await.map_err(Refusal::Upstream)?;
         claim.complete(stored, self.clock.now()).await;
         Ok(response)
+    }
+
+    /// What the upstream's head, or its absence, settles before the answer goes on:
+    /// the `count_when` rules that do not count it give their units back, and a status
+    /// `[escalation] upstream_statuses` names counts towards the client's escalation.
+    /// A client gone before this (its request's future dropped) keeps its units spent:
+    /// its request may have reached the upstream, and what the answer was is unknown.
+    async fn answered(
+        &self,
+        head: &Result<Response<ProxyBody>, Refusal>,
+        refundable: &[Refundable],
+        origin: Origin,
+        initiator: Initiator,
+    ) {
+        let answer = match head {
+            Ok(response) => Answer::Status(response.status()),
+            Err(Refusal::UpstreamTimeout | Refusal::Upstream(_)) => Answer::Timeout,
+            Err(_) => Answer::Unsent,
+        };
+        if !refundable.is_empty() && self.engine.refund(refundable, answer).await {
+            self.counters.add(Event::Refunded);
+        }
+        if let Ok(response) = head
+            && self.escalator.get().is_some_and(|escalator| escalator.counts_upstream(response.status()))
+        {
+            self.hold_against(origin, blame::upstream_answer(initiator));
+        }
     }
 
     /// Reads and verifies a signed request, then applies its idempotency key.

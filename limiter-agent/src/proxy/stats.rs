@@ -60,6 +60,9 @@ pub(super) enum Event {
     InFlightRefused,
     /// A request refused (503): `max_upstream_connections` were open.
     UpstreamBusy,
+    /// The upstream's answer was one a `count_when` rule does not count: the request's
+    /// units were given back.
+    Refunded,
     /// A request with a valid proof refused (403).
     Forbidden(Forbidden),
 }
@@ -112,6 +115,7 @@ pub(super) struct Counters {
     send_timeouts: AtomicU64,
     in_flight_refused: AtomicU64,
     upstream_busy: AtomicU64,
+    refunded: AtomicU64,
     /// By [`Forbidden::ALL`].
     forbidden: [AtomicU64; Forbidden::ALL.len()],
     jwt_failures: [AtomicU64; JwtFailure::ALL.len()],
@@ -184,6 +188,7 @@ impl Counters {
             Event::SendTimeout => &self.send_timeouts,
             Event::InFlightRefused => &self.in_flight_refused,
             Event::UpstreamBusy => &self.upstream_busy,
+            Event::Refunded => &self.refunded,
             Event::Forbidden(reason) => {
                 add_by(&Forbidden::ALL, &self.forbidden, reason);
                 return;
@@ -250,6 +255,7 @@ impl Counters {
             upstream_busy: load(&self.upstream_busy),
             forbidden: forbidden.values().sum(),
             forbidden_reasons: forbidden,
+            refunded: load(&self.refunded),
             tracked_keys: u64::try_from(tracked_keys).unwrap_or(u64::MAX),
             decision_seconds: DecisionHistogram {
                 counts: self.decision_seconds.iter().map(load).collect(),
@@ -362,6 +368,10 @@ pub struct ProxyStats {
     /// Requests refused with 503: `max_upstream_connections` were open.
     #[serde(default)]
     pub upstream_busy: u64,
+    /// Requests whose units `count_when` rules gave back: the upstream's answer was
+    /// one the rules do not count.
+    #[serde(default)]
+    pub refunded: u64,
     /// Requests that proved their key (a signature, a bearer key) refused with 403;
     /// none was forwarded or charged to a quota.
     #[serde(default)]

@@ -14,7 +14,7 @@ use limiter_core::{
     signature::{Canonical, sha256, sign_hex},
 };
 use limiter_lab::support::{
-    proxy::{PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, secret_file, signed_route_config},
+    proxy::{PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, posted_at_once, secret_file, signed_route_config},
     redis::{FREE_PLAN as FREE, REDIS_TIMEOUT, TestRedis, redis_cli, redis_keys, unique_prefix},
     wait::PATIENCE,
 };
@@ -43,6 +43,58 @@ async fn two_proxies_sharing_redis_forward_exactly_the_plan_and_count_down_toget
     assert_eq!((remaining.len(), rejected), (100, 50));
     assert_eq!(upstream.count(), 100);
     assert_eq!(remaining, (0..100).rev().collect::<Vec<u64>>(), "Remaining counts down across both proxies");
+    for proxy in &proxies {
+        assert_eq!(proxy.proxy.stats().store_failures, 0);
+    }
+}
+
+/// 5 failed logins an hour per user, counted on Redis (a sliding log: no window edge a
+/// test could straddle on the server's clock).
+const FAILED_LOGINS: &str = r#"
+[[proxy.rules]]
+name = "failed-logins-per-user"
+path = "/login"
+methods = ["POST"]
+key = "header:x-user"
+algorithm = "sliding_window_log"
+limit = 5
+window = "1h"
+count_when = { status = ["401", "403"] }
+"#;
+
+/// Two agents on one Redis count one user's failed logins together, successes on
+/// either cost nothing, and failures in flight on both at once never pass the limit.
+#[tokio::test]
+async fn two_proxies_on_one_redis_share_the_failed_logins_and_count_no_success() {
+    let redis = TestRedis::shared();
+    let keys = redis_keys(&redis, &unique_prefix("count-when"), "deny");
+    let upstream = Upstream::start().await;
+    let config = format!("{PROXY_HEAD}{keys}{FAILED_LOGINS}");
+    let proxies =
+        [RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await];
+    let client = TestClient::default();
+    let login = |i: usize, user: &'static str, query: &str| {
+        let (client, url) = (client.clone(), proxies[i % 2].url(&format!("/login{query}")));
+        async move { client.request(Method::POST, &url, &[("x-user", user)], b"").await.status }
+    };
+    for i in 0..10 {
+        assert_eq!(login(i, "alice", "").await, StatusCode::OK, "success {i}");
+    }
+    for i in 0..5 {
+        assert_eq!(login(i, "alice", "?status=401").await, StatusCode::UNAUTHORIZED, "failure {i}");
+    }
+    for i in 0..2 {
+        assert_eq!(login(i, "alice", "").await, StatusCode::TOO_MANY_REQUESTS, "after five failures, on either");
+    }
+    assert_eq!(upstream.count(), 15);
+    for proxy in &proxies {
+        proxy.stats_until("five refunds each", |stats| stats.refunded == 5).await;
+    }
+    let urls = (0..10).map(|i| proxies[i % 2].url("/login?status=401&delay_ms=300"));
+    let statuses = posted_at_once(urls, &[("x-user", "bob")]).await;
+    let count = |status: StatusCode| statuses.iter().filter(|s| **s == status).count();
+    assert_eq!((count(StatusCode::UNAUTHORIZED), count(StatusCode::TOO_MANY_REQUESTS)), (5, 5), "{statuses:?}");
+    assert_eq!(upstream.count(), 20, "five of bob's ten reached the upstream");
     for proxy in &proxies {
         assert_eq!(proxy.proxy.stats().store_failures, 0);
     }

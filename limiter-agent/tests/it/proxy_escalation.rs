@@ -191,3 +191,37 @@ async fn a_proven_key_outside_its_scopes_escalates_and_is_charged_to_its_ip_limi
     assert_eq!(reply.json()["violated_policies"], serde_json::json!(["per-ip"]));
     assert_eq!(upstream.count(), 0, "nothing reached the upstream");
 }
+
+/// `upstream_statuses = [401]`: the upstream's own 401s (a login failing) count for a
+/// client connected directly, as the proxy's refusals do; never for a trusted proxy,
+/// which speaks for many clients, nor for a browser another site made post the form.
+#[tokio::test]
+async fn the_upstreams_own_401s_escalate_a_direct_client_and_never_a_trusted_proxy() {
+    let upstream = Upstream::start().await;
+    let config = format!("{PROXY_HEAD}trusted_proxies = [\"127.0.0.2/32\"]\n");
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let escalation = format!("threshold = {THRESHOLD}\nupstream_statuses = [401]\n");
+    let mut escalated = proxy.escalate_with(&config, upstream.addr, &escalation);
+    let failed_login = "POST /login?status=401 HTTP/1.1\r\nHost: test\r\nX-Forwarded-For: 203.0.113.7\r\n\
+                        Content-Length: 0\r\nConnection: close\r\n\r\n";
+    for _ in 0..FLOOD {
+        let answer = exchange_from([127, 0, 0, 2], proxy.addr, failed_login.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 401"), "the upstream's answer, passed on: {answer}");
+    }
+    assert_not_escalated(&mut escalated, "a trusted proxy's 401s");
+    let client = TestClient::default();
+    let url = proxy.url("/login?status=401");
+    for _ in 0..FLOOD {
+        let reply = client.request(Method::POST, &url, &[CROSS_SITE], b"").await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+        let forbidden = client.request(Method::POST, &proxy.url("/login?status=403"), &[], b"").await;
+        assert_eq!(forbidden.status, StatusCode::FORBIDDEN, "not a status escalation counts");
+    }
+    assert_not_escalated(&mut escalated, "401s of cross-site posts and 403s");
+    proxy.stats_until("the cross-site 401s counted as not escalated", |stats| stats.refusals_not_escalated == 60).await;
+    escalated_by_exactly(&mut escalated, StatusCode::UNAUTHORIZED, || async {
+        client.request(Method::POST, &url, &[], b"").await.status
+    })
+    .await;
+    assert_eq!(upstream.count(), 3 * FLOOD + THRESHOLD as usize + 1, "every request was the upstream's to answer");
+}

@@ -61,7 +61,9 @@ struct Recorder {
 
 /// A test upstream on 127.0.0.1. Answers 200 with body `ok`; `…/hold` waits for
 /// [`Upstream::release`]; `/hop` answers with hop-by-hop headers to be removed;
-/// `/big` answers with a 100 KiB body.
+/// `/big` answers with a 100 KiB body. On any path, `?status=N` answers with status
+/// `N` and `?delay_ms=N` that many milliseconds after the request arrived (a login
+/// failing, a slow upstream).
 #[derive(Debug)]
 pub struct Upstream {
     pub addr: SocketAddr,
@@ -130,6 +132,11 @@ async fn respond(recorder: Arc<Recorder>, request: Request<Incoming>) -> Result<
     let (parts, body) = request.into_parts();
     let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let path = parts.uri.path().to_owned();
+    let asked = |name: &str| {
+        let query = parts.uri.query().unwrap_or_default();
+        query.split('&').find_map(|pair| pair.strip_prefix(name)?.strip_prefix('=')?.parse::<u64>().ok())
+    };
+    let (status, delay) = (asked("status"), asked("delay_ms"));
     recorder.seen.lock().unwrap_or_else(PoisonError::into_inner).push(Seen {
         method: parts.method,
         uri: parts.uri,
@@ -137,6 +144,13 @@ async fn respond(recorder: Arc<Recorder>, request: Request<Incoming>) -> Result<
         body,
     });
     let mut response = Response::new(Full::new(Bytes::from_static(b"ok")));
+    if let Some(status) = status {
+        *response.status_mut() =
+            u16::try_from(status).ok().and_then(|s| StatusCode::from_u16(s).ok()).expect("a status");
+    }
+    if let Some(ms) = delay {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
     match path.as_str() {
         hold if hold.ends_with("/hold") => {
             recorder.gate.acquire().await.expect("gate closed").forget();
@@ -234,9 +248,14 @@ impl RunningProxy {
     /// would from `text` (this proxy's config, see [`PROXY_HEAD`]) beside a kernel
     /// layer; the blocks it asks for.
     pub fn escalate(&self, text: &str, upstream: SocketAddr, threshold: u32) -> mpsc::Receiver<Escalation> {
+        self.escalate_with(text, upstream, &format!("threshold = {threshold}\n"))
+    }
+
+    /// [`Self::escalate`], with `escalation` the keys of `[escalation]`.
+    pub fn escalate_with(&self, text: &str, upstream: SocketAddr, escalation: &str) -> mpsc::Receiver<Escalation> {
         let whole = format!(
             "[xdp]\ninterfaces = [\"lo\"]\n[xdp.limit]\npackets_per_second = 10\nburst = 20\n{text}\
-             [escalation]\nthreshold = {threshold}\n"
+             [escalation]\n{escalation}"
         )
         .replace("{upstream}", &upstream.to_string());
         let whole = Config::parse(&whole, Path::new("test.toml")).unwrap_or_else(|e| panic!("escalation config: {e}"));
@@ -412,6 +431,19 @@ impl TestClient {
         let body = body.collect().await.expect("response body").to_bytes();
         Reply { status: parts.status, headers: parts.headers, body, elapsed: start.elapsed() }
     }
+}
+
+/// POSTs to each of `urls` at once, each from a client of its own (so on a connection
+/// of its own), with `headers`; the statuses, in no particular order.
+pub async fn posted_at_once(
+    urls: impl IntoIterator<Item = String>,
+    headers: &'static [(&'static str, &'static str)],
+) -> Vec<StatusCode> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for url in urls {
+        tasks.spawn(async move { TestClient::default().request(Method::POST, &url, headers, b"").await.status });
+    }
+    tasks.join_all().await
 }
 
 /// A connection to `to` from `local` (any 127.0.0.0/8 address is this host's on
