@@ -134,7 +134,7 @@ pub(super) fn stems_from<E: Error + 'static>(error: &(dyn Error + 'static)) -> b
 
 /// A body that holds a guard until it has been sent whole (or dropped): a response
 /// its request's [`Guard`](super::idle::Guard), since a slow download is not a wait for a request, and its
-/// client's place in flight ([`super::busy`]); a request body read into memory the
+/// client's place in flight ([`super::shares`]); a request body read into memory the
 /// bytes it holds of its client's share.
 #[derive(Debug)]
 pub(super) struct Guarded<B, G> {
