@@ -3,11 +3,13 @@
 //! to a task of their own, so a slow disk never holds a request: a line that finds the
 //! queue full is dropped and counted.
 //!
-//! A line names the client address, the method, the canonical path, the verdict and
-//! the rules and plan that counted the request, never a key or any other header: a
-//! bearer key's id is its secret.
+//! A line names the client address, the method, the canonical path, the verdict, the
+//! rules and plan that counted the request and what each rule keys by (`json:/username`),
+//! never a key's value or any other header: a bearer key's id is its secret, a username
+//! is personal data.
 
 use std::{
+    collections::BTreeMap,
     net::IpAddr,
     os::unix::fs::OpenOptionsExt as _,
     path::Path,
@@ -57,6 +59,10 @@ pub(super) struct Entry<'a> {
     pub(super) wait_ms: Option<u64>,
     /// The rules and the plan that counted the request.
     pub(super) policies: Vec<&'a str>,
+    /// What each rule that counted or refused the request keys by, as configured:
+    /// the kind of key, never its value.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) keys: BTreeMap<&'a str, String>,
     /// The plan of the key the request proved.
     pub(super) plan: Option<&'a str>,
     /// The policies that refused it.
@@ -79,6 +85,7 @@ impl<'a> Entry<'a> {
             verdict: VerdictKind::Forward,
             wait_ms: None,
             policies: Vec::new(),
+            keys: BTreeMap::new(),
             plan: None,
             violated: &[],
             tagged: &[],

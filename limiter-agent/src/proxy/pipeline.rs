@@ -631,10 +631,19 @@ impl<C: Clock + Clone> Pipeline<C> {
             Verdict::MissingKey { rule } => std::slice::from_ref(rule),
             _ => &decision.violated,
         };
+        let policies: Vec<&str> = decision.policies.iter().map(|policy| policy.name.as_str()).collect();
+        let keys = policies
+            .iter()
+            .copied()
+            .chain(violated.iter().map(String::as_str))
+            .filter_map(|name| config.rules.iter().find(|rule| rule.name == name))
+            .map(|rule| (rule.name.as_str(), rule.key.to_string()))
+            .collect();
         Entry {
             verdict: decision.verdict.kind(),
             wait_ms: wait.map(|wait| u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
-            policies: decision.policies.iter().map(|policy| policy.name.as_str()).collect(),
+            policies,
+            keys,
             plan,
             violated,
             tagged,

@@ -109,6 +109,40 @@ async fn decisions_are_counted_by_rule_and_plan_and_a_sample_is_logged_without_k
     let _ = std::fs::remove_file(&log);
 }
 
+/// A body-keyed rule's lines say what it keys by, never the username: the log is for
+/// finding out who was refused by what, and a username is personal data.
+#[tokio::test]
+async fn a_body_keyed_rule_logs_its_key_kind_and_never_the_value() {
+    let log = std::env::temp_dir().join(format!("{}.jsonl", unique("decisions")));
+    let config = format!(
+        "{PROXY_HEAD}decision_log = {{ path = \"{}\" }}\n[[proxy.rules]]\nname = \"logins-per-user\"\n\
+         path = \"/login\"\nkey = [\"ip\", \"json:/username\"]\nalgorithm = \"fixed_window\"\nlimit = 1\n\
+         window = \"1m\"\n",
+        log.display()
+    );
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let client = TestClient::default();
+    let json = [("content-type", "application/json")];
+    let body = br#"{"username":"alice.private@example.com"}"#;
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        statuses.push(client.request(Method::POST, &proxy.url("/login"), &json, body).await.status);
+    }
+    statuses.push(client.request(Method::GET, &proxy.url("/items"), &[], b"").await.status);
+    assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS, StatusCode::OK]);
+
+    let logged = lines(&log, 3).await;
+    let verdicts: Vec<&str> = logged.iter().map(|line| line["verdict"].as_str().expect("verdict")).collect();
+    assert_eq!(verdicts, ["forward", "reject", "forward"]);
+    let keyed_by = serde_json::json!({ "logins-per-user": "[ip, json:/username]" });
+    assert_eq!((&logged[0]["keys"], &logged[1]["keys"]), (&keyed_by, &keyed_by));
+    assert!(logged[2].get("keys").is_none(), "no rule counted /items: {}", logged[2]);
+    let text = serde_json::to_string(&logged).expect("lines");
+    assert!(!text.contains("alice.private"), "a key's value reached the log: {text}");
+    let _ = std::fs::remove_file(&log);
+}
+
 /// `limiter suggest`'s figures from a known mix in shadow mode: 90 clients send 2
 /// requests in a minute, 9 send 8 and one sends 30, against a rule of 10.
 #[tokio::test]
