@@ -347,6 +347,8 @@ macro_rules! with_limit {
             burst: Option<NonZeroU32>,
             throttle_from: Option<u32>,
             throttle_delay: Option<HumanDuration>,
+            throttle_step: Option<NonZeroU32>,
+            throttle_max_delay: Option<HumanDuration>,
             queue: Option<NonZeroU32>,
         }
 
@@ -360,6 +362,8 @@ macro_rules! with_limit {
                         || self.burst.is_some()
                         || self.throttle_from.is_some()
                         || self.throttle_delay.is_some()
+                        || self.throttle_step.is_some()
+                        || self.throttle_max_delay.is_some()
                         || self.queue.is_some();
                     return if any { Err("a limit needs both limit and window".to_owned()) } else { Ok(None) };
                 };
@@ -368,6 +372,8 @@ macro_rules! with_limit {
                     burst: self.burst,
                     throttle_from: self.throttle_from,
                     throttle_delay: self.throttle_delay.map(|d| d.0),
+                    throttle_step: self.throttle_step,
+                    throttle_max_delay: self.throttle_max_delay.map(|d| d.0),
                     queue: self.queue,
                 };
                 LimitSpec::new(algorithm, limit, window.0, options).map(Some).map_err(|error| error.to_string())
@@ -1476,11 +1482,18 @@ fn default_redis_url() -> String {
 
 shown!(LimitSpec => describe_limit);
 
-/// `5 per 1m (sliding_window_log, throttle from 4 by 100ms)`.
+/// `5 per 1m (sliding_window_log, throttle from 4 by 100ms)`; a progressive band
+/// `throttle from 50 by 100ms more every 10 up to 2s`.
 fn describe_limit(spec: &LimitSpec) -> String {
     let mut options = vec![spec.algorithm.to_string()];
     options.extend(spec.burst.map(|burst| format!("burst {burst}")));
-    options.extend(spec.throttle.map(|t| format!("throttle from {} by {}", t.from, HumanDuration(t.delay))));
+    options.extend(spec.throttle.map(|t| {
+        let band = format!("throttle from {} by {}", t.from, HumanDuration(t.delay));
+        match t.step {
+            None => band,
+            Some(step) => format!("{band} more every {} up to {}", step.every, HumanDuration(step.max_delay)),
+        }
+    }));
     options.extend(spec.queue.map(|queue| format!("queue {queue}")));
     format!("{} per {} ({})", spec.limit, HumanDuration(spec.window), options.join(", "))
 }

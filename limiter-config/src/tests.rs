@@ -139,6 +139,22 @@ fn throttle_band_must_sit_below_the_limit() {
     assert!(refusal(&text).2.contains("must be below limit"));
 }
 
+#[test]
+fn a_progressive_band_reads_its_step_and_cap_and_names_the_plan_of_a_cap_below_the_delay() {
+    let config = parse(EXAMPLE).expect("example config");
+    let free = config.proxy.expect("proxy").plans["free"].spec.throttle.expect("a band");
+    let step = free.step.expect("a progressive band");
+    assert_eq!((free.from, step.every.get(), step.max_delay), (80, 5, Duration::from_secs(1)));
+    let (line, key, message) =
+        refusal(&EXAMPLE.replace("throttle_max_delay = \"1s\"", "throttle_max_delay = \"100ms\""));
+    assert!(message.contains("throttle_max_delay must be at least throttle_delay"), "{message}");
+    assert!(key.starts_with("proxy.plans.free"), "{key}");
+    let expected = EXAMPLE.lines().position(|l| l.starts_with("[proxy.plans.free]")).expect("plan line") + 1;
+    assert!(line >= expected, "{line} before the plan's line {expected}");
+    let (_, _, message) = refusal(&EXAMPLE.replace("throttle_step = 5", ""));
+    assert!(message.contains("throttle_step and throttle_max_delay go with"), "{message}");
+}
+
 const PROXY: &str = "[proxy]\nlisten = \"127.0.0.1:8080\"\nupstream = \"http://127.0.0.1:3000\"\n";
 
 #[test]

@@ -20,5 +20,5 @@ pub mod spec;
 
 pub use self::{
     clock::{Clock, FakeClock, SystemClock},
-    spec::{Algorithm, LimitSpec, SpecError, Throttle},
+    spec::{Algorithm, LimitSpec, SpecError, Step, Throttle},
 };

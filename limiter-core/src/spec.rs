@@ -58,7 +58,8 @@ pub struct LimitSpec {
     pub window: Duration,
     /// Token bucket: back-to-back capacity (default `limit`).
     pub burst: Option<NonZeroU32>,
-    /// Requests past this many in the window are delayed by `throttle_delay`.
+    /// Requests past this many in the window are delayed by `throttle_delay`, more
+    /// the further past with a `throttle_step`.
     pub throttle: Option<Throttle>,
     /// Leaky bucket: hold up to this many requests and release them at the rate.
     pub queue: Option<NonZeroU32>,
@@ -69,14 +70,44 @@ pub struct LimitSpec {
 pub struct Throttle {
     pub from: u32,
     pub delay: Duration,
+    /// A progressive band: every this many further requests in the window add
+    /// `delay` again. `None`: every request in the band waits `delay`.
+    pub step: Option<Step>,
+}
+
+/// How a progressive band's delay grows: the article's "100 ms more for every N
+/// excess requests", capped so that a client deep in the band still gets an answer
+/// before its own timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Step {
+    pub every: NonZeroU32,
+    pub max_delay: Duration,
+}
+
+impl Throttle {
+    /// The wait of a request that brings the units in use to `used`: none up to
+    /// `from`; past it, for the n-th request beyond (n = 1, 2, …), `delay ×
+    /// ceil(n / every)` capped at `max_delay`, or `delay` for a fixed band.
+    #[must_use]
+    pub fn delay_at(&self, used: u64) -> Duration {
+        let beyond = used.saturating_sub(u64::from(self.from));
+        if beyond == 0 {
+            return Duration::ZERO;
+        }
+        let Some(step) = self.step else { return self.delay };
+        let steps = u32::try_from(beyond.div_ceil(u64::from(step.every.get()))).unwrap_or(u32::MAX);
+        self.delay.saturating_mul(steps).min(step.max_delay)
+    }
 }
 
 /// The options of a limit as written, before they are checked against each other.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct LimitOptions {
     pub burst: Option<NonZeroU32>,
     pub throttle_from: Option<u32>,
     pub throttle_delay: Option<Duration>,
+    pub throttle_step: Option<NonZeroU32>,
+    pub throttle_max_delay: Option<Duration>,
     pub queue: Option<NonZeroU32>,
 }
 
@@ -95,6 +126,10 @@ pub enum SpecError {
     EmptyThrottleDelay,
     #[error("throttle_from and throttle_delay go together")]
     HalfThrottle,
+    #[error("throttle_step and throttle_max_delay go with throttle_from and throttle_delay, and together")]
+    HalfStep,
+    #[error("throttle_max_delay must be at least throttle_delay")]
+    MaxDelayBelowDelay,
     #[error("burst only applies to algorithm = \"token_bucket\"")]
     BurstWithoutTokenBucket,
     #[error("queue only applies to algorithm = \"leaky_bucket\"")]
@@ -123,8 +158,18 @@ impl LimitSpec {
             (None, None) => None,
             (Some(from), Some(_)) if from >= limit.get() => return Err(SpecError::ThrottleAboveLimit { from, limit }),
             (Some(_), Some(delay)) if delay.is_zero() => return Err(SpecError::EmptyThrottleDelay),
-            (Some(from), Some(delay)) => Some(Throttle { from, delay }),
+            (Some(from), Some(delay)) => Some(Throttle { from, delay, step: None }),
             _ => return Err(SpecError::HalfThrottle),
+        };
+        let throttle = match (throttle, options.throttle_step, options.throttle_max_delay) {
+            (throttle, None, None) => throttle,
+            (Some(throttle), Some(_), Some(max_delay)) if max_delay < throttle.delay => {
+                return Err(SpecError::MaxDelayBelowDelay);
+            }
+            (Some(throttle), Some(every), Some(max_delay)) => {
+                Some(Throttle { step: Some(Step { every, max_delay }), ..throttle })
+            }
+            _ => return Err(SpecError::HalfStep),
         };
         if options.burst.is_some() && algorithm != Algorithm::TokenBucket {
             return Err(SpecError::BurstWithoutTokenBucket);
@@ -164,7 +209,12 @@ impl LimitSpec {
             window: self.window,
             burst: self.burst.map(part),
             // Still below the limit it bands: `from < limit` held before the division.
-            throttle: self.throttle.map(|t| Throttle { from: (t.from / agents).min(limit.get() - 1), delay: t.delay }),
+            // Each agent sees its share of the requests: its steps are as much shorter.
+            throttle: self.throttle.map(|t| Throttle {
+                from: (t.from / agents).min(limit.get() - 1),
+                step: t.step.map(|step| Step { every: part(step.every), ..step }),
+                ..t
+            }),
             queue: self.queue.map(part),
         }
     }
@@ -193,7 +243,7 @@ impl LimitSpec {
 mod tests {
     use std::{num::NonZeroU32, time::Duration};
 
-    use super::{Algorithm, LimitOptions, LimitSpec};
+    use super::{Algorithm, LimitOptions, LimitSpec, SpecError};
 
     fn nz(n: u32) -> NonZeroU32 {
         NonZeroU32::new(n).expect("nonzero")
@@ -201,7 +251,7 @@ mod tests {
 
     #[test]
     fn a_shared_limit_divides_every_quota_rounding_up() {
-        let options = LimitOptions { burst: Some(nz(30)), throttle_from: None, throttle_delay: None, queue: None };
+        let options = LimitOptions { burst: Some(nz(30)), ..LimitOptions::default() };
         let spec = LimitSpec::new(Algorithm::TokenBucket, nz(101), Duration::from_secs(60), options).expect("spec");
         let half = spec.share(2);
         assert_eq!((half.limit.get(), half.burst.map(NonZeroU32::get)), (51, Some(15)));
@@ -209,10 +259,9 @@ mod tests {
         assert_eq!(spec.share(0), spec, "no live agent known: the whole limit");
         assert_eq!(spec.share(1_000).limit.get(), 1, "never 0");
         let banded = LimitOptions {
-            burst: None,
             throttle_from: Some(80),
             throttle_delay: Some(Duration::from_millis(50)),
-            queue: None,
+            ..LimitOptions::default()
         };
         let free =
             LimitSpec::new(Algorithm::SlidingWindowCounter, nz(100), Duration::from_secs(60), banded).expect("spec");
@@ -225,11 +274,56 @@ mod tests {
             LimitOptions {
                 throttle_from: Some(1),
                 throttle_delay: Some(Duration::from_millis(1)),
-                burst: None,
-                queue: None,
+                ..LimitOptions::default()
             },
         )
         .expect("spec");
         assert_eq!(tiny.share(4).throttle.map(|t| t.from), Some(0), "a band stays below the limit");
+    }
+
+    fn progressive(step: u32, max_ms: u64) -> LimitOptions {
+        LimitOptions {
+            throttle_from: Some(50),
+            throttle_delay: Some(Duration::from_millis(100)),
+            throttle_step: Some(nz(step)),
+            throttle_max_delay: Some(Duration::from_millis(max_ms)),
+            ..LimitOptions::default()
+        }
+    }
+
+    /// The issue's example: 51–60 wait 100 ms, 61–70 200 ms, and so on up to the cap.
+    #[test]
+    fn a_progressive_band_adds_the_delay_for_every_step_up_to_its_cap() {
+        let spec = LimitSpec::new(Algorithm::FixedWindow, nz(200), Duration::from_secs(60), progressive(10, 250))
+            .expect("spec");
+        let throttle = spec.throttle.expect("a band");
+        let waits: Vec<u128> = [1, 50, 51, 60, 61, 70, 71, 200].map(|used| throttle.delay_at(used).as_millis()).into();
+        assert_eq!(waits, [0, 0, 100, 100, 200, 200, 250, 250]);
+        let fixed = LimitOptions { throttle_step: None, throttle_max_delay: None, ..progressive(10, 250) };
+        let fixed = LimitSpec::new(Algorithm::FixedWindow, nz(200), Duration::from_secs(60), fixed).expect("spec");
+        let fixed = fixed.throttle.expect("a band");
+        assert_eq!([50, 51, 199].map(|used| fixed.delay_at(used).as_millis()), [0, 100, 100]);
+    }
+
+    #[test]
+    fn a_step_needs_its_band_and_its_cap_and_a_cap_below_the_delay_is_refused() {
+        let build = |options| LimitSpec::new(Algorithm::FixedWindow, nz(200), Duration::from_secs(60), options);
+        let no_cap = LimitOptions { throttle_max_delay: None, ..progressive(10, 250) };
+        assert_eq!(build(no_cap), Err(SpecError::HalfStep));
+        let no_band = LimitOptions { throttle_from: None, throttle_delay: None, ..progressive(10, 250) };
+        assert_eq!(build(no_band), Err(SpecError::HalfStep));
+        assert_eq!(build(progressive(10, 99)), Err(SpecError::MaxDelayBelowDelay));
+    }
+
+    /// Apart (the store away), each of 2 agents sees about half the requests: its band
+    /// starts at half the count and steps every half as many, so that the delays grow
+    /// with the fleet's count as they would together.
+    #[test]
+    fn a_shared_progressive_band_steps_as_much_sooner() {
+        let spec = LimitSpec::new(Algorithm::FixedWindow, nz(200), Duration::from_secs(60), progressive(10, 1000))
+            .expect("spec");
+        let half = spec.share(2).throttle.expect("a band");
+        assert_eq!((half.from, half.step.map(|step| step.every.get())), (25, Some(5)));
+        assert_eq!([25, 26, 30, 31].map(|used| half.delay_at(used).as_millis()), [0, 100, 100, 200]);
     }
 }

@@ -325,6 +325,35 @@ throttle_delay = "300ms"
     assert_eq!(both.violated, ["short", "long"]);
 }
 
+/// A progressive band on a token bucket counts the tokens in use: as they come
+/// back, the delay steps down again.
+#[test]
+fn a_progressive_band_steps_with_the_usage_and_back_down_as_tokens_return() {
+    let (engine, clock) = engine(
+        r#"
+[[proxy.rules]]
+name = "stepped"
+key = "ip"
+algorithm = "token_bucket"
+limit = 10
+window = "10s"
+throttle_from = 4
+throttle_delay = "100ms"
+throttle_step = 2
+throttle_max_delay = "250ms"
+"#,
+    );
+    let verdicts: Vec<_> = (0..10).map(|_| get("/").to(&engine).verdict).collect();
+    let delays = [0, 0, 0, 0, 100, 100, 200, 200, 250, 250].map(|ms| match ms {
+        0 => Verdict::Forward,
+        ms => Verdict::Delay(millis(ms)),
+    });
+    assert_eq!(verdicts, delays);
+    // 5 tokens back: the next request brings the use to 6, 2 beyond the band's start.
+    clock.advance(secs(5));
+    assert_eq!(get("/").to(&engine).verdict, Verdict::Delay(millis(100)));
+}
+
 #[test]
 fn a_leaky_bucket_queue_delays_requests_to_the_rate() {
     let (engine, _) = engine(

@@ -323,6 +323,40 @@ auth = "bearer"
         .await;
 }
 
+/// The article's "100 ms more for every N excess requests": past `throttle_from`,
+/// each `throttle_step` requests add `throttle_delay` again, up to
+/// `throttle_max_delay`. Before, every request in the band waited 100 ms alike.
+#[tokio::test]
+async fn a_progressive_band_grows_its_delay_every_step_up_to_its_cap() {
+    let upstream = Upstream::start().await;
+    let config = format!(
+        "{PROXY_HEAD}[[proxy.rules]]\nname = \"search\"\npath = \"/search\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\n\
+         limit = 100\nwindow = \"1m\"\nthrottle_from = 3\nthrottle_delay = \"100ms\"\nthrottle_step = 2\n\
+         throttle_max_delay = \"250ms\"\n"
+    );
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let client = TestClient::default();
+    let mut elapsed = Vec::new();
+    for n in 1..=11 {
+        let reply = client.get(&proxy.url("/search"), &[]).await;
+        assert_eq!(reply.status, StatusCode::OK, "request {n}");
+        elapsed.push(reply.elapsed);
+    }
+    // Requests 4–5 are 1–2 beyond the band's start, 6–7 are 3–4, and from 8 on the
+    // step's 300 ms and more are capped.
+    let at_least = [0, 0, 0, 100, 100, 200, 200, 250, 250, 250, 250].map(Duration::from_millis);
+    for (n, (took, least)) in elapsed.iter().zip(at_least).enumerate() {
+        assert!(*took >= least, "request {} took {took:?}, less than {least:?}", n + 1);
+    }
+    // Uncapped, the last two would wait 400 ms.
+    for (n, took) in elapsed.iter().enumerate().skip(9) {
+        assert!(*took < Duration::from_millis(400), "request {} took {took:?}: not capped", n + 1);
+    }
+    proxy
+        .stats_until("the 8 requests of the band delayed", |stats| (stats.forwarded, stats.throttled) == (11, 8))
+        .await;
+}
+
 #[tokio::test]
 async fn reload_changes_a_limit_and_keeps_the_counts() {
     let upstream = Upstream::start().await;

@@ -69,10 +69,10 @@ impl Outcome {
     }
 
     /// How long an admitted request is held before it is forwarded: its shaper wait,
-    /// or the throttle delay once usage is past the band's start, whichever is longer.
+    /// or its throttle band's delay at the usage it brings, whichever is longer.
     #[must_use]
     pub fn delay(&self, throttle: Option<Throttle>) -> Duration {
-        let band = throttle.filter(|t| self.used > u64::from(t.from)).map_or(Duration::ZERO, |t| t.delay);
+        let band = throttle.map_or(Duration::ZERO, |t| t.delay_at(self.used));
         self.wait.max(band)
     }
 }
