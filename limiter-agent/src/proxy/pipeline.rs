@@ -416,7 +416,8 @@ impl<C: Clock + Clone> Pipeline<C> {
         // request is refused on its face.
         let screened = self.screen(&exchange)?;
         // Before the early refusal, which counts `jwt:` keys too: a token needs no body.
-        if needs_jwt(config, &exchange.info()) {
+        // Without `[proxy.jwt]` no rule has a `jwt:` key (`limiter check` refuses one).
+        if config.jwt.is_some() && needs_jwt(config, &exchange.info()) {
             exchange.jwt = match self.jwt_of(snapshot, &exchange.parts.headers) {
                 Some(Ok(claims)) => Some(claims),
                 // Its request lacks every `jwt:` key.
