@@ -347,7 +347,7 @@ macro_rules! with_limit {
             burst: Option<NonZeroU32>,
             throttle_from: Option<u32>,
             throttle_delay: Option<HumanDuration>,
-            queue: Option<NonZeroU32>,
+            queue: Option<u32>,
         }
 
         impl $name {
@@ -368,7 +368,10 @@ macro_rules! with_limit {
                     burst: self.burst,
                     throttle_from: self.throttle_from,
                     throttle_delay: self.throttle_delay.map(|d| d.0),
-                    queue: self.queue,
+                    queue: self
+                        .queue
+                        .map(|queue| NonZeroU32::new(queue).ok_or_else(|| "a leaky_bucket's queue must be at least 1".to_owned()))
+                        .transpose()?,
                 };
                 LimitSpec::new(algorithm, limit, window.0, options).map(Some).map_err(|error| error.to_string())
             }
@@ -790,7 +793,25 @@ pub struct Rule {
     pub escalate: bool,
     /// A limit rule's requests keep their unit only for these answers of the upstream.
     pub count_when: Option<CountWhen>,
+    /// How many of its requests each key may have in flight, and how many more wait.
+    pub concurrency: Option<Concurrency>,
 }
+
+/// A rule's `concurrency`, `queue` and `queue_timeout`: each key's requests in flight
+/// (forwarded, their response not yet finished), and how many more may wait for one of
+/// them to end, for how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Changes)]
+pub struct Concurrency {
+    pub limit: NonZeroU32,
+    /// Waiting beyond `limit`; more are refused at once.
+    pub queue: u32,
+    /// Longest wait in the queue; then refused.
+    pub queue_timeout: HumanDuration,
+}
+
+/// `queue_timeout` unless set: long enough to ride out a burst, short next to a
+/// client's own timeout.
+pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Keyed for Rule {
     fn id(&self) -> String {
@@ -807,6 +828,8 @@ pub enum RuleAction {
     Deny,
     /// Counts and logs them, and lets them through (to try a deny rule out).
     Tag,
+    /// Counts no rate: only bounds each key's requests in flight (`concurrency`).
+    Concurrent,
 }
 
 with_limit! {
@@ -827,17 +850,21 @@ with_limit! {
         #[serde(default)]
         escalate: bool,
         count_when: Option<RawCountWhen>,
+        concurrency: Option<NonZeroU32>,
+        queue_timeout: Option<HumanDuration>,
     }
 }
 
 impl TryFrom<RawRule> for Rule {
     type Error = String;
 
-    fn try_from(raw: RawRule) -> Result<Self, String> {
-        let in_rule = |message: String| format!("rule `{}`: {message}", raw.name);
+    fn try_from(mut raw: RawRule) -> Result<Self, String> {
+        let name = raw.name.clone();
+        let in_rule = |message: String| format!("rule `{name}`: {message}");
         if raw.name.is_empty() {
             return Err("a rule needs a name".to_owned());
         }
+        let concurrency = raw.concurrency(&in_rule)?;
         if let Some(path) = &raw.path
             && !path.starts_with('/')
         {
@@ -850,18 +877,26 @@ impl TryFrom<RawRule> for Rule {
             (None | Some("limit"), Some(spec), Some(key)) => {
                 (RuleAction::Limit(spec), KeySpec { fold: raw.key_fold, ..key })
             }
-            (None | Some("limit"), None, _) => {
-                return Err(in_rule(
-                    "a limit rule needs limit and window (or action = \"deny\" or \"tag\")".to_owned(),
-                ));
+            (None | Some("limit"), None, Some(key)) if concurrency.is_some() => {
+                (RuleAction::Concurrent, KeySpec { fold: raw.key_fold, ..key })
             }
             (None | Some("limit"), Some(_), None) => return Err(in_rule("a limit rule needs a key".to_owned())),
-            (Some(action @ ("deny" | "tag")), None, None) => {
+            (None | Some("limit"), None, None) if concurrency.is_some() => {
+                return Err(in_rule("a concurrency rule needs a key".to_owned()));
+            }
+            (None | Some("limit"), None, _) => {
+                return Err(in_rule(
+                    "a limit rule needs limit and window, or concurrency (or action = \"deny\" or \"tag\")".to_owned(),
+                ));
+            }
+            (Some(action @ ("deny" | "tag")), None, None) if concurrency.is_none() => {
                 let action = if action == "deny" { RuleAction::Deny } else { RuleAction::Tag };
                 (action, KeySpec { fold: raw.key_fold, ..KeySpec::of(KeyKind::Ip) })
             }
             (Some(action @ ("deny" | "tag")), _, _) => {
-                return Err(in_rule(format!("action = \"{action}\" counts nothing: it takes no limit and no key")));
+                return Err(in_rule(format!(
+                    "action = \"{action}\" counts nothing: it takes no limit, no concurrency and no key"
+                )));
             }
             (Some(other), _, _) => {
                 return Err(in_rule(format!("action `{other}` is not limit, deny or tag")));
@@ -885,7 +920,11 @@ impl TryFrom<RawRule> for Rule {
         let when = Conditions::try_from(raw.when).map_err(in_rule)?;
         let count_when = raw.count_when.map(CountWhen::try_from).transpose().map_err(in_rule)?;
         if count_when.is_some() && !matches!(action, RuleAction::Limit(_)) {
-            return Err(in_rule("count_when needs a limit rule: deny and tag rules count nothing".to_owned()));
+            return Err(in_rule(
+                "count_when needs a limit rule with limit and window: deny and tag rules count nothing, and \
+                 concurrency gives its unit back when the response ends"
+                    .to_owned(),
+            ));
         }
         Ok(Self {
             name: raw.name,
@@ -897,7 +936,43 @@ impl TryFrom<RawRule> for Rule {
             require_signature: raw.require_signature,
             escalate: raw.escalate,
             count_when,
+            concurrency,
         })
+    }
+}
+
+impl RawRule {
+    /// The rule's `concurrency` with its `queue` and `queue_timeout`, taking the
+    /// `queue` from the limit: on a rule with `concurrency` it is the concurrency's
+    /// (where it would be a leaky bucket's too, it is refused as ambiguous).
+    fn concurrency(&mut self, in_rule: &dyn Fn(String) -> String) -> Result<Option<Concurrency>, String> {
+        let leaky = self.algorithm == Some(Algorithm::LeakyBucket);
+        let Some(limit) = self.concurrency else {
+            if self.queue_timeout.is_some() {
+                return Err(in_rule("queue_timeout needs concurrency".to_owned()));
+            }
+            if self.queue.is_some() && !leaky {
+                return Err(in_rule(
+                    "queue needs concurrency (requests waiting for one in flight to end), or algorithm = \
+                     \"leaky_bucket\" (a queue released at the rate)"
+                        .to_owned(),
+                ));
+            }
+            return Ok(None);
+        };
+        if leaky && self.queue.is_some() {
+            return Err(in_rule(
+                "queue is ambiguous on a leaky_bucket rule with concurrency: the bucket's queue or the \
+                 concurrency's? Split it into two rules"
+                    .to_owned(),
+            ));
+        }
+        let queue = self.queue.take().unwrap_or(0);
+        let queue_timeout = self.queue_timeout.unwrap_or(HumanDuration(DEFAULT_QUEUE_TIMEOUT));
+        if queue > 0 && queue_timeout.0.is_zero() {
+            return Err(in_rule("queue_timeout must be longer than 0 (or queue = 0, to refuse at once)".to_owned()));
+        }
+        Ok(Some(Concurrency { limit, queue, queue_timeout }))
     }
 }
 
@@ -915,7 +990,7 @@ impl Rule {
     pub fn limit(&self) -> Option<&LimitSpec> {
         match &self.action {
             RuleAction::Limit(spec) => Some(spec),
-            RuleAction::Deny | RuleAction::Tag => None,
+            RuleAction::Deny | RuleAction::Tag | RuleAction::Concurrent => None,
         }
     }
 }

@@ -6,7 +6,7 @@
 //!
 //! What counts: a 401 for a signature or key the request carried; a 403 for a proven
 //! key outside its scopes; a 429 from a bucket of the client's own (its address's, its
-//! proven key's or plan's); a `deny` rule with `escalate = true`. None of them for a request the browser says another
+//! proven key's or plan's), or from a rule's `concurrency` for such a key; a `deny` rule with `escalate = true`. None of them for a request the browser says another
 //! site made it send (`Sec-Fetch-Site: cross-site`): it is limited as usual, never
 //! escalated. A client may send that header itself to stay unescalated; it still
 //! meets every limit. The same goes for an answer of the upstream that
@@ -73,7 +73,7 @@ impl Refusal {
     /// towards its escalation.
     pub(super) fn blame(&self, initiator: Initiator) -> Blame {
         let client_caused = match self {
-            Self::QuotaExceeded { own_bucket, .. } => *own_bucket,
+            Self::QuotaExceeded { own_bucket, .. } | Self::ConcurrencyExceeded { own_bucket, .. } => *own_bucket,
             Self::Unauthorized { carried_credentials, .. } | Self::KeyRequired { carried_credentials, .. } => {
                 *carried_credentials
             }

@@ -40,7 +40,8 @@ use super::{
     decision_log::{DecisionLog, Entry},
     error::ProxyError,
     exchange::{Exchange, Proof},
-    forward::{Origin, Upstream},
+    forward::{Origin, Upstream, UpstreamUpgrade},
+    gates::{GateBounds, Gates, Held, RuleKey, Shed},
     headers,
     heavy::{Client, ClientRow, HeavyClients},
     idempotent,
@@ -71,7 +72,10 @@ use crate::{
     },
     escalation::Escalator,
     fleet::FleetError,
-    limits::{Decision, Engine, PolicyStatus, Refundable, RequestInfo, Screened, Verdict, VerdictKind},
+    limits::{
+        Decision, Engine, Holder, PolicyStatus, Refundable, RequestInfo, Screened, Verdict, VerdictKind,
+        engine::PolicyKind,
+    },
     signature::{BodyError, KeySecrets, read_body_hashed},
     tls::ServerTls,
 };
@@ -82,6 +86,23 @@ enum Admission {
     Answered(Response<ProxyBody>),
     /// To be decided on, with its body.
     Forward(ProxyBody),
+}
+
+/// What a request's gates let it hold.
+#[derive(Default)]
+struct Passage {
+    held: Held,
+    /// Its wait in their queues.
+    queued: Duration,
+}
+
+/// A request a gate refused.
+struct Stopped {
+    rule: String,
+    shed: Shed,
+    /// The rule's key is the client's own ([`Holder::Client`]).
+    own_bucket: bool,
+    queued: Duration,
 }
 
 /// What a request's idempotency key gave it.
@@ -131,6 +152,8 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     buffers: Arc<Shares>,
     /// Every client's requests in flight.
     in_flight: Arc<Shares>,
+    /// Each rule's keys' requests in flight and queued (`concurrency`).
+    gates: Arc<Gates<RuleKey>>,
     /// One for each upstream connection `max_upstream_connections` allows, shared by
     /// every worker's pool.
     upstream_permits: Arc<Semaphore>,
@@ -165,6 +188,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             connections: Arc::default(),
             buffers: Arc::default(),
             in_flight: Arc::default(),
+            gates: Arc::default(),
         })
     }
 
@@ -183,6 +207,14 @@ impl<C: Clock + Clone> Pipeline<C> {
         // in the same order.
         self.engine.reconfigure(&next.config);
         self.stores.set_keys(&next.config);
+        let rules = &next.config.rules;
+        self.gates.rebound(|gate| {
+            rules
+                .iter()
+                .find(|rule| rule.name == gate.rule)
+                .and_then(|rule| rule.concurrency.as_ref())
+                .map(GateBounds::of)
+        });
         *current = Arc::new(next);
         Ok(())
     }
@@ -198,11 +230,24 @@ impl<C: Clock + Clone> Pipeline<C> {
             refused_locally: self.stores.refused_locally(),
             untracked_keys: self.stores.untracked_keys(),
             buffered_bytes: self.buffers.total(),
-            policies: self.engine.policy_counts(),
+            policies: self.policy_counts(),
             decision_log_written,
             decision_log_dropped,
             ..self.counters.snapshot(self.engine.tracked_keys(), self.engine.evictions(), self.stores.failures())
         }
+    }
+
+    /// The engine's counts of each policy, with its keys' requests in flight and queued.
+    fn policy_counts(&self) -> Vec<crate::limits::PolicyCounts> {
+        let totals = self.gates.totals(|gate| gate.rule.clone());
+        let mut policies = self.engine.policy_counts();
+        for policy in policies.iter_mut().filter(|policy| policy.kind == PolicyKind::Rule) {
+            if let Some(&(inflight, queued)) = totals.get(&policy.name) {
+                policy.inflight = inflight;
+                policy.queued = queued;
+            }
+        }
+        policies
     }
 
     pub(super) fn suggest(&self, headroom: f64) -> Vec<crate::limits::Suggestion> {
@@ -223,7 +268,13 @@ impl<C: Clock + Clone> Pipeline<C> {
     ) -> Result<super::explain::ProxyExplanation, super::explain::ExplainError> {
         let snapshot = self.snapshot();
         let verify = |headers: &http::HeaderMap| self.jwt_of(&snapshot, headers)?.ok();
-        super::explain::explain(&snapshot.config, &self.engine, request, true, Some(&verify)).await
+        let mut explained =
+            super::explain::explain(&snapshot.config, &self.engine, request, true, Some(&verify)).await?;
+        for gate in &mut explained.limits.gates {
+            let (inflight, queued) = self.gates.of(&RuleKey { rule: gate.rule.clone(), key: gate.key.clone() });
+            (gate.inflight, gate.queued) = (Some(inflight), Some(queued));
+        }
+        Ok(explained)
     }
 
     /// Sends this proxy's rejections to `escalator`; only the first call counts.
@@ -363,6 +414,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.hold_against(origin, refusal.blame(initiator));
         let event = match &refusal {
             Refusal::QuotaExceeded { .. }
+            | Refusal::ConcurrencyExceeded { .. }
             | Refusal::MissingKey { .. }
             | Refusal::KeyRequired { .. }
             | Refusal::StoreUnavailable => Some(Event::Rejected),
@@ -452,15 +504,77 @@ impl<C: Clock + Clone> Pipeline<C> {
             Admission::Answered(response) => return Ok(response),
             Admission::Forward(body) => body,
         };
-        let decision = self.decide(&exchange, &screened.tagged).await;
-        let Decision { verdict, policies, violated, own_bucket_refused, refundable, .. } = decision;
+        let decision = self.decide(&exchange).await;
         let disclose = snapshot.disclose(exchange.proof.key_id());
-        let outcome = match self.act(snapshot, verdict, violated, own_bucket_refused, disclose).await {
-            Ok(()) => self.forward(exchange, body, initiator, &refundable).await,
-            Err(refusal) => Err(refusal),
+        let acted = self.act(snapshot, &decision, disclose).await;
+        // After the limits and their delay: a request they refuse never queues.
+        let gated = match &acted {
+            Ok(()) => self.pass_gates(&exchange, &decision).await,
+            Err(_) => Ok(Passage::default()),
         };
-        let response = self.answer(outcome, origin, initiator, &policies, disclose);
+        self.account(&exchange, &decision, &screened.tagged, &gated);
+        let outcome = match (acted, gated) {
+            (Ok(()), Ok(passage)) => self
+                .forward(exchange, body, initiator, &decision.refundable)
+                .await
+                .map(|response| hold_in_flight(response, passage.held)),
+            (Ok(()), Err(stopped)) => {
+                let named = disclose == Disclose::Full;
+                let refusal = Refusal::ConcurrencyExceeded {
+                    violated: if named { vec![stopped.rule] } else { Vec::new() },
+                    shed: stopped.shed,
+                    own_bucket: stopped.own_bucket,
+                };
+                // It never reached the upstream: `count_when` rules give back what
+                // they do not count of that.
+                let unsent = Err(refusal);
+                self.answered(&unsent, &decision.refundable, origin, initiator).await;
+                unsent
+            }
+            (Err(refusal), _) => Err(refusal),
+        };
+        let response = self.answer(outcome, origin, initiator, &decision.policies, disclose);
         Ok(response.map(|body| Guarded::new(body, held).boxed()))
+    }
+
+    /// Takes a place in flight in each of the request's gates (a rule's `concurrency`
+    /// for its key), in the rules' order, waiting in their queues as long as they
+    /// allow. In shadow mode it waits for none, and counts what would be refused.
+    async fn pass_gates(&self, exchange: &Exchange<'_>, decision: &Decision) -> Result<Passage, Stopped> {
+        let mut passage = Passage::default();
+        let enforce = exchange.config().enforce;
+        for gated in &decision.gates {
+            let key = RuleKey { rule: gated.rule.clone(), key: gated.key.clone() };
+            let bounds = GateBounds::of(&gated.concurrency);
+            let shed = if enforce {
+                let waiting = tokio::time::Instant::now();
+                let entered = self.gates.enter(key, bounds, 0).await;
+                let waited = entered.as_ref().map_or_else(|_| waiting.elapsed(), |entered| entered.waited);
+                self.counters.observe_queue_wait(waited);
+                passage.queued += waited;
+                match entered {
+                    Ok(entered) => {
+                        passage.held.push(entered.unit);
+                        continue;
+                    }
+                    Err(shed) => shed,
+                }
+            } else {
+                let (unit, would) = self.gates.enter_unbounded(key, bounds);
+                passage.held.push(unit);
+                let Some(shed) = would else { continue };
+                self.counters.add(Event::Rejected);
+                shed
+            };
+            self.engine.shed(&gated.rule, &decision.recorded);
+            let plan = exchange.proof.key_id().and_then(|id| exchange.snapshot.key(id));
+            self.counters.add_shed(shed, plan.map_or(KEYLESS, |key| key.plan.as_str()));
+            if enforce {
+                let own_bucket = gated.holder == Holder::Client;
+                return Err(Stopped { rule: gated.rule.clone(), shed, own_bucket, queued: passage.queued });
+            }
+        }
+        Ok(passage)
     }
 
     /// The response to a request the limits decided on, with their headers.
@@ -546,14 +660,13 @@ impl<C: Clock + Clone> Pipeline<C> {
         })
     }
 
-    /// One decision over every matching rule and the key's plan, counted, logged and
-    /// recorded for `limiter top`.
-    async fn decide(&self, exchange: &Exchange<'_>, tagged: &[String]) -> Decision {
+    /// One decision over every matching rule and the key's plan, timed (logged and
+    /// recorded for `limiter top` once its gates have answered: [`Self::account`]).
+    async fn decide(&self, exchange: &Exchange<'_>) -> Decision {
         let info = exchange.info();
         let deciding = Instant::now();
         let decision = self.engine.decide(&info).await;
         self.counters.observe_decision(deciding.elapsed());
-        self.account(exchange, &decision, tagged);
         decision
     }
 
@@ -565,19 +678,35 @@ impl<C: Clock + Clone> Pipeline<C> {
         let deciding = Instant::now();
         let decision = self.engine.refuse_early(&info).await?;
         self.counters.observe_decision(deciding.elapsed());
-        self.account(exchange, &decision, tagged);
-        let Decision { verdict, policies, violated, own_bucket_refused, .. } = decision;
+        self.account(exchange, &decision, tagged, &Ok(Passage::default()));
         let disclose = exchange.snapshot.disclose(None);
-        let refusal = self.act(exchange.snapshot, verdict, violated, own_bucket_refused, disclose).await.err()?;
-        Some((refusal, policies))
+        let refusal = self.act(exchange.snapshot, &decision, disclose).await.err()?;
+        Some((refusal, decision.policies))
     }
 
-    /// Logs a decision and records it for `limiter top`.
-    fn account(&self, exchange: &Exchange<'_>, decision: &Decision, tagged: &[String]) {
+    /// Logs a decision, with what its gates did, and records it for `limiter top`.
+    fn account(
+        &self,
+        exchange: &Exchange<'_>,
+        decision: &Decision,
+        tagged: &[String],
+        gated: &Result<Passage, Stopped>,
+    ) {
         let config = exchange.config();
         let info = exchange.info();
-        self.log_decision(config, || self.limits_entry(config, &info, decision, tagged));
+        let stopped = gated.as_ref().err();
+        let shed_by = stopped.map(|stopped| [stopped.rule.clone()]);
+        self.log_decision(config, || {
+            let entry = self.limits_entry(config, &info, decision, tagged);
+            let queued = gated.as_ref().map_or_else(|stopped| stopped.queued, |passage| passage.queued);
+            let queued_ms = (!decision.gates.is_empty()).then(|| u64::try_from(queued.as_millis()).unwrap_or(u64::MAX));
+            match &shed_by {
+                Some(rule) => Entry { verdict: VerdictKind::Reject, violated: rule, queued_ms, ..entry },
+                None => Entry { queued_ms, ..entry },
+            }
+        });
         let refused_by = match &decision.verdict {
+            _ if stopped.is_some() => stopped.map(|stopped| stopped.rule.as_str()),
             Verdict::Reject { .. } => decision.violated.first().map(String::as_str),
             Verdict::MissingKey { rule } => Some(rule.as_str()),
             Verdict::Forward | Verdict::Delay(_) | Verdict::StoreUnavailable => None,
@@ -654,36 +783,33 @@ impl<C: Clock + Clone> Pipeline<C> {
     /// Carries out a decision up to forwarding: waits out a delay, or refuses, naming
     /// the policies only if `disclose` is `full`. In shadow mode only counts what it
     /// would have done.
-    async fn act(
-        &self,
-        snapshot: &Snapshot,
-        verdict: Verdict,
-        violated: Vec<String>,
-        own_bucket: bool,
-        disclose: Disclose,
-    ) -> Result<(), Refusal> {
+    async fn act(&self, snapshot: &Snapshot, decision: &Decision, disclose: Disclose) -> Result<(), Refusal> {
         let config = &snapshot.config;
         let named = disclose == Disclose::Full;
-        match verdict {
+        match &decision.verdict {
             Verdict::Forward => Ok(()),
             Verdict::Delay(delay) => {
                 self.counters.add(Event::Throttled);
                 if config.enforce {
-                    tokio::time::sleep(delay).await;
+                    tokio::time::sleep(*delay).await;
                 }
                 Ok(())
             }
             Verdict::Reject { retry_after } if config.enforce => {
-                let violated = if named { violated } else { Vec::new() };
-                Err(Refusal::QuotaExceeded { violated, retry_after, own_bucket })
+                let violated = if named { decision.violated.clone() } else { Vec::new() };
+                Err(Refusal::QuotaExceeded {
+                    violated,
+                    retry_after: *retry_after,
+                    own_bucket: decision.own_bucket_refused,
+                })
             }
             Verdict::MissingKey { rule } if config.enforce => {
-                let challenge = match config.rules.iter().find(|r| r.name == rule) {
+                let challenge = match config.rules.iter().find(|r| r.name == *rule) {
                     Some(rule) if rule.key.needs_proof() => Some(snapshot.key_challenge.clone()),
                     Some(rule) if rule.key.needs_token() => Some(snapshot.jwt_challenge.clone()),
                     _ => None,
                 };
-                Err(Refusal::MissingKey { rule: named.then_some(rule), challenge })
+                Err(Refusal::MissingKey { rule: named.then(|| rule.clone()), challenge })
             }
             Verdict::StoreUnavailable if config.enforce => Err(Refusal::StoreUnavailable),
             Verdict::Reject { .. } | Verdict::MissingKey { .. } | Verdict::StoreUnavailable => {
@@ -882,6 +1008,24 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.stores.count_failure();
         tracing::debug!(%error, "shared store unreachable: refused");
         Refusal::StoreUnavailable
+    }
+}
+
+/// The `plan` label of a request without a key's plan.
+const KEYLESS: &str = "keyless";
+
+/// `response` holding `held` until its body is done, or, if it opens a tunnel, until
+/// the tunnel closes.
+fn hold_in_flight(mut response: Response<ProxyBody>, held: Held) -> Response<ProxyBody> {
+    if held.is_empty() {
+        return response;
+    }
+    match response.extensions_mut().get_mut::<UpstreamUpgrade>() {
+        Some(upgrade) => {
+            upgrade.held = Arc::new(held);
+            response
+        }
+        None => response.map(|body| Guarded::new(body, held).boxed()),
     }
 }
 

@@ -1,0 +1,177 @@
+//! A rule's `concurrency`: each key's requests in flight bounded, the ones beyond
+//! waiting in a bounded queue for as long as `queue_timeout`, refused (429) past it;
+//! a client gone while queued never reaching the upstream; a reload that shrinks a
+//! queue refusing its overflow and keeping what is in flight; shadow mode counting
+//! and queueing nothing.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use limiter::{proxy::ProxyStats, signature::KeySecrets};
+use limiter_lab::support::proxy::{PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, proxy_config};
+use tokio::{io::AsyncWriteExt as _, sync::mpsc};
+
+/// Rule `reports` on `/api/reports` by bearer key (`k-a`, `k-b` on plan `p`), with
+/// `concurrency` keys as given; `extra` goes into `[proxy]`.
+fn config(concurrency: &str, extra: &str) -> String {
+    format!(
+        "{PROXY_HEAD}{extra}\n[proxy.plans.p]\nlimit = 100000\nwindow = \"1m\"\n\
+         [[proxy.keys]]\nid = \"k-a\"\nplan = \"p\"\nauth = \"bearer\"\n\
+         [[proxy.keys]]\nid = \"k-b\"\nplan = \"p\"\nauth = \"bearer\"\n\
+         [[proxy.rules]]\nname = \"reports\"\npath = \"/api/reports\"\nkey = \"api_key\"\n{concurrency}"
+    )
+}
+
+/// Sends `n` GETs to `path` at once with `X-API-Key: key`, each on a connection of its
+/// own; each reply goes to the channel as it comes.
+fn send_at_once(proxy: &RunningProxy, path: &str, key: &'static str, n: usize) -> mpsc::UnboundedReceiver<Reply> {
+    let (replies, received) = mpsc::unbounded_channel();
+    for _ in 0..n {
+        let url = proxy.url(path);
+        let replies = replies.clone();
+        tokio::spawn(async move {
+            let _ = replies.send(TestClient::default().get(&url, &[("x-api-key", key)]).await);
+        });
+    }
+    received
+}
+
+async fn take(received: &mut mpsc::UnboundedReceiver<Reply>, n: usize) -> Vec<Reply> {
+    let mut replies = Vec::with_capacity(n);
+    for _ in 0..n {
+        replies.push(received.recv().await.expect("a reply"));
+    }
+    replies
+}
+
+fn statuses(replies: &[Reply]) -> Vec<StatusCode> {
+    let mut statuses: Vec<StatusCode> = replies.iter().map(|reply| reply.status).collect();
+    statuses.sort();
+    statuses
+}
+
+/// `reports`' requests in flight and queued.
+fn gate(stats: &ProxyStats) -> (u64, u64) {
+    stats.policies.iter().find(|policy| policy.name == "reports").map_or((0, 0), |p| (p.inflight, p.queued))
+}
+
+#[tokio::test]
+async fn one_key_gets_four_in_flight_twenty_queued_and_the_rest_refused_at_once() {
+    let upstream = Upstream::start().await;
+    let proxy =
+        RunningProxy::start(&config("concurrency = 4\nqueue = 20\nqueue_timeout = \"10s\"\n", ""), upstream.addr).await;
+    let mut received = send_at_once(&proxy, "/api/reports/hold", "k-a", 30);
+    // The upstream answers none of them yet: the six refusals come before any answer.
+    let refused = take(&mut received, 6).await;
+    assert_eq!(statuses(&refused), [StatusCode::TOO_MANY_REQUESTS; 6]);
+    let body = refused[0].json();
+    assert_eq!(body["type"], "https://limiter.dev/problems#concurrency-exceeded");
+    assert_eq!(body["violated_policies"], serde_json::json!(["reports"]));
+    assert_eq!(refused[0].header("retry-after"), "1");
+    proxy.stats_until("4 in flight, 20 queued", |stats| gate(stats) == (4, 20)).await;
+    upstream.arrived(4).await;
+    // Another key has places of its own.
+    let mut other = send_at_once(&proxy, "/api/reports/hold", "k-b", 1);
+    upstream.arrived(5).await;
+    upstream.release(25);
+    let served = take(&mut received, 24).await;
+    assert_eq!(statuses(&served), [StatusCode::OK; 24]);
+    assert_eq!(take(&mut other, 1).await[0].status, StatusCode::OK);
+    assert_eq!((upstream.peak("k-a"), upstream.peak("k-b")), (4, 1));
+    let stats = proxy.stats_until("every unit back", |stats| gate(stats) == (0, 0)).await;
+    let reports = stats.policies.iter().find(|policy| policy.name == "reports").expect("reports");
+    assert_eq!((reports.forwarded, reports.rejected, reports.concurrency), (25, 6, Some(4)));
+    let shed: Vec<_> = stats.shed.iter().map(|shed| (shed.reason.as_str(), shed.plan.as_str(), shed.count)).collect();
+    assert_eq!(shed, [("queue_full", "p", 6)]);
+}
+
+#[tokio::test]
+async fn a_request_queued_past_queue_timeout_is_refused_with_retry_after() {
+    let upstream = Upstream::start().await;
+    let proxy =
+        RunningProxy::start(&config("concurrency = 1\nqueue = 10\nqueue_timeout = \"900ms\"\n", ""), upstream.addr)
+            .await;
+    let mut received = send_at_once(&proxy, "/api/reports?delay_ms=500", "k-a", 5);
+    let replies = take(&mut received, 5).await;
+    // The first is answered after 500 ms and the second let in then; the others
+    // would be let in after a second, past their 900 ms.
+    let (served, refused): (Vec<&Reply>, Vec<&Reply>) =
+        replies.iter().partition(|reply| reply.status == StatusCode::OK);
+    assert_eq!((served.len(), refused.len()), (2, 3), "{:?}", statuses(&replies));
+    for reply in refused {
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(reply.header("retry-after"), "1");
+        assert!(
+            reply.elapsed >= Duration::from_millis(900) && reply.elapsed < Duration::from_secs(5),
+            "{:?}",
+            reply.elapsed
+        );
+    }
+    assert_eq!(upstream.count(), 2);
+    let stats = proxy.stats_until("the three timeouts counted", |stats| !stats.shed.is_empty()).await;
+    let shed: Vec<_> = stats.shed.iter().map(|shed| (shed.reason.as_str(), shed.count)).collect();
+    assert_eq!(shed, [("queue_timeout", 3)]);
+    let waits: u64 = stats.queue_wait_seconds.counts.iter().sum();
+    assert_eq!(waits, 5, "every request's wait observed");
+    assert!(stats.queue_wait_seconds.sum_seconds >= 3.0 * 0.9, "{:?}", stats.queue_wait_seconds);
+}
+
+#[tokio::test]
+async fn a_client_gone_while_queued_leaves_the_queue_and_never_reaches_the_upstream() {
+    let upstream = Upstream::start().await;
+    let proxy =
+        RunningProxy::start(&config("concurrency = 1\nqueue = 5\nqueue_timeout = \"10s\"\n", ""), upstream.addr).await;
+    let mut first = send_at_once(&proxy, "/api/reports/hold?n=1", "k-a", 1);
+    upstream.arrived(1).await;
+    let mut gone = tokio::net::TcpStream::connect(proxy.addr).await.expect("connect");
+    let head = "GET /api/reports/hold?n=gone HTTP/1.1\r\nhost: x\r\nx-api-key: k-a\r\n\r\n";
+    gone.write_all(head.as_bytes()).await.expect("send");
+    proxy.stats_until("the request queued", |stats| gate(stats) == (1, 1)).await;
+    drop(gone);
+    proxy.stats_until("the queue empty again", |stats| gate(stats) == (1, 0)).await;
+    // The one after it in line is served next: had the one gone been let in, it
+    // would have reached the upstream first.
+    let mut last = send_at_once(&proxy, "/api/reports/hold?n=3", "k-a", 1);
+    proxy.stats_until("the next one queued", |stats| gate(stats) == (1, 1)).await;
+    upstream.release(2);
+    assert_eq!(take(&mut first, 1).await[0].status, StatusCode::OK);
+    assert_eq!(take(&mut last, 1).await[0].status, StatusCode::OK);
+    let seen: Vec<String> = upstream.seen().iter().map(|seen| seen.uri.to_string()).collect();
+    assert_eq!(seen, ["/api/reports/hold?n=1", "/api/reports/hold?n=3"]);
+    proxy.stats_until("every unit back", |stats| gate(stats) == (0, 0)).await;
+}
+
+#[tokio::test]
+async fn a_reload_that_shrinks_the_queue_refuses_its_overflow_and_keeps_what_is_in_flight() {
+    let upstream = Upstream::start().await;
+    let before = config("concurrency = 1\nqueue = 3\nqueue_timeout = \"10s\"\n", "");
+    let proxy = RunningProxy::start(&before, upstream.addr).await;
+    let mut first = send_at_once(&proxy, "/api/reports/hold", "k-a", 1);
+    upstream.arrived(1).await;
+    let mut queued = send_at_once(&proxy, "/api/reports/hold", "k-a", 3);
+    proxy.stats_until("three queued", |stats| gate(stats) == (1, 3)).await;
+    let after = config("concurrency = 1\nqueue = 1\nqueue_timeout = \"10s\"\n", "");
+    proxy.proxy.reconfigure(proxy_config(&after, upstream.addr), KeySecrets::default()).expect("reload");
+    let overflow = take(&mut queued, 2).await;
+    assert_eq!(statuses(&overflow), [StatusCode::TOO_MANY_REQUESTS; 2]);
+    assert_eq!(overflow[0].json()["type"], "https://limiter.dev/problems#concurrency-exceeded");
+    proxy.stats_until("one left queued", |stats| gate(stats) == (1, 1)).await;
+    upstream.release(2);
+    assert_eq!(take(&mut first, 1).await[0].status, StatusCode::OK, "the request in flight completes");
+    assert_eq!(take(&mut queued, 1).await[0].status, StatusCode::OK, "the one kept in the queue is served");
+    assert_eq!(upstream.count(), 2);
+}
+
+#[tokio::test]
+async fn shadow_mode_queues_nothing_and_counts_what_would_be_refused() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config("concurrency = 1\nqueue = 1\n", "enforce = false\n"), upstream.addr).await;
+    let mut received = send_at_once(&proxy, "/api/reports/hold", "k-a", 3);
+    upstream.arrived(3).await;
+    let stats = proxy.stats_until("all three in flight", |stats| gate(stats) == (3, 0)).await;
+    let reports = stats.policies.iter().find(|policy| policy.name == "reports").expect("reports");
+    assert_eq!((reports.forwarded, reports.rejected), (2, 1));
+    assert_eq!(stats.rejected, 1);
+    upstream.release(3);
+    assert_eq!(statuses(&take(&mut received, 3).await), [StatusCode::OK; 3]);
+}
