@@ -377,11 +377,30 @@ fn render_gates(out: &mut String, stats: &ProxyStats) {
         out,
         "limiter_proxy_shed_total",
         "counter",
-        "Requests a rule's concurrency refused, by reason and plan (keyless: none).",
+        "Requests a rule's concurrency (429) or the upstream's capacity (503) refused, by reason and plan (keyless: none).",
     );
     for shed in &stats.shed {
-        let (reason, plan) = (shed.reason.as_str(), escape(&shed.plan));
-        let _ = writeln!(out, "limiter_proxy_shed_total{{reason=\"{reason}\",plan=\"{plan}\"}} {}", shed.count);
+        let (gate, reason, plan) = (shed.gate.as_str(), shed.reason.as_str(), escape(&shed.plan));
+        let _ = writeln!(
+            out,
+            "limiter_proxy_shed_total{{gate=\"{gate}\",reason=\"{reason}\",plan=\"{plan}\"}} {}",
+            shed.count
+        );
+    }
+    for (name, help, value) in [
+        (
+            "limiter_proxy_upstream_inflight",
+            "Requests in flight under [proxy.upstream_capacity].",
+            stats.upstream_inflight,
+        ),
+        (
+            "limiter_proxy_upstream_queue_depth",
+            "Requests waiting under [proxy.upstream_capacity].",
+            stats.upstream_queued,
+        ),
+    ] {
+        family(out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {value}");
     }
 }
 

@@ -181,6 +181,10 @@ pub struct ProxyConfig {
     /// upstream is asked for a tunnel (`h2c`, a custom one) it never meant to offer.
     #[serde(default = "websocket_only")]
     pub upgrade_protocols: Vec<String>,
+    /// `[proxy.upstream_capacity]`: the requests in flight to the upstream at once,
+    /// over every client, and the queue before them, served by plan priority; `None`:
+    /// unbounded.
+    pub upstream_capacity: Option<Concurrency>,
 }
 
 /// `[proxy.tls]`: the listener's certificates, read at start and on every reload.
@@ -383,6 +387,7 @@ with_limit! {
     /// A plan's whole record.
     struct RawPlan {
         disclose: Option<Disclose>,
+        priority: Option<u8>,
     }
 }
 
@@ -395,6 +400,8 @@ pub struct Plan {
     /// What the rate-limit headers tell this plan's clients, instead of `proxy.disclose`.
     #[changes(unset = "proxy.disclose")]
     pub disclose: Option<Disclose>,
+    /// Where its requests stand in `[proxy.upstream_capacity]`'s queue: lower first.
+    pub priority: u8,
 }
 
 impl TryFrom<RawPlan> for Plan {
@@ -402,7 +409,7 @@ impl TryFrom<RawPlan> for Plan {
 
     fn try_from(raw: RawPlan) -> Result<Self, String> {
         let spec = raw.limit_spec()?.ok_or("a plan needs limit and window")?;
-        Ok(Self { spec, disclose: raw.disclose })
+        Ok(Self { spec, disclose: raw.disclose, priority: raw.priority.unwrap_or(DEFAULT_PLAN_PRIORITY) })
     }
 }
 
@@ -799,8 +806,9 @@ pub struct Rule {
 
 /// A rule's `concurrency`, `queue` and `queue_timeout`: each key's requests in flight
 /// (forwarded, their response not yet finished), and how many more may wait for one of
-/// them to end, for how long.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Changes)]
+/// them to end, for how long; or `[proxy.upstream_capacity]`'s, over every request.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(try_from = "RawConcurrency")]
 pub struct Concurrency {
     pub limit: NonZeroU32,
     /// Waiting beyond `limit`; more are refused at once.
@@ -812,6 +820,43 @@ pub struct Concurrency {
 /// `queue_timeout` unless set: long enough to ride out a burst, short next to a
 /// client's own timeout.
 pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `[proxy.upstream_capacity]` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConcurrency {
+    concurrency: NonZeroU32,
+    queue: Option<u32>,
+    queue_timeout: Option<HumanDuration>,
+}
+
+impl TryFrom<RawConcurrency> for Concurrency {
+    type Error = String;
+
+    fn try_from(raw: RawConcurrency) -> Result<Self, String> {
+        Self::new(raw.concurrency, raw.queue, raw.queue_timeout)
+    }
+}
+
+impl Concurrency {
+    /// `limit` in flight, with `queue` (default 0) waiting up to `queue_timeout`
+    /// ([`DEFAULT_QUEUE_TIMEOUT`]).
+    fn new(limit: NonZeroU32, queue: Option<u32>, queue_timeout: Option<HumanDuration>) -> Result<Self, String> {
+        let queue = queue.unwrap_or(0);
+        let queue_timeout = queue_timeout.unwrap_or(HumanDuration(DEFAULT_QUEUE_TIMEOUT));
+        if queue > 0 && queue_timeout.0.is_zero() {
+            return Err("queue_timeout must be longer than 0 (or queue = 0, to refuse at once)".to_owned());
+        }
+        Ok(Self { limit, queue, queue_timeout })
+    }
+}
+
+/// A plan's `priority` unless set: `[proxy.upstream_capacity]`'s queue serves lower
+/// first.
+pub const DEFAULT_PLAN_PRIORITY: u8 = 10;
+
+/// The `priority` of a request that proved no key.
+pub const KEYLESS_PRIORITY: u8 = 20;
 
 impl Keyed for Rule {
     fn id(&self) -> String {
@@ -967,12 +1012,7 @@ impl RawRule {
                     .to_owned(),
             ));
         }
-        let queue = self.queue.take().unwrap_or(0);
-        let queue_timeout = self.queue_timeout.unwrap_or(HumanDuration(DEFAULT_QUEUE_TIMEOUT));
-        if queue > 0 && queue_timeout.0.is_zero() {
-            return Err(in_rule("queue_timeout must be longer than 0 (or queue = 0, to refuse at once)".to_owned()));
-        }
-        Ok(Some(Concurrency { limit, queue, queue_timeout }))
+        Concurrency::new(limit, self.queue.take(), self.queue_timeout).map(Some).map_err(in_rule)
     }
 }
 
@@ -1461,7 +1501,18 @@ impl ProxyConfig {
 }
 
 fn upstream<'de, D: Deserializer<'de>>(deserializer: D) -> Result<http::Uri, D::Error> {
-    let text = String::deserialize(deserializer)?;
+    let text = match toml::Value::deserialize(deserializer)? {
+        toml::Value::String(text) => text,
+        toml::Value::Table(_) => {
+            return Err(de::Error::custom(
+                "upstream is the application's http://host:port; its requests in flight are bounded in \
+                 [proxy.upstream_capacity]",
+            ));
+        }
+        other => {
+            return Err(de::Error::custom(format!("upstream must be http://host:port, not a {}", other.type_str())));
+        }
+    };
     let uri: http::Uri = text.parse().map_err(|_| de::Error::custom(format!("`{text}` is not a URL")))?;
     if uri.scheme_str() != Some("http") || uri.authority().is_none() {
         return Err(de::Error::custom(format!("upstream `{text}` must be http://host:port")));

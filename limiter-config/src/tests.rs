@@ -997,3 +997,27 @@ fn concurrency_takes_its_queue_with_or_without_a_rate_and_refuses_an_ambiguous_q
     let (_, _, message) = refusal(&rule("key = \"ip\"\nconcurrency = 0\n"));
     assert!(message.contains("nonzero"), "{message}");
 }
+
+#[test]
+fn upstream_capacity_and_plan_priorities_have_defaults_and_name_their_mistakes() {
+    use crate::proxy::{Concurrency, DEFAULT_PLAN_PRIORITY};
+    let plans = "[proxy.plans.pro]\nlimit = 10\nwindow = \"1s\"\npriority = 0\n[proxy.plans.free]\nlimit = 10\nwindow = \"1s\"\n";
+    let capacity = "[proxy.upstream_capacity]\nconcurrency = 256\nqueue = 1024\n";
+    let proxy = parse(&format!("{PROXY}{plans}{capacity}")).expect("capacity").proxy.expect("proxy");
+    let limit = NonZeroU32::new(256).expect("256");
+    let queue_timeout = crate::units::HumanDuration(Duration::from_secs(1));
+    assert_eq!(proxy.upstream_capacity, Some(Concurrency { limit, queue: 1024, queue_timeout }));
+    assert_eq!((proxy.plans["pro"].priority, proxy.plans["free"].priority), (0, DEFAULT_PLAN_PRIORITY));
+    assert_eq!(parse(PROXY).expect("without").proxy.expect("proxy").upstream_capacity, None);
+
+    let (line, key, message) = refusal(&format!("{PROXY}{capacity}queue_timeout = \"0s\"\n"));
+    assert_eq!((line, key.as_str()), (4, "proxy.upstream_capacity"), "{message}");
+    assert!(message.contains("queue_timeout must be longer than 0"), "{message}");
+    let (_, key, message) = refusal(&format!("{PROXY}{capacity}limit = 3\n"));
+    assert!(key.starts_with("proxy.upstream_capacity") && message.contains("unknown field `limit`"), "{message}");
+    let (_, _, message) = refusal(&format!("{PROXY}{plans}").replace("priority = 0", "priority = 256"));
+    assert!(message.contains("256"), "{message}");
+    let table = "[proxy]\nlisten = \"127.0.0.1:8080\"\n[proxy.upstream]\nconcurrency = 2\n";
+    let (_, key, message) = refusal(table);
+    assert!(key.starts_with("proxy.upstream") && message.contains("[proxy.upstream_capacity]"), "{key}: {message}");
+}

@@ -301,12 +301,21 @@ pub enum VerdictKind {
     MissingKey,
     StoreUnavailable,
     Deny,
+    /// Let through by the limits, refused by `[proxy.upstream_capacity]` (503).
+    ReducedCapacity,
 }
 
 impl VerdictKind {
     #[cfg(test)]
-    pub const ALL: [Self; 6] =
-        [Self::Forward, Self::Delay, Self::Reject, Self::MissingKey, Self::StoreUnavailable, Self::Deny];
+    pub const ALL: [Self; 7] = [
+        Self::Forward,
+        Self::Delay,
+        Self::Reject,
+        Self::MissingKey,
+        Self::StoreUnavailable,
+        Self::Deny,
+        Self::ReducedCapacity,
+    ];
 }
 
 impl std::fmt::Display for VerdictKind {
@@ -319,6 +328,7 @@ impl std::fmt::Display for VerdictKind {
             Self::MissingKey => "missing_key",
             Self::StoreUnavailable => "store_unavailable",
             Self::Deny => "deny",
+            Self::ReducedCapacity => "reduced_capacity",
         })
     }
 }

@@ -18,7 +18,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::{sync::oneshot, time::Instant};
+use tokio::sync::oneshot;
 
 use crate::config::proxy::Concurrency;
 
@@ -33,16 +33,41 @@ pub(super) struct GateBounds {
     pub timeout: Duration,
 }
 
-/// Which gate: a rule's, for one of its keys.
+/// Which gate: a rule's, for one of its keys, or the whole upstream's
+/// (`[proxy.upstream_capacity]`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(super) struct RuleKey {
-    pub rule: String,
-    pub key: String,
+pub(super) enum Gate {
+    Rule { rule: String, key: String },
+    Upstream,
 }
 
 /// The places in flight one request holds, given back when its response ends (or,
 /// for a tunnel, when the tunnel closes).
-pub(super) type Held = Vec<Unit<RuleKey>>;
+pub(super) type Held = Vec<Unit<Gate>>;
+
+/// Which kind of gate refused a request: the `gate` label of
+/// `limiter_proxy_shed_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GateKind {
+    /// A rule's `concurrency` (429).
+    Rule,
+    /// `[proxy.upstream_capacity]` (503).
+    Upstream,
+}
+
+impl GateKind {
+    pub const ALL: [Self; 2] = [Self::Rule, Self::Upstream];
+
+    /// As the JSON names it (a test holds the two together).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Rule => "rule",
+            Self::Upstream => "upstream",
+        }
+    }
+}
 
 /// Why a request was not let through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
@@ -125,13 +150,6 @@ pub(super) struct Unit<K: GateKey> {
     key: K,
 }
 
-/// A unit taken, and how long the request waited for it.
-#[derive(Debug)]
-pub(super) struct Entered<K: GateKey> {
-    pub unit: Unit<K>,
-    pub waited: Duration,
-}
-
 /// A request in a queue; dropped before it was let in, it leaves the queue.
 struct Waiting<'g, K: GateKey> {
     gates: &'g Gates<K>,
@@ -162,8 +180,7 @@ impl<K: GateKey> Gates<K> {
     /// them; later, [`Self::rebound`] changes them): at once if fewer than `limit`
     /// are in flight, else once the requests before it in the queue and one in
     /// flight are done, within `timeout`.
-    pub(super) async fn enter(self: &Arc<Self>, key: K, bounds: GateBounds, priority: u8) -> Result<Entered<K>, Shed> {
-        let start = Instant::now();
+    pub(super) async fn enter(self: &Arc<Self>, key: K, bounds: GateBounds, priority: u8) -> Result<Unit<K>, Shed> {
         let (place, admitted) = {
             let mut state = self.lock();
             state.arrivals += 1;
@@ -176,7 +193,7 @@ impl<K: GateKey> Gates<K> {
             if entry.in_flight < entry.bounds.limit && entry.waiting.is_empty() {
                 entry.in_flight += 1;
                 drop(state);
-                return Ok(Entered { unit: Unit { gates: Arc::clone(self), key }, waited: Duration::ZERO });
+                return Ok(Unit { gates: Arc::clone(self), key });
             }
             if entry.waiting.len() >= entry.bounds.queue {
                 // A request of a higher priority takes the place of the last one.
@@ -201,7 +218,7 @@ impl<K: GateKey> Gates<K> {
         let outcome = tokio::time::timeout(timeout, admitted).await;
         drop(waiting);
         match outcome {
-            Ok(Ok(unit)) => Ok(Entered { unit, waited: start.elapsed() }),
+            Ok(Ok(unit)) => Ok(unit),
             Ok(Err(_)) => Err(Shed::QueueFull),
             Err(_) => Err(Shed::QueueTimeout),
         }
@@ -330,7 +347,7 @@ mod tests {
         .await
     }
 
-    type Waiter = Pin<Box<dyn Future<Output = Result<Entered<&'static str>, Shed>>>>;
+    type Waiter = Pin<Box<dyn Future<Output = Result<Unit<&'static str>, Shed>>>>;
 
     fn waiter(gates: &Arc<Gates<&'static str>>, priority: u8, bounds: GateBounds) -> Waiter {
         let gates = Arc::clone(gates);
@@ -388,7 +405,7 @@ mod tests {
         let gates = Arc::new(Gates::default());
         let bounds = GateBounds { limit: 1, queue: 1, timeout: Duration::from_millis(900) };
         let _held = gates.enter("k", bounds, 0).await.expect("held");
-        let start = Instant::now();
+        let start = tokio::time::Instant::now();
         assert_eq!(gates.enter("k", bounds, 0).await.err(), Some(Shed::QueueTimeout));
         assert_eq!(start.elapsed(), Duration::from_millis(900));
         assert_eq!(gates.totals(|_| ()).get(&()), Some(&(1, 0)), "the timed-out waiter left");
@@ -427,6 +444,9 @@ mod tests {
     fn reasons_are_named_as_the_json_names_them() {
         for shed in Shed::ALL {
             assert_eq!(serde_json::to_value(shed).expect("json"), shed.as_str());
+        }
+        for kind in GateKind::ALL {
+            assert_eq!(serde_json::to_value(kind).expect("json"), kind.as_str());
         }
     }
 

@@ -51,7 +51,7 @@ pub(crate) use self::heavy::ClientRow;
 use self::pipeline::Pipeline;
 pub use self::{
     error::ProxyError,
-    gates::Shed,
+    gates::{GateKind, Shed},
     stats::{DECISION_BUCKETS, DecisionHistogram, ProxyStats, QUEUE_WAIT_BUCKETS, ShedCount},
 };
 use crate::{config::ProxyConfig, signature::KeySecrets};

@@ -41,8 +41,8 @@ use super::{
     error::ProxyError,
     exchange::{Exchange, Proof},
     forward::{Origin, Upstream, UpstreamUpgrade},
-    gates::{GateBounds, Gates, Held, RuleKey, Shed},
-    headers,
+    gates::{Gate, GateBounds, GateKind, Gates, Held, Shed},
+    headers::{self, ConcurrencyStatus},
     heavy::{Client, ClientRow, HeavyClients},
     idempotent,
     idle::Timeouts,
@@ -68,13 +68,13 @@ use crate::{
     config::{
         ProxyConfig,
         count_when::Answer,
-        proxy::{Disclose, Http2Config, ProxyProtocol},
+        proxy::{Disclose, Http2Config, KEYLESS_PRIORITY, ProxyProtocol},
     },
     escalation::Escalator,
     fleet::FleetError,
     limits::{
         Decision, Engine, Holder, PolicyStatus, Refundable, RequestInfo, Screened, Verdict, VerdictKind,
-        engine::PolicyKind,
+        engine::{Gated, PolicyKind},
     },
     signature::{BodyError, KeySecrets, read_body_hashed},
     tls::ServerTls,
@@ -98,7 +98,8 @@ struct Passage {
 
 /// A request a gate refused.
 struct Stopped {
-    rule: String,
+    /// The rule whose `concurrency` refused it; `None`: `[proxy.upstream_capacity]`.
+    rule: Option<String>,
     shed: Shed,
     /// The rule's key is the client's own ([`Holder::Client`]).
     own_bucket: bool,
@@ -152,8 +153,9 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     buffers: Arc<Shares>,
     /// Every client's requests in flight.
     in_flight: Arc<Shares>,
-    /// Each rule's keys' requests in flight and queued (`concurrency`).
-    gates: Arc<Gates<RuleKey>>,
+    /// Each rule's keys' requests in flight and queued (`concurrency`), and the
+    /// upstream's (`[proxy.upstream_capacity]`).
+    gates: Arc<Gates<Gate>>,
     /// One for each upstream connection `max_upstream_connections` allows, shared by
     /// every worker's pool.
     upstream_permits: Arc<Semaphore>,
@@ -207,13 +209,12 @@ impl<C: Clock + Clone> Pipeline<C> {
         // in the same order.
         self.engine.reconfigure(&next.config);
         self.stores.set_keys(&next.config);
-        let rules = &next.config.rules;
-        self.gates.rebound(|gate| {
-            rules
-                .iter()
-                .find(|rule| rule.name == gate.rule)
-                .and_then(|rule| rule.concurrency.as_ref())
-                .map(GateBounds::of)
+        let config = &next.config;
+        self.gates.rebound(|gate| match gate {
+            Gate::Rule { rule, .. } => {
+                config.rules.iter().find(|r| r.name == *rule)?.concurrency.as_ref().map(GateBounds::of)
+            }
+            Gate::Upstream => config.upstream_capacity.as_ref().map(GateBounds::of),
         });
         *current = Arc::new(next);
         Ok(())
@@ -222,6 +223,7 @@ impl<C: Clock + Clone> Pipeline<C> {
     pub(super) fn stats(&self) -> ProxyStats {
         let (decision_log_written, decision_log_dropped) =
             self.decision_log.as_ref().map_or((0, 0), DecisionLog::counts);
+        let (policies, (upstream_inflight, upstream_queued)) = self.gate_counts();
         ProxyStats {
             store: self.stores.kind().to_owned(),
             fleet_agents: u64::from(self.stores.live_agents()),
@@ -230,24 +232,30 @@ impl<C: Clock + Clone> Pipeline<C> {
             refused_locally: self.stores.refused_locally(),
             untracked_keys: self.stores.untracked_keys(),
             buffered_bytes: self.buffers.total(),
-            policies: self.policy_counts(),
+            policies,
+            upstream_inflight,
+            upstream_queued,
             decision_log_written,
             decision_log_dropped,
             ..self.counters.snapshot(self.engine.tracked_keys(), self.engine.evictions(), self.stores.failures())
         }
     }
 
-    /// The engine's counts of each policy, with its keys' requests in flight and queued.
-    fn policy_counts(&self) -> Vec<crate::limits::PolicyCounts> {
-        let totals = self.gates.totals(|gate| gate.rule.clone());
+    /// The engine's counts of each policy, with its keys' requests in flight and
+    /// queued; and the upstream's.
+    fn gate_counts(&self) -> (Vec<crate::limits::PolicyCounts>, (u64, u64)) {
+        let totals = self.gates.totals(|gate| match gate {
+            Gate::Rule { rule, .. } => Some(rule.clone()),
+            Gate::Upstream => None,
+        });
         let mut policies = self.engine.policy_counts();
         for policy in policies.iter_mut().filter(|policy| policy.kind == PolicyKind::Rule) {
-            if let Some(&(inflight, queued)) = totals.get(&policy.name) {
+            if let Some(&(inflight, queued)) = totals.get(&Some(policy.name.clone())) {
                 policy.inflight = inflight;
                 policy.queued = queued;
             }
         }
-        policies
+        (policies, totals.get(&None).copied().unwrap_or_default())
     }
 
     pub(super) fn suggest(&self, headroom: f64) -> Vec<crate::limits::Suggestion> {
@@ -271,7 +279,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         let mut explained =
             super::explain::explain(&snapshot.config, &self.engine, request, true, Some(&verify)).await?;
         for gate in &mut explained.limits.gates {
-            let (inflight, queued) = self.gates.of(&RuleKey { rule: gate.rule.clone(), key: gate.key.clone() });
+            let (inflight, queued) = self.gates.of(&Gate::Rule { rule: gate.rule.clone(), key: gate.key.clone() });
             (gate.inflight, gate.queued) = (Some(inflight), Some(queued));
         }
         Ok(explained)
@@ -493,7 +501,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             && config.enforce
             && let Some((refusal, policies)) = self.refuse_early(&exchange, &screened.tagged).await
         {
-            return Ok(self.answer(Err(refusal), origin, initiator, &policies, snapshot.disclose(None)));
+            return Ok(self.answer(Err(refusal), origin, initiator, (&policies, &[]), snapshot.disclose(None)));
         }
         let caps = Caps {
             per_connection: config.buffered_bytes_per_connection(),
@@ -520,10 +528,13 @@ impl<C: Clock + Clone> Pipeline<C> {
                 .map(|response| hold_in_flight(response, passage.held)),
             (Ok(()), Err(stopped)) => {
                 let named = disclose == Disclose::Full;
-                let refusal = Refusal::ConcurrencyExceeded {
-                    violated: if named { vec![stopped.rule] } else { Vec::new() },
-                    shed: stopped.shed,
-                    own_bucket: stopped.own_bucket,
+                let refusal = match stopped.rule {
+                    Some(rule) => Refusal::ConcurrencyExceeded {
+                        violated: if named { vec![rule] } else { Vec::new() },
+                        shed: stopped.shed,
+                        own_bucket: stopped.own_bucket,
+                    },
+                    None => Refusal::ReducedCapacity(stopped.shed),
                 };
                 // It never reached the upstream: `count_when` rules give back what
                 // they do not count of that.
@@ -533,62 +544,94 @@ impl<C: Clock + Clone> Pipeline<C> {
             }
             (Err(refusal), _) => Err(refusal),
         };
-        let response = self.answer(outcome, origin, initiator, &decision.policies, disclose);
+        let concurrent = self.concurrency_statuses(&decision, disclose);
+        let response = self.answer(outcome, origin, initiator, (&decision.policies, &concurrent), disclose);
         Ok(response.map(|body| Guarded::new(body, held).boxed()))
     }
 
     /// Takes a place in flight in each of the request's gates (a rule's `concurrency`
-    /// for its key), in the rules' order, waiting in their queues as long as they
-    /// allow. In shadow mode it waits for none, and counts what would be refused.
+    /// for its key, in the rules' order, then `[proxy.upstream_capacity]`), waiting in
+    /// their queues as long as they allow, served by its plan's priority. In shadow
+    /// mode it waits for none, and counts what would be refused.
     async fn pass_gates(&self, exchange: &Exchange<'_>, decision: &Decision) -> Result<Passage, Stopped> {
+        let config = exchange.config();
+        let rules = decision.gates.iter().map(|gated| {
+            let gate = Gate::Rule { rule: gated.rule.clone(), key: gated.key.clone() };
+            (gate, GateBounds::of(&gated.concurrency), Some(gated))
+        });
+        let upstream = config.upstream_capacity.iter().map(|capacity| (Gate::Upstream, GateBounds::of(capacity), None));
+        // Collected: an iterator of closures held across the waits would not be `Send`.
+        let gates: Vec<(Gate, GateBounds, Option<&Gated>)> = rules.chain(upstream).collect();
         let mut passage = Passage::default();
-        let enforce = exchange.config().enforce;
-        for gated in &decision.gates {
-            let key = RuleKey { rule: gated.rule.clone(), key: gated.key.clone() };
-            let bounds = GateBounds::of(&gated.concurrency);
-            let shed = if enforce {
-                let waiting = tokio::time::Instant::now();
-                let entered = self.gates.enter(key, bounds, 0).await;
-                let waited = entered.as_ref().map_or_else(|_| waiting.elapsed(), |entered| entered.waited);
-                self.counters.observe_queue_wait(waited);
-                passage.queued += waited;
-                match entered {
-                    Ok(entered) => {
-                        passage.held.push(entered.unit);
+        if gates.is_empty() {
+            return Ok(passage);
+        }
+        let plan = exchange.proof.key_id().and_then(|id| exchange.snapshot.key(id)).map(|key| key.plan.as_str());
+        let priority = plan.and_then(|plan| config.plans.get(plan)).map_or(KEYLESS_PRIORITY, |plan| plan.priority);
+        let waiting = tokio::time::Instant::now();
+        for (gate, bounds, gated) in gates {
+            let shed = if config.enforce {
+                match self.gates.enter(gate, bounds, priority).await {
+                    Ok(unit) => {
+                        passage.held.push(unit);
                         continue;
                     }
                     Err(shed) => shed,
                 }
             } else {
-                let (unit, would) = self.gates.enter_unbounded(key, bounds);
+                let (unit, would) = self.gates.enter_unbounded(gate, bounds);
                 passage.held.push(unit);
                 let Some(shed) = would else { continue };
-                self.counters.add(Event::Rejected);
                 shed
             };
-            self.engine.shed(&gated.rule, &decision.recorded);
-            let plan = exchange.proof.key_id().and_then(|id| exchange.snapshot.key(id));
-            self.counters.add_shed(shed, plan.map_or(KEYLESS, |key| key.plan.as_str()));
-            if enforce {
-                let own_bucket = gated.holder == Holder::Client;
-                return Err(Stopped { rule: gated.rule.clone(), shed, own_bucket, queued: passage.queued });
+            let kind = if gated.is_some() { GateKind::Rule } else { GateKind::Upstream };
+            self.counters.add_shed(kind, shed, plan.unwrap_or(KEYLESS));
+            if let Some(gated) = gated {
+                self.engine.shed(&gated.rule, &decision.recorded);
+                if !config.enforce {
+                    self.counters.add(Event::Rejected);
+                }
+            }
+            if config.enforce {
+                let queued = waiting.elapsed();
+                self.counters.observe_queue_wait(queued);
+                let own_bucket = gated.is_some_and(|gated| gated.holder == Holder::Client);
+                return Err(Stopped { rule: gated.map(|gated| gated.rule.clone()), shed, own_bucket, queued });
             }
         }
+        passage.queued = waiting.elapsed();
+        self.counters.observe_queue_wait(passage.queued);
         Ok(passage)
     }
 
-    /// The response to a request the limits decided on, with their headers.
+    /// The response to a request the limits decided on, with the headers of its
+    /// policies: its rates' and its rules' concurrency.
     fn answer(
         &self,
         outcome: Result<Response<ProxyBody>, Refusal>,
         origin: Origin,
         initiator: Initiator,
-        policies: &[PolicyStatus],
+        (policies, concurrent): (&[PolicyStatus], &[ConcurrencyStatus]),
         disclose: Disclose,
     ) -> Response<ProxyBody> {
         let mut response = outcome.unwrap_or_else(|refusal| self.refuse(origin, initiator, refusal));
         headers::add_rate_limit_headers(response.headers_mut(), policies, self.clock.now(), disclose);
+        headers::add_concurrency_policies(response.headers_mut(), concurrent, disclose);
         response
+    }
+
+    /// Each of the request's rules' `concurrency` for its key, with the places left
+    /// now, where `disclose` lets the headers show them.
+    fn concurrency_statuses(&self, decision: &Decision, disclose: Disclose) -> Vec<ConcurrencyStatus> {
+        if disclose != Disclose::Full {
+            return Vec::new();
+        }
+        let status = |gated: &Gated| {
+            let (inflight, _) = self.gates.of(&Gate::Rule { rule: gated.rule.clone(), key: gated.key.clone() });
+            let limit = gated.concurrency.limit.get();
+            ConcurrencyStatus { name: gated.rule.clone(), limit, remaining: u64::from(limit).saturating_sub(inflight) }
+        };
+        decision.gates.iter().map(status).collect()
     }
 
     /// The request's place among its client's in flight (`None`: a trusted proxy's
@@ -695,18 +738,20 @@ impl<C: Clock + Clone> Pipeline<C> {
         let config = exchange.config();
         let info = exchange.info();
         let stopped = gated.as_ref().err();
-        let shed_by = stopped.map(|stopped| [stopped.rule.clone()]);
+        let shed_by = stopped.map(|stopped| stopped.rule.clone().map(|rule| [rule]));
         self.log_decision(config, || {
             let entry = self.limits_entry(config, &info, decision, tagged);
             let queued = gated.as_ref().map_or_else(|stopped| stopped.queued, |passage| passage.queued);
-            let queued_ms = (!decision.gates.is_empty()).then(|| u64::try_from(queued.as_millis()).unwrap_or(u64::MAX));
+            let gated = !decision.gates.is_empty() || config.upstream_capacity.is_some();
+            let queued_ms = gated.then(|| u64::try_from(queued.as_millis()).unwrap_or(u64::MAX));
             match &shed_by {
-                Some(rule) => Entry { verdict: VerdictKind::Reject, violated: rule, queued_ms, ..entry },
+                Some(Some(rule)) => Entry { verdict: VerdictKind::Reject, violated: rule, queued_ms, ..entry },
+                Some(None) => Entry { verdict: VerdictKind::ReducedCapacity, queued_ms, ..entry },
                 None => Entry { queued_ms, ..entry },
             }
         });
         let refused_by = match &decision.verdict {
-            _ if stopped.is_some() => stopped.map(|stopped| stopped.rule.as_str()),
+            _ if stopped.is_some() => stopped.and_then(|stopped| stopped.rule.as_deref()),
             Verdict::Reject { .. } => decision.violated.first().map(String::as_str),
             Verdict::MissingKey { rule } => Some(rule.as_str()),
             Verdict::Forward | Verdict::Delay(_) | Verdict::StoreUnavailable => None,

@@ -28,6 +28,10 @@ pub(super) enum Refusal {
     /// `own_bucket`: the rule's key is the client's own.
     #[error("{shed:?} at the concurrency of {violated:?}")]
     ConcurrencyExceeded { violated: Vec<String>, shed: Shed, own_bucket: bool },
+    /// `[proxy.upstream_capacity]`: the queue before the upstream was full, or the
+    /// request waited its `queue_timeout` (503: our overload, not the client's doing).
+    #[error("{0:?} before the upstream")]
+    ReducedCapacity(Shed),
     /// A rule with `missing_key = "reject"` counts by a key the request lacks; named
     /// only where `disclose = "full"`. `challenge`: for a rule counting by API key,
     /// the `WWW-Authenticate` of its 401; `None`: a header's rule, 400.
@@ -180,6 +184,16 @@ impl Refusal {
                 };
                 // Empty where `disclose` hides the names.
                 share_in_use("concurrency-exceeded", detail, (!violated.is_empty()).then_some(&violated[..]))
+            }
+            Self::ReducedCapacity(_) => {
+                let mut response = problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "temporary-reduced-capacity",
+                    "The service is working at reduced capacity; retry shortly.",
+                    None,
+                );
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
+                response
             }
             Self::MissingKey { rule, challenge } => {
                 let detail = match rule {

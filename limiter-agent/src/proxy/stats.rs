@@ -13,7 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use limiter_core::{jwt::JwtFailure, signature::FailureReason};
 
-use super::{connections::Refused, gates::Shed};
+use super::{
+    connections::Refused,
+    gates::{GateKind, Shed},
+};
 use crate::limits::PolicyCounts;
 
 /// One event the proxy counts.
@@ -127,7 +130,7 @@ pub(super) struct Counters {
     queue_wait_nanos_sum: AtomicU64,
     /// By reason and plan (`keyless` for a request without one): the plans are the
     /// config's, so the map stays small.
-    shed: Mutex<BTreeMap<(Shed, String), u64>>,
+    shed: Mutex<BTreeMap<(GateKind, Shed, String), u64>>,
 }
 
 /// Adds one to the counter of `which`, `counters` being in the order of `all`.
@@ -168,6 +171,7 @@ fn observe(bounds: &[f64], counts: &[AtomicU64], nanos_sum: &AtomicU64, took: Du
 /// Requests a gate refused for one reason and plan.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShedCount {
+    pub gate: GateKind,
     pub reason: Shed,
     /// The plan of the key the request proved; `keyless` without one.
     pub plan: String,
@@ -244,9 +248,9 @@ impl Counters {
     }
 
     /// A request a gate refused (in shadow mode: would have), of `plan`'s key.
-    pub(super) fn add_shed(&self, reason: Shed, plan: &str) {
+    pub(super) fn add_shed(&self, gate: GateKind, reason: Shed, plan: &str) {
         let mut shed = self.shed.lock().unwrap_or_else(PoisonError::into_inner);
-        *shed.entry((reason, plan.to_owned())).or_default() += 1;
+        *shed.entry((gate, reason, plan.to_owned())).or_default() += 1;
     }
 
     pub(super) fn add_signature_failure(&self, reason: FailureReason) {
@@ -309,7 +313,12 @@ impl Counters {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .iter()
-                .map(|((reason, plan), count)| ShedCount { reason: *reason, plan: plan.clone(), count: *count })
+                .map(|((gate, reason, plan), count)| ShedCount {
+                    gate: *gate,
+                    reason: *reason,
+                    plan: plan.clone(),
+                    count: *count,
+                })
                 .collect(),
             evictions,
             untracked_keys: 0,
@@ -321,6 +330,8 @@ impl Counters {
             local_decisions: 0,
             refused_locally: 0,
             policies: Vec::new(),
+            upstream_inflight: 0,
+            upstream_queued: 0,
             decision_log_written: 0,
             decision_log_dropped: 0,
         }
@@ -453,10 +464,17 @@ pub struct ProxyStats {
     /// those let in at once as 0, for the metrics.
     #[serde(default)]
     pub queue_wait_seconds: DecisionHistogram,
-    /// Requests a rule's `concurrency` refused (429), by reason (`queue_full`,
-    /// `queue_timeout`) and plan; also in `rejected`.
+    /// Requests a gate refused, by gate (`rule`: a rule's `concurrency`, 429, also in
+    /// `rejected`; `upstream`: `[proxy.upstream_capacity]`, 503), reason
+    /// (`queue_full`, `queue_timeout`) and plan.
     #[serde(default)]
     pub shed: Vec<ShedCount>,
+    /// Requests in flight to the upstream under `[proxy.upstream_capacity]`.
+    #[serde(default)]
+    pub upstream_inflight: u64,
+    /// Requests waiting for a place under `[proxy.upstream_capacity]`.
+    #[serde(default)]
+    pub upstream_queued: u64,
     /// Where the decisions were taken: `memory` or `redis` (`proxy.store`).
     #[serde(default)]
     pub store: String,

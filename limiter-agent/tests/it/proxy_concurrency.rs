@@ -68,6 +68,7 @@ async fn one_key_gets_four_in_flight_twenty_queued_and_the_rest_refused_at_once(
     assert_eq!(body["type"], "https://limiter.dev/problems#concurrency-exceeded");
     assert_eq!(body["violated_policies"], serde_json::json!(["reports"]));
     assert_eq!(refused[0].header("retry-after"), "1");
+    assert!(refused[0].header("ratelimit").ends_with(r#", "reports";r=0"#), "{}", refused[0].header("ratelimit"));
     proxy.stats_until("4 in flight, 20 queued", |stats| gate(stats) == (4, 20)).await;
     upstream.arrived(4).await;
     // Another key has places of its own.
@@ -76,6 +77,9 @@ async fn one_key_gets_four_in_flight_twenty_queued_and_the_rest_refused_at_once(
     upstream.release(25);
     let served = take(&mut received, 24).await;
     assert_eq!(statuses(&served), [StatusCode::OK; 24]);
+    // draft-11's concurrency form, after the plan's rate.
+    let policy = served[0].header("ratelimit-policy");
+    assert_eq!(policy, r#""p";q=100000;w=60, "reports";q=4;qu="concurrent-requests""#);
     assert_eq!(take(&mut other, 1).await[0].status, StatusCode::OK);
     assert_eq!((upstream.peak("k-a"), upstream.peak("k-b")), (4, 1));
     let stats = proxy.stats_until("every unit back", |stats| gate(stats) == (0, 0)).await;
@@ -174,4 +178,89 @@ async fn shadow_mode_queues_nothing_and_counts_what_would_be_refused() {
     assert_eq!(stats.rejected, 1);
     upstream.release(3);
     assert_eq!(statuses(&take(&mut received, 3).await), [StatusCode::OK; 3]);
+}
+
+/// Plans `pro` (priority 0) and `free` (the default, 10), a bearer key on each, and
+/// `[proxy.upstream_capacity]` as given.
+fn capacity_config(capacity: &str) -> String {
+    format!(
+        "{PROXY_HEAD}[proxy.upstream_capacity]\n{capacity}\
+         [proxy.plans.pro]\nlimit = 100000\nwindow = \"1m\"\npriority = 0\n\
+         [proxy.plans.free]\nlimit = 100000\nwindow = \"1m\"\n\
+         [[proxy.keys]]\nid = \"k-pro\"\nplan = \"pro\"\nauth = \"bearer\"\n\
+         [[proxy.keys]]\nid = \"k-free\"\nplan = \"free\"\nauth = \"bearer\"\n"
+    )
+}
+
+fn upstream_gate(stats: &ProxyStats) -> (u64, u64) {
+    (stats.upstream_inflight, stats.upstream_queued)
+}
+
+#[tokio::test]
+async fn the_upstreams_queue_serves_pro_before_every_free_request_still_waiting() {
+    let upstream = Upstream::start().await;
+    let config = capacity_config("concurrency = 2\nqueue = 64\nqueue_timeout = \"30s\"\n");
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let mut free = send_at_once(&proxy, "/hold", "k-free", 50);
+    proxy.stats_until("2 free in flight, 48 queued", |stats| upstream_gate(stats) == (2, 48)).await;
+    upstream.arrived(2).await;
+    let mut pro = send_at_once(&proxy, "/hold", "k-pro", 5);
+    proxy.stats_until("the 5 pro queued too", |stats| upstream_gate(stats) == (2, 53)).await;
+    // One answer at a time, each place going to the next in line: arrival order is
+    // the queue's order.
+    for arrived in 3..=7 {
+        upstream.release(1);
+        upstream.arrived(arrived).await;
+    }
+    upstream.release(50);
+    assert_eq!(statuses(&take(&mut pro, 5).await), [StatusCode::OK; 5]);
+    assert_eq!(statuses(&take(&mut free, 50).await), [StatusCode::OK; 50]);
+    let keys: Vec<String> = upstream
+        .seen()
+        .iter()
+        .map(|seen| seen.headers.get("x-api-key").and_then(|key| key.to_str().ok()).unwrap_or_default().to_owned())
+        .collect();
+    let expected: Vec<&str> = [["k-free"; 2].as_slice(), &["k-pro"; 5], &["k-free"; 48]].concat();
+    assert_eq!(keys, expected);
+    // Never more than two at once: the two free first, then two pro.
+    assert_eq!((upstream.peak("k-free"), upstream.peak("k-pro")), (2, 2));
+}
+
+#[tokio::test]
+async fn the_upstreams_refusal_is_503_reduced_capacity_and_never_escalates_where_a_keys_own_429_does() {
+    let upstream = Upstream::start().await;
+    let rule = "[[proxy.rules]]\nname = \"reports\"\npath = \"/api/reports\"\nkey = \"api_key\"\nconcurrency = 1\n";
+    let config = format!("{}{rule}", capacity_config("concurrency = 1\n"));
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let mut escalated = proxy.escalate(&config, upstream.addr, 1);
+    let mut held = send_at_once(&proxy, "/hold", "k-free", 1);
+    upstream.arrived(1).await;
+    let client = TestClient::default();
+    for _ in 0..3 {
+        let refused = client.get(&proxy.url("/"), &[("x-api-key", "k-pro")]).await;
+        assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.json()["type"], "https://limiter.dev/problems#temporary-reduced-capacity");
+        assert_eq!(refused.header("retry-after"), "1");
+    }
+    limiter_lab::support::proxy::assert_not_escalated(&mut escalated, "the upstream's refusals");
+    let shed = proxy.stats_until("three shed", |stats| !stats.shed.is_empty()).await.shed;
+    let shed: Vec<_> = shed.iter().map(|s| (s.gate.as_str(), s.reason.as_str(), s.plan.as_str(), s.count)).collect();
+    assert_eq!(shed, [("upstream", "queue_full", "pro", 3)]);
+    upstream.release(1);
+    assert_eq!(take(&mut held, 1).await[0].status, StatusCode::OK);
+    proxy.stats_until("the upstream free", |stats| upstream_gate(stats) == (0, 0)).await;
+
+    // A key's own concurrency is its own doing: refused twice past the threshold of 1.
+    let mut report = send_at_once(&proxy, "/api/reports/hold", "k-free", 1);
+    upstream.arrived(2).await;
+    proxy.stats_until("the report in flight", |stats| gate(stats) == (1, 0)).await;
+    let refused = client.get(&proxy.url("/api/reports"), &[("x-api-key", "k-free")]).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    let again = client.get(&proxy.url("/api/reports"), &[("x-api-key", "k-free")]).await;
+    assert_eq!(again.status, StatusCode::TOO_MANY_REQUESTS);
+    let escalation =
+        tokio::time::timeout(limiter_lab::support::wait::PATIENCE, escalated.recv()).await.expect("in time");
+    assert!(escalation.is_some(), "the key's own refusals escalate");
+    upstream.release(1);
+    assert_eq!(take(&mut report, 1).await[0].status, StatusCode::OK);
 }
