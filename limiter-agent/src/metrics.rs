@@ -387,21 +387,10 @@ fn render_gates(out: &mut String, stats: &ProxyStats) {
             shed.count
         );
     }
-    for (name, help, value) in [
-        (
-            "limiter_proxy_upstream_inflight",
-            "Requests in flight under [proxy.upstream_capacity].",
-            stats.upstream_inflight,
-        ),
-        (
-            "limiter_proxy_upstream_queue_depth",
-            "Requests waiting under [proxy.upstream_capacity].",
-            stats.upstream_queued,
-        ),
-    ] {
-        family(out, name, "gauge", help);
-        let _ = writeln!(out, "{name} {value}");
-    }
+    family(out, "limiter_proxy_upstream_inflight", "gauge", "Requests in flight under [proxy.upstream_capacity].");
+    let _ = writeln!(out, "limiter_proxy_upstream_inflight {}", stats.upstream_inflight);
+    family(out, "limiter_proxy_upstream_queue_depth", "gauge", "Requests waiting under [proxy.upstream_capacity].");
+    let _ = writeln!(out, "limiter_proxy_upstream_queue_depth {}", stats.upstream_queued);
 }
 
 /// Scrapers connected at once; Prometheus keeps one. A new one takes the place of

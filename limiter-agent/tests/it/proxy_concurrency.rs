@@ -264,3 +264,34 @@ async fn the_upstreams_refusal_is_503_reduced_capacity_and_never_escalates_where
     upstream.release(1);
     assert_eq!(take(&mut report, 1).await[0].status, StatusCode::OK);
 }
+
+/// A shed request is the rule's refusal alone, in the counts and the decision log.
+#[tokio::test]
+async fn a_shed_request_counts_for_its_rule_alone_and_is_logged_with_its_wait() {
+    let log = std::env::temp_dir().join(format!("{}.jsonl", limiter_lab::support::unique("shed")));
+    let extra = format!("decision_log = {{ path = \"{}\" }}\n", log.display());
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&config("concurrency = 1\n", &extra), upstream.addr).await;
+    let mut held = send_at_once(&proxy, "/api/reports/hold", "k-a", 1);
+    proxy.stats_until("one in flight", |stats| gate(stats) == (1, 0)).await;
+    let refused = TestClient::default().get(&proxy.url("/api/reports"), &[("x-api-key", "k-a")]).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    let counts = |stats: &ProxyStats| -> Vec<(String, u64, u64)> {
+        stats.policies.iter().map(|p| (p.name.clone(), p.forwarded, p.rejected)).collect()
+    };
+    let expected = [("reports".to_owned(), 1, 1), ("p".to_owned(), 1, 0)];
+    proxy.stats_until("the refusal the rule's alone", |stats| counts(stats) == expected).await;
+    let lines = limiter_lab::support::wait::until_async(
+        "two lines in the decision log",
+        || std::fs::read_to_string(&log).unwrap_or_default(),
+        |text| text.lines().count() == 2 && text.ends_with('\n'),
+    )
+    .await;
+    let lines: Vec<serde_json::Value> = lines.lines().map(|line| serde_json::from_str(line).expect("JSON")).collect();
+    let seen: Vec<_> = lines.iter().map(|line| (line["verdict"].clone(), line["violated"].clone())).collect();
+    let expected = [("forward", serde_json::json!([])), ("reject", serde_json::json!(["reports"]))];
+    assert_eq!(seen, expected.map(|(verdict, violated)| (serde_json::json!(verdict), violated)));
+    assert!(lines.iter().all(|line| line["queued_ms"] == 0), "{lines:?}");
+    upstream.release(1);
+    assert_eq!(take(&mut held, 1).await[0].status, StatusCode::OK);
+}
