@@ -295,3 +295,23 @@ async fn a_shed_request_counts_for_its_rule_alone_and_is_logged_with_its_wait() 
     upstream.release(1);
     assert_eq!(take(&mut held, 1).await[0].status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn the_upstreams_capacity_reloads_live() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&capacity_config("concurrency = 1\n"), upstream.addr).await;
+    let mut held = send_at_once(&proxy, "/hold", "k-free", 1);
+    upstream.arrived(1).await;
+    let client = TestClient::default();
+    assert_eq!(client.get(&proxy.url("/"), &[]).await.status, StatusCode::SERVICE_UNAVAILABLE);
+    let wider = capacity_config("concurrency = 2\n");
+    proxy.proxy.reconfigure(proxy_config(&wider, upstream.addr), KeySecrets::default()).expect("reload");
+    assert_eq!(client.get(&proxy.url("/"), &[]).await.status, StatusCode::OK, "a second place, at once");
+    proxy.proxy.reconfigure(proxy_config(PROXY_HEAD, upstream.addr), KeySecrets::default()).expect("reload");
+    let mut more = send_at_once(&proxy, "/hold", "k-free", 3);
+    upstream.arrived(4).await;
+    assert_eq!(proxy.proxy.stats().upstream_queued, 0, "unbounded without the section");
+    upstream.release(4);
+    assert_eq!(take(&mut held, 1).await[0].status, StatusCode::OK);
+    assert_eq!(statuses(&take(&mut more, 3).await), [StatusCode::OK; 3]);
+}
