@@ -28,7 +28,8 @@ use limiter_common::{
 use tokio::sync::oneshot;
 
 use crate::{
-    proxy::{DECISION_BUCKETS, Proxy},
+    limits::PolicyCounts,
+    proxy::{DECISION_BUCKETS, DecisionHistogram, Proxy, ProxyStats, QUEUE_WAIT_BUCKETS},
     xdp::{Attachment, KernelMaps, monotonic_now_ns},
 };
 
@@ -334,16 +335,62 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
         "histogram",
         "Time to decide a request against its rules and plan, by store.",
     );
-    let store = &stats.store;
+    let store = format!("store=\"{}\"", escape(&stats.store));
+    histogram(out, "limiter_proxy_decision_seconds", &store, &DECISION_BUCKETS, &stats.decision_seconds);
+    render_gates(out, &stats);
+}
+
+/// The samples of histogram `name` over `bounds`, each with `labels` (none if empty).
+fn histogram(out: &mut String, name: &str, labels: &str, bounds: &[f64], histogram: &DecisionHistogram) {
+    let separator = if labels.is_empty() { "" } else { "," };
     let mut cumulative = 0u64;
-    for (i, count) in stats.decision_seconds.counts.iter().enumerate() {
+    for (i, count) in histogram.counts.iter().enumerate() {
         cumulative += count;
-        let bound = DECISION_BUCKETS.get(i).map_or("+Inf".to_owned(), |b| format!("{b}"));
-        let _ = writeln!(out, "limiter_proxy_decision_seconds_bucket{{store=\"{store}\",le=\"{bound}\"}} {cumulative}");
+        let bound = bounds.get(i).map_or("+Inf".to_owned(), |b| format!("{b}"));
+        let _ = writeln!(out, "{name}_bucket{{{labels}{separator}le=\"{bound}\"}} {cumulative}");
     }
-    let _ =
-        writeln!(out, "limiter_proxy_decision_seconds_sum{{store=\"{store}\"}} {}", stats.decision_seconds.sum_seconds);
-    let _ = writeln!(out, "limiter_proxy_decision_seconds_count{{store=\"{store}\"}} {cumulative}");
+    let labels = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+    let _ = writeln!(out, "{name}_sum{labels} {}", histogram.sum_seconds);
+    let _ = writeln!(out, "{name}_count{labels} {cumulative}");
+}
+
+/// The rules' `concurrency`: their keys' requests in flight and queued, the waits, and
+/// the requests refused.
+fn render_gates(out: &mut String, stats: &ProxyStats) {
+    let gated: Vec<&PolicyCounts> = stats.policies.iter().filter(|policy| policy.concurrency.is_some()).collect();
+    let mut gauge = |name: &str, what: &str, value: fn(&PolicyCounts) -> u64| {
+        family(out, name, "gauge", &format!("Requests {what} under each rule's concurrency, over its keys."));
+        for policy in &gated {
+            let _ = writeln!(out, "{name}{{policy=\"{}\"}} {}", escape(&policy.name), value(policy));
+        }
+    };
+    gauge("limiter_proxy_inflight", "in flight", |policy| policy.inflight);
+    gauge("limiter_proxy_queue_depth", "waiting for a place in flight", |policy| policy.queued);
+    family(
+        out,
+        "limiter_proxy_queue_wait_seconds",
+        "histogram",
+        "Time requests waited for a place in flight (a rule's concurrency), those let in at once as 0.",
+    );
+    histogram(out, "limiter_proxy_queue_wait_seconds", "", &QUEUE_WAIT_BUCKETS, &stats.queue_wait_seconds);
+    family(
+        out,
+        "limiter_proxy_shed_total",
+        "counter",
+        "Requests a rule's concurrency (429) or the upstream's capacity (503) refused, by reason and plan (keyless: none).",
+    );
+    for shed in &stats.shed {
+        let (gate, reason, plan) = (shed.gate.as_str(), shed.reason.as_str(), escape(&shed.plan));
+        let _ = writeln!(
+            out,
+            "limiter_proxy_shed_total{{gate=\"{gate}\",reason=\"{reason}\",plan=\"{plan}\"}} {}",
+            shed.count
+        );
+    }
+    family(out, "limiter_proxy_upstream_inflight", "gauge", "Requests in flight under [proxy.upstream_capacity].");
+    let _ = writeln!(out, "limiter_proxy_upstream_inflight {}", stats.upstream_inflight);
+    family(out, "limiter_proxy_upstream_queue_depth", "gauge", "Requests waiting under [proxy.upstream_capacity].");
+    let _ = writeln!(out, "limiter_proxy_upstream_queue_depth {}", stats.upstream_queued);
 }
 
 /// Scrapers connected at once; Prometheus keeps one. A new one takes the place of

@@ -181,6 +181,10 @@ pub struct ProxyConfig {
     /// upstream is asked for a tunnel (`h2c`, a custom one) it never meant to offer.
     #[serde(default = "websocket_only")]
     pub upgrade_protocols: Vec<String>,
+    /// `[proxy.upstream_capacity]`: the requests in flight to the upstream at once,
+    /// over every client, and the queue before them, served by plan priority; `None`:
+    /// unbounded.
+    pub upstream_capacity: Option<Concurrency>,
 }
 
 /// `[proxy.tls]`: the listener's certificates, read at start and on every reload.
@@ -349,7 +353,7 @@ macro_rules! with_limit {
             throttle_delay: Option<HumanDuration>,
             throttle_step: Option<NonZeroU32>,
             throttle_max_delay: Option<HumanDuration>,
-            queue: Option<NonZeroU32>,
+            queue: Option<u32>,
         }
 
         impl $name {
@@ -374,7 +378,10 @@ macro_rules! with_limit {
                     throttle_delay: self.throttle_delay.map(|d| d.0),
                     throttle_step: self.throttle_step,
                     throttle_max_delay: self.throttle_max_delay.map(|d| d.0),
-                    queue: self.queue,
+                    queue: self
+                        .queue
+                        .map(|queue| NonZeroU32::new(queue).ok_or_else(|| "a leaky_bucket's queue must be at least 1".to_owned()))
+                        .transpose()?,
                 };
                 LimitSpec::new(algorithm, limit, window.0, options).map(Some).map_err(|error| error.to_string())
             }
@@ -386,6 +393,7 @@ with_limit! {
     /// A plan's whole record.
     struct RawPlan {
         disclose: Option<Disclose>,
+        priority: Option<u8>,
     }
 }
 
@@ -398,6 +406,8 @@ pub struct Plan {
     /// What the rate-limit headers tell this plan's clients, instead of `proxy.disclose`.
     #[changes(unset = "proxy.disclose")]
     pub disclose: Option<Disclose>,
+    /// Where its requests stand in `[proxy.upstream_capacity]`'s queue: lower first.
+    pub priority: u8,
 }
 
 impl TryFrom<RawPlan> for Plan {
@@ -405,7 +415,7 @@ impl TryFrom<RawPlan> for Plan {
 
     fn try_from(raw: RawPlan) -> Result<Self, String> {
         let spec = raw.limit_spec()?.ok_or("a plan needs limit and window")?;
-        Ok(Self { spec, disclose: raw.disclose })
+        Ok(Self { spec, disclose: raw.disclose, priority: raw.priority.unwrap_or(DEFAULT_PLAN_PRIORITY) })
     }
 }
 
@@ -796,7 +806,63 @@ pub struct Rule {
     pub escalate: bool,
     /// A limit rule's requests keep their unit only for these answers of the upstream.
     pub count_when: Option<CountWhen>,
+    /// How many of its requests each key may have in flight, and how many more wait.
+    pub concurrency: Option<Concurrency>,
 }
+
+/// A rule's `concurrency`, `queue` and `queue_timeout`: each key's requests in flight
+/// (forwarded, their response not yet finished), and how many more may wait for one of
+/// them to end, for how long; or `[proxy.upstream_capacity]`'s, over every request.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(try_from = "RawConcurrency")]
+pub struct Concurrency {
+    pub limit: NonZeroU32,
+    /// Waiting beyond `limit`; more are refused at once.
+    pub queue: u32,
+    /// Longest wait in the queue; then refused.
+    pub queue_timeout: HumanDuration,
+}
+
+/// `queue_timeout` unless set: long enough to ride out a burst, short next to a
+/// client's own timeout.
+pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `[proxy.upstream_capacity]` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConcurrency {
+    concurrency: NonZeroU32,
+    queue: Option<u32>,
+    queue_timeout: Option<HumanDuration>,
+}
+
+impl TryFrom<RawConcurrency> for Concurrency {
+    type Error = String;
+
+    fn try_from(raw: RawConcurrency) -> Result<Self, String> {
+        Self::new(raw.concurrency, raw.queue, raw.queue_timeout)
+    }
+}
+
+impl Concurrency {
+    /// `limit` in flight, with `queue` (default 0) waiting up to `queue_timeout`
+    /// ([`DEFAULT_QUEUE_TIMEOUT`]).
+    fn new(limit: NonZeroU32, queue: Option<u32>, queue_timeout: Option<HumanDuration>) -> Result<Self, String> {
+        let queue = queue.unwrap_or(0);
+        let queue_timeout = queue_timeout.unwrap_or(HumanDuration(DEFAULT_QUEUE_TIMEOUT));
+        if queue > 0 && queue_timeout.0.is_zero() {
+            return Err("queue_timeout must be longer than 0 (or queue = 0, to refuse at once)".to_owned());
+        }
+        Ok(Self { limit, queue, queue_timeout })
+    }
+}
+
+/// A plan's `priority` unless set: `[proxy.upstream_capacity]`'s queue serves lower
+/// first.
+pub const DEFAULT_PLAN_PRIORITY: u8 = 10;
+
+/// The `priority` of a request that proved no key.
+pub const KEYLESS_PRIORITY: u8 = 20;
 
 impl Keyed for Rule {
     fn id(&self) -> String {
@@ -813,6 +879,8 @@ pub enum RuleAction {
     Deny,
     /// Counts and logs them, and lets them through (to try a deny rule out).
     Tag,
+    /// Counts no rate: only bounds each key's requests in flight (`concurrency`).
+    Concurrent,
 }
 
 with_limit! {
@@ -833,17 +901,21 @@ with_limit! {
         #[serde(default)]
         escalate: bool,
         count_when: Option<RawCountWhen>,
+        concurrency: Option<NonZeroU32>,
+        queue_timeout: Option<HumanDuration>,
     }
 }
 
 impl TryFrom<RawRule> for Rule {
     type Error = String;
 
-    fn try_from(raw: RawRule) -> Result<Self, String> {
-        let in_rule = |message: String| format!("rule `{}`: {message}", raw.name);
+    fn try_from(mut raw: RawRule) -> Result<Self, String> {
+        let name = raw.name.clone();
+        let in_rule = |message: String| format!("rule `{name}`: {message}");
         if raw.name.is_empty() {
             return Err("a rule needs a name".to_owned());
         }
+        let concurrency = raw.concurrency(&in_rule)?;
         if let Some(path) = &raw.path
             && !path.starts_with('/')
         {
@@ -856,18 +928,26 @@ impl TryFrom<RawRule> for Rule {
             (None | Some("limit"), Some(spec), Some(key)) => {
                 (RuleAction::Limit(spec), KeySpec { fold: raw.key_fold, ..key })
             }
-            (None | Some("limit"), None, _) => {
-                return Err(in_rule(
-                    "a limit rule needs limit and window (or action = \"deny\" or \"tag\")".to_owned(),
-                ));
+            (None | Some("limit"), None, Some(key)) if concurrency.is_some() => {
+                (RuleAction::Concurrent, KeySpec { fold: raw.key_fold, ..key })
             }
             (None | Some("limit"), Some(_), None) => return Err(in_rule("a limit rule needs a key".to_owned())),
-            (Some(action @ ("deny" | "tag")), None, None) => {
+            (None | Some("limit"), None, None) if concurrency.is_some() => {
+                return Err(in_rule("a concurrency rule needs a key".to_owned()));
+            }
+            (None | Some("limit"), None, _) => {
+                return Err(in_rule(
+                    "a limit rule needs limit and window, or concurrency (or action = \"deny\" or \"tag\")".to_owned(),
+                ));
+            }
+            (Some(action @ ("deny" | "tag")), None, None) if concurrency.is_none() => {
                 let action = if action == "deny" { RuleAction::Deny } else { RuleAction::Tag };
                 (action, KeySpec { fold: raw.key_fold, ..KeySpec::of(KeyKind::Ip) })
             }
             (Some(action @ ("deny" | "tag")), _, _) => {
-                return Err(in_rule(format!("action = \"{action}\" counts nothing: it takes no limit and no key")));
+                return Err(in_rule(format!(
+                    "action = \"{action}\" counts nothing: it takes no limit, no concurrency and no key"
+                )));
             }
             (Some(other), _, _) => {
                 return Err(in_rule(format!("action `{other}` is not limit, deny or tag")));
@@ -891,7 +971,11 @@ impl TryFrom<RawRule> for Rule {
         let when = Conditions::try_from(raw.when).map_err(in_rule)?;
         let count_when = raw.count_when.map(CountWhen::try_from).transpose().map_err(in_rule)?;
         if count_when.is_some() && !matches!(action, RuleAction::Limit(_)) {
-            return Err(in_rule("count_when needs a limit rule: deny and tag rules count nothing".to_owned()));
+            return Err(in_rule(
+                "count_when needs a limit rule with limit and window: deny and tag rules count nothing, and \
+                 concurrency gives its unit back when the response ends"
+                    .to_owned(),
+            ));
         }
         Ok(Self {
             name: raw.name,
@@ -903,7 +987,38 @@ impl TryFrom<RawRule> for Rule {
             require_signature: raw.require_signature,
             escalate: raw.escalate,
             count_when,
+            concurrency,
         })
+    }
+}
+
+impl RawRule {
+    /// The rule's `concurrency` with its `queue` and `queue_timeout`, taking the
+    /// `queue` from the limit: on a rule with `concurrency` it is the concurrency's
+    /// (where it would be a leaky bucket's too, it is refused as ambiguous).
+    fn concurrency(&mut self, in_rule: &dyn Fn(String) -> String) -> Result<Option<Concurrency>, String> {
+        let leaky = self.algorithm == Some(Algorithm::LeakyBucket);
+        let Some(limit) = self.concurrency else {
+            if self.queue_timeout.is_some() {
+                return Err(in_rule("queue_timeout needs concurrency".to_owned()));
+            }
+            if self.queue.is_some() && !leaky {
+                return Err(in_rule(
+                    "queue needs concurrency (requests waiting for one in flight to end), or algorithm = \
+                     \"leaky_bucket\" (a queue released at the rate)"
+                        .to_owned(),
+                ));
+            }
+            return Ok(None);
+        };
+        if leaky && self.queue.is_some() {
+            return Err(in_rule(
+                "queue is ambiguous on a leaky_bucket rule with concurrency: the bucket's queue or the \
+                 concurrency's? Split it into two rules"
+                    .to_owned(),
+            ));
+        }
+        Concurrency::new(limit, self.queue.take(), self.queue_timeout).map(Some).map_err(in_rule)
     }
 }
 
@@ -921,7 +1036,7 @@ impl Rule {
     pub fn limit(&self) -> Option<&LimitSpec> {
         match &self.action {
             RuleAction::Limit(spec) => Some(spec),
-            RuleAction::Deny | RuleAction::Tag => None,
+            RuleAction::Deny | RuleAction::Tag | RuleAction::Concurrent => None,
         }
     }
 }
@@ -1392,7 +1507,18 @@ impl ProxyConfig {
 }
 
 fn upstream<'de, D: Deserializer<'de>>(deserializer: D) -> Result<http::Uri, D::Error> {
-    let text = String::deserialize(deserializer)?;
+    let text = match toml::Value::deserialize(deserializer)? {
+        toml::Value::String(text) => text,
+        toml::Value::Table(_) => {
+            return Err(de::Error::custom(
+                "upstream is the application's http://host:port; its requests in flight are bounded in \
+                 [proxy.upstream_capacity]",
+            ));
+        }
+        other => {
+            return Err(de::Error::custom(format!("upstream must be http://host:port, not a {}", other.type_str())));
+        }
+    };
     let uri: http::Uri = text.parse().map_err(|_| de::Error::custom(format!("`{text}` is not a URL")))?;
     if uri.scheme_str() != Some("http") || uri.authority().is_none() {
         return Err(de::Error::custom(format!("upstream `{text}` must be http://host:port")));

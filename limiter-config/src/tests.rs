@@ -454,7 +454,7 @@ fn pattern_rules_refuse_bad_patterns_and_mixed_actions_by_key_and_line() {
     let long = rule(&format!("action = \"deny\"\n[proxy.rules.when]\npath_matches = '{}'\n", "a".repeat(1025)));
     assert!(refusal(&long).2.contains("at most 1024 bytes"));
     let mixed = rule("action = \"deny\"\nkey = \"ip\"\nlimit = 5\nwindow = \"1m\"\n");
-    assert!(refusal(&mixed).2.contains("counts nothing: it takes no limit and no key"));
+    assert!(refusal(&mixed).2.contains("counts nothing: it takes no limit, no concurrency and no key"));
     assert!(refusal(&rule("action = \"block\"\n")).2.contains("not limit, deny or tag"));
     assert!(refusal(&rule("key = \"ip\"\n")).2.contains("a limit rule needs limit and window"));
     let unknown = rule("action = \"tag\"\n[proxy.rules.when]\nuser_agent = \"x\"\n");
@@ -964,4 +964,76 @@ fn a_reload_report_shows_count_when_and_upstream_statuses() {
     let (line, key, message) = refusal(&after.replace("[401, 403]", "[401, 600]"));
     assert_eq!((line, key.as_str()), (15, "escalation"), "{message}");
     assert!(message.contains("upstream_statuses: 600 is not an HTTP status (100 to 599)"), "{message}");
+}
+
+#[test]
+fn concurrency_takes_its_queue_with_or_without_a_rate_and_refuses_an_ambiguous_queue() {
+    use crate::proxy::{Concurrency, DEFAULT_QUEUE_TIMEOUT, RuleAction};
+    let rule = |body: &str| format!("{PROXY}[[proxy.rules]]\nname = \"reports\"\npath = \"/api/reports\"\n{body}");
+    let only = parse(&rule("key = \"api_key\"\nconcurrency = 4\nqueue = 20\nqueue_timeout = \"2s\"\n"))
+        .expect("concurrency alone")
+        .proxy
+        .expect("proxy");
+    let limit = NonZeroU32::new(4).expect("4");
+    assert_eq!(only.rules[0].action, RuleAction::Concurrent);
+    let queue_timeout = crate::units::HumanDuration(Duration::from_secs(2));
+    assert_eq!(only.rules[0].concurrency, Some(Concurrency { limit, queue: 20, queue_timeout }));
+    let rated = parse(&rule("key = \"ip\"\nlimit = 10\nwindow = \"1s\"\nconcurrency = 4\n"))
+        .expect("with a rate")
+        .proxy
+        .expect("proxy");
+    assert!(rated.rules[0].limit().is_some_and(|spec| spec.queue.is_none()));
+    let defaulted = crate::units::HumanDuration(DEFAULT_QUEUE_TIMEOUT);
+    assert_eq!(rated.rules[0].concurrency, Some(Concurrency { limit, queue: 0, queue_timeout: defaulted }));
+    // A leaky bucket keeps its own queue beside a concurrency without one.
+    let leaky = "key = \"ip\"\nalgorithm = \"leaky_bucket\"\nlimit = 10\nwindow = \"1s\"\n";
+    let shaped = parse(&rule(&format!("{leaky}queue = 5\n"))).expect("a shaper").proxy.expect("proxy");
+    assert_eq!(shaped.rules[0].limit().and_then(|spec| spec.queue).map(NonZeroU32::get), Some(5));
+    assert!(parse(&rule(&format!("{leaky}concurrency = 2\n"))).is_ok());
+
+    for (body, says) in [
+        (format!("{leaky}concurrency = 2\nqueue = 5\n"), "queue is ambiguous on a leaky_bucket rule with concurrency"),
+        ("key = \"ip\"\nlimit = 10\nwindow = \"1s\"\nqueue = 5\n".to_owned(), "queue needs concurrency"),
+        (
+            "key = \"ip\"\nlimit = 10\nwindow = \"1s\"\nqueue_timeout = \"1s\"\n".to_owned(),
+            "queue_timeout needs concurrency",
+        ),
+        (
+            "key = \"ip\"\nconcurrency = 2\nqueue = 3\nqueue_timeout = \"0s\"\n".to_owned(),
+            "queue_timeout must be longer",
+        ),
+        ("concurrency = 2\n".to_owned(), "a concurrency rule needs a key"),
+        ("action = \"deny\"\nconcurrency = 2\n".to_owned(), "it takes no limit, no concurrency"),
+        ("key = \"ip\"\nconcurrency = 2\ncount_when = { status = [\"2xx\"] }\n".to_owned(), "count_when needs a limit"),
+    ] {
+        let (line, key, message) = refusal(&rule(&body));
+        assert_eq!((line, key.as_str()), (4, "proxy.rules[0]"), "{body}: {message}");
+        assert!(message.starts_with("rule `reports`: ") && message.contains(says), "{body}: {message}");
+    }
+    let (_, _, message) = refusal(&rule("key = \"ip\"\nconcurrency = 0\n"));
+    assert!(message.contains("nonzero"), "{message}");
+}
+
+#[test]
+fn upstream_capacity_and_plan_priorities_have_defaults_and_name_their_mistakes() {
+    use crate::proxy::{Concurrency, DEFAULT_PLAN_PRIORITY};
+    let plans = "[proxy.plans.pro]\nlimit = 10\nwindow = \"1s\"\npriority = 0\n[proxy.plans.free]\nlimit = 10\nwindow = \"1s\"\n";
+    let capacity = "[proxy.upstream_capacity]\nconcurrency = 256\nqueue = 1024\n";
+    let proxy = parse(&format!("{PROXY}{plans}{capacity}")).expect("capacity").proxy.expect("proxy");
+    let limit = NonZeroU32::new(256).expect("256");
+    let queue_timeout = crate::units::HumanDuration(Duration::from_secs(1));
+    assert_eq!(proxy.upstream_capacity, Some(Concurrency { limit, queue: 1024, queue_timeout }));
+    assert_eq!((proxy.plans["pro"].priority, proxy.plans["free"].priority), (0, DEFAULT_PLAN_PRIORITY));
+    assert_eq!(parse(PROXY).expect("without").proxy.expect("proxy").upstream_capacity, None);
+
+    let (line, key, message) = refusal(&format!("{PROXY}{capacity}queue_timeout = \"0s\"\n"));
+    assert_eq!((line, key.as_str()), (4, "proxy.upstream_capacity"), "{message}");
+    assert!(message.contains("queue_timeout must be longer than 0"), "{message}");
+    let (_, key, message) = refusal(&format!("{PROXY}{capacity}limit = 3\n"));
+    assert!(key.starts_with("proxy.upstream_capacity") && message.contains("unknown field `limit`"), "{message}");
+    let (_, _, message) = refusal(&format!("{PROXY}{plans}").replace("priority = 0", "priority = 256"));
+    assert!(message.contains("256"), "{message}");
+    let table = "[proxy]\nlisten = \"127.0.0.1:8080\"\n[proxy.upstream]\nconcurrency = 2\n";
+    let (_, key, message) = refusal(table);
+    assert!(key.starts_with("proxy.upstream") && message.contains("[proxy.upstream_capacity]"), "{key}: {message}");
 }

@@ -232,7 +232,21 @@ fn render_proxy(out: &mut String, proxy: &ProxyExplanation) {
             counted.unwrap_or_default(),
         );
     }
-    if limits.policies.is_empty() && limits.missing_key.is_none() {
+    for gate in &limits.gates {
+        let now = match (gate.inflight, gate.queued) {
+            (Some(inflight), Some(queued)) => format!("  now {inflight} in flight, {queued} queued"),
+            _ => String::new(),
+        };
+        *out += &format!(
+            "  gate {:<16} {:<28} {} in flight, queue {} for {:.1} s{now}\n",
+            gate.rule,
+            gate.key,
+            gate.concurrency,
+            gate.queue,
+            gate.queue_timeout_ms as f64 / 1000.0,
+        );
+    }
+    if limits.policies.is_empty() && limits.gates.is_empty() && limits.missing_key.is_none() {
         *out += "  no rule or plan counts it\n";
     }
 }

@@ -176,6 +176,10 @@ fn render_proxy(out: &mut String, proxy: &ProxyStats) {
                 counts += &format!(" · {field} {count}");
             }
         }
+        if let Some(concurrency) = policy.concurrency {
+            counts +=
+                &format!(" · in flight {} · queued {} (at most {concurrency} per key)", policy.inflight, policy.queued);
+        }
         *out += &format!("  {name:<28} {counts}\n");
     }
 }
@@ -237,6 +241,9 @@ mod tests {
             rejected,
             denied,
             tagged: 0,
+            concurrency: None,
+            inflight: 0,
+            queued: 0,
         }
     }
 

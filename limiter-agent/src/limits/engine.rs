@@ -71,7 +71,7 @@ use crate::{
     config::{
         conditions::Seen,
         count_when::{Answer, CountWhen},
-        proxy::{KeyFold, KeyKind, KeySpec, MissingKey, ProxyConfig, Rule, RuleAction, StoreFailure},
+        proxy::{Concurrency, KeyFold, KeyKind, KeySpec, MissingKey, ProxyConfig, Rule, RuleAction, StoreFailure},
     },
 };
 
@@ -175,7 +175,34 @@ pub struct Decision {
     /// The charges of the `count_when` rules, to give back ([`Engine::refund`]) once
     /// the upstream's answer is known.
     pub refundable: Vec<Refundable>,
+    /// The `concurrency` of each matching rule that has one, for a request let
+    /// through: it is forwarded once it holds a place in flight in each.
+    pub gates: Vec<Gated>,
+    /// What the policies counted of a request with `gates`, taken back if a gate
+    /// refuses it ([`Engine::shed`]).
+    pub recorded: Recorded,
 }
+
+/// A rule's `concurrency` a request must pass, under the key the rule counts it by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gated {
+    pub rule: String,
+    pub key: String,
+    pub holder: Holder,
+    pub concurrency: Concurrency,
+}
+
+/// What each policy counted of one decision.
+#[derive(Clone, Debug, Default)]
+pub struct Recorded(Vec<(Arc<PolicyDecisions>, Decided)>);
+
+impl PartialEq for Recorded {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.len() == other.0.len() && self.0.iter().zip(&other.0).all(|((a, x), (b, y))| Arc::ptr_eq(a, b) && x == y)
+    }
+}
+
+impl Eq for Recorded {}
 
 /// A charge a request's answer may give back: a `count_when` rule's bucket, as it was
 /// charged.
@@ -212,6 +239,8 @@ impl Decision {
             require_signature,
             own_bucket_refused: false,
             refundable: Vec::new(),
+            gates: Vec::new(),
+            recorded: Recorded::default(),
         }
     }
 }
@@ -272,12 +301,21 @@ pub enum VerdictKind {
     MissingKey,
     StoreUnavailable,
     Deny,
+    /// Let through by the limits, refused by `[proxy.upstream_capacity]` (503).
+    ReducedCapacity,
 }
 
 impl VerdictKind {
     #[cfg(test)]
-    pub const ALL: [Self; 6] =
-        [Self::Forward, Self::Delay, Self::Reject, Self::MissingKey, Self::StoreUnavailable, Self::Deny];
+    pub const ALL: [Self; 7] = [
+        Self::Forward,
+        Self::Delay,
+        Self::Reject,
+        Self::MissingKey,
+        Self::StoreUnavailable,
+        Self::Deny,
+        Self::ReducedCapacity,
+    ];
 }
 
 impl std::fmt::Display for VerdictKind {
@@ -290,6 +328,7 @@ impl std::fmt::Display for VerdictKind {
             Self::MissingKey => "missing_key",
             Self::StoreUnavailable => "store_unavailable",
             Self::Deny => "deny",
+            Self::ReducedCapacity => "reduced_capacity",
         })
     }
 }
@@ -384,7 +423,7 @@ pub(super) struct Policy {
 
 /// Requests one policy let through at once, delayed, refused, denied and tagged.
 #[derive(Debug, Default)]
-struct PolicyDecisions([AtomicU64; 5]);
+pub struct PolicyDecisions([AtomicU64; 5]);
 
 /// What one rule or plan decided since the start, for `limiter stats` and the metrics.
 /// A request another policy refused counts for none of the others.
@@ -405,10 +444,19 @@ pub struct PolicyCounts {
     /// Requests a `tag` rule marked.
     #[serde(default)]
     pub tagged: u64,
+    /// A rule's `concurrency`: its keys' requests in flight at most, each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    /// Its keys' requests in flight now (a rule with `concurrency`).
+    #[serde(default)]
+    pub inflight: u64,
+    /// Its keys' requests waiting for a place in flight now.
+    #[serde(default)]
+    pub queued: u64,
 }
 
 /// Which of [`PolicyDecisions`]' counters.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Decided {
     Forwarded,
     Throttled,
@@ -422,9 +470,24 @@ impl PolicyDecisions {
         self.0[decided as usize].fetch_add(1, Ordering::Relaxed);
     }
 
+    fn unrecord(&self, decided: Decided) {
+        self.0[decided as usize].fetch_sub(1, Ordering::Relaxed);
+    }
+
     fn counts(&self, kind: PolicyKind, name: &str) -> PolicyCounts {
         let [forwarded, throttled, rejected, denied, tagged] = self.0.each_ref().map(|n| n.load(Ordering::Relaxed));
-        PolicyCounts { kind, name: name.to_owned(), forwarded, throttled, rejected, denied, tagged }
+        PolicyCounts {
+            kind,
+            name: name.to_owned(),
+            forwarded,
+            throttled,
+            rejected,
+            denied,
+            tagged,
+            concurrency: None,
+            inflight: 0,
+            queued: 0,
+        }
     }
 }
 
@@ -485,6 +548,8 @@ pub(super) struct Policies {
     rules: Vec<(Rule, Policy)>,
     /// The `deny` and `tag` rules, in the config's order.
     screens: Vec<(Rule, Arc<PolicyDecisions>)>,
+    /// The rules with `concurrency` and no rate, in the config's order.
+    concurrent: Vec<(Rule, Arc<PolicyDecisions>)>,
     plans: HashMap<String, Policy>,
     /// API key id → plan name.
     keys: HashMap<String, String>,
@@ -508,7 +573,13 @@ impl Policies {
             screens: config
                 .rules
                 .iter()
-                .filter(|rule| rule.limit().is_none())
+                .filter(|rule| matches!(rule.action, RuleAction::Deny | RuleAction::Tag))
+                .map(|rule| (rule.clone(), Arc::default()))
+                .collect(),
+            concurrent: config
+                .rules
+                .iter()
+                .filter(|rule| rule.action == RuleAction::Concurrent)
                 .map(|rule| (rule.clone(), Arc::default()))
                 .collect(),
             plans: config
@@ -546,11 +617,38 @@ impl Policies {
     /// against the rule that stopped it.
     fn uncounted(&self, verdict: Verdict, require_signature: bool) -> Decision {
         if let Verdict::MissingKey { rule } = &verdict
-            && let Some((_, policy)) = self.rules.iter().find(|(r, _)| r.name == *rule)
+            && let Some(decisions) = self.decisions_of(rule)
         {
-            policy.record(Decided::Rejected);
+            decisions.record(Decided::Rejected);
         }
         Decision::uncounted(verdict, require_signature)
+    }
+
+    /// The decision counts of the limit rule `name`.
+    fn decisions_of(&self, name: &str) -> Option<&Arc<PolicyDecisions>> {
+        let rated = self.rules.iter().find(|(rule, _)| rule.name == name).map(|(_, policy)| &policy.decisions);
+        rated.or_else(|| self.concurrent.iter().find(|(rule, _)| rule.name == name).map(|(_, decisions)| decisions))
+    }
+
+    /// The `concurrency` of each rule matching `request` that has one, under the
+    /// rule's key; a missing key follows `missing_key` as it does for a rate.
+    pub(super) fn gates(&self, request: &RequestInfo<'_>) -> Result<Vec<Gated>, Verdict> {
+        let seen = request.seen();
+        let rated = self.rules.iter().map(|(rule, _)| rule);
+        let concurrent = self.concurrent.iter().map(|(rule, _)| rule);
+        rated
+            .chain(concurrent)
+            .filter_map(|rule| Some((rule, rule.concurrency?)))
+            .filter(|(rule, _)| rule.applies(&seen))
+            .map(|(rule, concurrency)| {
+                let (key, holder) = match (self.key(rule, request), self.missing_key) {
+                    (Some(keyed), _) => keyed,
+                    (None, MissingKey::Shared) => (MISSING_KEY.to_owned(), Holder::Anyone),
+                    (None, MissingKey::Reject) => return Err(Verdict::MissingKey { rule: rule.name.clone() }),
+                };
+                Ok(Gated { rule: rule.name.clone(), key, holder, concurrency })
+            })
+            .collect()
     }
 
     /// The plans, by name.
@@ -574,13 +672,20 @@ impl Policies {
                 policy.observation = Arc::clone(kept);
             }
         }
-        let screens = old.screens.iter().map(|(rule, decisions)| ((PolicyKind::Rule, rule.name.as_str()), decisions));
+        let screens = old
+            .screens
+            .iter()
+            .chain(&old.concurrent)
+            .map(|(rule, decisions)| ((PolicyKind::Rule, rule.name.as_str()), decisions));
         let kept: HashMap<(PolicyKind, &str), &Arc<PolicyDecisions>> =
             old.all().map(|p| ((p.kind, p.name.as_str()), &p.decisions)).chain(screens).collect();
         let rules = self.rules.iter_mut().map(|(_, policy)| (policy.kind, policy.name.as_str(), &mut policy.decisions));
         let plans = self.plans.values_mut().map(|policy| (policy.kind, policy.name.as_str(), &mut policy.decisions));
-        let screens =
-            self.screens.iter_mut().map(|(rule, decisions)| (PolicyKind::Rule, rule.name.as_str(), decisions));
+        let screens = self
+            .screens
+            .iter_mut()
+            .chain(&mut self.concurrent)
+            .map(|(rule, decisions)| (PolicyKind::Rule, rule.name.as_str(), decisions));
         for (kind, name, decisions) in rules.chain(screens).chain(plans) {
             if let Some(kept) = kept.get(&(kind, name)) {
                 *decisions = Arc::clone(kept);
@@ -727,16 +832,21 @@ impl<C: Clock> Engine<C> {
             Ok(counted) => counted,
             Err(verdict) => return policies.uncounted(verdict, require_signature),
         };
+        let gates = match policies.gates(request) {
+            Ok(gates) => gates,
+            Err(verdict) => return policies.uncounted(verdict, require_signature),
+        };
         let now = self.clock.now();
         let counted = match self.first_tier_refusal(counted, request.client, now, require_signature) {
             Ok(refused) => return refused,
             Err(counted) => counted,
         };
-        match self.apply(&counted, Charge::AllOrNothing).await {
+        let mut recorded = (!gates.is_empty()).then(Vec::new);
+        let decision = match self.apply(&counted, Charge::AllOrNothing).await {
             Some(applied) => {
                 let outcomes = &applied.outcomes;
                 observe(&counted, Some(outcomes), request.client, now);
-                record(&counted, outcomes);
+                record(&counted, outcomes, recorded.as_mut());
                 Decision {
                     refundable: refundable(&counted, &applied),
                     ..decision(&counted, outcomes, require_signature)
@@ -746,6 +856,27 @@ impl<C: Clock> Engine<C> {
                 observe(&counted, None, request.client, now);
                 policies.store_failed(require_signature)
             }
+        };
+        let let_through = matches!(decision.verdict, Verdict::Forward | Verdict::Delay(_));
+        let Some(mut recorded) = recorded.filter(|_| let_through) else { return decision };
+        // A rule without a rate decides only at its gate: let through so far.
+        for gated in &gates {
+            if let Some((_, decisions)) = policies.concurrent.iter().find(|(rule, _)| rule.name == gated.rule) {
+                decisions.record(Decided::Forwarded);
+                recorded.push((Arc::clone(decisions), Decided::Forwarded));
+            }
+        }
+        Decision { gates, recorded: Recorded(recorded), ..decision }
+    }
+
+    /// Counts a request that `rule`'s gate refused (`recorded`: what its decision
+    /// counted) as refused by that rule alone, as a refusal by a rate is.
+    pub fn shed(&self, rule: &str, recorded: &Recorded) {
+        for (decisions, decided) in &recorded.0 {
+            decisions.unrecord(*decided);
+        }
+        if let Some(decisions) = self.snapshot().decisions_of(rule) {
+            decisions.record(Decided::Rejected);
         }
     }
 
@@ -786,7 +917,7 @@ impl<C: Clock> Engine<C> {
             return None;
         }
         observe(&counted, Some(&outcomes), request.client, self.clock.now());
-        record(&counted, &outcomes);
+        record(&counted, &outcomes, None);
         Some(decision(&counted, &outcomes, false))
     }
 
@@ -811,7 +942,7 @@ impl<C: Clock> Engine<C> {
             counted.into_iter().zip(known).filter_map(|(counting, known)| Some((counting, known?))).unzip();
         tier.count();
         observe(&refusing, Some(&outcomes), client, now);
-        record(&refusing, &outcomes);
+        record(&refusing, &outcomes, None);
         Ok(decision(&refusing, &outcomes, require_signature))
     }
 
@@ -870,14 +1001,24 @@ impl<C: Clock> Engine<C> {
         true
     }
 
-    /// What each configured rule and plan decided: limit rules, then deny and tag
+    /// What each configured rule and plan decided: limit rules, then rules with only a
+    /// `concurrency`, then deny and tag
     /// rules, in the config's order, then plans by name.
     #[must_use]
     pub fn policy_counts(&self) -> Vec<PolicyCounts> {
         let policies = self.snapshot();
-        let rules = policies.rules.iter().map(|(_, policy)| policy.counts());
+        let with_concurrency = |rule: &Rule, counts: PolicyCounts| PolicyCounts {
+            concurrency: rule.concurrency.map(|concurrency| concurrency.limit.get()),
+            ..counts
+        };
+        let rules = policies.rules.iter().map(|(rule, policy)| with_concurrency(rule, policy.counts()));
+        let concurrent = policies
+            .concurrent
+            .iter()
+            .map(|(rule, decisions)| with_concurrency(rule, decisions.counts(PolicyKind::Rule, &rule.name)));
         let screens = policies.screens.iter().map(|(rule, decisions)| decisions.counts(PolicyKind::Rule, &rule.name));
-        rules.chain(screens).chain(policies.plans_by_name().into_iter().map(Policy::counts)).collect()
+        let plans = policies.plans_by_name().into_iter().map(Policy::counts);
+        rules.chain(concurrent).chain(screens).chain(plans).collect()
     }
 
     /// For each limit rule and plan, what its keys' peaks were and the limit
@@ -1017,15 +1158,23 @@ fn observe(counted: &[Counting<'_>], outcomes: Option<&[Outcome]>, client: IpAdd
 }
 
 /// Counts each policy's part in a decision: a refused request only for the policies
-/// that refused it.
-fn record(counted: &[Counting<'_>], outcomes: &[Outcome]) {
+/// that refused it. What is counted goes into `recorded` too, if given.
+fn record(
+    counted: &[Counting<'_>],
+    outcomes: &[Outcome],
+    mut recorded: Option<&mut Vec<(Arc<PolicyDecisions>, Decided)>>,
+) {
     let refused = outcomes.iter().any(|outcome| !outcome.admitted);
     for (Counting { policy, .. }, outcome) in counted.iter().zip(outcomes) {
-        match (outcome.admitted, refused) {
-            (false, _) => policy.record(Decided::Rejected),
-            (true, true) => {}
-            (true, false) if outcome.delay(policy.spec.throttle).is_zero() => policy.record(Decided::Forwarded),
-            (true, false) => policy.record(Decided::Throttled),
+        let decided = match (outcome.admitted, refused) {
+            (false, _) => Decided::Rejected,
+            (true, true) => continue,
+            (true, false) if outcome.delay(policy.spec.throttle).is_zero() => Decided::Forwarded,
+            (true, false) => Decided::Throttled,
+        };
+        policy.record(decided);
+        if let Some(recorded) = recorded.as_deref_mut() {
+            recorded.push((Arc::clone(&policy.decisions), decided));
         }
     }
 }
@@ -1041,6 +1190,8 @@ pub(super) fn decision(counted: &[Counting<'_>], outcomes: &[Outcome], require_s
             require_signature,
             own_bucket_refused: rejecting().any(|(counting, _)| counting.holder == Holder::Client),
             refundable: Vec::new(),
+            gates: Vec::new(),
+            recorded: Recorded::default(),
         };
     }
     let delay = counted.iter().zip(outcomes).map(|(c, o)| o.delay(c.policy.spec.throttle)).max();
@@ -1054,6 +1205,8 @@ pub(super) fn decision(counted: &[Counting<'_>], outcomes: &[Outcome], require_s
         require_signature,
         own_bucket_refused: false,
         refundable: Vec::new(),
+        gates: Vec::new(),
+        recorded: Recorded::default(),
     }
 }
 

@@ -22,6 +22,24 @@ pub struct Explanation {
     pub require_signature: bool,
     /// Every rule that matches, then the key's plan, in the order they are checked.
     pub policies: Vec<ExplainedPolicy>,
+    /// The `concurrency` of each matching rule that has one, under the request's key.
+    #[serde(default)]
+    pub gates: Vec<ExplainedGate>,
+}
+
+/// A rule's `concurrency` the request would pass before it is forwarded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExplainedGate {
+    pub rule: String,
+    /// The key whose requests in flight it bounds, as [`ExplainedPolicy::key`].
+    pub key: String,
+    pub concurrency: u32,
+    pub queue: u32,
+    pub queue_timeout_ms: u64,
+    /// That key's requests in flight and queued now, on this agent; `None` when
+    /// not looked up (no agent running).
+    pub inflight: Option<u64>,
+    pub queued: Option<u64>,
 }
 
 /// One rule or plan that would count the request.
@@ -56,17 +74,24 @@ impl<C: Clock> Engine<C> {
         let (counted, require_signature) = policies.count(request);
         let counted = match counted {
             Ok(counted) => counted,
-            Err(verdict) => {
-                let (kind, wait, missing_key) = describe(verdict);
-                return Explanation {
-                    verdict: Some(kind),
-                    wait_ms: wait.map(millis),
-                    missing_key,
-                    require_signature,
-                    policies: Vec::new(),
-                };
-            }
+            Err(verdict) => return Explanation::stopped(verdict, require_signature),
         };
+        let gates = match policies.gates(request) {
+            Ok(gates) => gates,
+            Err(verdict) => return Explanation::stopped(verdict, require_signature),
+        };
+        let gates = gates
+            .into_iter()
+            .map(|gated| ExplainedGate {
+                rule: gated.rule,
+                key: gated.key,
+                concurrency: gated.concurrency.limit.get(),
+                queue: gated.concurrency.queue,
+                queue_timeout_ms: millis(gated.concurrency.queue_timeout.0),
+                inflight: None,
+                queued: None,
+            })
+            .collect();
         let outcomes = if live { self.apply(&counted, Charge::Nothing).await.map(|a| a.outcomes) } else { None };
         let verdict = match &outcomes {
             Some(outcomes) => Some(decision(&counted, outcomes, require_signature).verdict),
@@ -98,6 +123,22 @@ impl<C: Clock> Engine<C> {
             missing_key,
             require_signature,
             policies: explained.collect(),
+            gates,
+        }
+    }
+}
+
+impl Explanation {
+    /// A request `verdict` stops before any bucket is counted.
+    fn stopped(verdict: Verdict, require_signature: bool) -> Self {
+        let (kind, wait, missing_key) = describe(verdict);
+        Self {
+            verdict: Some(kind),
+            wait_ms: wait.map(millis),
+            missing_key,
+            require_signature,
+            policies: Vec::new(),
+            gates: Vec::new(),
         }
     }
 }

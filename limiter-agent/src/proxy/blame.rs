@@ -6,7 +6,7 @@
 //!
 //! What counts: a 401 for a signature or key the request carried; a 403 for a proven
 //! key outside its scopes; a 429 from a bucket of the client's own (its address's, its
-//! proven key's or plan's); a `deny` rule with `escalate = true`. None of them for a request the browser says another
+//! proven key's or plan's), or from a rule's `concurrency` for such a key; a `deny` rule with `escalate = true`. None of them for a request the browser says another
 //! site made it send (`Sec-Fetch-Site: cross-site`): it is limited as usual, never
 //! escalated. A client may send that header itself to stay unescalated; it still
 //! meets every limit. The same goes for an answer of the upstream that
@@ -73,7 +73,7 @@ impl Refusal {
     /// towards its escalation.
     pub(super) fn blame(&self, initiator: Initiator) -> Blame {
         let client_caused = match self {
-            Self::QuotaExceeded { own_bucket, .. } => *own_bucket,
+            Self::QuotaExceeded { own_bucket, .. } | Self::ConcurrencyExceeded { own_bucket, .. } => *own_bucket,
             Self::Unauthorized { carried_credentials, .. } | Self::KeyRequired { carried_credentials, .. } => {
                 *carried_credentials
             }
@@ -97,6 +97,7 @@ impl Refusal {
             | Self::Upstream(_)
             | Self::UpstreamTimeout
             | Self::UpstreamBusy
+            | Self::ReducedCapacity(_)
             | Self::StoreUnavailable => return Blame::Nobody,
         };
         for_what_was_sent(client_caused, initiator)
@@ -110,6 +111,7 @@ mod tests {
     use http::{HeaderMap, HeaderValue};
 
     use super::{Blame, Initiator, Refusal, carries_credentials};
+    use crate::proxy::gates::Shed;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         pairs
@@ -122,6 +124,10 @@ mod tests {
         Refusal::QuotaExceeded { violated: Vec::new(), retry_after: Duration::from_secs(1), own_bucket }
     }
 
+    fn concurrency(own_bucket: bool) -> Refusal {
+        Refusal::ConcurrencyExceeded { violated: Vec::new(), shed: Shed::QueueFull, own_bucket }
+    }
+
     fn challenge() -> HeaderValue {
         HeaderValue::from_static("Limiter-HMAC realm=\"limiter\"")
     }
@@ -130,6 +136,7 @@ mod tests {
     fn only_refusals_the_client_caused_escalate() {
         let escalating = [
             over_limit(true),
+            concurrency(true),
             Refusal::Unauthorized { carried_credentials: true, challenge: challenge() },
             Refusal::KeyRequired { scope: None, carried_credentials: true, challenge: challenge() },
             Refusal::InsufficientScope { scope: None },
@@ -141,6 +148,7 @@ mod tests {
         }
         let doubtful = [
             over_limit(false),
+            concurrency(false),
             Refusal::Unauthorized { carried_credentials: false, challenge: challenge() },
             Refusal::KeyRequired { scope: None, carried_credentials: false, challenge: challenge() },
             Refusal::Denied { rule: Some("probe".to_owned()), escalates: false },
@@ -152,6 +160,7 @@ mod tests {
             Refusal::MissingKey { rule: None, challenge: Some(challenge()) },
             Refusal::StoreUnavailable,
             Refusal::UpstreamTimeout,
+            Refusal::ReducedCapacity(Shed::QueueTimeout),
         ];
         for refusal in &nobodys {
             assert_eq!(refusal.blame(Initiator::Client), Blame::Nobody, "{refusal:?}");

@@ -57,6 +57,10 @@ pub(super) struct Entry<'a> {
     /// For `delay`, and for `reject` (its `Retry-After`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) wait_ms: Option<u64>,
+    /// For a request a rule's `concurrency` applies to: how long it waited in the
+    /// queue, let in or refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) queued_ms: Option<u64>,
     /// The rules and the plan that counted the request.
     pub(super) policies: Vec<&'a str>,
     /// What each rule that counted or refused the request keys by, as configured:
@@ -84,6 +88,7 @@ impl<'a> Entry<'a> {
             path: request.path,
             verdict: VerdictKind::Forward,
             wait_ms: None,
+            queued_ms: None,
             policies: Vec::new(),
             keys: BTreeMap::new(),
             plan: None,

@@ -1,7 +1,7 @@
 //! Sending a request to the upstream and bringing its response back, as a proxy
 //! should: hop-by-hop headers stay on their hop, `X-Forwarded-For` records the peer.
 
-use std::{net::IpAddr, time::Duration};
+use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version, header, request, uri::PathAndQuery};
 use http_body_util::BodyExt;
@@ -14,6 +14,7 @@ use hyper_util::{
 use super::{
     body::ProxyBody,
     bounded::{self, BoundedConnector},
+    gates::Held,
     keys::X_FORWARDED_FOR,
 };
 use crate::config::ProxyConfig;
@@ -55,9 +56,13 @@ impl ForwardError {
 }
 
 /// The upstream's half of an upgraded connection, carried to the server (which holds
-/// the client's half) in the extensions of the 101 response.
+/// the client's half) in the extensions of the 101 response, with the places in flight
+/// its request holds (a rule's `concurrency`): the tunnel holds them while open.
 #[derive(Clone)]
-pub(super) struct UpstreamUpgrade(pub OnUpgrade);
+pub(super) struct UpstreamUpgrade {
+    pub opened: OnUpgrade,
+    pub held: Arc<Held>,
+}
 
 /// The upstream client with its connection pool, shared by every request.
 #[derive(Debug)]
@@ -121,7 +126,7 @@ impl Upstream {
             if upgrade.is_none() {
                 return Err(ForwardError::UnaskedUpgrade);
             }
-            Some(UpstreamUpgrade(hyper::upgrade::on(&mut response)))
+            Some(UpstreamUpgrade { opened: hyper::upgrade::on(&mut response), held: Arc::default() })
         } else {
             None
         };

@@ -67,6 +67,42 @@ pub(super) fn add_rate_limit_headers(
     }
 }
 
+/// A rule's `concurrency` for the request's key, for the headers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct ConcurrencyStatus {
+    pub name: String,
+    /// `q`: the key's requests in flight at most.
+    pub limit: u32,
+    /// `r`: places left now.
+    pub remaining: u64,
+}
+
+/// Adds each rule's `concurrency` to `RateLimit-Policy` and `RateLimit` in the draft's
+/// concurrency form (`"reports";q=4;qu="concurrent-requests"`, `"reports";r=1`), after
+/// the rate policies: only with `disclose = "full"`, since `minimal` names one policy,
+/// the tightest rate, and a concurrency is no rate.
+pub(super) fn add_concurrency_policies(headers: &mut HeaderMap, concurrent: &[ConcurrencyStatus], disclose: Disclose) {
+    if disclose != Disclose::Full || concurrent.is_empty() {
+        return;
+    }
+    let policy = concurrent
+        .iter()
+        .map(|status| format!("{};q={};qu=\"concurrent-requests\"", sf_string(&status.name), status.limit));
+    let state = concurrent.iter().map(|status| format!("{};r={}", sf_string(&status.name), status.remaining));
+    append_items(headers, &POLICY, policy);
+    append_items(headers, &RATELIMIT, state);
+}
+
+/// Appends `items` to the list `name` holds (if any), comma separated.
+fn append_items(headers: &mut HeaderMap, name: &HeaderName, items: impl Iterator<Item = String>) {
+    let mut list: Vec<String> =
+        headers.get(name).and_then(|value| value.to_str().ok()).map(str::to_owned).into_iter().collect();
+    list.extend(items);
+    if let Ok(value) = HeaderValue::try_from(list.join(", ")) {
+        headers.insert(name.clone(), value);
+    }
+}
+
 /// A structured-field string (RFC 8941 §3.3.3): quoted, `"` and `\` escaped. Policy
 /// names come from the config; characters a string cannot hold become `?`.
 fn sf_string(text: &str) -> String {
@@ -140,6 +176,29 @@ mod tests {
         let mut headers = HeaderMap::new();
         add_rate_limit_headers(&mut headers, &policies, now, Disclose::None);
         assert!(headers.is_empty());
+    }
+
+    #[test]
+    fn a_concurrency_is_listed_in_the_drafts_form_after_the_rates_and_only_in_full() {
+        let now = Duration::from_secs(1_700_000_000);
+        let reports = [ConcurrencyStatus { name: "reports".to_owned(), limit: 4, remaining: 1 }];
+        let mut headers = HeaderMap::new();
+        add_rate_limit_headers(&mut headers, &[policy("free", 100, 17, 41_200)], now, Disclose::Full);
+        add_concurrency_policies(&mut headers, &reports, Disclose::Full);
+        assert_eq!(
+            header(&headers, "ratelimit-policy"),
+            r#""free";q=100;w=60, "reports";q=4;qu="concurrent-requests""#
+        );
+        assert_eq!(header(&headers, "ratelimit"), r#""free";r=17;t=42, "reports";r=1"#);
+        let mut alone = HeaderMap::new();
+        add_concurrency_policies(&mut alone, &reports, Disclose::Full);
+        assert_eq!(header(&alone, "ratelimit-policy"), r#""reports";q=4;qu="concurrent-requests""#);
+        assert_eq!(alone.len(), 2, "no X-RateLimit-* without a rate");
+        for disclose in [Disclose::Minimal, Disclose::None] {
+            let mut headers = HeaderMap::new();
+            add_concurrency_policies(&mut headers, &reports, disclose);
+            assert!(headers.is_empty(), "{disclose:?}");
+        }
     }
 
     #[test]

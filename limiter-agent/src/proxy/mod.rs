@@ -19,6 +19,7 @@ mod error;
 mod exchange;
 pub(crate) mod explain;
 mod forward;
+mod gates;
 mod headers;
 mod heavy;
 mod idempotent;
@@ -50,7 +51,8 @@ pub(crate) use self::heavy::ClientRow;
 use self::pipeline::Pipeline;
 pub use self::{
     error::ProxyError,
-    stats::{DECISION_BUCKETS, DecisionHistogram, ProxyStats},
+    gates::{GateKind, Shed},
+    stats::{DECISION_BUCKETS, DecisionHistogram, ProxyStats, QUEUE_WAIT_BUCKETS, ShedCount},
 };
 use crate::{config::ProxyConfig, signature::KeySecrets};
 

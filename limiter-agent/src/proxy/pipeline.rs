@@ -40,8 +40,9 @@ use super::{
     decision_log::{DecisionLog, Entry},
     error::ProxyError,
     exchange::{Exchange, Proof},
-    forward::{Origin, Upstream},
-    headers,
+    forward::{Origin, Upstream, UpstreamUpgrade},
+    gates::{Gate, GateBounds, GateKind, Gates, Held, Shed},
+    headers::{self, ConcurrencyStatus},
     heavy::{Client, ClientRow, HeavyClients},
     idempotent,
     idle::Timeouts,
@@ -67,11 +68,14 @@ use crate::{
     config::{
         ProxyConfig,
         count_when::Answer,
-        proxy::{Disclose, Http2Config, ProxyProtocol},
+        proxy::{Disclose, Http2Config, KEYLESS_PRIORITY, ProxyProtocol},
     },
     escalation::Escalator,
     fleet::FleetError,
-    limits::{Decision, Engine, PolicyStatus, Refundable, RequestInfo, Screened, Verdict, VerdictKind},
+    limits::{
+        Decision, Engine, Holder, PolicyStatus, Refundable, RequestInfo, Screened, Verdict, VerdictKind,
+        engine::{Gated, PolicyKind},
+    },
     signature::{BodyError, KeySecrets, read_body_hashed},
     tls::ServerTls,
 };
@@ -82,6 +86,24 @@ enum Admission {
     Answered(Response<ProxyBody>),
     /// To be decided on, with its body.
     Forward(ProxyBody),
+}
+
+/// What a request's gates let it hold.
+#[derive(Default)]
+struct Passage {
+    held: Held,
+    /// Its wait in their queues.
+    queued: Duration,
+}
+
+/// A request a gate refused.
+struct Stopped {
+    /// The rule whose `concurrency` refused it; `None`: `[proxy.upstream_capacity]`.
+    rule: Option<String>,
+    shed: Shed,
+    /// The rule's key is the client's own ([`Holder::Client`]).
+    own_bucket: bool,
+    queued: Duration,
 }
 
 /// What a request's idempotency key gave it.
@@ -131,6 +153,9 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     buffers: Arc<Shares>,
     /// Every client's requests in flight.
     in_flight: Arc<Shares>,
+    /// Each rule's keys' requests in flight and queued (`concurrency`), and the
+    /// upstream's (`[proxy.upstream_capacity]`).
+    gates: Arc<Gates<Gate>>,
     /// One for each upstream connection `max_upstream_connections` allows, shared by
     /// every worker's pool.
     upstream_permits: Arc<Semaphore>,
@@ -165,6 +190,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             connections: Arc::default(),
             buffers: Arc::default(),
             in_flight: Arc::default(),
+            gates: Arc::default(),
         })
     }
 
@@ -183,6 +209,13 @@ impl<C: Clock + Clone> Pipeline<C> {
         // in the same order.
         self.engine.reconfigure(&next.config);
         self.stores.set_keys(&next.config);
+        let config = &next.config;
+        self.gates.rebound(|gate| match gate {
+            Gate::Rule { rule, .. } => {
+                config.rules.iter().find(|r| r.name == *rule)?.concurrency.as_ref().map(GateBounds::of)
+            }
+            Gate::Upstream => config.upstream_capacity.as_ref().map(GateBounds::of),
+        });
         *current = Arc::new(next);
         Ok(())
     }
@@ -190,6 +223,7 @@ impl<C: Clock + Clone> Pipeline<C> {
     pub(super) fn stats(&self) -> ProxyStats {
         let (decision_log_written, decision_log_dropped) =
             self.decision_log.as_ref().map_or((0, 0), DecisionLog::counts);
+        let (policies, (upstream_inflight, upstream_queued)) = self.gate_counts();
         ProxyStats {
             store: self.stores.kind().to_owned(),
             fleet_agents: u64::from(self.stores.live_agents()),
@@ -198,11 +232,30 @@ impl<C: Clock + Clone> Pipeline<C> {
             refused_locally: self.stores.refused_locally(),
             untracked_keys: self.stores.untracked_keys(),
             buffered_bytes: self.buffers.total(),
-            policies: self.engine.policy_counts(),
+            policies,
+            upstream_inflight,
+            upstream_queued,
             decision_log_written,
             decision_log_dropped,
             ..self.counters.snapshot(self.engine.tracked_keys(), self.engine.evictions(), self.stores.failures())
         }
+    }
+
+    /// The engine's counts of each policy, with its keys' requests in flight and
+    /// queued; and the upstream's.
+    fn gate_counts(&self) -> (Vec<crate::limits::PolicyCounts>, (u64, u64)) {
+        let totals = self.gates.totals(|gate| match gate {
+            Gate::Rule { rule, .. } => Some(rule.clone()),
+            Gate::Upstream => None,
+        });
+        let mut policies = self.engine.policy_counts();
+        for policy in policies.iter_mut().filter(|policy| policy.kind == PolicyKind::Rule) {
+            if let Some(&(inflight, queued)) = totals.get(&Some(policy.name.clone())) {
+                policy.inflight = inflight;
+                policy.queued = queued;
+            }
+        }
+        (policies, totals.get(&None).copied().unwrap_or_default())
     }
 
     pub(super) fn suggest(&self, headroom: f64) -> Vec<crate::limits::Suggestion> {
@@ -223,7 +276,13 @@ impl<C: Clock + Clone> Pipeline<C> {
     ) -> Result<super::explain::ProxyExplanation, super::explain::ExplainError> {
         let snapshot = self.snapshot();
         let verify = |headers: &http::HeaderMap| self.jwt_of(&snapshot, headers)?.ok();
-        super::explain::explain(&snapshot.config, &self.engine, request, true, Some(&verify)).await
+        let mut explained =
+            super::explain::explain(&snapshot.config, &self.engine, request, true, Some(&verify)).await?;
+        for gate in &mut explained.limits.gates {
+            let (inflight, queued) = self.gates.of(&Gate::Rule { rule: gate.rule.clone(), key: gate.key.clone() });
+            (gate.inflight, gate.queued) = (Some(inflight), Some(queued));
+        }
+        Ok(explained)
     }
 
     /// Sends this proxy's rejections to `escalator`; only the first call counts.
@@ -363,6 +422,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.hold_against(origin, refusal.blame(initiator));
         let event = match &refusal {
             Refusal::QuotaExceeded { .. }
+            | Refusal::ConcurrencyExceeded { .. }
             | Refusal::MissingKey { .. }
             | Refusal::KeyRequired { .. }
             | Refusal::StoreUnavailable => Some(Event::Rejected),
@@ -442,7 +502,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             && config.enforce
             && let Some((refusal, policies)) = self.refuse_early(&exchange, &screened.tagged).await
         {
-            return Ok(self.answer(Err(refusal), origin, initiator, &policies, snapshot.disclose(None)));
+            return Ok(self.answer(Err(refusal), origin, initiator, (&policies, &[]), snapshot.disclose(None)));
         }
         let caps = Caps {
             per_connection: config.buffered_bytes_per_connection(),
@@ -453,29 +513,126 @@ impl<C: Clock + Clone> Pipeline<C> {
             Admission::Answered(response) => return Ok(response),
             Admission::Forward(body) => body,
         };
-        let decision = self.decide(&exchange, &screened.tagged).await;
-        let Decision { verdict, policies, violated, own_bucket_refused, refundable, .. } = decision;
+        let decision = self.decide(&exchange).await;
         let disclose = snapshot.disclose(exchange.proof.key_id());
-        let outcome = match self.act(snapshot, verdict, violated, own_bucket_refused, disclose).await {
-            Ok(()) => self.forward(exchange, body, initiator, &refundable).await,
-            Err(refusal) => Err(refusal),
+        let acted = self.act(snapshot, &decision, disclose).await;
+        // After the limits and their delay: a request they refuse never queues.
+        let gated = match &acted {
+            Ok(()) => self.pass_gates(&exchange, &decision).await,
+            Err(_) => Ok(Passage::default()),
         };
-        let response = self.answer(outcome, origin, initiator, &policies, disclose);
+        self.account(&exchange, &decision, &screened.tagged, &gated);
+        let outcome = match (acted, gated) {
+            (Ok(()), Ok(passage)) => self
+                .forward(exchange, body, initiator, &decision.refundable)
+                .await
+                .map(|response| hold_in_flight(response, passage.held)),
+            (Ok(()), Err(stopped)) => {
+                let named = disclose == Disclose::Full;
+                let refusal = match stopped.rule {
+                    Some(rule) => Refusal::ConcurrencyExceeded {
+                        violated: if named { vec![rule] } else { Vec::new() },
+                        shed: stopped.shed,
+                        own_bucket: stopped.own_bucket,
+                    },
+                    None => Refusal::ReducedCapacity(stopped.shed),
+                };
+                // It never reached the upstream: `count_when` rules give back what
+                // they do not count of that.
+                let unsent = Err(refusal);
+                self.answered(&unsent, &decision.refundable, origin, initiator).await;
+                unsent
+            }
+            (Err(refusal), _) => Err(refusal),
+        };
+        let concurrent = self.concurrency_statuses(&decision, disclose);
+        let response = self.answer(outcome, origin, initiator, (&decision.policies, &concurrent), disclose);
         Ok(response.map(|body| Guarded::new(body, held).boxed()))
     }
 
-    /// The response to a request the limits decided on, with their headers.
+    /// Takes a place in flight in each of the request's gates (a rule's `concurrency`
+    /// for its key, in the rules' order, then `[proxy.upstream_capacity]`), waiting in
+    /// their queues as long as they allow, served by its plan's priority. In shadow
+    /// mode it waits for none, and counts what would be refused.
+    async fn pass_gates(&self, exchange: &Exchange<'_>, decision: &Decision) -> Result<Passage, Stopped> {
+        let config = exchange.config();
+        let rules = decision.gates.iter().map(|gated| {
+            let gate = Gate::Rule { rule: gated.rule.clone(), key: gated.key.clone() };
+            (gate, GateBounds::of(&gated.concurrency), Some(gated))
+        });
+        let upstream = config.upstream_capacity.iter().map(|capacity| (Gate::Upstream, GateBounds::of(capacity), None));
+        // Collected: an iterator of closures held across the waits would not be `Send`.
+        let gates: Vec<(Gate, GateBounds, Option<&Gated>)> = rules.chain(upstream).collect();
+        let mut passage = Passage::default();
+        if gates.is_empty() {
+            return Ok(passage);
+        }
+        let plan = exchange.proof.key_id().and_then(|id| exchange.snapshot.key(id)).map(|key| key.plan.as_str());
+        let priority = plan.and_then(|plan| config.plans.get(plan)).map_or(KEYLESS_PRIORITY, |plan| plan.priority);
+        let waiting = tokio::time::Instant::now();
+        for (gate, bounds, gated) in gates {
+            let shed = if config.enforce {
+                match self.gates.enter(gate, bounds, priority).await {
+                    Ok(unit) => {
+                        passage.held.push(unit);
+                        continue;
+                    }
+                    Err(shed) => shed,
+                }
+            } else {
+                let (unit, would) = self.gates.enter_unbounded(gate, bounds);
+                passage.held.push(unit);
+                let Some(shed) = would else { continue };
+                shed
+            };
+            let kind = if gated.is_some() { GateKind::Rule } else { GateKind::Upstream };
+            self.counters.add_shed(kind, shed, plan.unwrap_or(KEYLESS));
+            if let Some(gated) = gated {
+                self.engine.shed(&gated.rule, &decision.recorded);
+                if !config.enforce {
+                    self.counters.add(Event::Rejected);
+                }
+            }
+            if config.enforce {
+                let queued = waiting.elapsed();
+                self.counters.observe_queue_wait(queued);
+                let own_bucket = gated.is_some_and(|gated| gated.holder == Holder::Client);
+                return Err(Stopped { rule: gated.map(|gated| gated.rule.clone()), shed, own_bucket, queued });
+            }
+        }
+        passage.queued = waiting.elapsed();
+        self.counters.observe_queue_wait(passage.queued);
+        Ok(passage)
+    }
+
+    /// The response to a request the limits decided on, with the headers of its
+    /// policies: its rates' and its rules' concurrency.
     fn answer(
         &self,
         outcome: Result<Response<ProxyBody>, Refusal>,
         origin: Origin,
         initiator: Initiator,
-        policies: &[PolicyStatus],
+        (policies, concurrent): (&[PolicyStatus], &[ConcurrencyStatus]),
         disclose: Disclose,
     ) -> Response<ProxyBody> {
         let mut response = outcome.unwrap_or_else(|refusal| self.refuse(origin, initiator, refusal));
         headers::add_rate_limit_headers(response.headers_mut(), policies, self.clock.now(), disclose);
+        headers::add_concurrency_policies(response.headers_mut(), concurrent, disclose);
         response
+    }
+
+    /// Each of the request's rules' `concurrency` for its key, with the places left
+    /// now, where `disclose` lets the headers show them.
+    fn concurrency_statuses(&self, decision: &Decision, disclose: Disclose) -> Vec<ConcurrencyStatus> {
+        if disclose != Disclose::Full {
+            return Vec::new();
+        }
+        let status = |gated: &Gated| {
+            let (inflight, _) = self.gates.of(&Gate::Rule { rule: gated.rule.clone(), key: gated.key.clone() });
+            let limit = gated.concurrency.limit.get();
+            ConcurrencyStatus { name: gated.rule.clone(), limit, remaining: u64::from(limit).saturating_sub(inflight) }
+        };
+        decision.gates.iter().map(status).collect()
     }
 
     /// The request's place among its client's in flight (`None`: a trusted proxy's
@@ -547,14 +704,13 @@ impl<C: Clock + Clone> Pipeline<C> {
         })
     }
 
-    /// One decision over every matching rule and the key's plan, counted, logged and
-    /// recorded for `limiter top`.
-    async fn decide(&self, exchange: &Exchange<'_>, tagged: &[String]) -> Decision {
+    /// One decision over every matching rule and the key's plan, timed (logged and
+    /// recorded for `limiter top` once its gates have answered: [`Self::account`]).
+    async fn decide(&self, exchange: &Exchange<'_>) -> Decision {
         let info = exchange.info();
         let deciding = Instant::now();
         let decision = self.engine.decide(&info).await;
         self.counters.observe_decision(deciding.elapsed());
-        self.account(exchange, &decision, tagged);
         decision
     }
 
@@ -566,19 +722,37 @@ impl<C: Clock + Clone> Pipeline<C> {
         let deciding = Instant::now();
         let decision = self.engine.refuse_early(&info).await?;
         self.counters.observe_decision(deciding.elapsed());
-        self.account(exchange, &decision, tagged);
-        let Decision { verdict, policies, violated, own_bucket_refused, .. } = decision;
+        self.account(exchange, &decision, tagged, &Ok(Passage::default()));
         let disclose = exchange.snapshot.disclose(None);
-        let refusal = self.act(exchange.snapshot, verdict, violated, own_bucket_refused, disclose).await.err()?;
-        Some((refusal, policies))
+        let refusal = self.act(exchange.snapshot, &decision, disclose).await.err()?;
+        Some((refusal, decision.policies))
     }
 
-    /// Logs a decision and records it for `limiter top`.
-    fn account(&self, exchange: &Exchange<'_>, decision: &Decision, tagged: &[String]) {
+    /// Logs a decision, with what its gates did, and records it for `limiter top`.
+    fn account(
+        &self,
+        exchange: &Exchange<'_>,
+        decision: &Decision,
+        tagged: &[String],
+        gated: &Result<Passage, Stopped>,
+    ) {
         let config = exchange.config();
         let info = exchange.info();
-        self.log_decision(config, || self.limits_entry(config, &info, decision, tagged));
+        let stopped = gated.as_ref().err();
+        let shed_by = stopped.map(|stopped| stopped.rule.clone().map(|rule| [rule]));
+        self.log_decision(config, || {
+            let entry = self.limits_entry(config, &info, decision, tagged);
+            let queued = gated.as_ref().map_or_else(|stopped| stopped.queued, |passage| passage.queued);
+            let gated = !decision.gates.is_empty() || config.upstream_capacity.is_some();
+            let queued_ms = gated.then(|| u64::try_from(queued.as_millis()).unwrap_or(u64::MAX));
+            match &shed_by {
+                Some(Some(rule)) => Entry { verdict: VerdictKind::Reject, violated: rule, queued_ms, ..entry },
+                Some(None) => Entry { verdict: VerdictKind::ReducedCapacity, queued_ms, ..entry },
+                None => Entry { queued_ms, ..entry },
+            }
+        });
         let refused_by = match &decision.verdict {
+            _ if stopped.is_some() => stopped.and_then(|stopped| stopped.rule.as_deref()),
             Verdict::Reject { .. } => decision.violated.first().map(String::as_str),
             Verdict::MissingKey { rule } => Some(rule.as_str()),
             Verdict::Forward | Verdict::Delay(_) | Verdict::StoreUnavailable => None,
@@ -655,36 +829,33 @@ impl<C: Clock + Clone> Pipeline<C> {
     /// Carries out a decision up to forwarding: waits out a delay, or refuses, naming
     /// the policies only if `disclose` is `full`. In shadow mode only counts what it
     /// would have done.
-    async fn act(
-        &self,
-        snapshot: &Snapshot,
-        verdict: Verdict,
-        violated: Vec<String>,
-        own_bucket: bool,
-        disclose: Disclose,
-    ) -> Result<(), Refusal> {
+    async fn act(&self, snapshot: &Snapshot, decision: &Decision, disclose: Disclose) -> Result<(), Refusal> {
         let config = &snapshot.config;
         let named = disclose == Disclose::Full;
-        match verdict {
+        match &decision.verdict {
             Verdict::Forward => Ok(()),
             Verdict::Delay(delay) => {
                 self.counters.add(Event::Throttled);
                 if config.enforce {
-                    tokio::time::sleep(delay).await;
+                    tokio::time::sleep(*delay).await;
                 }
                 Ok(())
             }
             Verdict::Reject { retry_after } if config.enforce => {
-                let violated = if named { violated } else { Vec::new() };
-                Err(Refusal::QuotaExceeded { violated, retry_after, own_bucket })
+                let violated = if named { decision.violated.clone() } else { Vec::new() };
+                Err(Refusal::QuotaExceeded {
+                    violated,
+                    retry_after: *retry_after,
+                    own_bucket: decision.own_bucket_refused,
+                })
             }
             Verdict::MissingKey { rule } if config.enforce => {
-                let challenge = match config.rules.iter().find(|r| r.name == rule) {
+                let challenge = match config.rules.iter().find(|r| r.name == *rule) {
                     Some(rule) if rule.key.needs_proof() => Some(snapshot.key_challenge.clone()),
                     Some(rule) if rule.key.needs_token() => Some(snapshot.jwt_challenge.clone()),
                     _ => None,
                 };
-                Err(Refusal::MissingKey { rule: named.then_some(rule), challenge })
+                Err(Refusal::MissingKey { rule: named.then(|| rule.clone()), challenge })
             }
             Verdict::StoreUnavailable if config.enforce => Err(Refusal::StoreUnavailable),
             Verdict::Reject { .. } | Verdict::MissingKey { .. } | Verdict::StoreUnavailable => {
@@ -883,6 +1054,24 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.stores.count_failure();
         tracing::debug!(%error, "shared store unreachable: refused");
         Refusal::StoreUnavailable
+    }
+}
+
+/// The `plan` label of a request without a key's plan.
+const KEYLESS: &str = "keyless";
+
+/// `response` holding `held` until its body is done, or, if it opens a tunnel, until
+/// the tunnel closes.
+fn hold_in_flight(mut response: Response<ProxyBody>, held: Held) -> Response<ProxyBody> {
+    if held.is_empty() {
+        return response;
+    }
+    match response.extensions_mut().get_mut::<UpstreamUpgrade>() {
+        Some(upgrade) => {
+            upgrade.held = Arc::new(held);
+            response
+        }
+        None => response.map(|body| Guarded::new(body, held).boxed()),
     }
 }
 

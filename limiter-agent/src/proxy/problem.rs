@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::{
     body::{BodyRefused, BoxError, ProxyBody, full_body},
+    gates::Shed,
     headers::ceil_secs,
 };
 
@@ -22,6 +23,15 @@ pub(super) enum Refusal {
     /// `own_bucket`: a bucket of the client's own refused (see [`crate::limits::engine::Holder`]).
     #[error("over the limit of {violated:?}")]
     QuotaExceeded { violated: Vec<String>, retry_after: Duration, own_bucket: bool },
+    /// A rule's `concurrency` for the request's key: its queue was full, or the request
+    /// waited `queue_timeout`. `violated`: the rule, where `disclose = "full"`;
+    /// `own_bucket`: the rule's key is the client's own.
+    #[error("{shed:?} at the concurrency of {violated:?}")]
+    ConcurrencyExceeded { violated: Vec<String>, shed: Shed, own_bucket: bool },
+    /// `[proxy.upstream_capacity]`: the queue before the upstream was full, or the
+    /// request waited its `queue_timeout` (503: our overload, not the client's doing).
+    #[error("{0:?} before the upstream")]
+    ReducedCapacity(Shed),
     /// A rule with `missing_key = "reject"` counts by a key the request lacks; named
     /// only where `disclose = "full"`. `challenge`: for a rule counting by API key,
     /// the `WWW-Authenticate` of its 401; `None`: a header's rule, 400.
@@ -145,10 +155,10 @@ fn unauthorized(slug: &str, detail: &str, challenge: HeaderValue) -> Response<Pr
     response
 }
 
-/// A 429 for a share of the client's that its requests in progress hold: free again
-/// as soon as one ends, so `Retry-After: 1`.
-fn share_in_use(slug: &str, detail: &str) -> Response<ProxyBody> {
-    let mut response = problem(StatusCode::TOO_MANY_REQUESTS, slug, detail, None);
+/// A 429 for a share of the client's (or its key's) that its requests in progress
+/// hold: free again as soon as one ends, so `Retry-After: 1`.
+fn share_in_use(slug: &str, detail: &str, violated: Option<&[String]>) -> Response<ProxyBody> {
+    let mut response = problem(StatusCode::TOO_MANY_REQUESTS, slug, detail, violated);
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
     response
 }
@@ -165,6 +175,24 @@ impl Refusal {
                     (!violated.is_empty()).then_some(&violated[..]),
                 );
                 response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(ceil_secs(retry_after)));
+                response
+            }
+            Self::ConcurrencyExceeded { violated, shed, .. } => {
+                let detail = match shed {
+                    Shed::QueueFull => "Too many requests of this key are in progress or waiting; retry once one ends.",
+                    Shed::QueueTimeout => "The request waited too long for one of this key's requests to end.",
+                };
+                // Empty where `disclose` hides the names.
+                share_in_use("concurrency-exceeded", detail, (!violated.is_empty()).then_some(&violated[..]))
+            }
+            Self::ReducedCapacity(_) => {
+                let mut response = problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "temporary-reduced-capacity",
+                    "The service is working at reduced capacity; retry shortly.",
+                    None,
+                );
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
                 response
             }
             Self::MissingKey { rule, challenge } => {
@@ -229,6 +257,7 @@ impl Refusal {
                 let mut response = share_in_use(
                     "buffers-full",
                     "Too many of this client's request bodies are being received at once; retry when one is done.",
+                    None,
                 );
                 // As for a body too large: the rest of it is not worth reading.
                 response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -284,6 +313,7 @@ impl Refusal {
             Self::TooManyInFlight => share_in_use(
                 "too-many-in-flight",
                 "Too many requests from this client are in progress; retry once one has its answer.",
+                None,
             ),
             Self::UpstreamBusy => problem(
                 StatusCode::SERVICE_UNAVAILABLE,

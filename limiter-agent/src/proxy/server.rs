@@ -18,7 +18,6 @@ use hyper::{
     body::Incoming,
     server::conn::{http1, http2},
     service::service_fn,
-    upgrade::OnUpgrade,
 };
 use hyper_util::rt::TokioIo;
 use tokio::{
@@ -190,7 +189,7 @@ async fn preamble<C: Clock + Clone>(
 }
 
 /// A tunnel's upstream half, left by the response that opened it.
-type UpgradeSlot = Arc<Mutex<Option<OnUpgrade>>>;
+type UpgradeSlot = Arc<Mutex<Option<UpstreamUpgrade>>>;
 
 impl<C: Clock + Clone> Connection<C> {
     /// The service for one connection's requests. `resets` watches for cancelled
@@ -220,7 +219,7 @@ impl<C: Clock + Clone> Connection<C> {
                     cancellation.answered();
                 }
                 let opened = response.extensions_mut().remove::<UpstreamUpgrade>();
-                if let (Some(UpstreamUpgrade(opened)), Some(upgrade)) = (opened, upgrade)
+                if let (Some(opened), Some(upgrade)) = (opened, upgrade)
                     && response.status() == StatusCode::SWITCHING_PROTOCOLS
                 {
                     *upgrade.lock().unwrap_or_else(PoisonError::into_inner) = Some(opened);
@@ -295,7 +294,9 @@ impl<C: Clock + Clone> Connection<C> {
         }
     }
 
-    async fn tunnel<S: AsyncRead + AsyncWrite + Unpin>(self, stream: S, early: &[u8], opened: OnUpgrade) {
+    async fn tunnel<S: AsyncRead + AsyncWrite + Unpin>(self, stream: S, early: &[u8], opened: UpstreamUpgrade) {
+        // The places in flight of the request that opened it, until it closes.
+        let UpstreamUpgrade { opened, held: _held } = opened;
         let upstream = match opened.await {
             Ok(upstream) => upstream,
             Err(error) => {

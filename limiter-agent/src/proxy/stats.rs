@@ -2,14 +2,21 @@
 
 use std::{
     collections::BTreeMap,
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
 };
 
 use serde::{Deserialize, Serialize};
 
 use limiter_core::{jwt::JwtFailure, signature::FailureReason};
 
-use super::connections::Refused;
+use super::{
+    connections::Refused,
+    gates::{GateKind, Shed},
+};
 use crate::limits::PolicyCounts;
 
 /// One event the proxy counts.
@@ -119,6 +126,11 @@ pub(super) struct Counters {
     /// By [`Forbidden::ALL`].
     forbidden: [AtomicU64; Forbidden::ALL.len()],
     jwt_failures: [AtomicU64; JwtFailure::ALL.len()],
+    queue_wait_seconds: [AtomicU64; QUEUE_WAIT_BUCKETS.len() + 1],
+    queue_wait_nanos_sum: AtomicU64,
+    /// By reason and plan (`keyless` for a request without one): the plans are the
+    /// config's, so the map stays small.
+    shed: Mutex<BTreeMap<(GateKind, Shed, String), u64>>,
 }
 
 /// Adds one to the counter of `which`, `counters` being in the order of `all`.
@@ -140,6 +152,31 @@ fn by_label<T: Copy>(all: &[T], counters: &[AtomicU64], label: fn(T) -> &'static
 /// Upper bounds, in seconds, of the `limiter_proxy_decision_seconds` buckets: a
 /// decision is a few microseconds in memory, a round trip with Redis.
 pub const DECISION_BUCKETS: [f64; 10] = [1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 5e-4, 1e-3, 1e-2];
+
+/// Upper bounds, in seconds, of the `limiter_proxy_queue_wait_seconds` buckets: from
+/// a request let in at once to one that waited a long `queue_timeout`.
+pub const QUEUE_WAIT_BUCKETS: [f64; 11] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// Observes `took` into a histogram over `bounds`: `counts` has a slot per bound and
+/// one above them all.
+fn observe(bounds: &[f64], counts: &[AtomicU64], nanos_sum: &AtomicU64, took: Duration) {
+    let seconds = took.as_secs_f64();
+    let bucket = bounds.iter().position(|bound| seconds <= *bound).unwrap_or(bounds.len());
+    if let Some(counter) = counts.get(bucket) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+    nanos_sum.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+}
+
+/// Requests a gate refused for one reason and plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShedCount {
+    pub gate: GateKind,
+    pub reason: Shed,
+    /// The plan of the key the request proved; `keyless` without one.
+    pub plan: String,
+    pub count: u64,
+}
 
 /// The decision-time histogram: per-bucket counts (not cumulative; the last slot
 /// is above every bound) and the sum of all observations.
@@ -201,13 +238,19 @@ impl Counters {
         add_by(&Refused::ALL, &self.connections_refused, reason);
     }
 
-    pub(super) fn observe_decision(&self, took: std::time::Duration) {
-        let seconds = took.as_secs_f64();
-        let bucket = DECISION_BUCKETS.iter().position(|bound| seconds <= *bound).unwrap_or(DECISION_BUCKETS.len());
-        if let Some(counter) = self.decision_seconds.get(bucket) {
-            counter.fetch_add(1, Ordering::Relaxed);
-        }
-        self.decision_nanos_sum.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    pub(super) fn observe_decision(&self, took: Duration) {
+        observe(&DECISION_BUCKETS, &self.decision_seconds, &self.decision_nanos_sum, took);
+    }
+
+    /// A request's wait in a queue: let in (at once: zero) or refused.
+    pub(super) fn observe_queue_wait(&self, took: Duration) {
+        observe(&QUEUE_WAIT_BUCKETS, &self.queue_wait_seconds, &self.queue_wait_nanos_sum, took);
+    }
+
+    /// A request a gate refused (in shadow mode: would have), of `plan`'s key.
+    pub(super) fn add_shed(&self, gate: GateKind, reason: Shed, plan: &str) {
+        let mut shed = self.shed.lock().unwrap_or_else(PoisonError::into_inner);
+        *shed.entry((gate, reason, plan.to_owned())).or_default() += 1;
     }
 
     pub(super) fn add_signature_failure(&self, reason: FailureReason) {
@@ -261,6 +304,22 @@ impl Counters {
                 counts: self.decision_seconds.iter().map(load).collect(),
                 sum_seconds: load(&self.decision_nanos_sum) as f64 / 1e9,
             },
+            queue_wait_seconds: DecisionHistogram {
+                counts: self.queue_wait_seconds.iter().map(load).collect(),
+                sum_seconds: load(&self.queue_wait_nanos_sum) as f64 / 1e9,
+            },
+            shed: self
+                .shed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .map(|((gate, reason, plan), count)| ShedCount {
+                    gate: *gate,
+                    reason: *reason,
+                    plan: plan.clone(),
+                    count: *count,
+                })
+                .collect(),
             evictions,
             untracked_keys: 0,
             buffered_bytes: 0,
@@ -271,6 +330,8 @@ impl Counters {
             local_decisions: 0,
             refused_locally: 0,
             policies: Vec::new(),
+            upstream_inflight: 0,
+            upstream_queued: 0,
             decision_log_written: 0,
             decision_log_dropped: 0,
         }
@@ -399,6 +460,21 @@ pub struct ProxyStats {
     pub store_failures: u64,
     /// Time spent deciding (rules, plans, store), for the metrics.
     pub decision_seconds: DecisionHistogram,
+    /// Time requests spent queued for a place in flight (a rule's `concurrency`),
+    /// those let in at once as 0, for the metrics.
+    #[serde(default)]
+    pub queue_wait_seconds: DecisionHistogram,
+    /// Requests a gate refused, by gate (`rule`: a rule's `concurrency`, 429, also in
+    /// `rejected`; `upstream`: `[proxy.upstream_capacity]`, 503), reason
+    /// (`queue_full`, `queue_timeout`) and plan.
+    #[serde(default)]
+    pub shed: Vec<ShedCount>,
+    /// Requests in flight to the upstream under `[proxy.upstream_capacity]`.
+    #[serde(default)]
+    pub upstream_inflight: u64,
+    /// Requests waiting for a place under `[proxy.upstream_capacity]`.
+    #[serde(default)]
+    pub upstream_queued: u64,
     /// Where the decisions were taken: `memory` or `redis` (`proxy.store`).
     #[serde(default)]
     pub store: String,

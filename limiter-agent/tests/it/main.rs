@@ -12,6 +12,7 @@ mod kernel;
 mod proxy_bodies;
 mod proxy_body_keys;
 mod proxy_bounds;
+mod proxy_concurrency;
 mod proxy_count_when;
 mod proxy_decisions;
 mod proxy_disclose;

@@ -180,3 +180,21 @@ async fn open_tunnels_hold_their_places_and_an_idle_one_is_closed() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A tunnel holds its place in flight under a rule's `concurrency` while open, not
+/// only while its 101 is written.
+#[tokio::test]
+async fn an_open_tunnel_holds_its_unit_of_concurrency_until_it_closes() {
+    let rule =
+        "tunnel_idle_timeout = \"1s\"\n[[proxy.rules]]\nname = \"ws\"\npath = \"/ws\"\nkey = \"ip\"\nconcurrency = 1\n";
+    let (_server, proxy) = echo_proxy(rule).await;
+    let in_flight = |stats: &limiter::proxy::ProxyStats| {
+        stats.policies.iter().find(|policy| policy.name == "ws").map(|policy| policy.inflight)
+    };
+    let mut client = Script::start(CLIENT, &[&ws_url(&proxy, "/ws"), "2", "hold"]);
+    assert_eq!(client.json().await, serde_json::json!({"echo": "hello 0"}));
+    assert_eq!(client.json().await, serde_json::json!({"status": 429}), "the first tunnel holds the unit");
+    assert_eq!(client.line().await, "open");
+    assert!(client.json().await["silent_for"].is_number(), "closed when idle");
+    proxy.stats_until("the unit back once the tunnel closed", |stats| in_flight(stats) == Some(0)).await;
+}

@@ -3,6 +3,7 @@
 //! be able to send.
 
 use std::{
+    collections::HashMap,
     convert::Infallible,
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -57,13 +58,43 @@ struct Recorder {
     seen: Mutex<Vec<Seen>>,
     /// Permits for `/hold` requests to answer.
     gate: Semaphore,
+    /// By `X-API-Key` (empty without one): requests being answered now, and the most
+    /// there ever were at once.
+    concurrency: Mutex<HashMap<String, (usize, usize)>>,
+}
+
+/// One request being answered, counted in its key's concurrency until dropped.
+struct Answering<'r> {
+    recorder: &'r Recorder,
+    key: String,
+}
+
+impl<'r> Answering<'r> {
+    fn new(recorder: &'r Recorder, key: String) -> Self {
+        let mut concurrency = recorder.concurrency.lock().unwrap_or_else(PoisonError::into_inner);
+        let (now, peak) = concurrency.entry(key.clone()).or_default();
+        *now += 1;
+        *peak = (*peak).max(*now);
+        drop(concurrency);
+        Self { recorder, key }
+    }
+}
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        let mut concurrency = self.recorder.concurrency.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((now, _)) = concurrency.get_mut(&self.key) {
+            *now -= 1;
+        }
+    }
 }
 
 /// A test upstream on 127.0.0.1. Answers 200 with body `ok`; `…/hold` waits for
 /// [`Upstream::release`]; `/hop` answers with hop-by-hop headers to be removed;
 /// `/big` answers with a 100 KiB body. On any path, `?status=N` answers with status
 /// `N` and `?delay_ms=N` that many milliseconds after the request arrived (a login
-/// failing, a slow upstream).
+/// failing, a slow upstream). It counts the requests it is answering at once per
+/// `X-API-Key` ([`Upstream::peak`]), and [`Upstream::seen`] is its arrival order.
 #[derive(Debug)]
 pub struct Upstream {
     pub addr: SocketAddr,
@@ -85,6 +116,7 @@ impl Upstream {
             arrived: watch::Sender::new(0),
             seen: Mutex::new(Vec::new()),
             gate: Semaphore::new(0),
+            concurrency: Mutex::default(),
         });
         let shared = recorder.clone();
         let task = tokio::spawn(async move {
@@ -121,6 +153,13 @@ impl Upstream {
         self.recorder.gate.add_permits(n);
     }
 
+    /// The most requests with `X-API-Key: key` (`""`: without one) it was answering at
+    /// once.
+    pub fn peak(&self, key: &str) -> usize {
+        let concurrency = self.recorder.concurrency.lock().unwrap_or_else(PoisonError::into_inner);
+        concurrency.get(key).map_or(0, |(_, peak)| *peak)
+    }
+
     /// The requests received in full, in arrival order.
     pub fn seen(&self) -> Vec<Seen> {
         self.recorder.seen.lock().unwrap_or_else(PoisonError::into_inner).clone()
@@ -128,6 +167,8 @@ impl Upstream {
 }
 
 async fn respond(recorder: Arc<Recorder>, request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let key = request.headers().get("x-api-key").and_then(|key| key.to_str().ok()).unwrap_or_default();
+    let _answering = Answering::new(&recorder, key.to_owned());
     recorder.arrived.send_modify(|count| *count += 1);
     let (parts, body) = request.into_parts();
     let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();

@@ -41,6 +41,20 @@ window = "1s"
 "#
 );
 
+/// [`LIMITER_RULES`] with a `concurrency` on the per-IP rule far above the load, so
+/// that nothing ever queues: what holding a place in flight costs a request.
+pub const LIMITER_RULES_CONCURRENCY: &str = concat!(
+    per_ip_rule!(),
+    r#"concurrency = 1000000
+[[proxy.rules]]
+name = "per-key"
+key = "api_key"
+algorithm = "token_bucket"
+limit = 1000000000
+window = "1s"
+"#
+);
+
 /// A rule keyed on a JSON body's member beside the per-IP one: what reading a body
 /// for its key costs. The bench's logins all name one user, far below the limit.
 pub const LIMITER_BODY_KEY: &str = concat!(
