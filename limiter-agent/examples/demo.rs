@@ -2,8 +2,8 @@
 //! `config/demo.toml`, a flood plus a well-behaved flow at the kernel layer with a
 //! reload halfway, a flood from random (spoofed) sources before and after a
 //! new-source budget is reloaded in, then well- and badly-behaved clients at the
-//! proxy. Cleans up on
-//! exit and on Ctrl-C.
+//! proxy, and pro's requests served ahead of free ones while the upstream is slow.
+//! Cleans up on exit and on Ctrl-C.
 //!
 //! Usage (as root): demo LIMITER_BINARY CONFIG
 
@@ -12,7 +12,7 @@ use std::{
     net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::Mutex,
+    sync::{Condvar, Mutex},
     time::{Duration, Instant},
 };
 
@@ -40,6 +40,13 @@ struct Cleanup {
 }
 
 static CLEANUP: Mutex<Option<Cleanup>> = Mutex::new(None);
+
+/// The plans of the `/api/reports` requests, in the order the upstream received them.
+static REPORTS_SEEN: Mutex<Vec<&str>> = Mutex::new(Vec::new());
+
+/// Whether the upstream's slowdown is over: until then it holds every `/api/reports`
+/// request, so that what waits in the proxy's queue is known, not a matter of timing.
+static SLOWDOWN_OVER: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
 
 fn cleanup() {
     let Some(state) = CLEANUP.lock().ok().and_then(|mut c| c.take()) else { return };
@@ -121,6 +128,7 @@ fn run(limiter: &Path, config_source: &Path, dir: &Path) -> anyhow::Result<()> {
 
     println!("\n== application layer: proxy 127.0.0.1:18080 -> upstream {upstream}");
     proxy_phase()?;
+    slowdown_phase(limiter, &config_path)?;
 
     println!("\n$ limiter stats");
     let output = Command::new(limiter).args(["stats", "-c"]).arg(&config_path).output()?;
@@ -266,7 +274,8 @@ fn spoofed_phase() -> anyhow::Result<SpoofedRow> {
     })
 }
 
-/// A minimal upstream answering 200 to everything, on 127.0.0.1:18081.
+/// A minimal upstream answering 200 to everything, on 127.0.0.1:18081; slow on
+/// `/api/reports` until the slowdown is over.
 fn spawn_upstream() -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:18081")?;
     let addr = listener.local_addr()?;
@@ -276,12 +285,66 @@ fn spawn_upstream() -> anyhow::Result<SocketAddr> {
                 let mut stream = stream;
                 let mut buffer = [0u8; 65_536];
                 let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-                let _ = stream.read(&mut buffer);
+                let read = stream.read(&mut buffer).unwrap_or(0);
+                let head = String::from_utf8_lossy(&buffer[..read]);
+                if head.split(' ').nth(1).is_some_and(|target| target.starts_with("/api/reports")) {
+                    let plan = if header(&head, "x-api-key") == "k-pro" { "pro" } else { "free" };
+                    REPORTS_SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(plan);
+                    let (over, changed) = &SLOWDOWN_OVER;
+                    let over = over.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    drop(changed.wait_while(over, |over| !*over));
+                }
                 let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n");
             });
         }
     });
     Ok(addr)
+}
+
+/// `[proxy.upstream_capacity]` in the running agent's stats: requests waiting for it.
+fn upstream_queued(limiter: &Path, config: &Path) -> anyhow::Result<u64> {
+    let output = Command::new(limiter).args(["stats", "--json", "-c"]).arg(config).output()?;
+    let stats: serde_json::Value = serde_json::from_slice(&output.stdout).context("limiter stats --json")?;
+    stats["proxy"]["upstream_queued"].as_u64().context("proxy.upstream_queued in limiter stats --json")
+}
+
+/// Polls the agent until `count` requests wait for the upstream.
+fn wait_until_queued(limiter: &Path, config: &Path, count: u64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while upstream_queued(limiter, config)? != count {
+        anyhow::ensure!(Instant::now() < deadline, "{count} requests never waited for the upstream");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// The upstream slows down (it holds every report) and takes one request at a time
+/// (`[proxy.upstream_capacity]`: one at a time, so that the order it sees them in is
+/// the order the proxy let them in): 10 free requests take the place and queue, 3 pro
+/// requests come after them, and once it recovers the upstream sees pro's first.
+fn slowdown_phase(limiter: &Path, config: &Path) -> anyhow::Result<()> {
+    let free: Vec<_> = (0..10)
+        .map(|_| std::thread::spawn(|| request("GET", "/api/reports", &[("x-api-key", "k-free".to_owned())], "")))
+        .collect();
+    wait_until_queued(limiter, config, 9)?;
+    let pro: Vec<_> = (0..3)
+        .map(|n| {
+            let headers = signed("/api/reports", "", &format!("report-{n}"));
+            std::thread::spawn(move || request("POST", "/api/reports", &headers, ""))
+        })
+        .collect();
+    wait_until_queued(limiter, config, 12)?;
+    let (over, changed) = &SLOWDOWN_OVER;
+    *over.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+    changed.notify_all();
+    let mut statuses = Vec::new();
+    for request in free.into_iter().chain(pro) {
+        statuses.push(request.join().map_err(|_| anyhow::anyhow!("a report request panicked"))??.0);
+    }
+    let seen = REPORTS_SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner).join(" ");
+    println!("upstream slowdown, one at a time: 10 free reports, then 3 pro while 9 free wait; the upstream saw: {seen}");
+    println!("  answers: {} of 13 with 200", statuses.iter().filter(|&&status| status == 200).count());
+    Ok(())
 }
 
 /// One request through the proxy from 127.0.0.1; (status, headers text).

@@ -64,6 +64,10 @@ mod tests {
             "{shown}"
         );
         assert!(shown.contains("GET /api/items as sqlmap: 403 (deny rule scanner-user-agents)"), "{shown}");
+        assert!(
+            shown.contains("while 9 free wait; the upstream saw: free pro pro pro free free free free free free free free free\n  answers: 13 of 13 with 200"),
+            "{shown}"
+        );
         let suggested = shown.split("$ limiter suggest").nth(1).expect("a suggest table");
         let login = suggested.lines().find(|l| l.starts_with("rule login ")).expect("the login rule's row");
         let cells: Vec<&str> = login.split_whitespace().collect();
