@@ -342,7 +342,9 @@ fn slowdown_phase(limiter: &Path, config: &Path) -> anyhow::Result<()> {
         statuses.push(request.join().map_err(|_| anyhow::anyhow!("a report request panicked"))??.0);
     }
     let seen = REPORTS_SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner).join(" ");
-    println!("upstream slowdown, one at a time: 10 free reports, then 3 pro while 9 free wait; the upstream saw: {seen}");
+    println!(
+        "upstream slowdown, one at a time: 10 free reports, then 3 pro while 9 free wait; the upstream saw: {seen}"
+    );
     println!("  answers: {} of 13 with 200", statuses.iter().filter(|&&status| status == 200).count());
     Ok(())
 }

@@ -29,9 +29,10 @@ window = "1s"
     };
 }
 
-pub const LIMITER_RULES: &str = concat!(
-    per_ip_rule!(),
-    r#"
+/// The per-key rule of the rule sets below.
+macro_rules! per_key_rule {
+    () => {
+        r#"
 [[proxy.rules]]
 name = "per-key"
 key = "api_key"
@@ -39,21 +40,14 @@ algorithm = "token_bucket"
 limit = 1000000000
 window = "1s"
 "#
-);
+    };
+}
+
+pub const LIMITER_RULES: &str = concat!(per_ip_rule!(), per_key_rule!());
 
 /// [`LIMITER_RULES`] with a `concurrency` on the per-IP rule far above the load, so
 /// that nothing ever queues: what holding a place in flight costs a request.
-pub const LIMITER_RULES_CONCURRENCY: &str = concat!(
-    per_ip_rule!(),
-    r#"concurrency = 1000000
-[[proxy.rules]]
-name = "per-key"
-key = "api_key"
-algorithm = "token_bucket"
-limit = 1000000000
-window = "1s"
-"#
-);
+pub const LIMITER_RULES_CONCURRENCY: &str = concat!(per_ip_rule!(), "concurrency = 1000000\n", per_key_rule!());
 
 /// A rule keyed on a JSON body's member beside the per-IP one: what reading a body
 /// for its key costs. The bench's logins all name one user, far below the limit.

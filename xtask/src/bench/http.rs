@@ -74,12 +74,7 @@ pub fn run(bench: &mut Bench) -> Result<Http> {
     };
     start_limiter(bench, "limiter, no rules", "", "/")?;
     start_limiter(bench, "limiter, per-IP + per-key + plan", LIMITER_RULES, "/")?;
-    start_limiter(
-        bench,
-        "limiter, per-IP + per-key + plan, per-IP concurrency (nothing queued)",
-        LIMITER_RULES_CONCURRENCY,
-        "/",
-    )?;
+    start_limiter(bench, "limiter, per-IP + per-key + plan + concurrency", LIMITER_RULES_CONCURRENCY, "/")?;
     start_limiter(bench, "limiter, per-IP + per-username (json:/username)", LIMITER_BODY_KEY, LOGIN)?;
     start_limiter(bench, "limiter, signed route", LIMITER_SIGNED, "/signed")?;
     let nginx_port = free_port()?;

@@ -1,4 +1,4 @@
-//! The targets of issues 7, 11 and 12, checked against a run's figures.
+//! The targets the issues set, checked against a run's figures.
 
 use limiter_lab::report::{HttpRow, Report, Target};
 
@@ -128,6 +128,13 @@ pub fn targets(report: &Report) -> Vec<Target> {
         "≥ 0.9 × per-IP + per-key + plan",
         body_key.zip(rps(limiter)).map_or("—".into(), |(b, l)| format!("{b:.0} vs {l:.0} ({:.2} ×)", b / l)),
         body_key.zip(rps(limiter)).map(|(b, l)| b >= 0.9 * l),
+    ));
+    let gated = rps(http("limiter, per-IP + per-key + plan + concurrency"));
+    list.push(target(
+        "Proxy, a concurrency rule with nothing queued: requests per second",
+        "≥ 0.95 × the same rules without it",
+        gated.zip(rps(limiter)).map_or("—".into(), |(g, l)| format!("{g:.0} vs {l:.0} ({:.2} ×)", g / l)),
+        gated.zip(rps(limiter)).map(|(g, l)| g >= 0.95 * l),
     ));
     let bare = rps(http("limiter, no rules")).zip(rps(http("upstream direct")));
     list.push(target(
