@@ -303,6 +303,11 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
             stats.refunded,
         ),
         (
+            "limiter_proxy_workers_replaced_total",
+            "Proxy workers that died (a panic) and were replaced; the connections each served were cut.",
+            stats.workers_replaced,
+        ),
+        (
             "limiter_proxy_key_evictions_total",
             "Per-key states evicted to stay within max_tracked_keys.",
             stats.evictions,
