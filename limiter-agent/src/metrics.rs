@@ -42,6 +42,9 @@ pub struct AgentGauges {
     /// Escalated blocks (local or from the fleet) refused as malformed, too wide or
     /// protected.
     pub blocks_refused: Arc<AtomicU64>,
+    /// Escalated blocks the kernel layer could not take (a runtime-block trie full of
+    /// blocks in force).
+    pub block_failures: AtomicU64,
     pub attached: Mutex<Vec<Attachment>>,
 }
 
@@ -101,6 +104,13 @@ pub(crate) fn render(sources: &MetricsSources) -> String {
         "Escalated blocks refused: wider than one source, or covering an allow CIDR or trusted proxy.",
     );
     let _ = writeln!(out, "limiter_escalation_blocks_refused_total {}", agent.blocks_refused.load(Ordering::Relaxed));
+    family(
+        &mut out,
+        "limiter_escalation_block_failures_total",
+        "counter",
+        "Escalated blocks the kernel layer could not put in place: its block trie full of blocks in force.",
+    );
+    let _ = writeln!(out, "limiter_escalation_block_failures_total {}", agent.block_failures.load(Ordering::Relaxed));
     if let Some(proxy) = &sources.proxy {
         render_proxy(&mut out, proxy);
     }
@@ -291,6 +301,11 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
             "limiter_proxy_refunded_total",
             "Requests whose units count_when rules gave back: the upstream's answer was not one they count.",
             stats.refunded,
+        ),
+        (
+            "limiter_proxy_workers_replaced_total",
+            "Proxy workers that died (a panic) and were replaced; the connections each served were cut.",
+            stats.workers_replaced,
         ),
         (
             "limiter_proxy_key_evictions_total",

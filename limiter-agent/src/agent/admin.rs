@@ -84,6 +84,9 @@ pub struct EscalationStats {
     /// Escalated blocks (local or from the fleet) refused as malformed, too wide or
     /// protected.
     pub blocks_refused: u64,
+    /// Escalated blocks the kernel layer could not put in place (a runtime-block trie
+    /// full of blocks in force).
+    pub block_failures: u64,
 }
 
 /// Why the agent could not be asked.

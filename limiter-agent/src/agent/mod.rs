@@ -358,7 +358,10 @@ impl Agent {
         match xdp.kernel.maps_mut().block(cidr, Some(ttl)) {
             Ok(()) if local => tracing::warn!(%cidr, ?ttl, "source blocked: too many rejections"),
             Ok(()) => tracing::info!(%cidr, ?ttl, "source blocked: escalated by another agent"),
-            Err(error) => tracing::error!(%cidr, %error, "cannot block an escalated source"),
+            Err(error) => {
+                self.gauges.block_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(%cidr, %error, "cannot block an escalated source");
+            }
         }
         if local && let Some(fleet) = self.escalation.as_ref().and_then(|e| e.fleet.clone()) {
             tokio::spawn(async move {
@@ -388,7 +391,10 @@ impl Agent {
                 rejected: gauges.reloads_rejected.load(Ordering::Relaxed),
                 last_unix: gauges.last_reload_unix.load(Ordering::Relaxed),
             },
-            escalation: EscalationStats { blocks_refused: gauges.blocks_refused.load(Ordering::Relaxed) },
+            escalation: EscalationStats {
+                blocks_refused: gauges.blocks_refused.load(Ordering::Relaxed),
+                block_failures: gauges.block_failures.load(Ordering::Relaxed),
+            },
             proxy: self.proxy.as_ref().map(|p| p.proxy.stats()),
         }
     }

@@ -320,12 +320,12 @@ mod tests {
             agent: AgentStatus {
                 running: true,
                 reloads: Some(Reloads { ok: 2, rejected: 1, last_unix: 1_700_000_000 }),
-                escalation: Some(EscalationStats { blocks_refused: 0 }),
+                escalation: Some(EscalationStats { blocks_refused: 0, block_failures: 0 }),
             },
         };
         assert_eq!(
             json(&running, false).expect("json"),
-            r#"{"agent":{"escalation":{"blocks_refused":0},"reloads":{"last_unix":1700000000,"ok":2,"rejected":1},"running":true},"proxy":null,"xdp":null}"#
+            r#"{"agent":{"escalation":{"block_failures":0,"blocks_refused":0},"reloads":{"last_unix":1700000000,"ok":2,"rejected":1},"running":true},"proxy":null,"xdp":null}"#
         );
     }
 }

@@ -40,21 +40,28 @@ mod tunnel;
 use std::{
     net::{IpAddr, SocketAddr},
     num::NonZeroUsize,
-    sync::Arc,
+    panic::AssertUnwindSafe,
+    sync::{Arc, mpsc::SyncSender},
+    time::{Duration, Instant},
 };
 
-use tokio::{net::TcpListener, sync::watch};
+use tokio::{net::TcpListener, runtime::Runtime, sync::watch};
 
 use limiter_core::{Clock, SystemClock};
 
 pub(crate) use self::heavy::ClientRow;
-use self::pipeline::Pipeline;
 pub use self::{
     error::ProxyError,
     gates::{GateKind, Shed},
     stats::{DECISION_BUCKETS, DecisionHistogram, ProxyStats, QUEUE_WAIT_BUCKETS, ShedCount},
 };
+use self::{pipeline::Pipeline, stats::Event};
 use crate::{config::ProxyConfig, signature::KeySecrets};
+
+/// The shortest time between two replacements of one worker: one that dies again at
+/// once (a panic every connection brings about) is replaced once a second, not in a
+/// loop.
+const REPLACE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Told the TCP peer of every request the proxy forwarded and the upstream answered.
 /// Such a peer completed a handshake, so it owns its address, and sent a request the
@@ -105,53 +112,101 @@ impl<C: Clock + Clone> Proxy<C> {
     /// worker cannot start (those started are stopped again).
     pub fn serve(&self) -> Result<Serving, ProxyError> {
         let (stop, stopped) = watch::channel(false);
-        let mut serving = Serving { stop, finished: Vec::with_capacity(self.workers.get()) };
+        let mut serving = Serving {
+            stop,
+            finished: Vec::with_capacity(self.workers.get()),
+            #[cfg(feature = "test-hooks")]
+            kills: Vec::new(),
+        };
         for worker in 0..self.workers.get() {
             // Dropping `serving` on error stops the workers already started.
-            serving.finished.push(self.start_worker(worker, stopped.clone())?);
+            self.start_worker(worker, &mut serving, stopped.clone())?;
         }
         Ok(serving)
     }
 
     /// Starts worker `worker` on a thread of its own, serving until `stopped` turns
-    /// true, and returns once it listens; the receiver returned is closed once it has
-    /// drained.
+    /// true, and returns once it listens; `serving` gets a receiver that is closed
+    /// once it has drained.
+    ///
+    /// A worker that dies (a panic, which only a bug brings about) is counted, logged
+    /// and replaced on the same thread, listening on the same socket: the connections
+    /// it served are cut, no other is refused, and the limits keep their state. Were
+    /// the agent to exit instead, every connection would be refused until it was
+    /// restarted, and every in-memory limit would start over.
     fn start_worker(
         &self,
         worker: usize,
-        mut stopped: watch::Receiver<bool>,
-    ) -> Result<tokio::sync::oneshot::Receiver<()>, ProxyError> {
+        serving: &mut Serving,
+        stopped: watch::Receiver<bool>,
+    ) -> Result<(), ProxyError> {
         let failed = |source| ProxyError::Worker { worker, source };
         let listener = self.listener.try_clone().map_err(failed)?;
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(failed)?;
+        let mut runtime = worker_runtime().map_err(failed)?;
         let pipeline = Arc::clone(&self.pipeline);
         let (done, finished) = tokio::sync::oneshot::channel::<()>();
         let (listening, listens) = std::sync::mpsc::sync_channel(1);
+        #[cfg(feature = "test-hooks")]
+        let kill = Arc::<tokio::sync::Notify>::default();
+        #[cfg(feature = "test-hooks")]
+        serving.kills.push(Arc::clone(&kill));
         std::thread::Builder::new()
             .name(format!("proxy-{worker}"))
             .spawn(move || {
-                runtime.block_on(async {
-                    // Registered with this thread's runtime, which must be running.
-                    let listener = match TcpListener::from_std(listener) {
-                        Ok(listener) => listener,
-                        Err(error) => {
-                            let _ = listening.send(Err(error));
-                            return;
-                        }
-                    };
-                    let _ = listening.send(Ok(()));
-                    let shutdown = async move {
-                        let _ = stopped.wait_for(|stop| *stop).await;
-                    };
-                    server::serve(&listener, &pipeline, shutdown).await;
-                });
+                let mut listening = Some(listening);
+                let mut died_at: Option<Instant> = None;
+                loop {
+                    let life = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        let mut stopped = stopped.clone();
+                        let shutdown = async move {
+                            let _ = stopped.wait_for(|stop| *stop).await;
+                        };
+                        #[cfg(feature = "test-hooks")]
+                        let shutdown = async {
+                            tokio::select! {
+                                () = shutdown => {}
+                                () = kill.notified() => panic!("proxy worker killed by a test"),
+                            }
+                        };
+                        live(&runtime, &listener, &pipeline, shutdown, listening.take());
+                    }));
+                    let Err(panic) = life else { break };
+                    if *stopped.borrow() {
+                        break;
+                    }
+                    // The dead one's runtime may hold tasks left mid-poll: the next
+                    // life gets a new one, and dropping the old one closes the
+                    // connections it served before the death is counted.
+                    let replaced = worker_runtime().map(|new| runtime = new);
+                    let message = panic
+                        .downcast_ref::<&str>()
+                        .copied()
+                        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+                        .unwrap_or("(no message)");
+                    if let Err(error) = replaced {
+                        tracing::error!(worker, panic = message, %error, "proxy worker died and cannot be replaced");
+                        break;
+                    }
+                    pipeline.count(Event::WorkerReplaced);
+                    tracing::error!(worker, panic = message, "proxy worker died, its connections cut; replacing it");
+                    if died_at.is_some_and(|at| at.elapsed() < REPLACE_INTERVAL) {
+                        let mut stopped = stopped.clone();
+                        runtime.block_on(async {
+                            let _ = tokio::time::timeout(REPLACE_INTERVAL, stopped.wait_for(|stop| *stop)).await;
+                        });
+                    }
+                    died_at = Some(Instant::now());
+                }
                 drop(done);
             })
             .map_err(failed)?;
         // A moment's wait at start, so that a worker that cannot listen is an error
         // of the start rather than a thread gone quietly.
         match listens.recv() {
-            Ok(Ok(())) => Ok(finished),
+            Ok(Ok(())) => {
+                serving.finished.push(finished);
+                Ok(())
+            }
             Ok(Err(error)) => Err(failed(error)),
             Err(_) => Err(failed(std::io::Error::other("the worker ended before it listened"))),
         }
@@ -209,12 +264,56 @@ impl<C: Clock + Clone> Proxy<C> {
     }
 }
 
+/// One runtime per worker: a connection and its upstream requests stay on it.
+fn worker_runtime() -> std::io::Result<Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build()
+}
+
+/// One life of a worker: serves from its own descriptor of `listener` on `runtime`
+/// until `shutdown`; the first life tells `listening` whether it listens.
+fn live<C: Clock + Clone>(
+    runtime: &Runtime,
+    listener: &std::net::TcpListener,
+    pipeline: &Arc<Pipeline<C>>,
+    shutdown: impl Future<Output = ()>,
+    listening: Option<SyncSender<std::io::Result<()>>>,
+) {
+    runtime.block_on(async {
+        // Registered with this thread's runtime, which must be running.
+        let listener = match listener.try_clone().and_then(TcpListener::from_std) {
+            Ok(listener) => listener,
+            Err(error) => {
+                match listening {
+                    Some(listening) => drop(listening.send(Err(error))),
+                    None => tracing::error!(%error, "a replaced proxy worker cannot listen"),
+                }
+                return;
+            }
+        };
+        if let Some(listening) = listening {
+            let _ = listening.send(Ok(()));
+        }
+        server::serve(&listener, pipeline, shutdown).await;
+    });
+}
+
 /// A proxy's running workers.
 #[derive(Debug)]
 pub struct Serving {
     stop: watch::Sender<bool>,
     /// One per worker, closed once it has drained.
     finished: Vec<tokio::sync::oneshot::Receiver<()>>,
+    /// One per worker: makes its life end in a panic.
+    #[cfg(feature = "test-hooks")]
+    kills: Vec<Arc<tokio::sync::Notify>>,
+}
+
+#[cfg(feature = "test-hooks")]
+impl Serving {
+    /// Kills worker `worker` as a bug would: a panic in its accept loop.
+    pub fn kill_worker(&self, worker: usize) {
+        self.kills[worker].notify_one();
+    }
 }
 
 impl Serving {

@@ -72,6 +72,8 @@ pub(super) enum Event {
     Refunded,
     /// A request with a valid proof refused (403).
     Forbidden(Forbidden),
+    /// A worker died (a panic) and was replaced.
+    WorkerReplaced,
 }
 
 /// Why a request that proved its key was refused with 403: the label values of
@@ -123,6 +125,7 @@ pub(super) struct Counters {
     in_flight_refused: AtomicU64,
     upstream_busy: AtomicU64,
     refunded: AtomicU64,
+    workers_replaced: AtomicU64,
     /// By [`Forbidden::ALL`].
     forbidden: [AtomicU64; Forbidden::ALL.len()],
     jwt_failures: [AtomicU64; JwtFailure::ALL.len()],
@@ -226,6 +229,7 @@ impl Counters {
             Event::InFlightRefused => &self.in_flight_refused,
             Event::UpstreamBusy => &self.upstream_busy,
             Event::Refunded => &self.refunded,
+            Event::WorkerReplaced => &self.workers_replaced,
             Event::Forbidden(reason) => {
                 add_by(&Forbidden::ALL, &self.forbidden, reason);
                 return;
@@ -299,6 +303,7 @@ impl Counters {
             forbidden: forbidden.values().sum(),
             forbidden_reasons: forbidden,
             refunded: load(&self.refunded),
+            workers_replaced: load(&self.workers_replaced),
             tracked_keys: u64::try_from(tracked_keys).unwrap_or(u64::MAX),
             decision_seconds: DecisionHistogram {
                 counts: self.decision_seconds.iter().map(load).collect(),
@@ -433,6 +438,10 @@ pub struct ProxyStats {
     /// one the rules do not count.
     #[serde(default)]
     pub refunded: u64,
+    /// Workers that died (a panic) and were replaced; the connections each served
+    /// were cut.
+    #[serde(default)]
+    pub workers_replaced: u64,
     /// Requests that proved their key (a signature, a bearer key) refused with 403;
     /// none was forwarded or charged to a quota.
     #[serde(default)]

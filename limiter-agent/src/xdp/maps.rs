@@ -27,6 +27,9 @@ use crate::config::{
     xdp::{CidrAction, CidrRule, MalformedAction, PacketLimit, SynPorts, XdpConfig},
 };
 
+/// The shortest time between two walks of a full block trie for room.
+const PRUNE_INTERVAL_NS: u64 = 1_000_000_000;
+
 /// The program's maps, opened from a loaded program or from their pins.
 pub struct KernelMaps {
     sources: HashMap<MapData, SourceKey, SourceState>,
@@ -43,6 +46,10 @@ pub struct KernelMaps {
     aggregates: HashMap<MapData, SourceKey, SourceState>,
     aggregates_capacity: u32,
     pub(super) verified: VerifiedMap,
+    /// When an insert last found a block trie full and walked it for lapsed blocks
+    /// (monotonic ns): a trie full of blocks in force is walked once per
+    /// [`PRUNE_INTERVAL_NS`], not at each insert.
+    blocks_pruned_at_ns: Option<u64>,
 }
 
 impl std::fmt::Debug for KernelMaps {
@@ -103,6 +110,7 @@ impl KernelMaps {
             aggregates: aggregates.try_into().map_err(map_error(names::AGGREGATES))?,
             aggregates_capacity,
             verified: VerifiedMap::new(map(names::VERIFIED)?)?,
+            blocks_pruned_at_ns: None,
         })
     }
 
@@ -195,7 +203,18 @@ impl KernelMaps {
         let block = Block { expires_at_ns };
         let slot = self.blocks.slot(cidr);
         self.set_occupied(slot, true)?;
-        self.blocks.insert(cidr, block)?;
+        if let Err(error) = self.blocks.insert(cidr, block) {
+            // Lapsed blocks stay in the trie until someone reads it: a full one makes
+            // room with them first.
+            let now = monotonic_now_ns();
+            let pruned_lately = self.blocks_pruned_at_ns.is_some_and(|at| now.saturating_sub(at) < PRUNE_INTERVAL_NS);
+            if !is_full(&error) || pruned_lately {
+                return Err(error);
+            }
+            self.blocks_pruned_at_ns = Some(now);
+            self.blocks()?;
+            self.blocks.insert(cidr, block)?;
+        }
         // Again after the insert: a concurrent `settle_block_flag` may have cleared
         // the flag between ours and the insert.
         self.set_occupied(slot, true)
@@ -345,6 +364,12 @@ pub(crate) fn settings_for(config: &XdpConfig, syn_ports: &SynPorts, tick_ns: u6
         aggregate_ipv6_prefix: config.aggregate.ipv6_prefix.0,
         reserved: [0; 6],
     }
+}
+
+/// Whether an insert failed because its LPM trie is at capacity (the kernel's ENOSPC).
+fn is_full(error: &XdpError) -> bool {
+    matches!(error, XdpError::Map { source: aya::maps::MapError::SyscallError(call), .. }
+        if call.io_error.raw_os_error() == Some(libc::ENOSPC))
 }
 
 fn policy_of(rule: &CidrRule) -> CidrPolicy {

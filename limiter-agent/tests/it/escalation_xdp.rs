@@ -3,9 +3,13 @@
 
 use std::{
     io::{Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     time::{Duration, Instant},
 };
+
+use ipnet::IpNet;
+use limiter::xdp::KernelMaps;
+use limiter_common::maps::MAX_BLOCKS;
 
 use limiter_lab::{
     netns::{VethNamespace, in_namespace},
@@ -102,6 +106,13 @@ block_ttl = "{ttl}ms"
             reply.split(' ').nth(1)?.parse().ok()
         })
         .expect("enter namespace")
+    }
+
+    /// Whether the client's handshake with the proxy completes: not once the kernel
+    /// layer drops its packets, while the proxy accepts it to close it at once.
+    fn connects(&self) -> bool {
+        in_namespace(&self.lab.ns, || TcpStream::connect_timeout(&self.proxy, Duration::from_secs(1)).is_ok())
+            .expect("enter namespace")
     }
 
     /// Whether `limiter stats` shows a block for `cidr`.
@@ -236,6 +247,58 @@ action = "allow"
             .and_then(|block| block["expires_in_secs"].as_u64());
         assert!(expires_in.is_some_and(|secs| secs <= BLOCK_TTL.as_secs()), "a forged TTL of a year: {stats}");
         assert_eq!(site.get(), Some(200), "the client still reaches the proxy");
+    })
+    .await
+    .expect("test thread");
+}
+
+/// An agent (limits in memory) whose IPv4 runtime-block trie is full, with one block
+/// for `ttl` per address of 198.18.0.0/16 (the benchmarking range, no test's
+/// address), and whose client then crosses the escalation threshold.
+fn escalate_into_a_full_trie(subnet: u8, upstream: SocketAddr, ttl: Duration) -> Site {
+    let site = Site::start(subnet, "", upstream);
+    let mut maps = KernelMaps::open_pinned(&site.agent.pin_dir).expect("the agent's pinned maps");
+    let first = u32::from(Ipv4Addr::new(198, 18, 0, 0));
+    for n in 0..MAX_BLOCKS {
+        maps.block(IpNet::from(IpAddr::from(Ipv4Addr::from(first + n))), Some(ttl)).expect("room for one more block");
+    }
+    let statuses: Vec<Option<u16>> = (0..6).map(|_| site.get()).collect();
+    assert_eq!(statuses, [Some(200), Some(200), Some(429), Some(429), Some(429), Some(429)]);
+    site
+}
+
+/// A lapsed block stops dropping at once but keeps its place in the trie until it is
+/// read: an escalation that finds the trie full of them used to fail, and the source
+/// it meant to block went on reaching the proxy. It now makes room first.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_escalation_that_finds_the_block_trie_full_makes_room_from_lapsed_blocks() {
+    let upstream = Upstream::start().await;
+    let upstream_addr = upstream.addr;
+    tokio::task::spawn_blocking(move || {
+        let site = escalate_into_a_full_trie(13, upstream_addr, Duration::from_nanos(1));
+        site.agent.until("the kernel layer to drop the client", || site.connects(), |connects| !connects);
+        let stats = site.agent.cli_json(&["stats", "--json"]);
+        assert_eq!(stats["agent"]["escalation"]["block_failures"], 0, "{stats}");
+        let blocks: Vec<&serde_json::Value> =
+            stats["xdp"]["blocks"].as_array().expect("blocks").iter().map(|block| &block["cidr"]).collect();
+        assert_eq!(blocks, [&serde_json::json!(format!("{}/32", site.client))], "only the client's is in force");
+    })
+    .await
+    .expect("test thread");
+}
+
+/// A trie full of blocks in force (a distributed attack of more sources than it
+/// holds) has no room: the failed block is counted, and the proxy still refuses the
+/// source's connections itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_escalation_that_finds_the_block_trie_full_of_blocks_in_force_is_counted() {
+    let upstream = Upstream::start().await;
+    let upstream_addr = upstream.addr;
+    tokio::task::spawn_blocking(move || {
+        let site = escalate_into_a_full_trie(14, upstream_addr, Duration::from_secs(3600));
+        site.agent.stats_until("the failed block counted", |stats| stats["agent"]["escalation"]["block_failures"] == 1);
+        assert!(site.connects(), "the kernel layer lets the client through: {}", site.agent.log());
+        assert_eq!(site.get(), None, "the proxy closes the blocked client's connections");
     })
     .await
     .expect("test thread");

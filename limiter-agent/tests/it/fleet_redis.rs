@@ -344,6 +344,83 @@ async fn redis_down_with_local_fallback_each_agent_enforces_its_share() {
     }
 }
 
+/// How long the proxies of [`hang`] wait for Redis: short, as a hang is waited out.
+const HANG_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A 1000-a-minute rule per address: never refused here, so that `local` forwards
+/// every request it decides.
+const ROOMY: &str = "[[proxy.rules]]\nname = \"roomy\"\nkey = \"ip\"\nlimit = 1000\nwindow = \"1m\"\n";
+
+/// A Redis that hangs (SIGSTOP: it keeps its connections and accepts new ones but
+/// answers nothing) rather than dies: each decision waits at most `redis_timeout`,
+/// the breaker opens after three failures and then answers at once, `store_failure`
+/// decides meanwhile, and limits resume by themselves once it answers again.
+async fn hang(store_failure: &str, during: StatusCode) {
+    let redis = TestRedis::private();
+    let keys = redis_keys(&redis, &unique_prefix("hang"), store_failure)
+        .replace(&format!("{}ms", REDIS_TIMEOUT.as_millis()), &format!("{}ms", HANG_TIMEOUT.as_millis()));
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{keys}{ROOMY}"), upstream.addr).await;
+    let client = TestClient::default();
+    let url = proxy.url("/");
+    let first = client.get(&url, &[]).await;
+    assert!(first.status == StatusCode::OK && decided_in_redis(&first), "{store_failure}: decided in Redis");
+
+    redis.pause();
+    let mut replies = Vec::new();
+    // Three decisions in a row that find no answer open the breaker, whatever the
+    // heartbeat's own calls add to them.
+    for _ in 0..3 {
+        replies.push(client.get(&url, &[]).await);
+    }
+    proxy.stats_until("the breaker open", |stats| !stats.store_reachable).await;
+    assert!(
+        replies[0].elapsed >= HANG_TIMEOUT * 9 / 10,
+        "{store_failure}: the first decision waits for Redis, took {:?}",
+        replies[0].elapsed
+    );
+    // Open, it lets one call in each backoff through to probe the server (which waits
+    // the timeout too), and answers every other at once.
+    let answered_at_once = |reply: &Reply| reply.elapsed < HANG_TIMEOUT / 2;
+    while !replies[3..].iter().any(answered_at_once) {
+        assert!(replies.len() < 20, "{store_failure}: the open breaker still waits for Redis");
+        replies.push(client.get(&url, &[]).await);
+    }
+    for (i, reply) in replies.iter().enumerate() {
+        assert_eq!(reply.status, during, "{store_failure}: request {i} while Redis hangs");
+        // Local limits name their policies as Redis' do; the counts tell them apart.
+        let named = decided_in_redis(reply);
+        assert!(store_failure == "local" || !named, "{store_failure}: request {i} names a policy while Redis hangs");
+        let most = HANG_TIMEOUT + Duration::from_secs(1);
+        assert!(reply.elapsed < most, "{store_failure}: request {i} took {:?}", reply.elapsed);
+    }
+    let hung = u64::try_from(replies.len()).expect("count");
+    let local = if store_failure == "local" { hung } else { 0 };
+    proxy
+        .stats_until("every decision without Redis counted", |stats| {
+            (stats.store_failures, stats.local_decisions) == (hung, local)
+        })
+        .await;
+
+    // The heartbeat's probe finds it answering again, with no request to notice.
+    redis.resume();
+    proxy.stats_until("the outage ends without requests", |stats| stats.store_reachable).await;
+    let reply = client.get(&url, &[]).await;
+    assert!(reply.status == StatusCode::OK && decided_in_redis(&reply), "{store_failure}: decided in Redis again");
+    assert!(reply.elapsed < HANG_TIMEOUT, "{store_failure}: answered without waiting, took {:?}", reply.elapsed);
+    assert_eq!(proxy.proxy.stats().store_failures, hung, "{store_failure}: no failure once Redis answers");
+}
+
+#[tokio::test]
+async fn a_hanging_redis_is_waited_out_and_each_agent_decides_locally_until_it_answers() {
+    hang("local", StatusCode::OK).await;
+}
+
+#[tokio::test]
+async fn a_hanging_redis_is_waited_out_and_decisions_are_denied_until_it_answers() {
+    hang("deny", StatusCode::SERVICE_UNAVAILABLE).await;
+}
+
 /// Rejections are counted fleet-wide: a client refused twice by each of two agents
 /// crosses a threshold of 3 that neither agent alone would see it cross.
 #[tokio::test]

@@ -1,7 +1,11 @@
 //! What the operator sees of the proxy's decisions: counts by rule and plan, and the
 //! sampled decision log, through real sockets.
 
-use std::time::Duration;
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
 use http::{Method, StatusCode};
 use limiter::signature::KeySecrets;
@@ -107,6 +111,81 @@ async fn decisions_are_counted_by_rule_and_plan_and_a_sample_is_logged_without_k
     }
     assert_eq!(lines(&log, 6).await.len(), 6);
     let _ = std::fs::remove_file(&log);
+}
+
+/// A tmpfs of `bytes`, mounted for one test and unmounted when it ends: a disk that
+/// fills up for real, midway through a line.
+struct Tmpfs {
+    dir: PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(bytes: usize) -> Self {
+        let dir = std::env::temp_dir().join(unique("tmpfs"));
+        std::fs::create_dir(&dir).expect("mount point");
+        let size = format!("size={bytes}");
+        let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", &size, "limiter-test"]).arg(&dir).status();
+        assert!(mounted.expect("mount").success(), "mount a tmpfs on {}", dir.display());
+        Self { dir }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazily: the proxy's writer may still hold the log open as it winds down.
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The text of the decision log, asserted to be whole JSON lines, and their count.
+fn whole_lines(path: &Path) -> usize {
+    let text = std::fs::read_to_string(path).expect("the decision log");
+    let tail = &text[text.len().saturating_sub(120)..];
+    assert!(text.is_empty() || text.ends_with('\n'), "the log ends in half a line: …{tail:?}");
+    for line in text.lines() {
+        serde_json::from_str::<serde_json::Value>(line).unwrap_or_else(|_| panic!("half a JSON line: {line:?}"));
+    }
+    text.lines().count()
+}
+
+/// A full disk costs the log its lines, never a request: they are counted as dropped,
+/// the file keeps only whole lines (the one the disk cut off midway is cut back), and
+/// once there is room again lines are written again.
+#[tokio::test]
+async fn a_full_disk_drops_whole_lines_and_never_a_request() {
+    const PAGE: usize = 4096;
+    let disk = Tmpfs::mount(4 * PAGE);
+    // The log gets one page: about 20 lines, the last of them cut by the disk.
+    let filler = disk.dir.join("filler");
+    std::fs::write(&filler, vec![0u8; 3 * PAGE]).expect("fill the disk");
+    let log = disk.dir.join("decisions.jsonl");
+    let rule = "[[proxy.rules]]\nname = \"items\"\npath = \"/items\"\nkey = \"ip\"\nlimit = 1000\nwindow = \"1m\"\n";
+    let text = format!("{PROXY_HEAD}decision_log = {{ path = \"{}\" }}\n{rule}", log.display());
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&text, upstream.addr).await;
+    let client = TestClient::default();
+
+    const REQUESTS: u64 = 60;
+    for _ in 0..REQUESTS {
+        assert_eq!(client.request(Method::GET, &proxy.url("/items"), &[], b"").await.status, StatusCode::OK);
+    }
+    let stats = proxy
+        .stats_until("every line written or dropped", |stats| {
+            stats.decision_log_written + stats.decision_log_dropped == REQUESTS
+        })
+        .await;
+    assert!(stats.decision_log_dropped > 0 && stats.decision_log_written > 0, "{stats:?}");
+    assert_eq!(whole_lines(&log) as u64, stats.decision_log_written);
+
+    // Room again: the next lines are written, after the whole ones.
+    std::fs::remove_file(&filler).expect("free the disk");
+    for _ in 0..5 {
+        assert_eq!(client.request(Method::GET, &proxy.url("/items"), &[], b"").await.status, StatusCode::OK);
+    }
+    let written = stats.decision_log_written + 5;
+    proxy.stats_until("the 5 lines written", |now| now.decision_log_written == written).await;
+    assert_eq!(whole_lines(&log) as u64, written);
 }
 
 /// A body-keyed rule's lines say what it keys by, never the username: the log is for

@@ -317,3 +317,23 @@ async fn a_repeated_or_contradicted_host_is_refused_with_400() {
     assert_eq!(status_line(&response), "HTTP/1.1 200 OK", "the same host in another case: {response}");
     assert_eq!(upstream.seen()[0].headers.get_all("host").iter().count(), 1);
 }
+
+/// A worker that died (a panic in its accept loop: a bug) used to leave the proxy
+/// with one worker fewer, silently, and with one worker none at all. It is counted,
+/// logged and replaced on the same socket; one that dies again at once is replaced
+/// too, a moment later.
+#[tokio::test]
+async fn a_worker_that_dies_is_counted_and_replaced() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}workers = 1\n"), upstream.addr).await;
+    let client = TestClient::default();
+    let url = proxy.url("/");
+    // A connection of its own for each request: the dead worker's are cut.
+    let close = [("connection", "close")];
+    assert_eq!(client.get(&url, &close).await.status, StatusCode::OK);
+    for deaths in 1..=2 {
+        proxy.kill_worker(0);
+        proxy.stats_until("the dead worker counted", |stats| stats.workers_replaced == deaths).await;
+        assert_eq!(client.get(&url, &close).await.status, StatusCode::OK, "served after death {deaths}");
+    }
+}

@@ -316,6 +316,12 @@ impl RunningProxy {
         until_async(what, || self.proxy.stats(), done).await
     }
 
+    /// Kills worker `worker` (of `proxy.workers`) as a bug would: a panic in its
+    /// accept loop.
+    pub fn kill_worker(&self, worker: usize) {
+        self.serving.kill_worker(worker);
+    }
+
     /// Asks the proxy to stop and waits until its workers have drained.
     pub async fn shutdown(self) {
         tokio::time::timeout(PATIENCE, self.serving.stop()).await.expect("proxy did not drain in time");
