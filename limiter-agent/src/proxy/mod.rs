@@ -197,6 +197,9 @@ impl<C: Clock + Clone> Proxy<C> {
                     }
                     died_at = Some(Instant::now());
                 }
+                // Before the drain is reported: while this descriptor stays open the
+                // kernel still completes handshakes on the socket.
+                drop(listener);
                 drop(done);
             })
             .map_err(failed)?;
