@@ -447,11 +447,13 @@ impl TestSentinel {
         replica_args.extend(["--replicaof".to_owned(), "127.0.0.1".to_owned(), master.to_string()]);
         servers.start(&redis_server(), replica, &replica_args);
         let config = dir.join("sentinel.conf");
+        // A master silent for 3 s is down: with 500 ms, a master descheduled that long
+        // on a loaded machine was failed over in the middle of a test's first requests.
         std::fs::write(
             &config,
             format!(
                 "port {sentinel}\nbind 127.0.0.1\ndir {}\nsentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master} 1\n\
-                 sentinel down-after-milliseconds {SENTINEL_MASTER} 500\nsentinel failover-timeout {SENTINEL_MASTER} 2000\n",
+                 sentinel down-after-milliseconds {SENTINEL_MASTER} 3000\nsentinel failover-timeout {SENTINEL_MASTER} 2000\n",
                 dir.display()
             ),
         )
