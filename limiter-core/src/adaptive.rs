@@ -105,6 +105,26 @@ impl Settings {
         self.algorithm
     }
 
+    #[must_use]
+    pub fn min_limit(&self) -> u32 {
+        self.min_limit
+    }
+
+    #[must_use]
+    pub fn max_limit(&self) -> u32 {
+        self.max_limit
+    }
+
+    #[must_use]
+    pub fn initial_limit(&self) -> u32 {
+        self.initial_limit
+    }
+
+    #[must_use]
+    pub fn tolerance(&self) -> f64 {
+        self.tolerance
+    }
+
     fn clamp(&self, limit: f64) -> f64 {
         limit.clamp(f64::from(self.min_limit), f64::from(self.max_limit))
     }
