@@ -391,6 +391,10 @@ fn render_gates(out: &mut String, stats: &ProxyStats) {
     let _ = writeln!(out, "limiter_proxy_upstream_inflight {}", stats.upstream_inflight);
     family(out, "limiter_proxy_upstream_queue_depth", "gauge", "Requests waiting under [proxy.upstream_capacity].");
     let _ = writeln!(out, "limiter_proxy_upstream_queue_depth {}", stats.upstream_queued);
+    if let Some(adaptive) = &stats.adaptive {
+        family(out, "limiter_proxy_adaptive_limit", "gauge", "The upstream's limit in flight under [proxy.adaptive].");
+        let _ = writeln!(out, "limiter_proxy_adaptive_limit {}", adaptive.limit);
+    }
 }
 
 /// Scrapers connected at once; Prometheus keeps one. A new one takes the place of

@@ -9,6 +9,7 @@
 //! The agent binds a [`Proxy`], runs it until shutdown (in-flight requests drain),
 //! swaps its config on reload and reads its [`ProxyStats`].
 
+mod adaptive;
 mod blame;
 mod body;
 mod bounded;
@@ -52,7 +53,7 @@ use self::pipeline::Pipeline;
 pub use self::{
     error::ProxyError,
     gates::{GateKind, Shed},
-    stats::{DECISION_BUCKETS, DecisionHistogram, ProxyStats, QUEUE_WAIT_BUCKETS, ShedCount},
+    stats::{AdaptiveStats, DECISION_BUCKETS, DecisionHistogram, ProxyStats, QUEUE_WAIT_BUCKETS, ShedCount},
 };
 use crate::{config::ProxyConfig, signature::KeySecrets};
 
