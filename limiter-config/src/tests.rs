@@ -1054,7 +1054,10 @@ fn adaptive_has_defaults_replaces_a_fixed_concurrency_and_names_its_mistakes() {
     assert_eq!(adaptive_config.losses, vec![StatusMatch::Class(5), StatusMatch::Timeout]);
     assert_eq!(adaptive_config.shares.get("keyless"), Some(&0.1));
     let timeout = crate::units::HumanDuration(Duration::from_secs(1));
-    assert_eq!(proxy.upstream_capacity, Some(UpstreamCapacity { concurrency: None, queue: 50, queue_timeout: timeout }));
+    assert_eq!(
+        proxy.upstream_capacity,
+        Some(UpstreamCapacity { concurrency: None, queue: 50, queue_timeout: timeout })
+    );
     let written = "[proxy.adaptive]\nalgorithm = \"aimd\"\nmin_limit = 2\nmax_limit = 40\ninitial_limit = 4\n\
                    tolerance = 2.0\nlosses = [\"503\", 429, \"timeout\"]\n";
     let adaptive_config = parse(&format!("{PROXY}{written}")).expect("written").proxy.expect("proxy").adaptive;

@@ -311,7 +311,8 @@ mod tests {
         });
         let table = render(&with_proxy, None, 0.0);
         assert!(
-            table.ends_with("  adaptive                     limit 17 · latency 31.2 ms · baseline 20.0 ms · shedding\n"),
+            table
+                .ends_with("  adaptive                     limit 17 · latency 31.2 ms · baseline 20.0 ms · shedding\n"),
             "{table}"
         );
         let mut without_proxy = report(5);

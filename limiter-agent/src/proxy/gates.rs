@@ -301,8 +301,7 @@ impl<K: GateKey> Gates<K> {
             let mut state = self.lock();
             state.arrivals += 1;
             let place = (priority, state.arrivals);
-            let entry =
-                state.entries.entry(key.clone()).or_insert_with(|| Entry::new(bounds, Arc::clone(shares)));
+            let entry = state.entries.entry(key.clone()).or_insert_with(|| Entry::new(bounds, Arc::clone(shares)));
             if entry.in_flight < entry.bounds.limit && entry.waiting.is_empty() {
                 let depth = entry.take(class);
                 drop(state);
@@ -477,7 +476,11 @@ mod tests {
         Box::pin(async move { enter(&gates, bounds, priority).await })
     }
 
-    async fn enter(gates: &Arc<Gates<&'static str>>, bounds: GateBounds, priority: u8) -> Result<Unit<&'static str>, Shed> {
+    async fn enter(
+        gates: &Arc<Gates<&'static str>>,
+        bounds: GateBounds,
+        priority: u8,
+    ) -> Result<Unit<&'static str>, Shed> {
         gates.enter("k", (bounds, &ShareTable::default()), priority, &Class::from("free")).await
     }
 

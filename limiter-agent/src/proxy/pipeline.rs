@@ -33,6 +33,7 @@ use tokio::sync::Semaphore;
 
 use super::{
     ServedHook,
+    adaptive::Adaptive,
     blame::{self, Blame, Initiator},
     body::{self, BodyRefused, Guarded, ProxyBody, TimedBody, full_body},
     buffered::{self, Caps, ConnectionBuffered, Metered, Reservation},
@@ -41,7 +42,6 @@ use super::{
     error::ProxyError,
     exchange::{Exchange, Proof},
     forward::{Origin, Upstream, UpstreamUpgrade},
-    adaptive::Adaptive,
     gates::{Class, Gate, GateBounds, GateKind, Gates, Held, NO_SHARES, ShareTable, Shed},
     headers::{self, ConcurrencyStatus},
     heavy::{Client, ClientRow, HeavyClients},
@@ -312,6 +312,10 @@ impl<C: Clock + Clone> Pipeline<C> {
         for gate in &mut explained.limits.gates {
             let (inflight, queued) = self.gates.of(&Gate::Rule { rule: gate.rule.clone(), key: gate.key.clone() });
             (gate.inflight, gate.queued) = (Some(inflight), Some(queued));
+        }
+        if let Some(adaptive) = self.adaptive.stats() {
+            let (inflight, queued) = self.gates.of(&Gate::Upstream);
+            explained.adaptive = Some(super::explain::AdaptiveNow { limit: adaptive.limit, inflight, queued });
         }
         Ok(explained)
     }

@@ -9,6 +9,7 @@ mod explain;
 mod fleet_redis;
 mod fleet_topologies;
 mod kernel;
+mod proxy_adaptive;
 mod proxy_bodies;
 mod proxy_body_keys;
 mod proxy_bounds;
