@@ -875,6 +875,9 @@ pub struct AdaptiveConfig {
     /// `[proxy.adaptive.shares]`: by plan name (or `keyless`), the part of the limit
     /// its requests are guaranteed; checked against the plans with the whole config.
     pub shares: BTreeMap<String, f64>,
+    /// `[proxy.adaptive.kernel] tighten_new_sources`: what `[xdp.new_sources]` is
+    /// scaled by while the upstream has been shedding for a while; `None`: kept.
+    pub tighten_new_sources: Option<f64>,
 }
 
 /// The class of `[proxy.adaptive.shares]` that requests proving no key are in.
@@ -906,6 +909,14 @@ struct RawAdaptive {
     losses: Option<Vec<RawStatus>>,
     #[serde(default)]
     shares: BTreeMap<String, f64>,
+    kernel: Option<RawAdaptiveKernel>,
+}
+
+/// `[proxy.adaptive.kernel]` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdaptiveKernel {
+    tighten_new_sources: f64,
 }
 
 fn default_min_limit() -> u32 {
@@ -939,7 +950,13 @@ impl TryFrom<RawAdaptive> for AdaptiveConfig {
             Some(losses) => count_when::statuses(losses).map_err(|error| format!("losses: {error}"))?,
             None => vec![StatusMatch::Class(5), StatusMatch::Timeout],
         };
-        Ok(Self { settings, losses, shares: raw.shares })
+        let tighten_new_sources = raw.kernel.map(|kernel| kernel.tighten_new_sources);
+        if let Some(factor) = tighten_new_sources
+            && !(factor > 0.0 && factor <= 1.0)
+        {
+            return Err(format!("kernel.tighten_new_sources = {factor} must be more than 0 and at most 1"));
+        }
+        Ok(Self { settings, losses, shares: raw.shares, tighten_new_sources })
     }
 }
 

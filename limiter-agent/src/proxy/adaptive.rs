@@ -5,7 +5,9 @@
 //! guaranteed share of it.
 //!
 //! Shedding is the upstream gate refusing requests: it lasts while each refusal comes
-//! within [`SHEDDING_GAP`] of the one before.
+//! within [`SHEDDING_GAP`] of the one before. Shedding for [`TIGHTEN_AFTER`] asks the
+//! kernel's new-source budget to be scaled by `tighten_new_sources`, until
+//! [`RESTORE_AFTER`] has passed without a refusal.
 
 use std::{
     sync::{Arc, Mutex, MutexGuard, PoisonError},
@@ -22,6 +24,12 @@ use crate::config::{count_when::Answer, proxy::AdaptiveConfig};
 /// it has stopped.
 pub(super) const SHEDDING_GAP: Duration = Duration::from_secs(1);
 
+/// Shedding this long tightens the kernel's new-source budget.
+pub(super) const TIGHTEN_AFTER: Duration = Duration::from_secs(10);
+
+/// This long without a refusal restores it.
+pub(super) const RESTORE_AFTER: Duration = Duration::from_secs(10);
+
 /// The limit and what it learnt, with the config it follows.
 #[derive(Debug)]
 struct Running {
@@ -30,6 +38,16 @@ struct Running {
     shares: ShareTable,
     /// When the upstream gate last refused a request.
     last_refusal: Option<Duration>,
+    /// When the shedding under way started.
+    shedding_since: Option<Duration>,
+    /// The kernel's new-source budget is to be tightened.
+    tightened: bool,
+}
+
+impl Running {
+    fn shedding(&self, now: Duration) -> bool {
+        self.last_refusal.is_some_and(|last| now.saturating_sub(last) < SHEDDING_GAP)
+    }
 }
 
 /// The adaptive limit, if `[proxy.adaptive]` is on; it outlives reloads.
@@ -61,19 +79,18 @@ impl Adaptive {
     pub(super) fn reconfigure(&self, config: Option<&AdaptiveConfig>) {
         let now = self.now();
         let mut running = self.lock();
+        let kept = running.take();
         *running = config.map(|config| {
             let shares = Arc::new(config.shares.clone());
-            match running.take() {
-                Some(kept) if kept.config.settings == config.settings => {
-                    Running { config: config.clone(), shares, ..kept }
-                }
-                _ => Running {
-                    config: config.clone(),
-                    controller: Controller::new(config.settings, now),
-                    shares,
-                    last_refusal: None,
-                },
-            }
+            let controller = match &kept {
+                Some(kept) if kept.config.settings == config.settings => kept.controller.clone(),
+                _ => Controller::new(config.settings, now),
+            };
+            // Shedding goes on whatever changed: a reload while tightened stays so.
+            let (last_refusal, shedding_since, tightened) = kept
+                .as_ref()
+                .map_or((None, None, false), |kept| (kept.last_refusal, kept.shedding_since, kept.tightened));
+            Running { config: config.clone(), controller, shares, last_refusal, shedding_since, tightened }
         });
     }
 
@@ -106,8 +123,27 @@ impl Adaptive {
     pub(super) fn refused(&self) {
         let now = self.now();
         if let Some(running) = self.lock().as_mut() {
+            if !running.shedding(now) {
+                running.shedding_since = Some(now);
+            }
             running.last_refusal = Some(now);
         }
+    }
+
+    /// What the kernel's new-source budget is to be scaled by now; `None`: as
+    /// configured. Asked on the agent's ticks.
+    pub(super) fn tightening(&self) -> Option<f64> {
+        let now = self.now();
+        let mut running = self.lock();
+        let running = running.as_mut()?;
+        let factor = running.config.tighten_new_sources?;
+        let shed_for = running.shedding_since.filter(|_| running.shedding(now)).map(|since| now.saturating_sub(since));
+        if shed_for.is_some_and(|shed_for| shed_for >= TIGHTEN_AFTER) {
+            running.tightened = true;
+        } else if running.last_refusal.is_none_or(|last| now.saturating_sub(last) >= RESTORE_AFTER) {
+            running.tightened = false;
+        }
+        running.tightened.then_some(factor)
     }
 
     pub(super) fn stats(&self) -> Option<AdaptiveStats> {
@@ -120,8 +156,85 @@ impl Adaptive {
             limit: controller.limit(),
             latency_ms: controller.latency().map(ms),
             baseline_ms: controller.baseline().map(ms),
-            shedding: running.last_refusal.is_some_and(|last| now.saturating_sub(last) < SHEDDING_GAP),
+            shedding: running.shedding(now),
             probing: controller.probing(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::count_when::StatusMatch;
+    use limiter_core::adaptive::{Algorithm, Settings};
+
+    fn config(min_limit: u32, tighten_new_sources: Option<f64>) -> AdaptiveConfig {
+        AdaptiveConfig {
+            settings: Settings::new(Algorithm::Gradient2, min_limit, 100, 50, 1.5).expect("settings"),
+            losses: vec![StatusMatch::Timeout],
+            shares: [("pro".to_owned(), 0.5)].into(),
+            tighten_new_sources,
+        }
+    }
+
+    /// Refusals every half second for `span`.
+    async fn shed_for(adaptive: &Adaptive, span: Duration) -> Vec<Option<f64>> {
+        let mut seen = Vec::new();
+        let start = Instant::now();
+        while start.elapsed() < span {
+            adaptive.refused();
+            seen.push(adaptive.tightening());
+            tokio::time::advance(Duration::from_millis(500)).await;
+        }
+        seen
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shedding_ten_seconds_tightens_and_ten_without_restores_across_a_reload() {
+        let adaptive = Adaptive::new(Some(&config(8, Some(0.5))));
+        assert_eq!(adaptive.tightening(), None);
+        let seen = shed_for(&adaptive, TIGHTEN_AFTER).await;
+        assert!(seen.iter().all(Option::is_none), "not yet: {seen:?}");
+        assert_eq!(shed_for(&adaptive, Duration::from_millis(500)).await, [Some(0.5)]);
+        assert!(adaptive.stats().expect("stats").shedding);
+        // A reload with new bounds starts the limit again, and stays tightened.
+        adaptive.reconfigure(Some(&config(4, Some(0.5))));
+        assert_eq!(adaptive.tightening(), Some(0.5));
+        tokio::time::advance(RESTORE_AFTER - Duration::from_millis(500)).await;
+        assert_eq!(adaptive.tightening(), Some(0.5), "still within 10 s of the last refusal");
+        assert!(!adaptive.stats().expect("stats").shedding);
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert_eq!(adaptive.tightening(), None, "restored");
+        // A gap of more than a second starts the count again.
+        shed_for(&adaptive, Duration::from_secs(6)).await;
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let seen = shed_for(&adaptive, Duration::from_secs(6)).await;
+        assert!(seen.iter().all(Option::is_none), "{seen:?}");
+        // Without tighten_new_sources nothing is asked.
+        adaptive.reconfigure(Some(&config(4, None)));
+        assert_eq!(adaptive.tightening(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn new_shares_keep_what_the_limit_learnt_and_new_bounds_start_it_again() {
+        let adaptive = Adaptive::new(Some(&config(8, None)));
+        let answer = Answer::Status(http::StatusCode::OK);
+        for _ in 0..5 {
+            tokio::time::advance(Duration::from_millis(150)).await;
+            adaptive.record(1, Duration::from_millis(20), answer);
+        }
+        let learnt = adaptive.stats().expect("stats");
+        assert!(learnt.baseline_ms.is_some());
+        let mut shared = config(8, None);
+        shared.shares = [("pro".to_owned(), 0.2)].into();
+        adaptive.reconfigure(Some(&shared));
+        assert_eq!(adaptive.stats().expect("stats").baseline_ms, learnt.baseline_ms);
+        assert_eq!(adaptive.shares().expect("shares").get("pro"), Some(&0.2));
+        adaptive.reconfigure(Some(&config(4, None)));
+        assert_eq!(adaptive.stats().expect("stats").baseline_ms, None, "a new controller");
+        assert_eq!(adaptive.limit(), Some(50));
+        assert_eq!(adaptive.record(1, Duration::from_millis(20), Answer::Unsent), None, "not a sample");
+        adaptive.reconfigure(None);
+        assert_eq!((adaptive.limit(), adaptive.stats()), (None, None));
     }
 }

@@ -190,6 +190,13 @@ impl<C: Clock + Clone> Proxy<C> {
         self.pipeline.stats()
     }
 
+    /// What the kernel's new-source budget is to be scaled by now: the upstream has
+    /// been shedding long enough (see [`adaptive`]); `None`: as configured.
+    #[must_use]
+    pub fn kernel_tightening(&self) -> Option<f64> {
+        self.pipeline.kernel_tightening()
+    }
+
     /// What each limit's keys have peaked at, and a limit `headroom` above (see
     /// [`crate::limits::Engine::suggest`]).
     #[must_use]

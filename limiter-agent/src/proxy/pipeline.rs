@@ -256,6 +256,10 @@ impl<C: Clock + Clone> Pipeline<C> {
         }
     }
 
+    pub(super) fn kernel_tightening(&self) -> Option<f64> {
+        self.adaptive.tightening()
+    }
+
     /// The upstream gate's bounds and shares: the adaptive limit, or
     /// `[proxy.upstream_capacity] concurrency`, and its queue; `None`: no gate.
     fn upstream_bounds(&self, config: &ProxyConfig) -> Option<(GateBounds, ShareTable)> {

@@ -2,6 +2,7 @@
 //! of the agent instead of two dozen, and the tests of all of them share the harness's
 //! threads. `accept_backoff` stays a binary of its own: it exhausts the process's descriptors.
 
+mod adaptive_xdp;
 mod cli_docs;
 mod control_plane;
 mod escalation_xdp;
