@@ -1042,6 +1042,18 @@ fn upstream_capacity_and_plan_priorities_have_defaults_and_name_their_mistakes()
 }
 
 #[test]
+fn adaptive_kernel_tightening_warns_without_a_budget_to_scale() {
+    let kernel = "[proxy.adaptive]\n[proxy.adaptive.kernel]\ntighten_new_sources = 0.5\n";
+    let without_xdp = parse(&format!("{PROXY}{kernel}")).expect("without [xdp]");
+    assert_eq!(without_xdp.proxy.as_ref().and_then(|p| p.adaptive.as_ref()?.tighten_new_sources), Some(0.5));
+    assert!(without_xdp.tightening_nothing());
+    assert!(parse(&format!("{XDP}{PROXY}{kernel}")).expect("without new_sources").tightening_nothing());
+    let budget = "[xdp.new_sources]\npackets_per_second = 100\nburst = 200\n";
+    assert!(!parse(&format!("{XDP}{budget}{PROXY}{kernel}")).expect("with a budget").tightening_nothing());
+    assert!(!parse(&format!("{XDP}{PROXY}[proxy.adaptive]\n")).expect("not tightening").tightening_nothing());
+}
+
+#[test]
 fn adaptive_has_defaults_replaces_a_fixed_concurrency_and_names_its_mistakes() {
     use crate::{count_when::StatusMatch, proxy::UpstreamCapacity};
     use limiter_core::adaptive::{Algorithm, Settings};
@@ -1088,6 +1100,9 @@ fn adaptive_has_defaults_replaces_a_fixed_concurrency_and_names_its_mistakes() {
         ("losses = [\"6xx\"]", "losses: \"6xx\" is not a status"),
         ("algorithm = \"vegas\"", "unknown variant `vegas`"),
         ("limit = 3", "unknown field `limit`"),
+        ("[proxy.adaptive.kernel]\ntighten_new_sources = 0", "tighten_new_sources = 0 must be more than 0"),
+        ("[proxy.adaptive.kernel]\ntighten_new_sources = 1.5", "tighten_new_sources = 1.5 must be more than 0"),
+        ("[proxy.adaptive.kernel]\ntighten = 0.5", "unknown field `tighten`"),
     ] {
         let (line, key, message) = refusal(&format!("{PROXY}[proxy.adaptive]\n{written}\n"));
         assert!(line >= 4 && key.starts_with("proxy.adaptive"), "{written}: {line} {key}: {message}");

@@ -200,7 +200,8 @@ mod tests {
         // A reload with new bounds starts the limit again, and stays tightened.
         adaptive.reconfigure(Some(&config(4, Some(0.5))));
         assert_eq!(adaptive.tightening(), Some(0.5));
-        tokio::time::advance(RESTORE_AFTER - Duration::from_millis(500)).await;
+        // The last refusal came half a second ago.
+        tokio::time::advance(RESTORE_AFTER - Duration::from_secs(1)).await;
         assert_eq!(adaptive.tightening(), Some(0.5), "still within 10 s of the last refusal");
         assert!(!adaptive.stats().expect("stats").shedding);
         tokio::time::advance(Duration::from_millis(500)).await;
