@@ -191,7 +191,7 @@ impl<C: Clock + Clone> Proxy<C> {
     }
 
     /// What the kernel's new-source budget is to be scaled by now: the upstream has
-    /// been shedding long enough (see [`adaptive`]); `None`: as configured.
+    /// been shedding long enough (10 s, restored after 10 s without a refusal); `None`: as configured.
     #[must_use]
     pub fn kernel_tightening(&self) -> Option<f64> {
         self.pipeline.kernel_tightening()
