@@ -184,12 +184,15 @@ fn render_proxy(out: &mut String, proxy: &ProxyStats) {
     }
     if let Some(adaptive) = &proxy.adaptive {
         let ms = |value: Option<f64>| value.map_or_else(|| "-".to_owned(), |ms| format!("{ms:.1} ms"));
-        let state = match (adaptive.shedding, adaptive.probing) {
-            (true, true) => " · shedding · probing",
-            (true, false) => " · shedding",
-            (false, true) => " · probing",
-            (false, false) => "",
-        };
+        let state: String = [
+            (adaptive.shedding, " · shedding"),
+            (adaptive.probing, " · probing"),
+            (adaptive.tightened, " · new sources tightened"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, shown)| *shown)
+        .collect();
         *out += &format!(
             "  {:<28} limit {} · latency {} · baseline {}{state}\n",
             "adaptive",
@@ -306,13 +309,14 @@ mod tests {
                 baseline_ms: Some(20.0),
                 shedding: true,
                 probing: false,
+                tightened: true,
             }),
             ..ProxyStats::default()
         });
         let table = render(&with_proxy, None, 0.0);
         assert!(
             table
-                .ends_with("  adaptive                     limit 17 · latency 31.2 ms · baseline 20.0 ms · shedding\n"),
+                .ends_with("  adaptive                     limit 17 · latency 31.2 ms · baseline 20.0 ms · shedding · new sources tightened\n"),
             "{table}"
         );
         let mut without_proxy = report(5);

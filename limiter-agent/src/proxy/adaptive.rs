@@ -158,6 +158,7 @@ impl Adaptive {
             baseline_ms: controller.baseline().map(ms),
             shedding: running.shedding(now),
             probing: controller.probing(),
+            tightened: running.tightened,
         })
     }
 }

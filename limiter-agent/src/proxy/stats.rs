@@ -181,6 +181,10 @@ pub struct AdaptiveStats {
     pub shedding: bool,
     /// The limit is down at `min_limit` looking for an unloaded latency.
     pub probing: bool,
+    /// The kernel's `[xdp.new_sources]` budget is scaled by `tighten_new_sources`
+    /// now (shedding lasted 10 s).
+    #[serde(default)]
+    pub tightened: bool,
 }
 
 /// Requests a gate refused for one reason and plan.

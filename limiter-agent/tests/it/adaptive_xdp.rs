@@ -6,7 +6,7 @@
 
 use std::{
     io::{Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpStream},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -15,7 +15,7 @@ use std::{
 };
 
 use limiter_lab::{
-    netns::VethNamespace,
+    netns::HostLab,
     support::{
         agent::{AgentProcess, agent_section},
         proxy::Upstream,
@@ -23,6 +23,9 @@ use limiter_lab::{
         wait::{PATIENCE, until_within},
     },
 };
+
+/// Apart from escalation_xdp's subnets (8 to 12), which run at the same time.
+const ADAPTIVE_SUBNET: u8 = 20;
 
 /// How long shedding lasts before the budget is tightened, and how long without a
 /// refusal before it is restored (the proxy's, fixed).
@@ -51,18 +54,7 @@ async fn shedding_ten_seconds_halves_the_new_source_budget_until_ten_seconds_wit
     let upstream_addr = upstream.addr;
     tokio::task::spawn_blocking(move || {
         let name = unique("adapt");
-        let net = 200 + (std::process::id() % 50) as u8;
-        let host = Ipv4Addr::new(10, net, 12, 1);
-        let lab = VethNamespace::new(
-            &name,
-            &format!("{}h", &name[..name.len().min(13)]),
-            "eth0",
-            &format!("{host}/24"),
-            &[&format!("{}/24", Ipv4Addr::new(10, net, 12, 2))],
-        )
-        .expect("veth lab");
-        let port = TcpListener::bind((host, 0)).and_then(|l| l.local_addr()).expect("free port").port();
-        let proxy = SocketAddr::from((host, port));
+        let HostLab { lab, listen: proxy, .. } = HostLab::new(&name, ADAPTIVE_SUBNET);
         let config = format!(
             r#"{agent}
 [xdp]
@@ -111,7 +103,9 @@ tighten_new_sources = 0.5
         let stats = agent.stats_until("shedding", |stats| stats["proxy"]["adaptive"]["shedding"] == true);
         assert_eq!(stats["proxy"]["adaptive"]["limit"], 1);
         let look = || agent.cli_json(&["stats", "--json"]);
-        until_within(TIGHTEN_AFTER + PATIENCE, "the budget halved", look, |stats| budget(stats) == (500, 1000));
+        let tightened =
+            until_within(TIGHTEN_AFTER + PATIENCE, "the budget halved", look, |stats| budget(stats) == (500, 1000));
+        assert_eq!(tightened["proxy"]["adaptive"]["tightened"], true);
         assert!(started.elapsed() >= TIGHTEN_AFTER - Duration::from_secs(1), "after {:?}", started.elapsed());
         let reloaded = agent.reload_with(&config);
         assert!(reloaded.status.success(), "{}", String::from_utf8_lossy(&reloaded.stderr));
@@ -122,7 +116,9 @@ tighten_new_sources = 0.5
         assert!(statuses.iter().all(|status| *status == Some(503)), "{statuses:?}");
         let stopped = Instant::now();
         let look = || agent.cli_json(&["stats", "--json"]);
-        until_within(RESTORE_AFTER + PATIENCE, "the budget restored", look, |stats| budget(stats) == (1000, 2000));
+        let restored =
+            until_within(RESTORE_AFTER + PATIENCE, "the budget restored", look, |stats| budget(stats) == (1000, 2000));
+        assert_eq!(restored["proxy"]["adaptive"]["tightened"], false);
         assert!(stopped.elapsed() >= RESTORE_AFTER - Duration::from_secs(1), "after {:?}", stopped.elapsed());
         upstream.release(1);
         assert_eq!(held.join().expect("held client"), Some(200));
