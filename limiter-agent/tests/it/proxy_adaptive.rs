@@ -13,7 +13,10 @@ use std::{
 
 use http::StatusCode;
 use limiter::proxy::ProxyStats;
-use limiter_lab::support::proxy::{LOADED_BASE, PROXY_HEAD, RunningProxy, TestClient, Upstream};
+use limiter_lab::support::{
+    proxy::{LOADED_BASE, PROXY_HEAD, RunningProxy, TestClient, Upstream},
+    wait::{PATIENCE, until_within_async},
+};
 
 /// Plans `pro` (priority 0) and `free`, a bearer key on each; the adaptive limit with
 /// the issue's bounds and shares. A short queue (pro takes the place of free in it)
@@ -165,7 +168,13 @@ async fn the_limit_settles_near_the_knee_keeps_latency_low_serves_pro_and_climbs
 
     // A light load goes on: the limit grows back towards where it started.
     load.heavy.store(false, Ordering::Relaxed);
-    let recovered = proxy.stats_until("the limit climbs back", |stats| limit(stats) >= 48).await;
+    let stopped = Instant::now();
+    // Past what the load held it to; by √limit an interval at most, so slower than
+    // the fall, and every interval needs an answer of the light load.
+    let recovered =
+        until_within_async(2 * PATIENCE, "the limit climbs back", || proxy.proxy.stats(), |stats| limit(stats) > 40)
+            .await;
+    let recovered_after = stopped.elapsed();
     assert!(!recovered.adaptive.as_ref().expect("adaptive").probing);
     let window = load.sent_between(from, to);
     load.stop().await;
@@ -186,11 +195,12 @@ async fn the_limit_settles_near_the_knee_keeps_latency_low_serves_pro_and_climbs
     assert!(free_shed >= shed as u64, "{:?}", stats.shed);
     eprintln!(
         "unloaded {unloaded:?}; settled after {:?} at {lowest}..={highest}; p99 {p99:?}; pro {}/{}; free shed \
-         {shed}/{}; recovered to {}",
+         {shed}/{}; recovered to {} after {:?}",
         from - started,
         served(&pro),
         pro.len(),
         free.len(),
-        limit(&recovered)
+        limit(&recovered),
+        recovered_after,
     );
 }
