@@ -512,3 +512,23 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: MetricsSources) {
 pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::AdaptiveStats;
+
+    #[test]
+    fn the_adaptive_limit_is_a_gauge_only_with_its_section() {
+        let mut without = String::new();
+        render_gates(&mut without, &ProxyStats::default());
+        assert!(!without.contains("limiter_proxy_adaptive_limit"), "{without}");
+        let adaptive = Some(AdaptiveStats { limit: 17, ..AdaptiveStats::default() });
+        let mut with = String::new();
+        render_gates(&mut with, &ProxyStats { adaptive, ..ProxyStats::default() });
+        assert!(
+            with.contains("# TYPE limiter_proxy_adaptive_limit gauge\nlimiter_proxy_adaptive_limit 17\n"),
+            "{with}"
+        );
+    }
+}
