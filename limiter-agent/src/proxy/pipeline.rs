@@ -626,7 +626,8 @@ impl<C: Clock + Clone> Pipeline<C> {
                 shed
             };
             let kind = if gated.is_some() { GateKind::Rule } else { GateKind::Upstream };
-            if kind == GateKind::Upstream {
+            // Shadow mode sheds nothing, so it never tightens the kernel either.
+            if kind == GateKind::Upstream && config.enforce {
                 self.adaptive.refused();
             }
             self.counters.add_shed(kind, shed, plan.unwrap_or(KEYLESS_SHARE));
