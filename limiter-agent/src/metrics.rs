@@ -406,6 +406,10 @@ fn render_gates(out: &mut String, stats: &ProxyStats) {
     let _ = writeln!(out, "limiter_proxy_upstream_inflight {}", stats.upstream_inflight);
     family(out, "limiter_proxy_upstream_queue_depth", "gauge", "Requests waiting under [proxy.upstream_capacity].");
     let _ = writeln!(out, "limiter_proxy_upstream_queue_depth {}", stats.upstream_queued);
+    if let Some(adaptive) = &stats.adaptive {
+        family(out, "limiter_proxy_adaptive_limit", "gauge", "The upstream's limit in flight under [proxy.adaptive].");
+        let _ = writeln!(out, "limiter_proxy_adaptive_limit {}", adaptive.limit);
+    }
 }
 
 /// Scrapers connected at once; Prometheus keeps one. A new one takes the place of
@@ -522,4 +526,24 @@ pub async fn serve(listener: tokio::net::TcpListener, sources: MetricsSources) {
 /// Binds the metrics address.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::AdaptiveStats;
+
+    #[test]
+    fn the_adaptive_limit_is_a_gauge_only_with_its_section() {
+        let mut without = String::new();
+        render_gates(&mut without, &ProxyStats::default());
+        assert!(!without.contains("limiter_proxy_adaptive_limit"), "{without}");
+        let adaptive = Some(AdaptiveStats { limit: 17, ..AdaptiveStats::default() });
+        let mut with = String::new();
+        render_gates(&mut with, &ProxyStats { adaptive, ..ProxyStats::default() });
+        assert!(
+            with.contains("# TYPE limiter_proxy_adaptive_limit gauge\nlimiter_proxy_adaptive_limit 17\n"),
+            "{with}"
+        );
+    }
 }

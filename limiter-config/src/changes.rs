@@ -269,7 +269,18 @@ shown_by_display!(
     limiter_core::path::EscapedSlashes,
 );
 
-shown!(PathBuf => |path| path.display().to_string(), http::StatusCode => |status| status.as_u16().to_string());
+shown!(
+    PathBuf => |path| path.display().to_string(),
+    http::StatusCode => |status| status.as_u16().to_string(),
+    limiter_core::adaptive::Settings => |settings| format!(
+        "{} between {} and {} from {}, tolerance {}",
+        settings.algorithm().name(),
+        settings.min_limit(),
+        settings.max_limit(),
+        settings.initial_limit(),
+        settings.tolerance()
+    ),
+);
 
 #[cfg(test)]
 mod tests {

@@ -50,7 +50,9 @@ impl CountWhen {
 }
 
 impl StatusMatch {
-    fn matches(self, answer: Answer) -> bool {
+    /// Whether `answer` is one this entry names.
+    #[must_use]
+    pub fn matches(self, answer: Answer) -> bool {
         match (self, answer) {
             (Self::Code(code), Answer::Status(status)) => code == status,
             (Self::Class(class), Answer::Status(status)) => status.as_u16() / 100 == class,
@@ -98,9 +100,10 @@ pub(super) struct RawCountWhen {
     status: Vec<RawStatus>,
 }
 
-/// An entry of `status`, a string or a number, checked with the rule.
+/// An entry of `status` (or of `[proxy.adaptive] losses`), a string or a number,
+/// checked with the rule.
 #[derive(Debug)]
-enum RawStatus {
+pub(super) enum RawStatus {
     Text(String),
     Number(i64),
 }
@@ -136,24 +139,24 @@ impl TryFrom<RawCountWhen> for CountWhen {
         if raw.status.is_empty() {
             return Err("count_when.status needs an entry: with none, every request would get its unit back".to_owned());
         }
-        let status = raw
-            .status
-            .iter()
-            .map(|entry| {
-                let (parsed, written) = match entry {
-                    RawStatus::Text(text) => (StatusMatch::parse(text), format!("\"{text}\"")),
-                    RawStatus::Number(number) => (StatusMatch::code(*number), number.to_string()),
-                };
-                parsed.ok_or_else(|| {
-                    format!(
-                        "count_when.status: {written} is not a status (100 to 599), a class (\"1xx\" to \"5xx\") \
-                         or \"timeout\""
-                    )
-                })
-            })
-            .collect::<Result<_, _>>()?;
+        let status = statuses(&raw.status).map_err(|error| format!("count_when.status: {error}"))?;
         Ok(Self { status })
     }
+}
+
+/// Entries as written, checked.
+pub(super) fn statuses(raw: &[RawStatus]) -> Result<Vec<StatusMatch>, String> {
+    raw.iter()
+        .map(|entry| {
+            let (parsed, written) = match entry {
+                RawStatus::Text(text) => (StatusMatch::parse(text), format!("\"{text}\"")),
+                RawStatus::Number(number) => (StatusMatch::code(*number), number.to_string()),
+            };
+            parsed.ok_or_else(|| {
+                format!("{written} is not a status (100 to 599), a class (\"1xx\" to \"5xx\") or \"timeout\"")
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -110,6 +110,14 @@ impl Config {
         proxy.rules.iter().filter(quiet).map(|rule| rule.name.as_str()).collect()
     }
 
+    /// Whether `[proxy.adaptive.kernel] tighten_new_sources` is set with no
+    /// `[xdp.new_sources]` budget to scale.
+    #[must_use]
+    pub fn tightening_nothing(&self) -> bool {
+        let tightens = self.proxy.as_ref().and_then(|proxy| proxy.adaptive.as_ref()?.tighten_new_sources).is_some();
+        tightens && self.xdp.as_ref().is_none_or(|xdp| xdp.new_sources.is_none())
+    }
+
     /// Checks that span records (references, duplicates); returns the key at fault.
     fn validate(&self) -> Result<(), (String, String)> {
         if let Some(xdp) = &self.xdp {

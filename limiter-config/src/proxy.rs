@@ -11,7 +11,7 @@ use std::{
 
 use ipnet::IpNet;
 use limiter_core::{
-    Algorithm, LimitSpec,
+    Algorithm, LimitSpec, adaptive,
     carried::{JsonPointer, PointerError},
     path::{CanonicalPath, EscapedSlashes, PathOptions},
     spec::LimitOptions,
@@ -21,7 +21,7 @@ use serde::{Deserialize, Deserializer, de};
 use super::{
     changes::{Changes, Keyed, shown},
     conditions::{Conditions, RawConditions, Seen},
-    count_when::{CountWhen, RawCountWhen},
+    count_when::{self, CountWhen, RawCountWhen, RawStatus, StatusMatch},
     units::HumanDuration,
     xdp::parse_cidr,
 };
@@ -183,8 +183,11 @@ pub struct ProxyConfig {
     pub upgrade_protocols: Vec<String>,
     /// `[proxy.upstream_capacity]`: the requests in flight to the upstream at once,
     /// over every client, and the queue before them, served by plan priority; `None`:
-    /// unbounded.
-    pub upstream_capacity: Option<Concurrency>,
+    /// unbounded (or, with `[proxy.adaptive]`, no queue).
+    pub upstream_capacity: Option<UpstreamCapacity>,
+    /// `[proxy.adaptive]`: the upstream's limit in flight moved by its latency, in
+    /// place of `[proxy.upstream_capacity] concurrency`; `None`: fixed.
+    pub adaptive: Option<AdaptiveConfig>,
 }
 
 /// `[proxy.tls]`: the listener's certificates, read at start and on every reload.
@@ -812,9 +815,8 @@ pub struct Rule {
 
 /// A rule's `concurrency`, `queue` and `queue_timeout`: each key's requests in flight
 /// (forwarded, their response not yet finished), and how many more may wait for one of
-/// them to end, for how long; or `[proxy.upstream_capacity]`'s, over every request.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
-#[serde(try_from = "RawConcurrency")]
+/// them to end, for how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Changes)]
 pub struct Concurrency {
     pub limit: NonZeroU32,
     /// Waiting beyond `limit`; more are refused at once.
@@ -827,20 +829,134 @@ pub struct Concurrency {
 /// client's own timeout.
 pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// `[proxy.upstream_capacity]`: the upstream's requests in flight, over every client,
+/// and the queue before them. `concurrency` is there unless `[proxy.adaptive]` moves
+/// the limit instead (checked with the whole config).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(try_from = "RawUpstreamCapacity")]
+pub struct UpstreamCapacity {
+    #[changes(unset = "[proxy.adaptive]")]
+    pub concurrency: Option<NonZeroU32>,
+    /// Waiting beyond the limit; more are refused at once.
+    pub queue: u32,
+    /// Longest wait in the queue; then refused.
+    pub queue_timeout: HumanDuration,
+}
+
 /// `[proxy.upstream_capacity]` as written.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawConcurrency {
-    concurrency: NonZeroU32,
+struct RawUpstreamCapacity {
+    concurrency: Option<NonZeroU32>,
     queue: Option<u32>,
     queue_timeout: Option<HumanDuration>,
 }
 
-impl TryFrom<RawConcurrency> for Concurrency {
+impl TryFrom<RawUpstreamCapacity> for UpstreamCapacity {
     type Error = String;
 
-    fn try_from(raw: RawConcurrency) -> Result<Self, String> {
-        Self::new(raw.concurrency, raw.queue, raw.queue_timeout)
+    fn try_from(raw: RawUpstreamCapacity) -> Result<Self, String> {
+        // Checked as a rule's queue is; the limit does not bear on it.
+        let Concurrency { queue, queue_timeout, .. } = Concurrency::new(NonZeroU32::MIN, raw.queue, raw.queue_timeout)?;
+        Ok(Self { concurrency: raw.concurrency, queue, queue_timeout })
+    }
+}
+
+/// `[proxy.adaptive]`: the bounds the upstream's limit moves between, what counts as
+/// a loss, and each plan's guaranteed share of the limit.
+#[derive(Clone, Debug, Deserialize, PartialEq, Changes)]
+#[serde(try_from = "RawAdaptive")]
+pub struct AdaptiveConfig {
+    /// `algorithm`, `min_limit`, `max_limit`, `initial_limit` and `tolerance`: a
+    /// change starts the limit again from `initial_limit`.
+    pub settings: adaptive::Settings,
+    /// The upstream's answers that count as losses (`count_when`'s entries).
+    pub losses: Vec<StatusMatch>,
+    /// `[proxy.adaptive.shares]`: by plan name (or `keyless`), the part of the limit
+    /// its requests are guaranteed; checked against the plans with the whole config.
+    pub shares: BTreeMap<String, f64>,
+    /// `[proxy.adaptive.kernel] tighten_new_sources`: what `[xdp.new_sources]` is
+    /// scaled by while the upstream has been shedding for a while; `None`: kept.
+    pub tighten_new_sources: Option<f64>,
+}
+
+/// The class of `[proxy.adaptive.shares]` that requests proving no key are in.
+pub const KEYLESS_SHARE: &str = "keyless";
+
+/// `algorithm` as written.
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum RawAlgorithm {
+    #[default]
+    Gradient2,
+    Aimd,
+}
+
+/// `[proxy.adaptive]` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdaptive {
+    #[serde(default)]
+    algorithm: RawAlgorithm,
+    #[serde(default = "default_min_limit")]
+    min_limit: u32,
+    #[serde(default = "default_max_limit")]
+    max_limit: u32,
+    #[serde(default = "default_initial_limit")]
+    initial_limit: u32,
+    #[serde(default = "default_tolerance")]
+    tolerance: f64,
+    losses: Option<Vec<RawStatus>>,
+    #[serde(default)]
+    shares: BTreeMap<String, f64>,
+    kernel: Option<RawAdaptiveKernel>,
+}
+
+/// `[proxy.adaptive.kernel]` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdaptiveKernel {
+    tighten_new_sources: f64,
+}
+
+fn default_min_limit() -> u32 {
+    8
+}
+
+fn default_max_limit() -> u32 {
+    1024
+}
+
+fn default_initial_limit() -> u32 {
+    64
+}
+
+fn default_tolerance() -> f64 {
+    1.5
+}
+
+impl TryFrom<RawAdaptive> for AdaptiveConfig {
+    type Error = String;
+
+    fn try_from(raw: RawAdaptive) -> Result<Self, String> {
+        let algorithm = match raw.algorithm {
+            RawAlgorithm::Gradient2 => adaptive::Algorithm::Gradient2,
+            RawAlgorithm::Aimd => adaptive::Algorithm::Aimd,
+        };
+        let settings =
+            adaptive::Settings::new(algorithm, raw.min_limit, raw.max_limit, raw.initial_limit, raw.tolerance)
+                .map_err(|error| error.to_string())?;
+        let losses = match &raw.losses {
+            Some(losses) => count_when::statuses(losses).map_err(|error| format!("losses: {error}"))?,
+            None => vec![StatusMatch::Class(5), StatusMatch::Timeout],
+        };
+        let tighten_new_sources = raw.kernel.map(|kernel| kernel.tighten_new_sources);
+        if let Some(factor) = tighten_new_sources
+            && !(factor > 0.0 && factor <= 1.0)
+        {
+            return Err(format!("kernel.tighten_new_sources = {factor} must be more than 0 and at most 1"));
+        }
+        Ok(Self { settings, losses, shares: raw.shares, tighten_new_sources })
     }
 }
 
@@ -1388,6 +1504,7 @@ impl ProxyConfig {
         if let Some(jwt) = &self.jwt {
             jwt.validate()?;
         }
+        self.check_adaptive()?;
         for (key, timeout) in [
             ("proxy.idle_timeout", &self.idle_timeout),
             ("proxy.body_timeout", &self.body_timeout),
@@ -1457,6 +1574,46 @@ impl ProxyConfig {
             for (key, spec) in rules.chain(plans) {
                 spec.check_exact_in_doubles().map_err(|error| (key, error.to_string()))?;
             }
+        }
+        Ok(())
+    }
+
+    /// `[proxy.upstream_capacity] concurrency` or `[proxy.adaptive]`, not both; shares
+    /// of plans that exist, each between 0 and 1, summing to at most 1.
+    fn check_adaptive(&self) -> Result<(), (String, String)> {
+        let fixed = self.upstream_capacity.as_ref().and_then(|capacity| capacity.concurrency);
+        let Some(adaptive) = &self.adaptive else {
+            return match self.upstream_capacity {
+                Some(UpstreamCapacity { concurrency: None, .. }) => Err((
+                    "proxy.upstream_capacity".to_owned(),
+                    "needs concurrency (or a [proxy.adaptive] section to move the limit)".to_owned(),
+                )),
+                _ => Ok(()),
+            };
+        };
+        if fixed.is_some() {
+            return Err((
+                "proxy.upstream_capacity.concurrency".to_owned(),
+                "[proxy.adaptive] moves the upstream's limit between min_limit and max_limit: remove concurrency \
+                 (queue and queue_timeout stay)"
+                    .to_owned(),
+            ));
+        }
+        for (name, &share) in &adaptive.shares {
+            let key = format!("proxy.adaptive.shares.{name}");
+            if name != KEYLESS_SHARE && !self.plans.contains_key(name) {
+                return Err((key, format!("no plan named `{name}` in [proxy.plans] (nor `{KEYLESS_SHARE}`)")));
+            }
+            if !(0.0..=1.0).contains(&share) {
+                return Err((key, format!("{share} is not a share between 0 and 1")));
+            }
+        }
+        let total: f64 = adaptive.shares.values().sum();
+        if total > 1.0 + f64::EPSILON {
+            return Err((
+                "proxy.adaptive.shares".to_owned(),
+                format!("the shares sum to {total}, more than the whole limit (1)"),
+            ));
         }
         Ok(())
     }

@@ -1016,13 +1016,13 @@ fn concurrency_takes_its_queue_with_or_without_a_rate_and_refuses_an_ambiguous_q
 
 #[test]
 fn upstream_capacity_and_plan_priorities_have_defaults_and_name_their_mistakes() {
-    use crate::proxy::{Concurrency, DEFAULT_PLAN_PRIORITY};
+    use crate::proxy::{DEFAULT_PLAN_PRIORITY, UpstreamCapacity};
     let plans = "[proxy.plans.pro]\nlimit = 10\nwindow = \"1s\"\npriority = 0\n[proxy.plans.free]\nlimit = 10\nwindow = \"1s\"\n";
     let capacity = "[proxy.upstream_capacity]\nconcurrency = 256\nqueue = 1024\n";
     let proxy = parse(&format!("{PROXY}{plans}{capacity}")).expect("capacity").proxy.expect("proxy");
-    let limit = NonZeroU32::new(256).expect("256");
+    let concurrency = NonZeroU32::new(256);
     let queue_timeout = crate::units::HumanDuration(Duration::from_secs(1));
-    assert_eq!(proxy.upstream_capacity, Some(Concurrency { limit, queue: 1024, queue_timeout }));
+    assert_eq!(proxy.upstream_capacity, Some(UpstreamCapacity { concurrency, queue: 1024, queue_timeout }));
     assert_eq!((proxy.plans["pro"].priority, proxy.plans["free"].priority), (0, DEFAULT_PLAN_PRIORITY));
     assert_eq!(parse(PROXY).expect("without").proxy.expect("proxy").upstream_capacity, None);
 
@@ -1036,4 +1036,76 @@ fn upstream_capacity_and_plan_priorities_have_defaults_and_name_their_mistakes()
     let table = "[proxy]\nlisten = \"127.0.0.1:8080\"\n[proxy.upstream]\nconcurrency = 2\n";
     let (_, key, message) = refusal(table);
     assert!(key.starts_with("proxy.upstream") && message.contains("[proxy.upstream_capacity]"), "{key}: {message}");
+    let (line, key, message) = refusal(&format!("{PROXY}[proxy.upstream_capacity]\nqueue = 5\n"));
+    assert_eq!((line, key.as_str()), (4, "proxy.upstream_capacity"), "{message}");
+    assert!(message.contains("needs concurrency"), "{message}");
+}
+
+#[test]
+fn adaptive_kernel_tightening_warns_without_a_budget_to_scale() {
+    let kernel = "[proxy.adaptive]\n[proxy.adaptive.kernel]\ntighten_new_sources = 0.5\n";
+    let without_xdp = parse(&format!("{PROXY}{kernel}")).expect("without [xdp]");
+    assert_eq!(without_xdp.proxy.as_ref().and_then(|p| p.adaptive.as_ref()?.tighten_new_sources), Some(0.5));
+    assert!(without_xdp.tightening_nothing());
+    assert!(parse(&format!("{XDP}{PROXY}{kernel}")).expect("without new_sources").tightening_nothing());
+    let budget = "[xdp.new_sources]\npackets_per_second = 100\nburst = 200\n";
+    assert!(!parse(&format!("{XDP}{budget}{PROXY}{kernel}")).expect("with a budget").tightening_nothing());
+    assert!(!parse(&format!("{XDP}{PROXY}[proxy.adaptive]\n")).expect("not tightening").tightening_nothing());
+}
+
+#[test]
+fn adaptive_has_defaults_replaces_a_fixed_concurrency_and_names_its_mistakes() {
+    use crate::{count_when::StatusMatch, proxy::UpstreamCapacity};
+    use limiter_core::adaptive::{Algorithm, Settings};
+    let plans = "[proxy.plans.pro]\nlimit = 10\nwindow = \"1s\"\n[proxy.plans.free]\nlimit = 10\nwindow = \"1s\"\n";
+    let queue = "[proxy.upstream_capacity]\nqueue = 50\n";
+    let adaptive = "[proxy.adaptive]\n[proxy.adaptive.shares]\npro = 0.6\nfree = 0.3\nkeyless = 0.1\n";
+    let proxy = parse(&format!("{PROXY}{plans}{queue}{adaptive}")).expect("adaptive").proxy.expect("proxy");
+    let adaptive_config = proxy.adaptive.expect("adaptive");
+    assert_eq!(adaptive_config.settings, Settings::new(Algorithm::Gradient2, 8, 1024, 64, 1.5).expect("defaults"));
+    assert_eq!(adaptive_config.losses, vec![StatusMatch::Class(5), StatusMatch::Timeout]);
+    assert_eq!(adaptive_config.shares.get("keyless"), Some(&0.1));
+    let timeout = crate::units::HumanDuration(Duration::from_secs(1));
+    assert_eq!(
+        proxy.upstream_capacity,
+        Some(UpstreamCapacity { concurrency: None, queue: 50, queue_timeout: timeout })
+    );
+    let written = "[proxy.adaptive]\nalgorithm = \"aimd\"\nmin_limit = 2\nmax_limit = 40\ninitial_limit = 4\n\
+                   tolerance = 2.0\nlosses = [\"503\", 429, \"timeout\"]\n";
+    let adaptive_config = parse(&format!("{PROXY}{written}")).expect("written").proxy.expect("proxy").adaptive;
+    let adaptive_config = adaptive_config.expect("adaptive");
+    assert_eq!(adaptive_config.settings, Settings::new(Algorithm::Aimd, 2, 40, 4, 2.0).expect("written"));
+    assert_eq!(adaptive_config.losses.iter().map(ToString::to_string).collect::<Vec<_>>(), ["503", "429", "timeout"]);
+
+    let both = format!("{PROXY}[proxy.upstream_capacity]\nqueue = 5\nconcurrency = 8\n[proxy.adaptive]\n");
+    let (line, key, message) = refusal(&both);
+    assert_eq!((line, key.as_str()), (6, "proxy.upstream_capacity.concurrency"), "{message}");
+    assert!(message.contains("[proxy.adaptive] moves"), "{message}");
+    let unknown = format!("{PROXY}{plans}[proxy.adaptive]\n[proxy.adaptive.shares]\npro = 0.5\ngold = 0.2\n");
+    let (line, key, message) = refusal(&unknown);
+    assert_eq!((line, key.as_str()), (13, "proxy.adaptive.shares.gold"), "{message}");
+    assert!(message.contains("no plan named `gold`"), "{message}");
+    let over = format!("{PROXY}{plans}[proxy.adaptive]\n[proxy.adaptive.shares]\npro = 0.8\nfree = 0.3\n");
+    let (line, key, message) = refusal(&over);
+    assert_eq!((line, key.as_str()), (11, "proxy.adaptive.shares"), "{message}");
+    assert!(message.contains("sum to 1.1"), "{message}");
+    let negative = format!("{PROXY}{plans}[proxy.adaptive]\n[proxy.adaptive.shares]\npro = -0.1\n");
+    let (line, key, message) = refusal(&negative);
+    assert_eq!((line, key.as_str()), (12, "proxy.adaptive.shares.pro"), "{message}");
+    for (written, expected) in [
+        ("min_limit = 0", "min_limit must be at least 1"),
+        ("min_limit = 10\ninitial_limit = 5", "min_limit = 10 ≤ initial_limit = 5"),
+        ("max_limit = 32", "initial_limit = 64 ≤ max_limit = 32"),
+        ("tolerance = 0.5", "tolerance = 0.5"),
+        ("losses = [\"6xx\"]", "losses: \"6xx\" is not a status"),
+        ("algorithm = \"vegas\"", "unknown variant `vegas`"),
+        ("limit = 3", "unknown field `limit`"),
+        ("[proxy.adaptive.kernel]\ntighten_new_sources = 0", "tighten_new_sources = 0 must be more than 0"),
+        ("[proxy.adaptive.kernel]\ntighten_new_sources = 1.5", "tighten_new_sources = 1.5 must be more than 0"),
+        ("[proxy.adaptive.kernel]\ntighten = 0.5", "unknown field `tighten`"),
+    ] {
+        let (line, key, message) = refusal(&format!("{PROXY}[proxy.adaptive]\n{written}\n"));
+        assert!(line >= 4 && key.starts_with("proxy.adaptive"), "{written}: {line} {key}: {message}");
+        assert!(message.contains(expected), "{written}: {message}");
+    }
 }

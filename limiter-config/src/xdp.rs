@@ -307,6 +307,15 @@ impl TryFrom<RawPacketLimit> for PacketLimit {
 }
 
 impl PacketLimit {
+    /// The rate and burst times `factor` (0 to 1), each at least 1.
+    #[must_use]
+    pub fn scaled(self, factor: f64) -> Self {
+        // At most the value scaled, so within u32.
+        let scale =
+            |value: NonZeroU32| NonZeroU32::new((f64::from(value.get()) * factor) as u32).unwrap_or(NonZeroU32::MIN);
+        Self { packets_per_second: scale(self.packets_per_second), burst: scale(self.burst) }
+    }
+
     fn new(packets_per_second: NonZeroU32, burst: NonZeroU32) -> Result<Self, String> {
         if packets_per_second.get() > MAX_PER_SECOND {
             return Err(format!("packets_per_second = {packets_per_second} is above the maximum of {MAX_PER_SECOND}"));

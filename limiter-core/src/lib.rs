@@ -1,4 +1,5 @@
-//! The limiter's decisions, without I/O: what a limit is ([`spec`]), the five
+//! The limiter's decisions, without I/O: what a limit is ([`spec`]), how an adaptive
+//! concurrency limit moves ([`adaptive`]), the five
 //! algorithms and the bucket store ([`limits`]), the time they are measured with
 //! ([`clock`]), the signed-request scheme ([`signature`]), the checks of a client's
 //! JSON Web Token ([`jwt`]), the one canonical form
@@ -9,6 +10,7 @@
 //! Nothing here reads a file, a socket or a BPF map: the agent parses the config
 //! into these types, and keeps the state that lives elsewhere (Redis, the kernel).
 
+pub mod adaptive;
 pub mod carried;
 pub mod clock;
 pub mod jwt;

@@ -20,6 +20,37 @@ pub struct VethNamespace {
     pub host_if: String,
 }
 
+/// A veth lab for an agent's kernel layer: the host side at 10.N.subnet.1, the
+/// client inside at 10.N.subnet.2 (N from the process id, so that test runs side by
+/// side differ), and a port free on the host address for the proxy.
+#[derive(Debug)]
+pub struct HostLab {
+    pub lab: VethNamespace,
+    pub host: std::net::Ipv4Addr,
+    pub client: std::net::Ipv4Addr,
+    pub listen: std::net::SocketAddr,
+}
+
+impl HostLab {
+    /// Named `name` (its host interface after it), on `subnet`.
+    #[must_use]
+    pub fn new(name: &str, subnet: u8) -> Self {
+        let net = 200 + u8::try_from(std::process::id() % 50).unwrap_or(0);
+        let host = std::net::Ipv4Addr::new(10, net, subnet, 1);
+        let client = std::net::Ipv4Addr::new(10, net, subnet, 2);
+        let lab = VethNamespace::new(
+            name,
+            &format!("{}h", &name[..name.len().min(13)]),
+            "eth0",
+            &format!("{host}/24"),
+            &[&format!("{client}/24")],
+        )
+        .expect("veth lab");
+        let port = std::net::TcpListener::bind((host, 0)).and_then(|l| l.local_addr()).expect("free port").port();
+        Self { lab, host, client, listen: std::net::SocketAddr::from((host, port)) }
+    }
+}
+
 impl VethNamespace {
     pub fn new(ns: &str, host_if: &str, ns_if: &str, host_addr: &str, ns_addrs: &[&str]) -> std::io::Result<Self> {
         let _ = Command::new("ip").args(["netns", "del", ns]).output();

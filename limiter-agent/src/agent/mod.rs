@@ -296,7 +296,8 @@ impl Agent {
         match (&mut self.xdp, &new.xdp) {
             (Some(runtime), Some(xdp)) => {
                 let added = runtime.attach_all(&xdp.interfaces, xdp.mode)?;
-                match runtime.kernel.maps_mut().apply(xdp, new.proxy.as_ref()) {
+                // A reload while the upstream sheds keeps the budget tightened.
+                match runtime.kernel.maps_mut().apply_tightened(xdp, new.proxy.as_ref(), runtime.tightened) {
                     Ok(()) => {}
                     Err(error) => {
                         // Back to the running config: this reload's interfaces off, its
@@ -305,7 +306,11 @@ impl Agent {
                             runtime.detach(&attachment.interface);
                         }
                         if let Some(old) = &self.config.xdp
-                            && let Err(undo) = runtime.kernel.maps_mut().apply(old, self.config.proxy.as_ref())
+                            && let Err(undo) = runtime.kernel.maps_mut().apply_tightened(
+                                old,
+                                self.config.proxy.as_ref(),
+                                runtime.tightened,
+                            )
                         {
                             tracing::error!(%undo, "restoring the running [xdp] settings and rules failed: the kernel layer may hold part of the rejected config");
                         }
@@ -339,6 +344,27 @@ impl Agent {
             (None, None) => {}
         }
         Ok(())
+    }
+
+    /// Scales the kernel's `[xdp.new_sources]` budget while the proxy says the upstream
+    /// has been shedding long enough (`[proxy.adaptive.kernel]`), and restores it once
+    /// it says so. The proxy never holds the kernel: the agent asks it each tick.
+    fn follow_shedding(&mut self) {
+        let wanted = self.proxy.as_ref().and_then(|runtime| runtime.proxy.kernel_tightening());
+        let (Some(runtime), Some(xdp)) = (self.xdp.as_mut(), &self.config.xdp) else { return };
+        if wanted == runtime.tightened {
+            return;
+        }
+        match runtime.kernel.maps_mut().apply_tightened(xdp, self.config.proxy.as_ref(), wanted) {
+            Ok(()) => {
+                runtime.tightened = wanted;
+                match wanted {
+                    Some(factor) => tracing::warn!(factor, "upstream shedding: new-source budget tightened"),
+                    None => tracing::info!("upstream no longer shedding: new-source budget restored"),
+                }
+            }
+            Err(error) => tracing::error!(%error, "cannot scale the new-source budget"),
+        }
     }
 
     /// Puts an escalation's block in the kernel layer and, if it was crossed here,
@@ -465,6 +491,7 @@ pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), Agent
             _ = terminate.recv() => break false,
             _ = interrupt.recv() => break false,
             _ = watch.tick() => {
+                agent.follow_shedding();
                 if let Some(text) = agent.settled_edit(&mut settle) {
                     tracing::info!("config file changed");
                     let _ = agent.reload_text(None, Some(text));

@@ -14,6 +14,9 @@ use crate::{
 pub struct XdpRuntime {
     pub kernel: Kernel,
     links: BTreeMap<String, (Attachment, FdLink)>,
+    /// What `[xdp.new_sources]` is scaled by while the upstream sheds; `None`: as
+    /// configured.
+    pub tightened: Option<f64>,
 }
 
 impl std::fmt::Debug for XdpRuntime {
@@ -29,7 +32,7 @@ impl XdpRuntime {
         let options = LoadOptions { log: true, ..LoadOptions::for_config(config.agent.pin_dir.clone(), xdp) };
         let mut kernel = Kernel::load(&options)?;
         kernel.maps_mut().apply(xdp, config.proxy.as_ref())?;
-        let mut runtime = Self { kernel, links: BTreeMap::new() };
+        let mut runtime = Self { kernel, links: BTreeMap::new(), tightened: None };
         let added = runtime.attach_all(&xdp.interfaces, xdp.mode)?;
         for attachment in added {
             tracing::info!(interface = %attachment.interface, mode = %attachment.mode, "XDP attached");

@@ -18,6 +18,12 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
                      traffic; give it a rule with action = \"allow\" or a \"limit\" sized for it"
                 );
             }
+            if config.tightening_nothing() {
+                eprintln!(
+                    "warning: proxy.adaptive.kernel.tighten_new_sources has nothing to scale: there is no \
+                     [xdp.new_sources] budget (or no [xdp] section)"
+                );
+            }
             for rule in config.deny_rules_not_escalating() {
                 eprintln!(
                     "warning: proxy.rules {rule:?} (action = \"deny\") no longer counts towards escalation: deny \

@@ -246,6 +246,12 @@ fn render_proxy(out: &mut String, proxy: &ProxyExplanation) {
             gate.queue_timeout_ms as f64 / 1000.0,
         );
     }
+    if let Some(adaptive) = &proxy.adaptive {
+        *out += &format!(
+            "  upstream: adaptive limit {} now, {} in flight, {} queued\n",
+            adaptive.limit, adaptive.inflight, adaptive.queued
+        );
+    }
     if limits.policies.is_empty() && limits.gates.is_empty() && limits.missing_key.is_none() {
         *out += "  no rule or plan counts it\n";
     }

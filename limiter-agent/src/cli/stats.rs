@@ -182,6 +182,25 @@ fn render_proxy(out: &mut String, proxy: &ProxyStats) {
         }
         *out += &format!("  {name:<28} {counts}\n");
     }
+    if let Some(adaptive) = &proxy.adaptive {
+        let ms = |value: Option<f64>| value.map_or_else(|| "-".to_owned(), |ms| format!("{ms:.1} ms"));
+        let state: String = [
+            (adaptive.shedding, " · shedding"),
+            (adaptive.probing, " · probing"),
+            (adaptive.tightened, " · new sources tightened"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, shown)| *shown)
+        .collect();
+        *out += &format!(
+            "  {:<28} limit {} · latency {} · baseline {}{state}\n",
+            "adaptive",
+            adaptive.limit,
+            ms(adaptive.latency_ms),
+            ms(adaptive.baseline_ms),
+        );
+    }
 }
 
 #[cfg(test)]
@@ -192,7 +211,7 @@ mod tests {
     use crate::{
         agent::{EscalationStats, Reloads},
         limits::{PolicyCounts, engine::PolicyKind},
-        proxy::ProxyStats,
+        proxy::{AdaptiveStats, ProxyStats},
         xdp::{
             AttachedMode, Attachment, CounterSnapshot, XdpStats,
             stats::{BlockRow, BudgetRow, SourceCount},
@@ -281,6 +300,23 @@ mod tests {
         assert!(table.contains("  rule login                   forwarded 5 · throttled 0 · rejected 7\n"), "{table}");
         assert!(
             table.ends_with("  rule scanners                forwarded 0 · throttled 0 · rejected 0 · denied 3\n"),
+            "{table}"
+        );
+        with_proxy.proxy = Some(ProxyStats {
+            adaptive: Some(AdaptiveStats {
+                limit: 17,
+                latency_ms: Some(31.25),
+                baseline_ms: Some(20.0),
+                shedding: true,
+                probing: false,
+                tightened: true,
+            }),
+            ..ProxyStats::default()
+        });
+        let table = render(&with_proxy, None, 0.0);
+        assert!(
+            table
+                .ends_with("  adaptive                     limit 17 · latency 31.2 ms · baseline 20.0 ms · shedding · new sources tightened\n"),
             "{table}"
         );
         let mut without_proxy = report(5);

@@ -61,6 +61,18 @@ pub(crate) struct ProxyExplanation {
     pub scopes: Option<ScopeExplanation>,
     #[serde(flatten)]
     pub limits: Explanation,
+    /// `[proxy.adaptive]`: the upstream's limit now, with its requests in flight and
+    /// queued; `None`: off, or no agent to ask.
+    #[serde(default)]
+    pub adaptive: Option<AdaptiveNow>,
+}
+
+/// The adaptive limit as a running agent has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct AdaptiveNow {
+    pub limit: u32,
+    pub inflight: u64,
+    pub queued: u64,
 }
 
 /// Where a request stands with the `[[proxy.scopes]]`.
@@ -146,7 +158,17 @@ pub async fn explain<C: Clock>(
         ScopeExplanation { covering, missing, status }
     });
     let limits = engine.explain(&info, live).await;
-    Ok(ProxyExplanation { route: path.route().to_owned(), client, key, proof, denied_by, tagged, scopes, limits })
+    Ok(ProxyExplanation {
+        route: path.route().to_owned(),
+        client,
+        key,
+        proof,
+        denied_by,
+        tagged,
+        scopes,
+        limits,
+        adaptive: None,
+    })
 }
 
 /// The configured key `X-API-Key` names (one value only, as the pipeline takes it),

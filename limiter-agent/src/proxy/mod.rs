@@ -9,6 +9,7 @@
 //! The agent binds a [`Proxy`], runs it until shutdown (in-flight requests drain),
 //! swaps its config on reload and reads its [`ProxyStats`].
 
+mod adaptive;
 mod blame;
 mod body;
 mod bounded;
@@ -53,7 +54,7 @@ pub(crate) use self::heavy::ClientRow;
 pub use self::{
     error::ProxyError,
     gates::{GateKind, Shed},
-    stats::{DECISION_BUCKETS, DecisionHistogram, ProxyStats, QUEUE_WAIT_BUCKETS, ShedCount},
+    stats::{AdaptiveStats, DECISION_BUCKETS, DecisionHistogram, ProxyStats, QUEUE_WAIT_BUCKETS, ShedCount},
 };
 use self::{pipeline::Pipeline, stats::Event};
 use crate::{config::ProxyConfig, signature::KeySecrets};
@@ -245,6 +246,13 @@ impl<C: Clock + Clone> Proxy<C> {
     #[must_use]
     pub fn stats(&self) -> ProxyStats {
         self.pipeline.stats()
+    }
+
+    /// What the kernel's new-source budget is to be scaled by now: the upstream has
+    /// been shedding long enough (10 s, restored after 10 s without a refusal); `None`: as configured.
+    #[must_use]
+    pub fn kernel_tightening(&self) -> Option<f64> {
+        self.pipeline.kernel_tightening()
     }
 
     /// What each limit's keys have peaked at, and a limit `headroom` above (see

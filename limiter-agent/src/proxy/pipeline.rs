@@ -33,6 +33,7 @@ use tokio::sync::Semaphore;
 
 use super::{
     ServedHook,
+    adaptive::Adaptive,
     blame::{self, Blame, Initiator},
     body::{self, BodyRefused, Guarded, ProxyBody, TimedBody, full_body},
     buffered::{self, Caps, ConnectionBuffered, Metered, Reservation},
@@ -41,7 +42,7 @@ use super::{
     error::ProxyError,
     exchange::{Exchange, Proof},
     forward::{Origin, Upstream, UpstreamUpgrade},
-    gates::{Gate, GateBounds, GateKind, Gates, Held, Shed},
+    gates::{Class, Gate, GateBounds, GateKind, Gates, Held, NO_SHARES, ShareTable, Shed},
     headers::{self, ConcurrencyStatus},
     heavy::{Client, ClientRow, HeavyClients},
     idempotent,
@@ -68,7 +69,7 @@ use crate::{
     config::{
         ProxyConfig,
         count_when::Answer,
-        proxy::{Disclose, Http2Config, KEYLESS_PRIORITY, ProxyProtocol},
+        proxy::{DEFAULT_QUEUE_TIMEOUT, Disclose, Http2Config, KEYLESS_PRIORITY, KEYLESS_SHARE, ProxyProtocol},
     },
     escalation::Escalator,
     fleet::FleetError,
@@ -94,6 +95,14 @@ struct Passage {
     held: Held,
     /// Its wait in their queues.
     queued: Duration,
+}
+
+impl Passage {
+    /// The requests in flight through the upstream's gate when it was let in, itself
+    /// included; `None`: no such gate.
+    fn upstream_depth(&self) -> Option<usize> {
+        self.held.iter().find(|unit| *unit.key() == Gate::Upstream).map(|unit| unit.depth())
+    }
 }
 
 /// A request a gate refused.
@@ -156,6 +165,8 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     /// Each rule's keys' requests in flight and queued (`concurrency`), and the
     /// upstream's (`[proxy.upstream_capacity]`).
     gates: Arc<Gates<Gate>>,
+    /// `[proxy.adaptive]`: the upstream gate's limit, moved by its latency.
+    adaptive: Adaptive,
     /// One for each upstream connection `max_upstream_connections` allows, shared by
     /// every worker's pool.
     upstream_permits: Arc<Semaphore>,
@@ -185,6 +196,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             served: OnceLock::new(),
             max_stored_body: config.signature.idempotency_max_body_bytes,
             upstream_permits: Arc::new(Semaphore::new(config.max_upstream_connections.get())),
+            adaptive: Adaptive::new(config.adaptive.as_ref()),
             snapshot: RwLock::new(Arc::new(Snapshot::new(config, secrets))),
             counters: Counters::default(),
             connections: Arc::default(),
@@ -210,11 +222,13 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.engine.reconfigure(&next.config);
         self.stores.set_keys(&next.config);
         let config = &next.config;
+        self.adaptive.reconfigure(config.adaptive.as_ref());
         self.gates.rebound(|gate| match gate {
             Gate::Rule { rule, .. } => {
-                config.rules.iter().find(|r| r.name == *rule)?.concurrency.as_ref().map(GateBounds::of)
+                let concurrency = config.rules.iter().find(|r| r.name == *rule)?.concurrency.as_ref();
+                concurrency.map(|concurrency| (GateBounds::of(concurrency), Arc::clone(&NO_SHARES)))
             }
-            Gate::Upstream => config.upstream_capacity.as_ref().map(GateBounds::of),
+            Gate::Upstream => self.upstream_bounds(config),
         });
         *current = Arc::new(next);
         Ok(())
@@ -235,10 +249,31 @@ impl<C: Clock + Clone> Pipeline<C> {
             policies,
             upstream_inflight,
             upstream_queued,
+            adaptive: self.adaptive.stats(),
             decision_log_written,
             decision_log_dropped,
             ..self.counters.snapshot(self.engine.tracked_keys(), self.engine.evictions(), self.stores.failures())
         }
+    }
+
+    pub(super) fn kernel_tightening(&self) -> Option<f64> {
+        self.adaptive.tightening()
+    }
+
+    /// The upstream gate's bounds and shares: the adaptive limit, or
+    /// `[proxy.upstream_capacity] concurrency`, and its queue; `None`: no gate.
+    fn upstream_bounds(&self, config: &ProxyConfig) -> Option<(GateBounds, ShareTable)> {
+        let capacity = config.upstream_capacity.as_ref();
+        let limit = match self.adaptive.limit() {
+            Some(limit) => limit,
+            None => usize::try_from(capacity?.concurrency?.get()).unwrap_or(usize::MAX),
+        };
+        let bounds = GateBounds {
+            limit,
+            queue: capacity.map_or(0, |capacity| usize::try_from(capacity.queue).unwrap_or(usize::MAX)),
+            timeout: capacity.map_or(DEFAULT_QUEUE_TIMEOUT, |capacity| capacity.queue_timeout.0),
+        };
+        Some((bounds, self.adaptive.shares().unwrap_or_else(|| Arc::clone(&NO_SHARES))))
     }
 
     /// The engine's counts of each policy, with its keys' requests in flight and
@@ -281,6 +316,10 @@ impl<C: Clock + Clone> Pipeline<C> {
         for gate in &mut explained.limits.gates {
             let (inflight, queued) = self.gates.of(&Gate::Rule { rule: gate.rule.clone(), key: gate.key.clone() });
             (gate.inflight, gate.queued) = (Some(inflight), Some(queued));
+        }
+        if let Some(adaptive) = self.adaptive.stats() {
+            let (inflight, queued) = self.gates.of(&Gate::Upstream);
+            explained.adaptive = Some(super::explain::AdaptiveNow { limit: adaptive.limit, inflight, queued });
         }
         Ok(explained)
     }
@@ -524,7 +563,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.account(&exchange, &decision, &screened.tagged, &gated);
         let outcome = match (acted, gated) {
             (Ok(()), Ok(passage)) => self
-                .forward(exchange, body, initiator, &decision.refundable)
+                .forward(exchange, body, (initiator, passage.upstream_depth()), &decision.refundable)
                 .await
                 .map(|response| hold_in_flight(response, passage.held)),
             (Ok(()), Err(stopped)) => {
@@ -558,21 +597,22 @@ impl<C: Clock + Clone> Pipeline<C> {
         let config = exchange.config();
         let rules = decision.gates.iter().map(|gated| {
             let gate = Gate::Rule { rule: gated.rule.clone(), key: gated.key.clone() };
-            (gate, GateBounds::of(&gated.concurrency), Some(gated))
+            (gate, (GateBounds::of(&gated.concurrency), Arc::clone(&NO_SHARES)), Some(gated))
         });
-        let upstream = config.upstream_capacity.iter().map(|capacity| (Gate::Upstream, GateBounds::of(capacity), None));
+        let upstream = self.upstream_bounds(config).map(|bounds| (Gate::Upstream, bounds, None));
         // Collected: an iterator of closures held across the waits would not be `Send`.
-        let gates: Vec<(Gate, GateBounds, Option<&Gated>)> = rules.chain(upstream).collect();
+        let gates: Vec<(Gate, (GateBounds, ShareTable), Option<&Gated>)> = rules.chain(upstream).collect();
         let mut passage = Passage::default();
         if gates.is_empty() {
             return Ok(passage);
         }
         let plan = exchange.proof.key_id().and_then(|id| exchange.snapshot.key(id)).map(|key| key.plan.as_str());
         let priority = plan.and_then(|plan| config.plans.get(plan)).map_or(KEYLESS_PRIORITY, |plan| plan.priority);
+        let class = Class::from(plan.unwrap_or(KEYLESS_SHARE));
         let waiting = tokio::time::Instant::now();
-        for (gate, bounds, gated) in gates {
+        for (gate, (bounds, shares), gated) in gates {
             let shed = if config.enforce {
-                match self.gates.enter(gate, bounds, priority).await {
+                match self.gates.enter(gate, (bounds, &shares), priority, &class).await {
                     Ok(unit) => {
                         passage.held.push(unit);
                         continue;
@@ -580,13 +620,17 @@ impl<C: Clock + Clone> Pipeline<C> {
                     Err(shed) => shed,
                 }
             } else {
-                let (unit, would) = self.gates.enter_unbounded(gate, bounds);
+                let (unit, would) = self.gates.enter_unbounded(gate, (bounds, &shares), &class);
                 passage.held.push(unit);
                 let Some(shed) = would else { continue };
                 shed
             };
             let kind = if gated.is_some() { GateKind::Rule } else { GateKind::Upstream };
-            self.counters.add_shed(kind, shed, plan.unwrap_or(KEYLESS));
+            // Shadow mode sheds nothing, so it never tightens the kernel either.
+            if kind == GateKind::Upstream && config.enforce {
+                self.adaptive.refused();
+            }
+            self.counters.add_shed(kind, shed, plan.unwrap_or(KEYLESS_SHARE));
             if let Some(gated) = gated {
                 self.engine.shed(&gated.rule, &decision.recorded);
                 if !config.enforce {
@@ -743,7 +787,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.log_decision(config, || {
             let entry = self.limits_entry(config, &info, decision, tagged);
             let queued = gated.as_ref().map_or_else(|stopped| stopped.queued, |passage| passage.queued);
-            let gated = !decision.gates.is_empty() || config.upstream_capacity.is_some();
+            let gated = !decision.gates.is_empty() || config.upstream_capacity.is_some() || config.adaptive.is_some();
             let queued_ms = gated.then(|| u64::try_from(queued.as_millis()).unwrap_or(u64::MAX));
             match &shed_by {
                 Some(Some(rule)) => Entry { verdict: VerdictKind::Reject, violated: rule, queued_ms, ..entry },
@@ -871,7 +915,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         &self,
         exchange: Exchange<'_>,
         body: ProxyBody,
-        initiator: Initiator,
+        (initiator, upstream_depth): (Initiator, Option<usize>),
         refundable: &[Refundable],
     ) -> Result<Response<ProxyBody>, Refusal> {
         let config = exchange.config();
@@ -883,6 +927,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         if let Some(claim) = &mut claim {
             claim.sent(self.clock.now()).await;
         }
+        let sent = tokio::time::Instant::now();
         // Bounds the wait for the response head; a streaming body may take longer.
         let head =
             tokio::time::timeout(config.upstream_timeout.0, upstream.send(config, path.forward(), parts, body, origin))
@@ -904,6 +949,11 @@ impl<C: Clock + Clone> Pipeline<C> {
                         }
                     })
                 });
+        if let Some(depth) = upstream_depth
+            && let Some(limit) = self.adaptive.record(depth, sent.elapsed(), answer_of(&head))
+        {
+            self.gates.relimit(&Gate::Upstream, limit);
+        }
         self.answered(&head, refundable, origin, initiator).await;
         let response = head?;
         if let Some(hook) = self.served.get() {
@@ -930,11 +980,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         origin: Origin,
         initiator: Initiator,
     ) {
-        let answer = match head {
-            Ok(response) => Answer::Status(response.status()),
-            Err(Refusal::UpstreamTimeout | Refusal::Upstream(_)) => Answer::Timeout,
-            Err(_) => Answer::Unsent,
-        };
+        let answer = answer_of(head);
         if !refundable.is_empty() && self.engine.refund(refundable, answer).await {
             self.counters.add(Event::Refunded);
         }
@@ -1058,7 +1104,14 @@ impl<C: Clock + Clone> Pipeline<C> {
 }
 
 /// The `plan` label of a request without a key's plan.
-const KEYLESS: &str = "keyless";
+/// What became of a forwarded request, as `count_when` and `losses` see it.
+fn answer_of(head: &Result<Response<ProxyBody>, Refusal>) -> Answer {
+    match head {
+        Ok(response) => Answer::Status(response.status()),
+        Err(Refusal::UpstreamTimeout | Refusal::Upstream(_)) => Answer::Timeout,
+        Err(_) => Answer::Unsent,
+    }
+}
 
 /// `response` holding `held` until its body is done, or, if it opens a tunnel, until
 /// the tunnel closes.

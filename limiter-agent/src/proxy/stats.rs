@@ -171,6 +171,25 @@ fn observe(bounds: &[f64], counts: &[AtomicU64], nanos_sum: &AtomicU64, took: Du
     nanos_sum.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
 }
 
+/// `[proxy.adaptive]` now.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AdaptiveStats {
+    /// Requests the upstream may have in flight.
+    pub limit: u32,
+    /// The mean latency of the last interval; `None` before one.
+    pub latency_ms: Option<f64>,
+    /// The unloaded latency learnt; `None` before one was seen.
+    pub baseline_ms: Option<f64>,
+    /// The upstream gate refused a request within the last second.
+    pub shedding: bool,
+    /// The limit is down at `min_limit` looking for an unloaded latency.
+    pub probing: bool,
+    /// The kernel's `[xdp.new_sources]` budget is scaled by `tighten_new_sources`
+    /// now (shedding lasted 10 s).
+    #[serde(default)]
+    pub tightened: bool,
+}
+
 /// Requests a gate refused for one reason and plan.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShedCount {
@@ -337,6 +356,7 @@ impl Counters {
             policies: Vec::new(),
             upstream_inflight: 0,
             upstream_queued: 0,
+            adaptive: None,
             decision_log_written: 0,
             decision_log_dropped: 0,
         }
@@ -484,6 +504,9 @@ pub struct ProxyStats {
     /// Requests waiting for a place under `[proxy.upstream_capacity]`.
     #[serde(default)]
     pub upstream_queued: u64,
+    /// `[proxy.adaptive]`; `None`: off.
+    #[serde(default)]
+    pub adaptive: Option<AdaptiveStats>,
     /// Where the decisions were taken: `memory` or `redis` (`proxy.store`).
     #[serde(default)]
     pub store: String,

@@ -133,7 +133,22 @@ impl KernelMaps {
     /// Puts `config` in force, beside `proxy` (whose port the SYN budget covers by
     /// default): settings first (one atomic flip), then the CIDR rules.
     pub fn apply(&mut self, config: &XdpConfig, proxy: Option<&ProxyConfig>) -> Result<(), XdpError> {
-        self.write_settings(settings_for(config, &config.syn_ports(proxy), coarse_tick_ns()))?;
+        self.apply_tightened(config, proxy, None)
+    }
+
+    /// [`Self::apply`], the `new_sources` budget scaled by `tighten` if set (the
+    /// upstream shedding, `[proxy.adaptive.kernel]`).
+    pub fn apply_tightened(
+        &mut self,
+        config: &XdpConfig,
+        proxy: Option<&ProxyConfig>,
+        tighten: Option<f64>,
+    ) -> Result<(), XdpError> {
+        let mut settings = settings_for(config, &config.syn_ports(proxy), coarse_tick_ns());
+        if let (Some(factor), Some(budget)) = (tighten, config.new_sources) {
+            settings.new_source_rate = budget.scaled(factor).rate();
+        }
+        self.write_settings(settings)?;
         self.sync_cidrs(&config.cidr)
     }
 

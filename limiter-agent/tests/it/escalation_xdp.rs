@@ -3,7 +3,7 @@
 
 use std::{
     io::{Read as _, Write as _},
-    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream},
     time::{Duration, Instant},
 };
 
@@ -12,7 +12,7 @@ use limiter::xdp::KernelMaps;
 use limiter_common::maps::MAX_BLOCKS;
 
 use limiter_lab::{
-    netns::{VethNamespace, in_namespace},
+    netns::{HostLab, VethNamespace, in_namespace},
     support::{
         agent::{AgentProcess, agent_section},
         proxy::Upstream,
@@ -45,19 +45,7 @@ impl Site {
     /// With `xdp_rules` (`[[xdp.cidr]]` tables) in the config.
     fn start_with(subnet: u8, redis: &str, upstream: SocketAddr, xdp_rules: &str) -> Self {
         let name = unique("esc");
-        let net = 200 + (std::process::id() % 50) as u8;
-        let host = Ipv4Addr::new(10, net, subnet, 1);
-        let client = Ipv4Addr::new(10, net, subnet, 2);
-        let lab = VethNamespace::new(
-            &name,
-            &format!("{}h", &name[..name.len().min(13)]),
-            "eth0",
-            &format!("{host}/24"),
-            &[&format!("{client}/24")],
-        )
-        .expect("veth lab");
-        let port = TcpListener::bind((host, 0)).and_then(|l| l.local_addr()).expect("free port").port();
-        let proxy = SocketAddr::from((host, port));
+        let HostLab { lab, client, listen: proxy, .. } = HostLab::new(&name, subnet);
         let config = format!(
             r#"{agent}
 [xdp]

@@ -2,6 +2,7 @@
 //! of the agent instead of two dozen, and the tests of all of them share the harness's
 //! threads. `accept_backoff` stays a binary of its own: it exhausts the process's descriptors.
 
+mod adaptive_xdp;
 mod cli_docs;
 mod control_plane;
 mod escalation_xdp;
@@ -9,6 +10,7 @@ mod explain;
 mod fleet_redis;
 mod fleet_topologies;
 mod kernel;
+mod proxy_adaptive;
 mod proxy_bodies;
 mod proxy_body_keys;
 mod proxy_bounds;

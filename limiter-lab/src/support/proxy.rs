@@ -61,6 +61,31 @@ struct Recorder {
     /// By `X-API-Key` (empty without one): requests being answered now, and the most
     /// there ever were at once.
     concurrency: Mutex<HashMap<String, (usize, usize)>>,
+    /// `/loaded` requests being answered now.
+    loaded: AtomicUsize,
+}
+
+/// `/loaded`'s latency at up to [`LOADED_KNEE`] in flight.
+pub const LOADED_BASE: Duration = Duration::from_millis(100);
+
+/// In flight beyond which `/loaded` slows down in proportion.
+pub const LOADED_KNEE: usize = 10;
+
+/// `/loaded`'s latency for a request arriving `in_flight` deep (itself included): an
+/// upstream that takes [`LOADED_KNEE`] at once and queues the rest inside.
+#[must_use]
+pub fn loaded_latency(in_flight: usize) -> Duration {
+    let factor = u32::try_from(in_flight.max(LOADED_KNEE)).unwrap_or(u32::MAX);
+    LOADED_BASE * factor / u32::try_from(LOADED_KNEE).unwrap_or(1)
+}
+
+/// One `/loaded` request being answered.
+struct Loaded<'r>(&'r AtomicUsize);
+
+impl Drop for Loaded<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// One request being answered, counted in its key's concurrency until dropped.
@@ -93,7 +118,8 @@ impl Drop for Answering<'_> {
 /// [`Upstream::release`]; `/hop` answers with hop-by-hop headers to be removed;
 /// `/big` answers with a 100 KiB body. On any path, `?status=N` answers with status
 /// `N` and `?delay_ms=N` that many milliseconds after the request arrived (a login
-/// failing, a slow upstream). It counts the requests it is answering at once per
+/// failing, a slow upstream). `/loaded` answers after [`loaded_latency`] of the
+/// `/loaded` requests in flight when it arrived (an upstream with a knee). It counts the requests it is answering at once per
 /// `X-API-Key` ([`Upstream::peak`]), and [`Upstream::seen`] is its arrival order.
 #[derive(Debug)]
 pub struct Upstream {
@@ -117,6 +143,7 @@ impl Upstream {
             seen: Mutex::new(Vec::new()),
             gate: Semaphore::new(0),
             concurrency: Mutex::default(),
+            loaded: AtomicUsize::new(0),
         });
         let shared = recorder.clone();
         let task = tokio::spawn(async move {
@@ -205,6 +232,11 @@ async fn respond(recorder: Arc<Recorder>, request: Request<Incoming>) -> Result<
             headers.insert("x-upstream-kept", HeaderValue::from_static("1"));
         }
         "/big" => *response.body_mut() = Full::new(Bytes::from(vec![b'x'; 100 * 1024])),
+        "/loaded" => {
+            let in_flight = recorder.loaded.fetch_add(1, Ordering::Relaxed) + 1;
+            let _loaded = Loaded(&recorder.loaded);
+            tokio::time::sleep(loaded_latency(in_flight)).await;
+        }
         _ => {}
     }
     Ok(response)

@@ -34,8 +34,17 @@ fn poll_within<T>(patience: Duration, mut look: impl FnMut() -> T, mut done: imp
 
 /// [`poll`] from a task: the runtime goes on (a test upstream on it, say) between looks.
 #[cfg(feature = "agent")]
-pub async fn poll_async<T>(mut look: impl FnMut() -> T, mut done: impl FnMut(&T) -> bool) -> Result<T, T> {
-    let deadline = Instant::now() + PATIENCE;
+pub async fn poll_async<T>(look: impl FnMut() -> T, done: impl FnMut(&T) -> bool) -> Result<T, T> {
+    poll_within_async(PATIENCE, look, done).await
+}
+
+#[cfg(feature = "agent")]
+async fn poll_within_async<T>(
+    patience: Duration,
+    mut look: impl FnMut() -> T,
+    mut done: impl FnMut(&T) -> bool,
+) -> Result<T, T> {
+    let deadline = Instant::now() + patience;
     loop {
         if let ControlFlow::Break(outcome) = judge(look(), &mut done, deadline) {
             return outcome;
@@ -73,7 +82,18 @@ pub fn until_within<T: Debug>(
 /// [`poll_async`], failing the test when the time is up.
 #[cfg(feature = "agent")]
 pub async fn until_async<T: Debug>(what: &str, look: impl FnMut() -> T, done: impl FnMut(&T) -> bool) -> T {
-    poll_async(look, done).await.unwrap_or_else(|last| timed_out(what, PATIENCE, &last))
+    until_within_async(PATIENCE, what, look, done).await
+}
+
+/// [`until_async`] for what takes longer than [`PATIENCE`] by design.
+#[cfg(feature = "agent")]
+pub async fn until_within_async<T: Debug>(
+    patience: Duration,
+    what: &str,
+    look: impl FnMut() -> T,
+    done: impl FnMut(&T) -> bool,
+) -> T {
+    poll_within_async(patience, look, done).await.unwrap_or_else(|last| timed_out(what, patience, &last))
 }
 
 /// Fails the test: `what` did not happen within `patience`; `last` was seen last.
