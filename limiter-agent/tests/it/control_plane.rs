@@ -317,7 +317,7 @@ fn the_dashboard_and_alerts_query_only_metrics_the_agent_exports() {
         assert!(!targets.is_empty() && targets.iter().all(|t| t["expr"].is_string()), "{}", panel["title"]);
     }
 
-    // Every optional family on: the budgets, verified sources, the proxy.
+    // Every optional family on: the budgets, verified sources, the proxy, its adaptive limit.
     let port = free_port();
     let lab = XdpLab::start(
         1,
@@ -325,7 +325,7 @@ fn the_dashboard_and_alerts_query_only_metrics_the_agent_exports() {
         &format!(
             "{}\n[xdp.new_sources]\npackets_per_second = 100\nburst = 100\n[xdp.syn]\npackets_per_second = 100\n\
              burst = 100\n[xdp.verified]\nttl = \"1m\"\n[proxy]\nlisten = \"127.0.0.1:0\"\n\
-             upstream = \"http://127.0.0.1:9\"\n",
+             upstream = \"http://127.0.0.1:9\"\n[proxy.adaptive]\n",
             limit(100, 10)
         ),
     );
