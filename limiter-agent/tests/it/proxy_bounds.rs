@@ -1,6 +1,7 @@
 //! The time and connection bounds, against clients that open connections and stall
-//! them: `body_timeout`, `idle_timeout`, `max_connections`, `max_connections_per_ip`,
-//! and the metrics endpoint's bound on scrapers.
+//! them or trickle their bytes: `header_timeout`, `body_timeout`, `idle_timeout`,
+//! `max_connections`, `max_connections_per_ip`, and the metrics endpoint's bound on
+//! scrapers.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -12,7 +13,7 @@ use limiter_lab::support::{
         PROXY_HEAD, RunningProxy, Upstream, connect_from, exchange_from, raw_exchange, read_to_close, secret_file,
         signed_route_config,
     },
-    wait::PATIENCE,
+    wait::{PATIENCE, assert_about, until_async},
 };
 use tokio::{io::AsyncWriteExt, net::TcpStream};
 
@@ -112,6 +113,78 @@ async fn a_stalled_body_of_known_length_gets_408_on_signed_and_forwarded_routes(
     .await;
     assert_eq!(status_line(&response), "HTTP/1.1 200 OK", "{response}");
     let _ = std::fs::remove_file(secret);
+}
+
+/// A slowloris's pace: each byte comes well within any per-read deadline, so only a
+/// bound on the whole head (or body) ends the connection.
+const TRICKLE: Duration = Duration::from_millis(250);
+
+/// Writes `bytes` on `stream` one at a time, [`TRICKLE`] apart, while reading what
+/// the proxy sends until it closes the connection: what it sent and when it closed.
+async fn trickle(stream: TcpStream, bytes: &'static [u8]) -> (String, Instant) {
+    let (mut reader, mut writer) = stream.into_split();
+    let writing = tokio::spawn(async move {
+        for byte in bytes {
+            tokio::time::sleep(TRICKLE).await;
+            if writer.write_all(std::slice::from_ref(byte)).await.is_err() {
+                break;
+            }
+        }
+    });
+    let received = read_to_close(&mut reader).await;
+    let closed = Instant::now();
+    writing.abort();
+    (received, closed)
+}
+
+#[tokio::test]
+async fn a_head_trickled_a_byte_at_a_time_gets_408_at_header_timeout() {
+    let upstream = Upstream::start().await;
+    let header_timeout = Duration::from_secs(1);
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}header_timeout = \"1s\"\n"), upstream.addr).await;
+    // 54 bytes at TRICKLE: 13.5 s if no bound on the whole head cut it.
+    let head = b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaa\r\n\r\n";
+    let start = Instant::now();
+    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    let (response, closed) = trickle(stream, head).await;
+    assert_408(&response);
+    assert_about("the trickled head's 408", closed - start, header_timeout);
+    proxy.stats_until("the timeout counted", |stats| stats.timeouts == 1).await;
+    assert_eq!(upstream.count(), 0);
+}
+
+#[tokio::test]
+async fn a_body_trickled_a_byte_at_a_time_gets_408_at_body_timeout_and_never_reaches_the_upstream_whole() {
+    let upstream = Upstream::start().await;
+    let config = format!("{PROXY_HEAD}body_timeout = \"1s\"\n");
+    let body_timeout = Duration::from_secs(1);
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    // A chunked body is read whole before it is forwarded; one of known length is
+    // streamed to the upstream as it comes. At TRICKLE they would take 7 s and 10 s.
+    let uploads: [(&[u8], &[u8]); 2] = [
+        (
+            b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"1\r\na\r\n1\r\na\r\n1\r\na\r\n1\r\na\r\n0\r\n\r\n",
+        ),
+        (
+            b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n",
+            b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        ),
+    ];
+    for (timed_out, (head, body)) in (1..).zip(uploads) {
+        let mut stream = TcpStream::connect(proxy.addr).await.expect("connect");
+        stream.write_all(head).await.expect("write the head");
+        let start = Instant::now();
+        let (response, closed) = trickle(stream, body).await;
+        assert_408(&response);
+        assert_about("the trickled body's 408", closed - start, body_timeout);
+        proxy.stats_until("the body's timeout counted", |stats| stats.body_timeouts == timed_out).await;
+    }
+    // Only the streamed one reached the upstream, and never whole.
+    let seen =
+        until_async("the streamed body to end at the upstream", || upstream.seen(), |seen| seen.len() == 1).await;
+    assert!(seen[0].body.len() < 40, "the upstream got {:?}", seen[0].body);
+    assert_eq!(upstream.count(), 1);
 }
 
 #[tokio::test]

@@ -4,13 +4,13 @@
 use std::{
     net::SocketAddr,
     process::{Child, Command, Stdio},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use limiter_lab::support::{
-    proxy::{PROXY_HEAD, RunningProxy, Upstream, exchange_from},
+    proxy::{PROXY_HEAD, RunningProxy, Upstream, exchange_from, proxy_v2_header},
     unique,
-    wait::PATIENCE,
+    wait::{PATIENCE, assert_about},
 };
 
 const TRUSTED_LB: &str = "trusted_proxies = [\"127.0.0.1/32\"]\n";
@@ -128,4 +128,28 @@ async fn a_header_from_a_peer_not_trusted_is_refused_and_a_trusted_peer_must_sen
         })
         .await;
     assert_eq!(upstream.count(), 2);
+}
+
+#[tokio::test]
+async fn half_a_header_is_cut_at_header_timeout_and_counted() {
+    let upstream = Upstream::start().await;
+    let header_timeout = Duration::from_secs(1);
+    let config = format!("{PROXY_HEAD}{TRUSTED_LB}proxy_protocol = \"any\"\nheader_timeout = \"1s\"\n");
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    let client = SocketAddr::from(([203, 0, 113, 7], 5555));
+    // v2 whose length promises its 12 address bytes, of which 4 come.
+    let mut short_v2 = proxy_v2_header(client, proxy.addr);
+    short_v2.truncate(short_v2.len() - 8);
+    let halves = [b"PROXY TCP4 203.0.113.7 127.0.0.1 5555 80".to_vec(), short_v2];
+    for (refused, half) in (1..).zip(halves) {
+        let start = Instant::now();
+        assert_eq!(exchange_from([127, 0, 0, 1], proxy.addr, &half).await, "");
+        assert_about(&format!("{} closed", half.escape_ascii()), start.elapsed(), header_timeout);
+        proxy
+            .stats_until("the half header refused", |stats| {
+                stats.connections_refused_reasons["proxy_protocol"] == refused
+            })
+            .await;
+    }
+    assert_eq!(upstream.count(), 0);
 }

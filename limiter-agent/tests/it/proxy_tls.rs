@@ -6,13 +6,15 @@ use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     path::Path,
     process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio},
+    time::{Duration, Instant},
 };
 
 use limiter_lab::support::{
     agent::{AgentProcess, agent_section},
-    proxy::{RunningProxy, Upstream},
+    proxy::{RunningProxy, Upstream, raw_exchange},
     tls::TestTls,
     unique,
+    wait::assert_about,
 };
 
 /// `openssl s_client` on `addr` with `args`, sending nothing: what it printed.
@@ -101,6 +103,25 @@ async fn the_certificate_is_chosen_by_the_name_the_client_asks_for() {
     assert!(unnamed.contains("subject=CN = 127.0.0.1"), "{unnamed}");
     let other = s_client(&addr, &tls.ca, &["-servername", "www.example.test"]).await;
     assert!(other.contains("subject=CN = 127.0.0.1"), "the default certificate for a name none has: {other}");
+}
+
+#[tokio::test]
+async fn a_stalled_client_hello_is_cut_at_header_timeout_and_counted() {
+    let (upstream, tls) = (Upstream::start().await, TestTls::new());
+    let header_timeout = Duration::from_secs(1);
+    let config = tls.proxy_head().replace("[proxy.tls]", "header_timeout = \"1s\"\n[proxy.tls]");
+    let proxy = RunningProxy::start(&config, upstream.addr).await;
+    // A handshake record announcing a ClientHello of 512 bytes, then the first few of
+    // them; and a connection that sends nothing at all.
+    let half_hello: &[u8] = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03";
+    for (failures, sent) in (1..).zip([half_hello, b""]) {
+        let start = Instant::now();
+        let response = raw_exchange(proxy.addr, sent).await;
+        assert!(!response.contains("HTTP/"), "{response}");
+        assert_about(&format!("{} closed", sent.escape_ascii()), start.elapsed(), header_timeout);
+        proxy.stats_until("the stalled handshake counted", |stats| stats.tls_handshake_failures == failures).await;
+    }
+    assert_eq!(upstream.count(), 0);
 }
 
 /// A TLS connection held open by `openssl s_client -quiet`, on which requests are

@@ -33,7 +33,7 @@ use limiter_core::{
     signature::{Canonical, sha256, sign_hex},
 };
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpSocket, TcpStream},
     sync::{Semaphore, mpsc, watch},
     task::JoinHandle,
@@ -586,7 +586,7 @@ pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
 
 /// Everything the peer sends until it closes (a reset after the response counts as
 /// a close: the response has been read by then).
-pub async fn read_to_close(stream: &mut TcpStream) -> String {
+pub async fn read_to_close(stream: &mut (impl AsyncRead + Unpin)) -> String {
     let mut received = Vec::new();
     let mut buf = [0; 8192];
     loop {

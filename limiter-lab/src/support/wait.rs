@@ -101,6 +101,13 @@ pub fn timed_out(what: &str, patience: Duration, last: &dyn Debug) -> ! {
     panic!("waited {patience:?} for {what}; last seen: {last:?}")
 }
 
+/// Fails unless `after` is about `bound`: not before 0.9 of it (a timer may round
+/// down a little), not 2 s past it (a loaded machine is late, a bound never hit is
+/// later still). For a timeout a test waits out: the time it took to end the wait.
+pub fn assert_about(what: &str, after: Duration, bound: Duration) {
+    assert!(after >= bound.mul_f64(0.9) && after <= bound + Duration::from_secs(2), "{what} after {after:?}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
