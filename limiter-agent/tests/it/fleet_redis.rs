@@ -408,7 +408,9 @@ async fn hang(store_failure: &str, during: StatusCode) {
     let reply = client.get(&url, &[]).await;
     assert!(reply.status == StatusCode::OK && decided_in_redis(&reply), "{store_failure}: decided in Redis again");
     assert!(reply.elapsed < HANG_TIMEOUT, "{store_failure}: answered without waiting, took {:?}", reply.elapsed);
-    assert_eq!(proxy.proxy.stats().store_failures, hung, "{store_failure}: no failure once Redis answers");
+    // Forwarded after its decision: once it is counted, so is any failure it met.
+    let stats = proxy.stats_until("the request after the outage forwarded", |stats| stats.forwarded == local + 2).await;
+    assert_eq!(stats.store_failures, hung, "{store_failure}: no failure once Redis answers");
 }
 
 #[tokio::test]

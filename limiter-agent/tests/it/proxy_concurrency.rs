@@ -82,11 +82,14 @@ async fn one_key_gets_four_in_flight_twenty_queued_and_the_rest_refused_at_once(
     assert_eq!(policy, r#""p";q=100000;w=60, "reports";q=4;qu="concurrent-requests""#);
     assert_eq!(take(&mut other, 1).await[0].status, StatusCode::OK);
     assert_eq!((upstream.peak("k-a"), upstream.peak("k-b")), (4, 1));
-    let stats = proxy.stats_until("every unit back", |stats| gate(stats) == (0, 0)).await;
-    let reports = stats.policies.iter().find(|policy| policy.name == "reports").expect("reports");
-    assert_eq!((reports.forwarded, reports.rejected, reports.concurrency), (25, 6, Some(4)));
-    let shed: Vec<_> = stats.shed.iter().map(|shed| (shed.reason.as_str(), shed.plan.as_str(), shed.count)).collect();
-    assert_eq!(shed, [("queue_full", "p", 6)]);
+    let counted = |stats: &ProxyStats| {
+        let reports = stats.policies.iter().find(|policy| policy.name == "reports").expect("reports");
+        let shed: Vec<_> =
+            stats.shed.iter().map(|shed| (shed.reason.as_str().to_owned(), shed.plan.clone(), shed.count)).collect();
+        (gate(stats), reports.forwarded, reports.rejected, reports.concurrency, shed)
+    };
+    let expected = ((0, 0), 25, 6, Some(4), vec![("queue_full".to_owned(), "p".to_owned(), 6)]);
+    proxy.stats_until("every unit back, every request counted", |stats| counted(stats) == expected).await;
 }
 
 #[tokio::test]
@@ -112,11 +115,13 @@ async fn a_request_queued_past_queue_timeout_is_refused_with_retry_after() {
         );
     }
     assert_eq!(upstream.count(), 2);
-    let stats = proxy.stats_until("the three timeouts counted", |stats| !stats.shed.is_empty()).await;
-    let shed: Vec<_> = stats.shed.iter().map(|shed| (shed.reason.as_str(), shed.count)).collect();
-    assert_eq!(shed, [("queue_timeout", 3)]);
-    let waits: u64 = stats.queue_wait_seconds.counts.iter().sum();
-    assert_eq!(waits, 5, "every request's wait observed");
+    let stats = proxy
+        .stats_until("the three timeouts counted and every request's wait observed", |stats| {
+            let shed: Vec<_> = stats.shed.iter().map(|shed| (shed.reason.as_str(), shed.count)).collect();
+            let waits: u64 = stats.queue_wait_seconds.counts.iter().sum();
+            shed == [("queue_timeout", 3)] && waits == 5
+        })
+        .await;
     assert!(stats.queue_wait_seconds.sum_seconds >= 3.0 * 0.9, "{:?}", stats.queue_wait_seconds);
 }
 
@@ -172,10 +177,12 @@ async fn shadow_mode_queues_nothing_and_counts_what_would_be_refused() {
     let proxy = RunningProxy::start(&config("concurrency = 1\nqueue = 1\n", "enforce = false\n"), upstream.addr).await;
     let mut received = send_at_once(&proxy, "/api/reports/hold", "k-a", 3);
     upstream.arrived(3).await;
-    let stats = proxy.stats_until("all three in flight", |stats| gate(stats) == (3, 0)).await;
-    let reports = stats.policies.iter().find(|policy| policy.name == "reports").expect("reports");
-    assert_eq!((reports.forwarded, reports.rejected), (2, 1));
-    assert_eq!(stats.rejected, 1);
+    proxy
+        .stats_until("all three in flight, the one past the queue counted as refused", |stats| {
+            let reports = stats.policies.iter().find(|policy| policy.name == "reports").expect("reports");
+            (gate(stats), reports.forwarded, reports.rejected, stats.rejected) == ((3, 0), 2, 1, 1)
+        })
+        .await;
     upstream.release(3);
     assert_eq!(statuses(&take(&mut received, 3).await), [StatusCode::OK; 3]);
 }
@@ -310,7 +317,8 @@ async fn the_upstreams_capacity_reloads_live() {
     proxy.proxy.reconfigure(proxy_config(PROXY_HEAD, upstream.addr), KeySecrets::default()).expect("reload");
     let mut more = send_at_once(&proxy, "/hold", "k-free", 3);
     upstream.arrived(4).await;
-    assert_eq!(proxy.proxy.stats().upstream_queued, 0, "unbounded without the section");
+    // All four at the upstream, none waiting: nothing bounds it any more.
+    proxy.stats_until("none queued, unbounded without the section", |stats| upstream_gate(stats).1 == 0).await;
     upstream.release(4);
     assert_eq!(take(&mut held, 1).await[0].status, StatusCode::OK);
     assert_eq!(statuses(&take(&mut more, 3).await), [StatusCode::OK; 3]);
