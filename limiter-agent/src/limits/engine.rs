@@ -631,24 +631,27 @@ impl Policies {
     }
 
     /// The `concurrency` of each rule matching `request` that has one, under the
-    /// rule's key; a missing key follows `missing_key` as it does for a rate.
-    pub(super) fn gates(&self, request: &RequestInfo<'_>) -> Result<Vec<Gated>, Verdict> {
+    /// rule's key; a missing key follows `missing_key` as it does for a rate. A rule
+    /// with a rate too is among `counted` (the buckets [`Self::count`] found for the
+    /// request), matched and keyed already: its key is taken from there.
+    pub(super) fn gates(&self, request: &RequestInfo<'_>, counted: &[Counting<'_>]) -> Result<Vec<Gated>, Verdict> {
+        let gated =
+            |rule: &Rule, concurrency, (key, holder)| Gated { rule: rule.name.clone(), key, holder, concurrency };
+        let rated = self.rules.iter().filter_map(|(rule, policy)| {
+            let concurrency = rule.concurrency?;
+            let counting = counted.iter().find(|counting| std::ptr::eq(counting.policy, policy))?;
+            Some(Ok(gated(rule, concurrency, (counting.key.clone(), counting.holder))))
+        });
         let seen = request.seen();
-        let rated = self.rules.iter().map(|(rule, _)| rule);
-        let concurrent = self.concurrent.iter().map(|(rule, _)| rule);
-        rated
-            .chain(concurrent)
-            .filter_map(|rule| Some((rule, rule.concurrency?)))
-            .filter(|(rule, _)| rule.applies(&seen))
-            .map(|(rule, concurrency)| {
-                let (key, holder) = match (self.key(rule, request), self.missing_key) {
-                    (Some(keyed), _) => keyed,
-                    (None, MissingKey::Shared) => (MISSING_KEY.to_owned(), Holder::Anyone),
-                    (None, MissingKey::Reject) => return Err(Verdict::MissingKey { rule: rule.name.clone() }),
-                };
-                Ok(Gated { rule: rule.name.clone(), key, holder, concurrency })
+        let concurrent = self.concurrent.iter().filter_map(|(rule, _)| {
+            let concurrency = rule.concurrency.filter(|_| rule.applies(&seen))?;
+            Some(match (self.key(rule, request), self.missing_key) {
+                (Some(keyed), _) => Ok(gated(rule, concurrency, keyed)),
+                (None, MissingKey::Shared) => Ok(gated(rule, concurrency, (MISSING_KEY.to_owned(), Holder::Anyone))),
+                (None, MissingKey::Reject) => Err(Verdict::MissingKey { rule: rule.name.clone() }),
             })
-            .collect()
+        });
+        rated.chain(concurrent).collect()
     }
 
     /// The plans, by name.
@@ -832,7 +835,7 @@ impl<C: Clock> Engine<C> {
             Ok(counted) => counted,
             Err(verdict) => return policies.uncounted(verdict, require_signature),
         };
-        let gates = match policies.gates(request) {
+        let gates = match policies.gates(request, &counted) {
             Ok(gates) => gates,
             Err(verdict) => return policies.uncounted(verdict, require_signature),
         };

@@ -76,7 +76,7 @@ impl<C: Clock> Engine<C> {
             Ok(counted) => counted,
             Err(verdict) => return Explanation::stopped(verdict, require_signature),
         };
-        let gates = match policies.gates(request) {
+        let gates = match policies.gates(request, &counted) {
             Ok(gates) => gates,
             Err(verdict) => return Explanation::stopped(verdict, require_signature),
         };

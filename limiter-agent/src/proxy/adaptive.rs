@@ -94,14 +94,10 @@ impl Adaptive {
         });
     }
 
-    /// The upstream's limit now; `None`: not adaptive.
-    pub(super) fn limit(&self) -> Option<usize> {
-        self.lock().as_ref().map(|running| running.controller.limit() as usize)
-    }
-
-    /// The plans' shares of the limit (none when not adaptive).
-    pub(super) fn shares(&self) -> Option<ShareTable> {
-        self.lock().as_ref().map(|running| Arc::clone(&running.shares))
+    /// The upstream's limit now and the plans' shares of it, under one lock; `None`:
+    /// not adaptive.
+    pub(super) fn bounds(&self) -> Option<(usize, ShareTable)> {
+        self.lock().as_ref().map(|running| (running.controller.limit() as usize, Arc::clone(&running.shares)))
     }
 
     /// Takes in a request the upstream gate let in `depth` deep, answered `answer`
@@ -231,12 +227,12 @@ mod tests {
         shared.shares = [("pro".to_owned(), 0.2)].into();
         adaptive.reconfigure(Some(&shared));
         assert_eq!(adaptive.stats().expect("stats").baseline_ms, learnt.baseline_ms);
-        assert_eq!(adaptive.shares().expect("shares").get("pro"), Some(&0.2));
+        assert_eq!(adaptive.bounds().expect("bounds").1.get("pro"), Some(&0.2));
         adaptive.reconfigure(Some(&config(4, None)));
         assert_eq!(adaptive.stats().expect("stats").baseline_ms, None, "a new controller");
-        assert_eq!(adaptive.limit(), Some(50));
+        assert_eq!(adaptive.bounds().map(|(limit, _)| limit), Some(50));
         assert_eq!(adaptive.record(1, Duration::from_millis(20), Answer::Unsent), None, "not a sample");
         adaptive.reconfigure(None);
-        assert_eq!((adaptive.limit(), adaptive.stats()), (None, None));
+        assert_eq!((adaptive.bounds().map(|(limit, _)| limit), adaptive.stats()), (None, None));
     }
 }

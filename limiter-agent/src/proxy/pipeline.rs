@@ -264,16 +264,18 @@ impl<C: Clock + Clone> Pipeline<C> {
     /// `[proxy.upstream_capacity] concurrency`, and its queue; `None`: no gate.
     fn upstream_bounds(&self, config: &ProxyConfig) -> Option<(GateBounds, ShareTable)> {
         let capacity = config.upstream_capacity.as_ref();
-        let limit = match self.adaptive.limit() {
-            Some(limit) => limit,
-            None => usize::try_from(capacity?.concurrency?.get()).unwrap_or(usize::MAX),
+        // The adaptive state is asked (a lock every worker shares) only where the
+        // config has it: a request with no upstream gate pays nothing for it.
+        let (limit, shares) = match config.adaptive.is_some().then(|| self.adaptive.bounds()).flatten() {
+            Some(adaptive) => adaptive,
+            None => (usize::try_from(capacity?.concurrency?.get()).unwrap_or(usize::MAX), Arc::clone(&NO_SHARES)),
         };
         let bounds = GateBounds {
             limit,
             queue: capacity.map_or(0, |capacity| usize::try_from(capacity.queue).unwrap_or(usize::MAX)),
             timeout: capacity.map_or(DEFAULT_QUEUE_TIMEOUT, |capacity| capacity.queue_timeout.0),
         };
-        Some((bounds, self.adaptive.shares().unwrap_or_else(|| Arc::clone(&NO_SHARES))))
+        Some((bounds, shares))
     }
 
     /// The engine's counts of each policy, with its keys' requests in flight and
