@@ -49,6 +49,16 @@ impl HostLab {
         let port = std::net::TcpListener::bind((host, 0)).and_then(|l| l.local_addr()).expect("free port").port();
         Self { lab, host, client, listen: std::net::SocketAddr::from((host, port)) }
     }
+
+    /// An `[xdp]` section on the lab's host interface whose per-source bucket no test's
+    /// traffic fills, so that only what a test adds after it drops anything.
+    #[must_use]
+    pub fn xdp_section(&self) -> String {
+        format!(
+            "[xdp]\ninterfaces = [\"{}\"]\nmode = \"auto\"\n[xdp.limit]\npackets_per_second = 100000\nburst = 100000\n",
+            self.lab.host_if
+        )
+    }
 }
 
 impl VethNamespace {

@@ -54,16 +54,12 @@ async fn shedding_ten_seconds_halves_the_new_source_budget_until_ten_seconds_wit
     let upstream_addr = upstream.addr;
     tokio::task::spawn_blocking(move || {
         let name = unique("adapt");
-        let HostLab { lab, listen: proxy, .. } = HostLab::new(&name, ADAPTIVE_SUBNET);
+        // Kept to the end: dropping it removes the namespace.
+        let lab = HostLab::new(&name, ADAPTIVE_SUBNET);
+        let (xdp, proxy) = (lab.xdp_section(), lab.listen);
         let config = format!(
             r#"{agent}
-[xdp]
-interfaces = ["{interface}"]
-mode = "auto"
-[xdp.limit]
-packets_per_second = 100000
-burst = 100000
-[xdp.new_sources]
+{xdp}[xdp.new_sources]
 packets_per_second = 1000
 burst = 2000
 [proxy]
@@ -78,7 +74,6 @@ initial_limit = 1
 tighten_new_sources = 0.5
 "#,
             agent = agent_section(&name, "keep_attached_on_exit = false"),
-            interface = lab.host_if,
         );
         let mut agent = AgentProcess::start(&name, &config);
         assert_eq!(budget(&agent.cli_json(&["stats", "--json"])), (1000, 2000));

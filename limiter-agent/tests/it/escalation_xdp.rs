@@ -45,16 +45,12 @@ impl Site {
     /// With `xdp_rules` (`[[xdp.cidr]]` tables) in the config.
     fn start_with(subnet: u8, redis: &str, upstream: SocketAddr, xdp_rules: &str) -> Self {
         let name = unique("esc");
-        let HostLab { lab, client, listen: proxy, .. } = HostLab::new(&name, subnet);
+        let host_lab = HostLab::new(&name, subnet);
+        let xdp = host_lab.xdp_section();
+        let HostLab { lab, client, listen: proxy, .. } = host_lab;
         let config = format!(
             r#"{agent}
-[xdp]
-interfaces = ["{interface}"]
-mode = "auto"
-[xdp.limit]
-packets_per_second = 100000
-burst = 100000
-{xdp_rules}
+{xdp}{xdp_rules}
 [proxy]
 listen = "{proxy}"
 upstream = "http://{upstream}"
@@ -73,7 +69,6 @@ window = "10s"
 block_ttl = "{ttl}ms"
 "#,
             agent = agent_section(&name, "keep_attached_on_exit = false"),
-            interface = lab.host_if,
             ttl = BLOCK_TTL.as_millis(),
         );
         let agent = AgentProcess::start(&name, &config);
