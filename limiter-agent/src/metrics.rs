@@ -308,6 +308,11 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
             stats.workers_replaced,
         ),
         (
+            "limiter_proxy_drain_cut_total",
+            "Connections cut at drain_timeout by a stop or an upgrade (requests in flight, tunnels).",
+            stats.drain_cut,
+        ),
+        (
             "limiter_proxy_key_evictions_total",
             "Per-key states evicted to stay within max_tracked_keys.",
             stats.evictions,

@@ -1,10 +1,10 @@
 //! `[agent]`: where the agent pins, listens and reports.
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Deserializer, de};
 
-use crate::changes::Changes;
+use crate::{changes::Changes, units::HumanDuration};
 
 /// `[agent]`.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
@@ -22,6 +22,9 @@ pub struct AgentConfig {
     pub metrics: Option<SocketAddr>,
     /// Leave the XDP filter attached (through its pinned link) when the agent stops.
     pub keep_attached_on_exit: bool,
+    /// How long a stop or an upgrade waits for in-flight requests and open tunnels
+    /// before it cuts them.
+    pub drain_timeout: HumanDuration,
     /// `text` or `json` log lines.
     #[changes(restart = "the logger is set up at start")]
     pub log_format: LogFormat,
@@ -43,6 +46,7 @@ impl Default for AgentConfig {
             admin_socket: PathBuf::from("/run/limiter.sock"),
             metrics: Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
             keep_attached_on_exit: true,
+            drain_timeout: HumanDuration(Duration::from_secs(30)),
             log_format: LogFormat::Text,
         }
     }

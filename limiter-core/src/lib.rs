@@ -4,8 +4,9 @@
 //! ([`clock`]), the signed-request scheme ([`signature`]), the checks of a client's
 //! JSON Web Token ([`jwt`]), the one canonical form
 //! of a request path ([`path`]), and the PROXY protocol header a balancer sends
-//! ([`proxy_protocol`]), and the values a rule's key reads from a request's body,
-//! query and cookies ([`carried`]).
+//! ([`proxy_protocol`]), the values a rule's key reads from a request's body,
+//! query and cookies ([`carried`]), and the descriptors a process was started with
+//! ([`inherited`]: socket activation and `limiter upgrade`).
 //!
 //! Nothing here reads a file, a socket or a BPF map: the agent parses the config
 //! into these types, and keeps the state that lives elsewhere (Redis, the kernel).
@@ -13,6 +14,7 @@
 pub mod adaptive;
 pub mod carried;
 pub mod clock;
+pub mod inherited;
 pub mod jwt;
 pub mod limits;
 pub mod path;

@@ -26,6 +26,8 @@ pub enum Request {
     Top { n: usize },
     /// What each limit's keys peaked at, and limits `headroom` above.
     Suggest { headroom: f64 },
+    /// Start the binary on disk on this agent's sockets, then drain and exit.
+    Upgrade,
 }
 
 /// The agent's answer.
@@ -55,6 +57,11 @@ pub enum Response {
     /// `None`: the agent runs without `[proxy]`.
     Suggested {
         suggestions: Option<Vec<crate::limits::Suggestion>>,
+    },
+    /// The new agent (pid `new`) serves; the old one (`old`) drains and exits.
+    Upgraded {
+        old: u32,
+        new: u32,
     },
 }
 

@@ -10,12 +10,13 @@ use std::{
     path::Path,
 };
 
+use super::upgrade::{Inherited, Offer, Passed};
 use crate::config::Config;
 
 /// Held for as long as the agent runs.
 #[derive(Debug)]
 pub struct AgentLock {
-    _socket: File,
+    socket: File,
     pin_dir: Option<File>,
 }
 
@@ -38,11 +39,31 @@ impl AgentLock {
     /// Locks `<admin_socket>.lock` and, with `[xdp]`, the pin dir.
     pub fn acquire(config: &Config) -> Result<Self, LockError> {
         let socket_lock = config.agent.admin_socket.with_added_extension("lock");
-        let mut lock = Self { _socket: lock(&socket_lock, true)?, pin_dir: None };
+        let mut lock = Self { socket: lock(&socket_lock, true)?, pin_dir: None };
         if config.xdp.is_some() {
             lock.pin_dir(&config.agent.pin_dir)?;
         }
         Ok(lock)
+    }
+
+    /// Takes the locks the agent this one replaces handed over, else acquires them.
+    /// Handed over, they are the same `flock`s (one open file each, shared by the
+    /// two processes), so that no third agent can start between them.
+    pub fn acquire_or_inherit(config: &Config, inherited: &mut Inherited) -> Result<Self, LockError> {
+        let Some(socket) = inherited.take(Passed::Lock) else { return Self::acquire(config) };
+        let mut lock = Self { socket: File::from(socket), pin_dir: inherited.take(Passed::PinLock).map(File::from) };
+        if config.xdp.is_some() {
+            lock.pin_dir(&config.agent.pin_dir)?;
+        }
+        Ok(lock)
+    }
+
+    /// The locks, to hand to the agent replacing this one.
+    pub fn offer(&self) -> Vec<Offer<'_>> {
+        use std::os::fd::AsFd as _;
+        let mut offer = vec![(Passed::Lock, self.socket.as_fd())];
+        offer.extend(self.pin_dir.as_ref().map(|pin_dir| (Passed::PinLock, pin_dir.as_fd())));
+        offer
     }
 
     /// Locks the pin dir itself (bpffs holds no plain files, but a directory can be

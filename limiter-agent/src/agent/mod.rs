@@ -1,14 +1,18 @@
 //! The running agent: owns the kernel layer (and the proxy), reloads on SIGHUP, on
-//! `limiter reload` and when the config file changes, answers the admin socket and
-//! stops cleanly on SIGTERM.
+//! `limiter reload` and when the config file changes, answers the admin socket,
+//! hands its sockets to a new binary on `limiter upgrade` and SIGUSR2, and stops
+//! cleanly on SIGTERM.
 
 pub mod admin;
 pub mod lock;
 mod reload;
+mod systemd;
+mod upgrade;
 mod watch;
 mod xdp;
 
 use std::{
+    os::fd::{AsFd as _, OwnedFd},
     path::{Path, PathBuf},
     sync::{Arc, atomic::Ordering},
     time::Duration,
@@ -24,6 +28,7 @@ use tokio::{
 pub use self::{
     admin::{AgentStats, EscalationStats, Reloads, Request, Response},
     reload::ReloadError,
+    upgrade::{Inherited, READY_TIMEOUT, Ready, UpgradeError},
     xdp::XdpRuntime,
 };
 use limiter_core::{Clock as _, SystemClock};
@@ -91,6 +96,8 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Upgrade(#[from] UpgradeError),
 }
 
 /// The proxy and its workers.
@@ -101,23 +108,35 @@ struct ProxyRuntime {
 }
 
 impl ProxyRuntime {
-    async fn start(config: &crate::config::ProxyConfig, secrets: &KeySecrets) -> Result<Self, AgentError> {
-        let proxy = Arc::new(Proxy::bind(Arc::new(config.clone()), secrets.clone(), SystemClock).await?);
+    /// Binds `config.listen`, or serves on `inherited` (see [`Inherited::proxy`]).
+    async fn start(
+        config: &crate::config::ProxyConfig,
+        secrets: &KeySecrets,
+        inherited: Option<std::net::TcpListener>,
+    ) -> Result<Self, AgentError> {
+        let taken = inherited.is_some();
+        let proxy =
+            Arc::new(Proxy::bind_or_take(Arc::new(config.clone()), secrets.clone(), SystemClock, inherited).await?);
         let serving = proxy.serve()?;
-        tracing::info!(listen = %proxy.local_addr(), upstream = %config.upstream, workers = %config.workers(), "proxy serving");
+        tracing::info!(listen = %proxy.local_addr(), inherited = taken, upstream = %config.upstream, workers = %config.workers(), "proxy serving");
         Ok(Self { proxy, serving })
     }
 
-    /// Stops accepting and waits for in-flight requests, up to `DRAIN_TIMEOUT`.
-    async fn drain(self) {
-        if tokio::time::timeout(DRAIN_TIMEOUT, self.serving.stop()).await.is_err() {
-            tracing::warn!("in-flight proxy requests still running after {DRAIN_TIMEOUT:?}; stopping anyway");
+    /// Stops accepting and lets in-flight requests finish, cutting what is still
+    /// open after `drain_timeout` (see [`Serving::stop`]).
+    async fn drain(self, drain_timeout: Duration) {
+        let started = std::time::Instant::now();
+        self.serving.stop(drain_timeout).await;
+        match self.proxy.stats().drain_cut {
+            0 => tracing::info!(took = ?started.elapsed(), "proxy drained"),
+            cut => tracing::warn!(
+                drain_cut = cut,
+                ?drain_timeout,
+                "proxy drained: connections still open at drain_timeout cut"
+            ),
         }
     }
 }
-
-/// How long SIGTERM waits for in-flight proxy requests.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The agent's state between events.
 #[derive(Debug)]
@@ -154,14 +173,20 @@ const ESCALATION_QUEUE: usize = 1024;
 
 impl Agent {
     /// Puts `config` in force: loads and attaches the kernel layer, binds the proxy.
-    pub async fn start(config_path: PathBuf, loaded: LoadedConfig, lock: lock::AgentLock) -> Result<Self, AgentError> {
+    /// The proxy serves on the socket `inherited` holds, if it does.
+    pub async fn start(
+        config_path: PathBuf,
+        loaded: LoadedConfig,
+        lock: lock::AgentLock,
+        inherited: &mut Inherited,
+    ) -> Result<Self, AgentError> {
         let LoadedConfig { config, secrets } = loaded;
         let xdp = match &config.xdp {
             Some(xdp) => Some(XdpRuntime::start(&config, xdp)?),
             None => None,
         };
         let proxy = match &config.proxy {
-            Some(proxy) => Some(ProxyRuntime::start(proxy, &secrets).await?),
+            Some(proxy) => Some(ProxyRuntime::start(proxy, &secrets, inherited.proxy(proxy.listen)?).await?),
             None => None,
         };
         let gauges = Arc::<AgentGauges>::default();
@@ -440,14 +465,27 @@ impl Agent {
         });
     }
 
-    /// Stops: with `detach` (or `keep_attached_on_exit = false`) the XDP links are
-    /// removed; otherwise the pinned links keep the filter in place.
-    pub async fn stop(mut self, detach: bool) {
+    /// Starts the binary on disk as the agent replacing this one, handing it the
+    /// proxy's socket, the locks and `offered`; its pid once it serves.
+    async fn upgrade(&self, offered: &[upgrade::Offer<'_>]) -> Result<u32, UpgradeError> {
+        let mut offer = self.lock.offer();
+        offer.extend(self.proxy.as_ref().map(|p| (upgrade::Passed::Proxy, p.proxy.listener())));
+        offer.extend_from_slice(offered);
+        upgrade::start_new(&self.config_path, &offer).await
+    }
+
+    /// Stops, draining the proxy for up to `drain_timeout`. On [`Exit::Detach`] (or a
+    /// stop with `keep_attached_on_exit = false`) the XDP links are removed;
+    /// otherwise the pinned links keep the filter in place (after an upgrade, the
+    /// new agent's program in them).
+    pub async fn stop(mut self, exit: Exit) {
         if let Some(proxy) = self.proxy.take() {
-            proxy.drain().await;
+            proxy.drain(self.config.agent.drain_timeout.0).await;
         }
-        if let Some(runtime) = &mut self.xdp {
-            if detach || !self.config.agent.keep_attached_on_exit {
+        if exit == Exit::Upgraded {
+            tracing::info!("the new agent holds the XDP links");
+        } else if let Some(runtime) = &mut self.xdp {
+            if exit == Exit::Detach || !self.config.agent.keep_attached_on_exit {
                 for attachment in runtime.detach_all() {
                     tracing::info!(interface = %attachment.interface, "XDP detached");
                 }
@@ -458,77 +496,189 @@ impl Agent {
     }
 }
 
-/// Runs the agent until SIGTERM/SIGINT (or `limiter detach`).
-pub async fn run(config_path: PathBuf, loaded: LoadedConfig) -> Result<(), AgentError> {
-    let socket_path = loaded.config.agent.admin_socket.clone();
-    let metrics_addr = loaded.config.agent.metrics;
-    let lock = lock::AgentLock::acquire(&loaded.config)?;
-    for proxy in loaded.config.unshielded_trusted_proxies() {
-        tracing::warn!(%proxy, "trusted proxy not covered by an [[xdp.cidr]] allow or limit rule: XDP limits it as one client");
+/// Why the agent stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// SIGTERM or SIGINT.
+    Stop,
+    /// `limiter detach`.
+    Detach,
+    /// A new agent serves on this one's sockets.
+    Upgraded,
+}
+
+/// A listening socket the agent serves in a task of its own, with a descriptor of
+/// it kept to hand over.
+#[derive(Debug)]
+struct Listening {
+    task: tokio::task::JoinHandle<()>,
+    fd: OwnedFd,
+}
+
+impl Listening {
+    fn spawn(fd: std::io::Result<OwnedFd>, serve: impl Future<Output = ()> + Send + 'static) -> std::io::Result<Self> {
+        Ok(Self { fd: fd?, task: tokio::spawn(serve) })
     }
-    let mut agent = Agent::start(config_path, loaded, lock).await?;
-    if let Some(logger) = agent.xdp.as_mut().and_then(|x| x.kernel.take_logger()) {
-        spawn_log_reader(logger);
-    }
-    if let Some(addr) = metrics_addr {
-        let listener = crate::metrics::bind(addr).await.map_err(|source| AgentError::Metrics { addr, source })?;
-        tracing::info!(%addr, "metrics at /metrics");
-        tokio::spawn(crate::metrics::serve(listener, agent.metrics_sources()));
-    }
-    let (requests, mut incoming) = mpsc::channel::<(Request, oneshot::Sender<Response>)>(16);
-    let listener = bind_admin(&socket_path)?;
-    tokio::spawn(serve_admin(listener, requests));
-    let mut hangup = signal(SignalKind::hangup()).map_err(AgentError::Signal)?;
-    let mut terminate = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(AgentError::Signal)?;
-    let mut watch = tokio::time::interval(watch::WATCH_INTERVAL);
-    let mut settle = watch::Settle::default();
-    let mut escalations = agent.escalation.as_mut().and_then(|e| e.requests.take());
-    tracing::info!(admin_socket = %socket_path.display(), "agent running");
-    let detach = loop {
-        tokio::select! {
-            _ = hangup.recv() => { let _ = agent.reload(None); }
-            _ = terminate.recv() => break false,
-            _ = interrupt.recv() => break false,
-            _ = watch.tick() => {
-                agent.follow_shedding();
-                if let Some(text) = agent.settled_edit(&mut settle) {
-                    tracing::info!("config file changed");
-                    let _ = agent.reload_text(None, Some(text));
-                }
+}
+
+/// Runs the agent until SIGTERM/SIGINT, `limiter detach` or a finished upgrade. It
+/// serves on the sockets `inherited` holds (an upgrade's or systemd's) and binds
+/// the others; `ready` (an upgrade's) is told once it serves, or why it could not.
+pub async fn run(
+    config_path: PathBuf,
+    loaded: LoadedConfig,
+    mut inherited: Inherited,
+    ready: Option<Ready>,
+) -> Result<(), AgentError> {
+    let running = match Running::start(config_path, loaded, &mut inherited).await {
+        Ok(running) => running,
+        Err(error) => {
+            if let Some(ready) = ready {
+                ready.failed(&error);
             }
-            Some(escalation) = next(&mut escalations) => agent.escalate(escalation),
-            Some((request, reply)) = incoming.recv() => {
-                let (response, stop) = match request {
-                    Request::Reload { config } => match agent.reload(config.as_deref()) {
-                        Ok(changes) => (Response::Reloaded { changes }, false),
-                        Err(error) => (Response::Rejected { error: error.to_string() }, false),
-                    },
-                    Request::Stats => (Response::Stats { stats: Box::new(agent.stats()) }, false),
-                    Request::Top { n } => {
-                        let clients = agent.proxy.as_ref().map(|p| p.proxy.top_clients(n));
-                        (Response::Top { clients }, false)
-                    }
-                    Request::Suggest { headroom } => {
-                        let suggestions = agent.proxy.as_ref().map(|p| p.proxy.suggest(headroom));
-                        (Response::Suggested { suggestions }, false)
-                    }
-                    Request::Detach => (Response::Detaching, true),
-                    Request::Explain { request } => {
-                        // Off the loop: with Redis, the look-up waits up to redis_timeout.
-                        agent.explain(request, reply);
-                        continue;
-                    }
-                };
-                let _ = reply.send(response);
-                if stop { break true; }
-            }
+            return Err(error);
         }
     };
-    tracing::info!("stopping");
-    agent.stop(detach).await;
-    let _ = std::fs::remove_file(&socket_path);
-    Ok(())
+    // Whatever was passed and not taken is closed.
+    drop(inherited);
+    if let Some(ready) = ready {
+        ready.serving();
+    }
+    systemd::notify_ready();
+    running.serve().await
+}
+
+/// The agent and what it listens on.
+struct Running {
+    agent: Agent,
+    socket_path: PathBuf,
+    admin: Listening,
+    metrics: Option<Listening>,
+    incoming: mpsc::Receiver<(Request, oneshot::Sender<Response>)>,
+}
+
+impl Running {
+    async fn start(config_path: PathBuf, loaded: LoadedConfig, inherited: &mut Inherited) -> Result<Self, AgentError> {
+        let socket_path = loaded.config.agent.admin_socket.clone();
+        let metrics_addr = loaded.config.agent.metrics;
+        let lock = lock::AgentLock::acquire_or_inherit(&loaded.config, inherited)?;
+        for proxy in loaded.config.unshielded_trusted_proxies() {
+            tracing::warn!(%proxy, "trusted proxy not covered by an [[xdp.cidr]] allow or limit rule: XDP limits it as one client");
+        }
+        let mut agent = Agent::start(config_path, loaded, lock, inherited).await?;
+        if let Some(logger) = agent.xdp.as_mut().and_then(|x| x.kernel.take_logger()) {
+            spawn_log_reader(logger);
+        }
+        let metrics = match (metrics_addr, inherited.metrics()?) {
+            (Some(addr), inherited) => {
+                let error = |source| AgentError::Metrics { addr, source };
+                let listener = match inherited.filter(|l| l.local_addr().is_ok_and(|at| at == addr)) {
+                    Some(listener) => listener,
+                    None => crate::metrics::bind(addr).await.map_err(error)?,
+                };
+                tracing::info!(%addr, "metrics at /metrics");
+                let fd = listener.as_fd().try_clone_to_owned();
+                Some(Listening::spawn(fd, crate::metrics::serve(listener, agent.metrics_sources())).map_err(error)?)
+            }
+            (None, _) => None,
+        };
+        let (requests, incoming) = mpsc::channel::<(Request, oneshot::Sender<Response>)>(16);
+        let listener = match inherited.admin()? {
+            Some(listener) => listener,
+            None => bind_admin(&socket_path)?,
+        };
+        let fd = listener.as_fd().try_clone_to_owned();
+        let admin = Listening::spawn(fd, serve_admin(listener, requests))
+            .map_err(|source| AgentError::AdminSocket { path: socket_path.display().to_string(), source })?;
+        Ok(Self { agent, socket_path, admin, metrics, incoming })
+    }
+
+    async fn serve(mut self) -> Result<(), AgentError> {
+        let agent = &mut self.agent;
+        let mut hangup = signal(SignalKind::hangup()).map_err(AgentError::Signal)?;
+        let mut terminate = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
+        let mut interrupt = signal(SignalKind::interrupt()).map_err(AgentError::Signal)?;
+        let mut user2 = signal(SignalKind::user_defined2()).map_err(AgentError::Signal)?;
+        let mut watch = tokio::time::interval(watch::WATCH_INTERVAL);
+        let mut settle = watch::Settle::default();
+        let mut escalations = agent.escalation.as_mut().and_then(|e| e.requests.take());
+        tracing::info!(admin_socket = %self.socket_path.display(), pid = std::process::id(), "agent running");
+        let exit = loop {
+            tokio::select! {
+                _ = hangup.recv() => { let _ = agent.reload(None); }
+                _ = terminate.recv() => break Exit::Stop,
+                _ = interrupt.recv() => break Exit::Stop,
+                _ = user2.recv() => {
+                    let offered = upgrade_offer(&self.admin, self.metrics.as_ref());
+                    match agent.upgrade(&offered).await {
+                        Ok(_) => break Exit::Upgraded,
+                        Err(error) => tracing::error!(%error, "upgrade (SIGUSR2) failed"),
+                    }
+                }
+                _ = watch.tick() => {
+                    agent.follow_shedding();
+                    if let Some(text) = agent.settled_edit(&mut settle) {
+                        tracing::info!("config file changed");
+                        let _ = agent.reload_text(None, Some(text));
+                    }
+                }
+                Some(escalation) = next(&mut escalations) => agent.escalate(escalation),
+                Some((request, reply)) = self.incoming.recv() => {
+                    let (response, exit) = match request {
+                        Request::Reload { config } => match agent.reload(config.as_deref()) {
+                            Ok(changes) => (Response::Reloaded { changes }, None),
+                            Err(error) => (Response::Rejected { error: error.to_string() }, None),
+                        },
+                        Request::Stats => (Response::Stats { stats: Box::new(agent.stats()) }, None),
+                        Request::Top { n } => {
+                            let clients = agent.proxy.as_ref().map(|p| p.proxy.top_clients(n));
+                            (Response::Top { clients }, None)
+                        }
+                        Request::Suggest { headroom } => {
+                            let suggestions = agent.proxy.as_ref().map(|p| p.proxy.suggest(headroom));
+                            (Response::Suggested { suggestions }, None)
+                        }
+                        Request::Detach => (Response::Detaching, Some(Exit::Detach)),
+                        Request::Upgrade => {
+                            let offered = upgrade_offer(&self.admin, self.metrics.as_ref());
+                            match agent.upgrade(&offered).await {
+                                Ok(pid) => (Response::Upgraded { old: std::process::id(), new: pid }, Some(Exit::Upgraded)),
+                                Err(error) => (Response::Rejected { error: error.to_string() }, None),
+                            }
+                        }
+                        Request::Explain { request } => {
+                            // Off the loop: with Redis, the look-up waits up to redis_timeout.
+                            agent.explain(request, reply);
+                            continue;
+                        }
+                    };
+                    let _ = reply.send(response);
+                    if let Some(exit) = exit { break exit; }
+                }
+            }
+        };
+        tracing::info!(?exit, "stopping");
+        if exit == Exit::Upgraded {
+            // The new agent answers on them from now on.
+            self.admin.task.abort();
+            if let Some(metrics) = &self.metrics {
+                metrics.task.abort();
+            }
+        }
+        self.agent.stop(exit).await;
+        // After an upgrade the socket's path is the new agent's.
+        if exit != Exit::Upgraded {
+            let _ = std::fs::remove_file(&self.socket_path);
+        }
+        Ok(())
+    }
+}
+
+/// The admin and metrics sockets, to hand over.
+fn upgrade_offer<'a>(admin: &'a Listening, metrics: Option<&'a Listening>) -> Vec<upgrade::Offer<'a>> {
+    let mut offered = vec![(upgrade::Passed::Admin, admin.fd.as_fd())];
+    offered.extend(metrics.map(|m| (upgrade::Passed::Metrics, m.fd.as_fd())));
+    offered
 }
 
 /// The reload report's line for an interface a reload attached.

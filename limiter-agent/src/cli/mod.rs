@@ -14,6 +14,7 @@ mod sign;
 mod stats;
 mod suggest;
 mod top;
+mod upgrade;
 mod verify;
 
 use std::path::PathBuf;
@@ -45,6 +46,8 @@ pub enum Command {
     Check,
     /// Ask the running agent to reload its config and print what changed.
     Reload,
+    /// Start the binary on disk on the running agent's sockets; the old agent drains and exits.
+    Upgrade,
     /// Kernel-layer counters (from the pinned maps) and proxy counters.
     Stats(stats::StatsArgs),
     /// Heaviest sources: packets, drops, current tokens.
@@ -116,6 +119,7 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode, CliError> {
         Command::Run => run::run(&cli.config),
         Command::Check => check::run(&cli.config),
         Command::Reload => reload::run(&cli.config),
+        Command::Upgrade => upgrade::run(&cli.config),
         Command::Stats(args) => stats::run(&cli.config, &args),
         Command::Top(args) => top::run(&cli.config, &args),
         Command::Suggest(args) => suggest::run(&cli.config, &args),

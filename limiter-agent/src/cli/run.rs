@@ -3,13 +3,24 @@
 use std::{path::Path, process::ExitCode};
 
 use super::CliError;
-use crate::{agent::LoadedConfig, config::agent::LogFormat};
+use crate::{
+    agent::{AgentError, Inherited, LoadedConfig},
+    config::agent::LogFormat,
+};
 
 pub fn run(path: &Path) -> Result<ExitCode, CliError> {
+    // First: the descriptors an upgrade or systemd passed are taken before anything
+    // else can open one.
+    let mut inherited = Inherited::from_env().map_err(AgentError::from)?;
+    let ready = inherited.ready();
     let loaded = match LoadedConfig::read(path) {
         Ok(loaded) => loaded,
         Err(error) => {
             eprintln!("{error}");
+            // The upgrading agent serves on and says why.
+            if let Some(ready) = ready {
+                ready.failed(&error);
+            }
             return Ok(ExitCode::FAILURE);
         }
     };
@@ -18,7 +29,7 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
         tracing::warn!("{warning}");
     }
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(crate::agent::run(path.to_owned(), loaded))?;
+    runtime.block_on(crate::agent::run(path.to_owned(), loaded, inherited, ready))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -94,13 +94,33 @@ impl<C: Clock + Clone> Proxy<C> {
     /// Binds `config.listen`, verifying signatures with `secrets`; limits, signature
     /// timestamps and idempotency are measured with `clock`.
     pub async fn bind(config: Arc<ProxyConfig>, secrets: KeySecrets, clock: C) -> Result<Self, ProxyError> {
+        Self::bind_or_take(config, secrets, clock, None).await
+    }
+
+    /// As [`Proxy::bind`], but on `inherited` when given: a listening socket handed
+    /// over by the agent this one replaces, or by systemd. Connections wait in its
+    /// queue meanwhile, so none is refused.
+    pub async fn bind_or_take(
+        config: Arc<ProxyConfig>,
+        secrets: KeySecrets,
+        clock: C,
+        inherited: Option<std::net::TcpListener>,
+    ) -> Result<Self, ProxyError> {
         let pipeline = Pipeline::new(config.clone(), secrets, clock)?;
         let bind_error = |source| ProxyError::Bind { addr: config.listen, source };
-        let listener = TcpListener::bind(config.listen).await.map_err(bind_error)?;
+        let listener = match inherited {
+            Some(listener) => listener,
+            // Each worker registers the socket with its own runtime.
+            None => TcpListener::bind(config.listen).await.and_then(TcpListener::into_std).map_err(bind_error)?,
+        };
         let local_addr = listener.local_addr().map_err(bind_error)?;
-        // Each worker registers the socket with its own runtime.
-        let listener = listener.into_std().map_err(bind_error)?;
         Ok(Self { listener, local_addr, workers: config.workers(), pipeline: Arc::new(pipeline) })
+    }
+
+    /// The listening socket, to hand to the agent replacing this one.
+    #[must_use]
+    pub fn listener(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.listener)
     }
 
     /// The address actually bound (`listen` may ask for port 0).
@@ -112,7 +132,7 @@ impl<C: Clock + Clone> Proxy<C> {
     /// Starts serving on `proxy.workers` threads, until [`Serving::stop`]. Fails if a
     /// worker cannot start (those started are stopped again).
     pub fn serve(&self) -> Result<Serving, ProxyError> {
-        let (stop, stopped) = watch::channel(false);
+        let (stop, stopped) = watch::channel(Phase::Serving);
         let mut serving = Serving {
             stop,
             finished: Vec::with_capacity(self.workers.get()),
@@ -126,8 +146,8 @@ impl<C: Clock + Clone> Proxy<C> {
         Ok(serving)
     }
 
-    /// Starts worker `worker` on a thread of its own, serving until `stopped` turns
-    /// true, and returns once it listens; `serving` gets a receiver that is closed
+    /// Starts worker `worker` on a thread of its own, serving until `stopped` leaves
+    /// [`Phase::Serving`] (draining until [`Phase::Cut`]), and returns once it listens; `serving` gets a receiver that is closed
     /// once it has drained.
     ///
     /// A worker that dies (a panic, which only a bug brings about) is counted, logged
@@ -139,7 +159,7 @@ impl<C: Clock + Clone> Proxy<C> {
         &self,
         worker: usize,
         serving: &mut Serving,
-        stopped: watch::Receiver<bool>,
+        stopped: watch::Receiver<Phase>,
     ) -> Result<(), ProxyError> {
         let failed = |source| ProxyError::Worker { worker, source };
         let listener = self.listener.try_clone().map_err(failed)?;
@@ -158,10 +178,8 @@ impl<C: Clock + Clone> Proxy<C> {
                 let mut died_at: Option<Instant> = None;
                 loop {
                     let life = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        let mut stopped = stopped.clone();
-                        let shutdown = async move {
-                            let _ = stopped.wait_for(|stop| *stop).await;
-                        };
+                        let shutdown = Phase::reached(stopped.clone(), Phase::Draining);
+                        let cut = Phase::reached(stopped.clone(), Phase::Cut);
                         #[cfg(feature = "test-hooks")]
                         let shutdown = async {
                             tokio::select! {
@@ -169,10 +187,10 @@ impl<C: Clock + Clone> Proxy<C> {
                                 () = kill.notified() => panic!("proxy worker killed by a test"),
                             }
                         };
-                        live(&runtime, &listener, &pipeline, shutdown, listening.take());
+                        live(&runtime, &listener, &pipeline, shutdown, cut, listening.take());
                     }));
                     let Err(panic) = life else { break };
-                    if *stopped.borrow() {
+                    if *stopped.borrow() != Phase::Serving {
                         break;
                     }
                     // The dead one's runtime may hold tasks left mid-poll: the next
@@ -191,9 +209,9 @@ impl<C: Clock + Clone> Proxy<C> {
                     pipeline.count(Event::WorkerReplaced);
                     tracing::error!(worker, panic = message, "proxy worker died, its connections cut; replacing it");
                     if died_at.is_some_and(|at| at.elapsed() < REPLACE_INTERVAL) {
-                        let mut stopped = stopped.clone();
+                        let stopping = Phase::reached(stopped.clone(), Phase::Draining);
                         runtime.block_on(async {
-                            let _ = tokio::time::timeout(REPLACE_INTERVAL, stopped.wait_for(|stop| *stop)).await;
+                            let _ = tokio::time::timeout(REPLACE_INTERVAL, stopping).await;
                         });
                     }
                     died_at = Some(Instant::now());
@@ -281,12 +299,14 @@ fn worker_runtime() -> std::io::Result<Runtime> {
 }
 
 /// One life of a worker: serves from its own descriptor of `listener` on `runtime`
-/// until `shutdown`; the first life tells `listening` whether it listens.
+/// until `shutdown`, then drains until `cut`; the first life tells `listening`
+/// whether it listens.
 fn live<C: Clock + Clone>(
     runtime: &Runtime,
     listener: &std::net::TcpListener,
     pipeline: &Arc<Pipeline<C>>,
     shutdown: impl Future<Output = ()>,
+    cut: impl Future<Output = ()>,
     listening: Option<SyncSender<std::io::Result<()>>>,
 ) {
     runtime.block_on(async {
@@ -304,14 +324,31 @@ fn live<C: Clock + Clone>(
         if let Some(listening) = listening {
             let _ = listening.send(Ok(()));
         }
-        server::serve(&listener, pipeline, shutdown).await;
+        server::serve(&listener, pipeline, shutdown, cut).await;
     });
+}
+
+/// Where a proxy's workers are between start and stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    Serving,
+    /// Accepting no more; requests in flight finish, tunnels stay open.
+    Draining,
+    /// The drain timed out: whatever is still open is cut.
+    Cut,
+}
+
+impl Phase {
+    /// Resolves once the workers are at `phase` or past it (or the proxy is gone).
+    async fn reached(mut phase: watch::Receiver<Self>, wanted: Self) {
+        let _ = phase.wait_for(|now| *now >= wanted).await;
+    }
 }
 
 /// A proxy's running workers.
 #[derive(Debug)]
 pub struct Serving {
-    stop: watch::Sender<bool>,
+    stop: watch::Sender<Phase>,
     /// One per worker, closed once it has drained.
     finished: Vec<tokio::sync::oneshot::Receiver<()>>,
     /// One per worker: makes its life end in a panic.
@@ -328,13 +365,28 @@ impl Serving {
 }
 
 impl Serving {
-    /// Stops accepting, lets every in-flight request finish (idle keep-alive
-    /// connections close at once) and returns once every worker has.
-    pub async fn stop(mut self) {
-        self.stop.send_replace(true);
-        for finished in std::mem::take(&mut self.finished) {
-            // Closed when the worker has drained, or died.
-            let _ = finished.await;
+    /// Stops accepting and lets every in-flight request finish: an idle keep-alive
+    /// connection closes at once, a busy one answers `Connection: close` and closes,
+    /// an HTTP/2 connection is sent GOAWAY and closes once its streams are done.
+    /// Tunnels stay open. After `drain_timeout` whatever is still open is cut (counted
+    /// as `drain_cut`). Returns once every worker has finished.
+    pub async fn stop(mut self, drain_timeout: Duration) {
+        self.stop.send_replace(Phase::Draining);
+        let mut finished = std::mem::take(&mut self.finished);
+        let drained = tokio::time::timeout(drain_timeout, async {
+            // Closed when the worker has drained, or died; kept until then, so that
+            // those left are the ones to wait for once cut.
+            while let Some(worker) = finished.last_mut() {
+                let _ = worker.await;
+                finished.pop();
+            }
+        })
+        .await;
+        if drained.is_err() {
+            self.stop.send_replace(Phase::Cut);
+            for worker in finished {
+                let _ = worker.await;
+            }
         }
     }
 }
@@ -342,6 +394,6 @@ impl Serving {
 impl Drop for Serving {
     /// A proxy no one will stop is stopped now; its workers drain on their own.
     fn drop(&mut self) {
-        self.stop.send_replace(true);
+        self.stop.send_replace(Phase::Draining);
     }
 }

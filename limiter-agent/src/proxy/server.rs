@@ -52,11 +52,14 @@ type Plain = Prefixed<Watched<TcpStream>>;
 
 /// One worker's accept loop: every connection it accepts is served on this thread,
 /// and forwarded through this worker's own upstream pool, so that a request never
-/// waits for another thread to wake.
+/// waits for another thread to wake. From `shutdown` on it accepts no more and its
+/// connections drain (see [`super::Serving::stop`]); at `cut` those still open are
+/// closed and counted.
 pub(super) async fn serve<C: Clock + Clone>(
     listener: &TcpListener,
     pipeline: &Arc<Pipeline<C>>,
     shutdown: impl Future<Output = ()>,
+    cut: impl Future<Output = ()>,
 ) {
     let upstream = Arc::new(Upstream::new(pipeline.upstream_permits()));
     let (stop, stopped) = watch::channel(());
@@ -80,7 +83,20 @@ pub(super) async fn serve<C: Clock + Clone>(
         }
     }
     stop.send_replace(());
-    while connections.join_next().await.is_some() {}
+    let mut cut = std::pin::pin!(cut);
+    loop {
+        tokio::select! {
+            joined = connections.join_next() => if joined.is_none() { return },
+            () = &mut cut => break,
+        }
+    }
+    let left = connections.len();
+    for _ in 0..left {
+        pipeline.count(Event::DrainCut);
+    }
+    tracing::warn!(connections = left, "drain_timeout passed: connections still open cut");
+    // Dropping a connection's task closes its socket, and a tunnel's upstream too.
+    connections.shutdown().await;
 }
 
 /// What one connection shares with the requests on it.
@@ -307,8 +323,8 @@ impl<C: Clock + Clone> Connection<C> {
         self.pipeline.count(Event::Upgraded);
         // Busy for as long as the tunnel is open: no wait for a request applies.
         let _busy = self.in_flight.enter();
-        let ended =
-            tunnel::relay(stream, early, TokioIo::new(upstream), self.settings.tunnel_idle_timeout, self.stop).await;
+        // A drain leaves it open: it is cut with the others at drain_timeout.
+        let ended = tunnel::relay(stream, early, TokioIo::new(upstream), self.settings.tunnel_idle_timeout).await;
         tracing::debug!(?ended, client = %self.client, "tunnel closed");
     }
 

@@ -74,6 +74,9 @@ pub(super) enum Event {
     Forbidden(Forbidden),
     /// A worker died (a panic) and was replaced.
     WorkerReplaced,
+    /// A connection (a request still in flight, a tunnel) cut when a stop's or an
+    /// upgrade's `drain_timeout` passed.
+    DrainCut,
 }
 
 /// Why a request that proved its key was refused with 403: the label values of
@@ -126,6 +129,7 @@ pub(super) struct Counters {
     upstream_busy: AtomicU64,
     refunded: AtomicU64,
     workers_replaced: AtomicU64,
+    drain_cut: AtomicU64,
     /// By [`Forbidden::ALL`].
     forbidden: [AtomicU64; Forbidden::ALL.len()],
     jwt_failures: [AtomicU64; JwtFailure::ALL.len()],
@@ -249,6 +253,7 @@ impl Counters {
             Event::UpstreamBusy => &self.upstream_busy,
             Event::Refunded => &self.refunded,
             Event::WorkerReplaced => &self.workers_replaced,
+            Event::DrainCut => &self.drain_cut,
             Event::Forbidden(reason) => {
                 add_by(&Forbidden::ALL, &self.forbidden, reason);
                 return;
@@ -323,6 +328,7 @@ impl Counters {
             forbidden_reasons: forbidden,
             refunded: load(&self.refunded),
             workers_replaced: load(&self.workers_replaced),
+            drain_cut: load(&self.drain_cut),
             tracked_keys: u64::try_from(tracked_keys).unwrap_or(u64::MAX),
             decision_seconds: DecisionHistogram {
                 counts: self.decision_seconds.iter().map(load).collect(),
@@ -462,6 +468,10 @@ pub struct ProxyStats {
     /// were cut.
     #[serde(default)]
     pub workers_replaced: u64,
+    /// Connections cut at `drain_timeout` by a stop or an upgrade: requests still in
+    /// flight and open tunnels.
+    #[serde(default)]
+    pub drain_cut: u64,
     /// Requests that proved their key (a signature, a bearer key) refused with 403;
     /// none was forwarded or charged to a quota.
     #[serde(default)]

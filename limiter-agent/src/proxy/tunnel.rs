@@ -1,6 +1,7 @@
 //! An upgraded connection (a WebSocket, say): once the upstream has answered 101, the
 //! bytes are relayed both ways until either side closes, the tunnel has been silent
-//! for `tunnel_idle_timeout`, or the proxy shuts down.
+//! for `tunnel_idle_timeout`, or a stop's `drain_timeout` cuts it (a drain leaves
+//! tunnels open until then).
 
 use std::{
     io,
@@ -15,7 +16,6 @@ use std::{
 
 use tokio::{
     io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf},
-    sync::watch,
     time::Instant,
 };
 
@@ -26,19 +26,11 @@ pub(super) enum Ended {
     Closed,
     /// Nothing went either way for the idle timeout.
     Idle,
-    /// The proxy is shutting down.
-    Shutdown,
 }
 
 /// Relays between `client` and `upstream`; `early` is what the client sent after its
 /// upgrade request, before the tunnel opened, and goes to the upstream first.
-pub(super) async fn relay<C, U>(
-    mut client: C,
-    early: &[u8],
-    mut upstream: U,
-    idle_timeout: Duration,
-    mut stop: watch::Receiver<()>,
-) -> Ended
+pub(super) async fn relay<C, U>(mut client: C, early: &[u8], mut upstream: U, idle_timeout: Duration) -> Ended
 where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
@@ -68,7 +60,6 @@ where
                 }
                 deadline = active + idle_timeout;
             }
-            _ = stop.changed() => return Ended::Shutdown,
         }
     }
 }
@@ -127,9 +118,7 @@ mod tests {
     async fn bytes_go_both_ways_and_silence_ends_the_tunnel() -> io::Result<()> {
         let (client, mut client_peer) = duplex(1024);
         let (upstream, mut upstream_peer) = duplex(1024);
-        let (_stop, stopped) = watch::channel(());
-        let tunnel =
-            tokio::spawn(async move { relay(client, b"early", upstream, Duration::from_secs(60), stopped).await });
+        let tunnel = tokio::spawn(async move { relay(client, b"early", upstream, Duration::from_secs(60)).await });
         let mut got = [0; 5];
         upstream_peer.read_exact(&mut got).await?;
         assert_eq!(&got, b"early");
@@ -157,8 +146,7 @@ mod tests {
     async fn a_side_closing_ends_the_tunnel() {
         let (client, client_peer) = duplex(1024);
         let (upstream, upstream_peer) = duplex(1024);
-        let (_stop, stopped) = watch::channel(());
         drop((client_peer, upstream_peer));
-        assert_eq!(relay(client, b"", upstream, Duration::from_secs(60), stopped).await, Ended::Closed);
+        assert_eq!(relay(client, b"", upstream, Duration::from_secs(60)).await, Ended::Closed);
     }
 }

@@ -356,7 +356,7 @@ impl RunningProxy {
 
     /// Asks the proxy to stop and waits until its workers have drained.
     pub async fn shutdown(self) {
-        tokio::time::timeout(PATIENCE, self.serving.stop()).await.expect("proxy did not drain in time");
+        tokio::time::timeout(PATIENCE * 2, self.serving.stop(PATIENCE)).await.expect("proxy did not drain in time");
     }
 }
 
