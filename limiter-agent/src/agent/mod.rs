@@ -482,10 +482,10 @@ impl Agent {
         if let Some(proxy) = self.proxy.take() {
             proxy.drain(self.config.agent.drain_timeout.0).await;
         }
-        if exit == Exit::Upgraded {
-            tracing::info!("the new agent holds the XDP links");
-        } else if let Some(runtime) = &mut self.xdp {
-            if exit == Exit::Detach || !self.config.agent.keep_attached_on_exit {
+        if let Some(runtime) = &mut self.xdp {
+            if exit == Exit::Upgraded {
+                tracing::info!("the new agent holds the XDP links");
+            } else if exit == Exit::Detach || !self.config.agent.keep_attached_on_exit {
                 for attachment in runtime.detach_all() {
                     tracing::info!(interface = %attachment.interface, "XDP detached");
                 }

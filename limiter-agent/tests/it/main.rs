@@ -3,6 +3,7 @@
 //! threads. `accept_backoff` stays a binary of its own: it exhausts the process's descriptors.
 
 mod adaptive_xdp;
+mod agent_upgrade;
 mod cli_docs;
 mod control_plane;
 mod escalation_xdp;

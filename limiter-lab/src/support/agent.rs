@@ -4,7 +4,7 @@ use std::{
     fmt::Debug,
     io::Write as _,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Child, Command, ExitStatus, Output, Stdio},
     time::{Duration, Instant},
 };
 
@@ -17,6 +17,11 @@ use super::wait::{PATIENCE, poll, timed_out};
 #[derive(Debug)]
 pub struct AgentProcess {
     pub child: Option<Child>,
+    /// The agent `limiter upgrade` started, which serves once `child` has handed
+    /// over (not our child: it is stopped by pid).
+    pub upgraded: Option<u32>,
+    /// The binary `spawn` starts.
+    pub bin: PathBuf,
     pub dir: PathBuf,
     pub config_path: PathBuf,
     pub pin_dir: PathBuf,
@@ -42,34 +47,68 @@ impl AgentProcess {
     /// Writes `config` (which must use [`agent_section`] with `name`) and starts the
     /// agent; returns once it answers on its admin socket.
     pub fn start(name: &str, config: &str) -> Self {
-        let dir = PathBuf::from(format!("/tmp/{name}"));
+        Self::start_with(name, config, limiter_bin(), |_| {})
+    }
+
+    /// As [`AgentProcess::start`], with the binary `bin` (in [`Self::dir_of`]
+    /// `name`, say, to be replaced there) and `prepare` applied to its command
+    /// first (descriptors to pass, say).
+    pub fn start_with(name: &str, config: &str, bin: PathBuf, prepare: impl FnOnce(&mut Command)) -> Self {
+        let dir = Self::dir_of(name);
         std::fs::create_dir_all(&dir).expect("test dir");
         let config_path = dir.join("limiter.toml");
         std::fs::write(&config_path, config).expect("write config");
         let mut agent = Self {
             child: None,
+            upgraded: None,
+            bin,
             pin_dir: PathBuf::from(format!("/sys/fs/bpf/{name}")),
             socket: dir.join("admin.sock"),
             config_path,
             dir,
         };
-        agent.spawn();
+        agent.spawn_with(prepare);
         agent
+    }
+
+    /// The directory of the agent named `name`: its config, socket and log, removed on drop.
+    #[must_use]
+    pub fn dir_of(name: &str) -> PathBuf {
+        PathBuf::from(format!("/tmp/{name}"))
     }
 
     /// Starts (again) the agent process on the same config and pins.
     pub fn spawn(&mut self) {
+        self.spawn_with(|_| {});
+    }
+
+    fn spawn_with(&mut self, prepare: impl FnOnce(&mut Command)) {
         let log = std::fs::File::create(self.dir.join("agent.log")).expect("log file");
-        let child = Command::new(limiter_bin())
-            .args(["run", "-c"])
-            .arg(&self.config_path)
-            .env("LIMITER_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start limiter run");
-        self.child = Some(child);
+        let mut command = Command::new(&self.bin);
+        command.args(["run", "-c"]).arg(&self.config_path).env("LIMITER_LOG", "info").stdout(Stdio::null()).stderr(log);
+        prepare(&mut command);
+        self.child = Some(command.spawn().expect("start limiter run"));
         self.wait_ready();
+    }
+
+    /// `limiter upgrade`. Once it succeeds the new agent's pid is kept (it is
+    /// stopped on drop) and the old process's exit awaited: its status comes back
+    /// with the command's output, `None` if the upgrade failed.
+    pub fn upgrade(&mut self) -> (Output, Option<ExitStatus>) {
+        let output = self.cli(&["upgrade"]);
+        if !output.status.success() {
+            return (output, None);
+        }
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let pid = stdout
+            .split_whitespace()
+            .skip_while(|word| *word != "pid")
+            .nth(1)
+            .and_then(|pid| pid.parse().ok())
+            .unwrap_or_else(|| panic!("no pid in `{stdout}`"));
+        self.upgraded = Some(pid);
+        let old = self.child.take().expect("the old agent").wait().expect("wait for the old agent");
+        (output, Some(old))
     }
 
     fn wait_ready(&mut self) {
@@ -150,7 +189,7 @@ impl AgentProcess {
     }
 
     /// Sends `signal` and waits for the process to exit.
-    pub fn stop_with(&mut self, signal: i32) -> std::process::ExitStatus {
+    pub fn stop_with(&mut self, signal: i32) -> ExitStatus {
         let mut child = self.child.take().expect("agent running");
         let pid = i32::try_from(child.id()).expect("pid");
         // SAFETY: plain kill(2) on our own child.
@@ -169,7 +208,21 @@ impl Drop for AgentProcess {
             let _ = child.kill();
             let _ = child.wait();
         }
+        if let Some(pid) = self.upgraded.take().and_then(|pid| i32::try_from(pid).ok()) {
+            // SAFETY: plain kill(2) on the agent our child started; it is not ours
+            // to wait for, so wait for it to be gone before its pins are removed.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = poll(|| alive(pid), |alive| !alive);
+        }
         let _ = limiter::xdp::detach_all(&self.pin_dir);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Whether process `pid` runs: a zombie, waiting for whoever adopted it to reap it,
+/// does not.
+#[must_use]
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .is_ok_and(|status| status.lines().any(|line| line.starts_with("State:") && !line.contains("Z (zombie)")))
 }
