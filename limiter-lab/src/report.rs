@@ -168,6 +168,22 @@ pub struct Http {
     /// Requests per second of every fixed-rate run.
     pub fixed_rate: u64,
     pub rows: Vec<HttpRow>,
+    /// `limiter upgrade` under load; missing from reports made before it was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeRun>,
+}
+
+/// `limiter upgrade` while wrk loads the proxy with a new connection per request.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct UpgradeRun {
+    /// From the command's start to the old agent's exit: the new one's start, the
+    /// hand-over and the old one's drain.
+    pub handover_ms: f64,
+    /// From the command's start to its answer: the new agent serves.
+    pub ready_ms: f64,
+    /// What wrk sent over the whole run, and what failed (refused, reset, not 200).
+    pub requests: u64,
+    pub dropped: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -2,17 +2,24 @@
 //! and nginx `limit_req` in front of it, loaded closed-loop by wrk and at one fixed
 //! rate by oha.
 
-use std::{fmt::Write as _, fs, os::unix::fs::PermissionsExt as _, path::PathBuf};
+use std::{
+    fmt::Write as _,
+    fs,
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
 
-use anyhow::{Context, Result};
-use limiter_lab::report::{ClosedLoop, FixedRate, Http, HttpRow, LoadTools};
+use anyhow::{Context, Result, bail};
+use limiter_lab::report::{ClosedLoop, FixedRate, Http, HttpRow, LoadTools, UpgradeRun};
 use serde_json::Value;
 
 use super::{
     Bench,
     configs::{
         KEY_ID, LIMITER_BODY_KEY, LIMITER_RULES, LIMITER_RULES_CONCURRENCY, LIMITER_SIGNED, LOGIN_BODY, Listener,
-        SECRET, WRK_DONE, limiter_conf, nginx_limit_req_conf, upstream_conf,
+        SECRET, WRK_DONE, limiter_conf, nginx_limit_req_conf, slug, upstream_conf,
     },
     format::num,
     process::{Server, answers_http1, free_port},
@@ -124,12 +131,7 @@ pub fn run(bench: &mut Bench) -> Result<Http> {
         ]);
         bench.record(&c);
         let out = c.output()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text
-            .lines()
-            .find(|l| l.starts_with("{\"rps\""))
-            .with_context(|| format!("wrk gave no summary for {name}: {text}"))?;
-        let closed_loop: ClosedLoop = serde_json::from_str(line)?;
+        let closed_loop = wrk_summary(&out.stdout, name)?;
         rows.push(HttpRow { scenario: name.to_owned(), url, closed_loop, fixed_rate: None });
     }
     // One fixed rate for every scenario: half the slowest closed-loop maximum, so
@@ -178,6 +180,7 @@ pub fn run(bench: &mut Bench) -> Result<Http> {
             });
         }
     }
+    let upgrade = upgrade_under_load(bench, &wrk, &limiter, &dir, upstream_port, &secret, &latency_lua)?;
     drop(servers);
     Ok(Http {
         load_tools: LoadTools {
@@ -193,7 +196,69 @@ pub fn run(bench: &mut Bench) -> Result<Http> {
         seconds: bench.sizes.http_seconds,
         fixed_rate: rate,
         rows,
+        upgrade: Some(upgrade),
     })
+}
+
+/// `limiter upgrade` a third of the way into a wrk run that opens a new connection
+/// for every request (`Connection: close`), so that a moment without a listener
+/// would show as refused connections: how long until the old agent has exited, and
+/// what wrk saw fail.
+fn upgrade_under_load(
+    bench: &mut Bench,
+    wrk: &Path,
+    limiter: &Path,
+    dir: &Path,
+    upstream_port: u16,
+    secret: &Path,
+    script: &Path,
+) -> Result<UpgradeRun> {
+    const NAME: &str = "limiter, upgraded";
+    let port = free_port()?;
+    let conf = limiter_conf(dir, NAME, port, upstream_port, Listener::Http1, "", secret);
+    let mut old = Server::limiter(bench, limiter, dir, NAME, &conf, answers_http1(port))?;
+    let seconds = bench.sizes.http_seconds.max(1);
+    let mut load = cmd(wrk);
+    load.args(["-t1", "-c", &bench.sizes.http_connections.to_string(), "-d", &format!("{seconds}s"), "-s"])
+        .arg(script)
+        .args(["-H", "Connection: close", &format!("http://127.0.0.1:{port}/")])
+        .stdout(Stdio::piped());
+    bench.record(&load);
+    let load = load.spawn().context("cannot start wrk")?;
+    std::thread::sleep(Duration::from_millis(u64::from(seconds) * 1000 / 3));
+    let mut upgrade = cmd(limiter);
+    upgrade.arg("upgrade").arg("-c").arg(dir.join(format!("{}.toml", slug(NAME))));
+    bench.record(&upgrade);
+    let started = Instant::now();
+    let answer = upgrade.output().context("cannot run limiter upgrade")?;
+    let ready_ms = started.elapsed().as_secs_f64() * 1e3;
+    let said = String::from_utf8_lossy(&answer.stdout).into_owned();
+    // "upgraded: pid NEW serves; ..."
+    let new_pid = said.split_whitespace().nth(2).and_then(|pid| pid.parse::<u32>().ok());
+    let exited = old.exited_within(Duration::from_secs(60))?;
+    let handover_ms = started.elapsed().as_secs_f64() * 1e3;
+    let out = load.wait_with_output()?;
+    if let Some(pid) = new_pid {
+        let _ = cmd("kill").args(["-TERM", &pid.to_string()]).status();
+    }
+    let Some(new_pid) = new_pid.filter(|_| answer.status.success()) else {
+        bail!("limiter upgrade failed: {}{}", said, String::from_utf8_lossy(&answer.stderr));
+    };
+    if !exited {
+        bail!("the old agent had not exited 60 s after the upgrade (new pid {new_pid})");
+    }
+    let closed = wrk_summary(&out.stdout, NAME)?;
+    Ok(UpgradeRun { handover_ms, ready_ms, requests: closed.requests, dropped: closed.errors })
+}
+
+/// What the [`WRK_DONE`] hook printed of run `name`.
+fn wrk_summary(stdout: &[u8], name: &str) -> Result<ClosedLoop> {
+    let text = String::from_utf8_lossy(stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("{\"rps\""))
+        .with_context(|| format!("wrk gave no summary for {name}: {text}"))?;
+    Ok(serde_json::from_str(line)?)
 }
 
 pub fn markdown(m: &mut String, h: &Http) {
@@ -222,6 +287,17 @@ pub fn markdown(m: &mut String, h: &Http) {
             fixed(|f| f.p99_ms),
             fixed(|f| f.p999_ms),
             c.errors,
+        );
+    }
+    if let Some(u) = &h.upgrade {
+        let _ = writeln!(
+            m,
+            "\n`limiter upgrade` under wrk's load of a new connection per request ({} connections): the new agent ready {} ms after the command, the old one exited {} ms after it; {} of {} requests dropped.",
+            h.connections,
+            num(Some(u.ready_ms), 0),
+            num(Some(u.handover_ms), 0),
+            u.dropped,
+            u.requests
         );
     }
     let _ = writeln!(

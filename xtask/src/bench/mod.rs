@@ -354,7 +354,9 @@ mod tests {
         let stores: Vec<&str> =
             report.store.measured().map(|s| s.rows.iter().map(|r| r.store.as_str()).collect()).unwrap_or_default();
         assert_eq!(stores, ["memory", "redis", "redis cluster"]);
-        assert_eq!(report.targets.len(), 14);
+        let upgrade = http.upgrade.as_ref().expect("the upgrade row");
+        assert!(upgrade.requests > 0 && upgrade.dropped == 0, "{upgrade:?}");
+        assert_eq!(report.targets.len(), 15);
         // The report reads back as what was written.
         let written = fs::read_to_string(out.join("report.json")).expect("report.json");
         let read: Report = serde_json::from_str(&written).expect("report.json parses as a Report");

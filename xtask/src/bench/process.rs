@@ -93,6 +93,20 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Waits up to `patience` for the server to exit by itself; whether it did.
+    pub fn exited_within(&mut self, patience: Duration) -> Result<bool> {
+        let deadline = Instant::now() + patience;
+        while Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(true);
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        Ok(false)
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();

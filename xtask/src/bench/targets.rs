@@ -143,6 +143,15 @@ pub fn targets(report: &Report) -> Vec<Target> {
         bare.map_or("—".into(), |(l, u)| format!("{l:.0} vs {u:.0} ({:.2} ×)", l / u)),
         bare.map(|(l, u)| l >= 0.5 * u),
     ));
+    let upgrade = report.http.measured().and_then(|h| h.upgrade.as_ref());
+    list.push(target(
+        "limiter upgrade under a new connection per request",
+        "0 requests dropped",
+        upgrade.map_or("—".into(), |u| {
+            format!("{} of {} dropped; old agent gone {:.0} ms after the command", u.dropped, u.requests, u.handover_ms)
+        }),
+        upgrade.map(|u| u.dropped == 0),
+    ));
 
     // The sliding log keeps `limit` times per key by definition: its goal is half.
     let goal = |algorithm: &str| if algorithm == "sliding_window_log" { 0.5 } else { 1.0 };
