@@ -22,7 +22,7 @@ use std::{
     time::Duration,
 };
 
-use limiter_core::inherited::{self, FIRST_FD, ListenEnv, UNNAMED};
+use limiter_core::inherited::{self, FIRST_FD, ListenEnv};
 
 /// How long the new agent has to report `ready`: loading the XDP program and
 /// connecting to Redis take seconds at most.
@@ -106,8 +106,9 @@ pub struct Inherited {
 }
 
 impl Inherited {
-    /// Takes the descriptors the environment names. With systemd, a lone descriptor
-    /// left unnamed (no `FileDescriptorName=`) is the proxy's.
+    /// Takes the descriptors the environment names. A lone descriptor of another
+    /// name is the proxy's: systemd names one after its unit unless told
+    /// `FileDescriptorName=proxy`.
     ///
     /// Called once, before anything else opens a descriptor: it takes ownership of
     /// the numbers the variables name.
@@ -122,7 +123,7 @@ impl Inherited {
         for inherited::Named { name, fd } in named {
             let passed = match Passed::ALL.into_iter().find(|p| p.name() == name) {
                 Some(passed) => passed,
-                None if lone && name == UNNAMED => Passed::Proxy,
+                None if lone => Passed::Proxy,
                 None => return Err(UpgradeError::Unknown(name)),
             };
             // SAFETY: fcntl on a number only reads or sets its flags. An open
