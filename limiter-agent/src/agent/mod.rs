@@ -21,7 +21,7 @@ use std::{
 use tokio::{
     io::BufReader,
     net::UnixListener,
-    signal::unix::{SignalKind, signal},
+    signal::unix::{Signal, SignalKind, signal},
     sync::{mpsc, oneshot},
 };
 
@@ -545,7 +545,8 @@ pub async fn run(
         ready.serving();
     }
     systemd::notify_ready();
-    running.serve().await
+    running.serve().await;
+    Ok(())
 }
 
 /// The agent and what it listens on.
@@ -555,10 +556,33 @@ struct Running {
     admin: Listening,
     metrics: Option<Listening>,
     incoming: mpsc::Receiver<(Request, oneshot::Sender<Response>)>,
+    signals: Signals,
+}
+
+/// The signals the agent acts on, handled from before it reports ready: SIGHUP's
+/// and SIGUSR2's default is to end the process.
+struct Signals {
+    hangup: Signal,
+    terminate: Signal,
+    interrupt: Signal,
+    user2: Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self, AgentError> {
+        let handle = |kind| signal(kind).map_err(AgentError::Signal);
+        Ok(Self {
+            hangup: handle(SignalKind::hangup())?,
+            terminate: handle(SignalKind::terminate())?,
+            interrupt: handle(SignalKind::interrupt())?,
+            user2: handle(SignalKind::user_defined2())?,
+        })
+    }
 }
 
 impl Running {
     async fn start(config_path: PathBuf, loaded: LoadedConfig, inherited: &mut Inherited) -> Result<Self, AgentError> {
+        let signals = Signals::new()?;
         let socket_path = loaded.config.agent.admin_socket.clone();
         let metrics_addr = loaded.config.agent.metrics;
         let lock = lock::AgentLock::acquire_or_inherit(&loaded.config, inherited)?;
@@ -590,15 +614,12 @@ impl Running {
         let fd = listener.as_fd().try_clone_to_owned();
         let admin = Listening::spawn(fd, serve_admin(listener, requests))
             .map_err(|source| AgentError::AdminSocket { path: socket_path.display().to_string(), source })?;
-        Ok(Self { agent, socket_path, admin, metrics, incoming })
+        Ok(Self { agent, socket_path, admin, metrics, incoming, signals })
     }
 
-    async fn serve(mut self) -> Result<(), AgentError> {
+    async fn serve(mut self) {
         let agent = &mut self.agent;
-        let mut hangup = signal(SignalKind::hangup()).map_err(AgentError::Signal)?;
-        let mut terminate = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
-        let mut interrupt = signal(SignalKind::interrupt()).map_err(AgentError::Signal)?;
-        let mut user2 = signal(SignalKind::user_defined2()).map_err(AgentError::Signal)?;
+        let Signals { hangup, terminate, interrupt, user2 } = &mut self.signals;
         let mut watch = tokio::time::interval(watch::WATCH_INTERVAL);
         let mut settle = watch::Settle::default();
         let mut escalations = agent.escalation.as_mut().and_then(|e| e.requests.take());
@@ -670,7 +691,6 @@ impl Running {
         if exit != Exit::Upgraded {
             let _ = std::fs::remove_file(&self.socket_path);
         }
-        Ok(())
     }
 }
 
