@@ -521,6 +521,56 @@ impl Listening {
     }
 }
 
+/// The admin socket, served into the agent loop's channel.
+#[derive(Debug)]
+struct Admin {
+    listening: Listening,
+    requests: mpsc::Sender<(Request, oneshot::Sender<Response>)>,
+}
+
+impl Admin {
+    fn serve(
+        listener: UnixListener,
+        requests: mpsc::Sender<(Request, oneshot::Sender<Response>)>,
+    ) -> std::io::Result<Self> {
+        let fd = listener.as_fd().try_clone_to_owned();
+        Ok(Self { listening: Listening::spawn(fd, serve_admin(listener, requests.clone()))?, requests })
+    }
+
+    /// Stops accepting (connections wait in the socket's queue) and returns once no
+    /// more is accepted.
+    async fn pause(&mut self) {
+        self.listening.task.abort();
+        let _ = (&mut self.listening.task).await;
+    }
+
+    /// Accepts again after [`Admin::pause`].
+    fn resume(&mut self) -> std::io::Result<()> {
+        let listener = std::os::unix::net::UnixListener::from(self.listening.fd.try_clone()?);
+        let listener = UnixListener::from_std(listener)?;
+        self.listening.task = tokio::spawn(serve_admin(listener, self.requests.clone()));
+        Ok(())
+    }
+}
+
+/// Hands this agent's sockets to a new one (see [`Agent::upgrade`]); its pid once
+/// it serves. The admin socket is not served meanwhile: a request sent during the
+/// hand-over waits in its queue for the new agent (or for this one again, if the new
+/// one fails), so that none is taken by an agent that has handed over.
+async fn hand_over(agent: &Agent, admin: &mut Admin, metrics: Option<&Listening>) -> Result<u32, UpgradeError> {
+    admin.pause().await;
+    let mut offered = vec![(upgrade::Passed::Admin, admin.listening.fd.as_fd())];
+    offered.extend(metrics.map(|m| (upgrade::Passed::Metrics, m.fd.as_fd())));
+    let upgraded = agent.upgrade(&offered).await;
+    drop(offered);
+    if upgraded.is_err()
+        && let Err(error) = admin.resume()
+    {
+        tracing::error!(%error, "the admin socket cannot be served again");
+    }
+    upgraded
+}
+
 /// Runs the agent until SIGTERM/SIGINT, `limiter detach` or a finished upgrade. It
 /// serves on the sockets `inherited` holds (an upgrade's or systemd's) and binds
 /// the others; `ready` (an upgrade's) is told once it serves, or why it could not.
@@ -553,7 +603,7 @@ pub async fn run(
 struct Running {
     agent: Agent,
     socket_path: PathBuf,
-    admin: Listening,
+    admin: Admin,
     metrics: Option<Listening>,
     incoming: mpsc::Receiver<(Request, oneshot::Sender<Response>)>,
     signals: Signals,
@@ -611,8 +661,7 @@ impl Running {
             Some(listener) => listener,
             None => bind_admin(&socket_path)?,
         };
-        let fd = listener.as_fd().try_clone_to_owned();
-        let admin = Listening::spawn(fd, serve_admin(listener, requests))
+        let admin = Admin::serve(listener, requests)
             .map_err(|source| AgentError::AdminSocket { path: socket_path.display().to_string(), source })?;
         Ok(Self { agent, socket_path, admin, metrics, incoming, signals })
     }
@@ -630,8 +679,7 @@ impl Running {
                 _ = terminate.recv() => break Exit::Stop,
                 _ = interrupt.recv() => break Exit::Stop,
                 _ = user2.recv() => {
-                    let offered = upgrade_offer(&self.admin, self.metrics.as_ref());
-                    match agent.upgrade(&offered).await {
+                    match hand_over(agent, &mut self.admin, self.metrics.as_ref()).await {
                         Ok(_) => break Exit::Upgraded,
                         Err(error) => tracing::error!(%error, "upgrade (SIGUSR2) failed"),
                     }
@@ -661,8 +709,7 @@ impl Running {
                         }
                         Request::Detach => (Response::Detaching, Some(Exit::Detach)),
                         Request::Upgrade => {
-                            let offered = upgrade_offer(&self.admin, self.metrics.as_ref());
-                            match agent.upgrade(&offered).await {
+                            match hand_over(agent, &mut self.admin, self.metrics.as_ref()).await {
                                 Ok(pid) => (Response::Upgraded { old: std::process::id(), new: pid }, Some(Exit::Upgraded)),
                                 Err(error) => (Response::Rejected { error: error.to_string() }, None),
                             }
@@ -679,26 +726,39 @@ impl Running {
             }
         };
         tracing::info!(?exit, "stopping");
-        if exit == Exit::Upgraded {
-            // The new agent answers on them from now on.
-            self.admin.task.abort();
-            if let Some(metrics) = &self.metrics {
-                metrics.task.abort();
-            }
+        let Self { agent, socket_path, admin, metrics, incoming, .. } = self;
+        if exit == Exit::Upgraded
+            && let Some(metrics) = &metrics
+        {
+            // The new agent answers on it from now on.
+            metrics.task.abort();
         }
-        self.agent.stop(exit).await;
+        let late = tokio::spawn(answer_late(incoming, exit));
+        agent.stop(exit).await;
+        let Admin { mut listening, requests } = admin;
+        listening.task.abort();
+        let _ = (&mut listening.task).await;
+        drop(requests);
+        // The process exits next: every answer is written first (the last of the
+        // admin connections ends `late`), the upgrade's and the detach's among them.
+        let _ = tokio::time::timeout(Duration::from_secs(1), late).await;
         // After an upgrade the socket's path is the new agent's.
         if exit != Exit::Upgraded {
-            let _ = std::fs::remove_file(&self.socket_path);
+            let _ = std::fs::remove_file(&socket_path);
         }
     }
 }
 
-/// The admin and metrics sockets, to hand over.
-fn upgrade_offer<'a>(admin: &'a Listening, metrics: Option<&'a Listening>) -> Vec<upgrade::Offer<'a>> {
-    let mut offered = vec![(upgrade::Passed::Admin, admin.fd.as_fd())];
-    offered.extend(metrics.map(|m| (upgrade::Passed::Metrics, m.fd.as_fd())));
-    offered
+/// Answers what reaches the admin socket once the agent loop has ended, until the
+/// last admin connection is gone.
+async fn answer_late(mut incoming: mpsc::Receiver<(Request, oneshot::Sender<Response>)>, exit: Exit) {
+    let error = match exit {
+        Exit::Upgraded => "this agent has handed over to a new one and is draining: ask again",
+        Exit::Stop | Exit::Detach => "the agent is stopping",
+    };
+    while let Some((_, reply)) = incoming.recv().await {
+        let _ = reply.send(Response::Rejected { error: error.to_owned() });
+    }
 }
 
 /// The reload report's line for an interface a reload attached.

@@ -250,15 +250,31 @@ impl<C: Clock + Clone> Connection<C> {
         let service = service_fn(self.service(None, Some(Arc::clone(&upgrade))));
         // The waits for a request are watched on the socket (see `idle`), not by hyper.
         let mut conn = http1::Builder::new().header_read_timeout(None).serve_connection(TokioIo::new(stream), service);
-        let mut draining = false;
+        let (mut draining, mut told) = (false, false);
+        let in_flight = Arc::clone(&self.in_flight);
         // Without shutdown, so that the socket is still ours to answer a header timeout
         // on, or to relay once upgraded.
         let result = loop {
             tokio::select! {
-                result = poll_fn(|cx| conn.poll_without_shutdown(cx)) => break result,
+                result = poll_fn(|cx| {
+                    let polled = conn.poll_without_shutdown(cx);
+                    // A connection accepted as the drain began is told to close only
+                    // once its first request has begun: its client sent that request
+                    // expecting an answer, and would not send it again as it would
+                    // on a connection it had reused. One that sends nothing is closed
+                    // at header_timeout, as ever.
+                    if draining && !told && in_flight.begun() > 0 {
+                        told = true;
+                        Pin::new(&mut conn).graceful_shutdown();
+                    }
+                    polled
+                }) => break result,
                 _ = self.stop.changed(), if !draining => {
                     draining = true;
-                    Pin::new(&mut conn).graceful_shutdown();
+                    if in_flight.begun() > 0 {
+                        told = true;
+                        Pin::new(&mut conn).graceful_shutdown();
+                    }
                 }
             }
         };

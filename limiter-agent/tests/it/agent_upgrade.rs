@@ -142,6 +142,15 @@ fn an_upgrade_refuses_no_connection_and_the_kernel_counters_go_on() {
     assert!(stats["proxy"]["requests"].as_u64().is_some(), "the new agent answers its admin socket: {stats}");
 }
 
+/// The binary under test at `path`: a hard link where it can be, since a copy is
+/// open for writing for a moment, and a process another test forks meanwhile would
+/// hold it so (exec would fail with ETXTBSY).
+fn place_binary(path: &std::path::Path) {
+    if std::fs::hard_link(limiter_bin(), path).is_err() {
+        std::fs::copy(limiter_bin(), path).expect("copy the binary");
+    }
+}
+
 /// A script in the binary's place that exits 3: the upgrade says so and fails, and
 /// the old agent serves on; then the real binary on a config it refuses: the
 /// upgrade names the key and line.
@@ -153,7 +162,7 @@ fn a_new_binary_that_fails_to_start_leaves_the_old_one_serving() {
     let dir = AgentProcess::dir_of(&name);
     std::fs::create_dir_all(&dir).expect("dir");
     let bin = dir.join("limiter");
-    std::fs::copy(limiter_bin(), &bin).expect("copy the binary");
+    place_binary(&bin);
     let listen = free_addr();
     let config = format!("{}{}", agent_section(&name, ""), proxy_section(listen, upstream.addr));
     let mut agent = AgentProcess::start_with(&name, &config, bin.clone(), |_| {});
@@ -170,7 +179,7 @@ fn a_new_binary_that_fails_to_start_leaves_the_old_one_serving() {
     assert!(stderr.contains("exit status: 3") && stderr.contains("this agent serves on"), "{stderr}");
     assert!(get(listen, "/").expect("the old agent serves").starts_with("HTTP/1.1 200"));
 
-    std::fs::copy(limiter_bin(), dir.join("limiter.real")).expect("copy");
+    place_binary(&dir.join("limiter.real"));
     std::fs::rename(dir.join("limiter.real"), &bin).expect("restore");
     agent.write_config(&format!("{config}bogus_key = 1\n"));
     let (output, _) = agent.upgrade();
