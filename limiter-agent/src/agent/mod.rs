@@ -521,10 +521,13 @@ impl Listening {
     }
 }
 
-/// The admin socket, served into the agent loop's channel.
+/// The admin socket, served into the agent loop's channel, with a descriptor of it
+/// kept to hand over.
 #[derive(Debug)]
 struct Admin {
-    listening: Listening,
+    fd: OwnedFd,
+    /// `None` while paused.
+    task: Option<tokio::task::JoinHandle<()>>,
     requests: mpsc::Sender<(Request, oneshot::Sender<Response>)>,
 }
 
@@ -533,22 +536,24 @@ impl Admin {
         listener: UnixListener,
         requests: mpsc::Sender<(Request, oneshot::Sender<Response>)>,
     ) -> std::io::Result<Self> {
-        let fd = listener.as_fd().try_clone_to_owned();
-        Ok(Self { listening: Listening::spawn(fd, serve_admin(listener, requests.clone()))?, requests })
+        let fd = listener.as_fd().try_clone_to_owned()?;
+        Ok(Self { fd, task: Some(tokio::spawn(serve_admin(listener, requests.clone()))), requests })
     }
 
     /// Stops accepting (connections wait in the socket's queue) and returns once no
     /// more is accepted.
     async fn pause(&mut self) {
-        self.listening.task.abort();
-        let _ = (&mut self.listening.task).await;
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
     }
 
     /// Accepts again after [`Admin::pause`].
     fn resume(&mut self) -> std::io::Result<()> {
-        let listener = std::os::unix::net::UnixListener::from(self.listening.fd.try_clone()?);
+        let listener = std::os::unix::net::UnixListener::from(self.fd.try_clone()?);
         let listener = UnixListener::from_std(listener)?;
-        self.listening.task = tokio::spawn(serve_admin(listener, self.requests.clone()));
+        self.task = Some(tokio::spawn(serve_admin(listener, self.requests.clone())));
         Ok(())
     }
 }
@@ -559,7 +564,7 @@ impl Admin {
 /// one fails), so that none is taken by an agent that has handed over.
 async fn hand_over(agent: &Agent, admin: &mut Admin, metrics: Option<&Listening>) -> Result<u32, UpgradeError> {
     admin.pause().await;
-    let mut offered = vec![(upgrade::Passed::Admin, admin.listening.fd.as_fd())];
+    let mut offered = vec![(upgrade::Passed::Admin, admin.fd.as_fd())];
     offered.extend(metrics.map(|m| (upgrade::Passed::Metrics, m.fd.as_fd())));
     let upgraded = agent.upgrade(&offered).await;
     drop(offered);
@@ -735,10 +740,9 @@ impl Running {
         }
         let late = tokio::spawn(answer_late(incoming, exit));
         agent.stop(exit).await;
-        let Admin { mut listening, requests } = admin;
-        listening.task.abort();
-        let _ = (&mut listening.task).await;
-        drop(requests);
+        let mut admin = admin;
+        admin.pause().await;
+        drop(admin);
         // The process exits next: every answer is written first (the last of the
         // admin connections ends `late`), the upgrade's and the detach's among them.
         let _ = tokio::time::timeout(Duration::from_secs(1), late).await;

@@ -116,7 +116,7 @@ fn an_upgrade_refuses_no_connection_and_the_kernel_counters_go_on() {
     let before_upgrade = churn.ok();
     let (output, old_exit) = lab.agent.upgrade();
     assert!(output.status.success(), "upgrade: {}\n{}", String::from_utf8_lossy(&output.stderr), lab.agent.log());
-    assert_eq!(old_exit.and_then(|s| s.code()), Some(0), "the old agent drains and exits 0");
+    assert_eq!(old_exit.and_then(|s| s.code()), Some(0), "the old agent drains and exits 0: {}", lab.agent.log());
     let slow = slow.join().expect("slow thread").expect("the slow request's answer");
     assert!(slow.starts_with("HTTP/1.1 200"), "{slow}");
     assert!(slow.to_ascii_lowercase().contains("connection: close"), "a drain closes keep-alive: {slow}");
