@@ -223,7 +223,7 @@ mod tests {
         agent::{EscalationStats, Reloads},
         limits::{PolicyCounts, engine::PolicyKind},
         proxy::{AdaptiveStats, ProxyStats},
-        security_log::LogCount,
+        security_log::{LogCount, SecurityLogStats},
         xdp::{
             AttachedMode, Attachment, CounterSnapshot, XdpStats,
             stats::{BlockRow, BudgetRow, SourceCount},
