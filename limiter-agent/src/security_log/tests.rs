@@ -21,8 +21,7 @@ fn parsed(line: &str) -> serde_json::Value {
 
 #[test]
 fn a_json_event_names_its_kind_reason_client_and_key() {
-    let failure =
-        SecurityEvent::signature_failure(net("2001:db8::7"), FailureReason::BadMac, Some("k-pay".into()));
+    let failure = SecurityEvent::signature_failure(net("2001:db8::7"), FailureReason::BadMac, Some("k-pay".into()));
     let line: serde_json::Value = parsed(&event(SecurityLogFormat::Json, &failure, NOW));
     assert_eq!(
         line,
@@ -43,11 +42,8 @@ fn a_json_event_names_its_kind_reason_client_and_key() {
 
 #[test]
 fn a_summary_counts_the_events_it_stands_for() {
-    let subject = Subject {
-        client: Some(net("192.0.2.1/32")),
-        kind: EventKind::SignatureFailure,
-        reason: Some("bad_mac"),
-    };
+    let subject =
+        Subject { client: Some(net("192.0.2.1/32")), kind: EventKind::SignatureFailure, reason: Some("bad_mac") };
     let summarised = Summary { subject, suppressed: 41, since: NOW - Duration::from_secs(1) };
     let line: serde_json::Value = parsed(&summary(SecurityLogFormat::Json, &summarised, NOW));
     assert_eq!(
@@ -84,8 +80,7 @@ fn a_bearer_key_or_an_unknown_one_is_shortened() {
     assert_eq!(shown_key_id("k-pay", true), "k-pay");
     assert_eq!(shown_key_id("sk-live-0123456789", false), "sk-l…");
     assert_eq!(shown_key_id("ab", false), "ab…");
-    let demoted =
-        SecurityEvent::demotion(net("192.0.2.1"), shown_key_id("sk-live-1", false), "free", "abuse");
+    let demoted = SecurityEvent::demotion(net("192.0.2.1"), shown_key_id("sk-live-1", false), "free", "abuse");
     let line: serde_json::Value = parsed(&event(SecurityLogFormat::Json, &demoted, NOW));
     assert_eq!((&line["event"], &line["plan"], &line["key_id"]), (&"demotion".into(), &"free".into(), &"sk-l…".into()));
 }
