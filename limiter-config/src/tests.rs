@@ -1109,3 +1109,70 @@ fn adaptive_has_defaults_replaces_a_fixed_concurrency_and_names_its_mistakes() {
         assert!(message.contains(expected), "{written}: {message}");
     }
 }
+
+#[test]
+fn a_refusal_takes_a_detail_and_an_absolute_http_link() {
+    let text = format!(
+        "{PROXY}[proxy.plans.free]\nlimit = 10\nwindow = \"1m\"\n\
+         refusal = {{ detail = \"Buy more.\", link = \"https://example.com/upgrade?plan=pro\" }}\n"
+    );
+    let proxy = parse(&text).expect("a refusal").proxy.expect("proxy");
+    let advice = proxy.plans["free"].refusal.as_ref().expect("the plan's refusal");
+    assert_eq!(
+        (advice.detail.as_deref(), advice.link.as_deref()),
+        (Some("Buy more."), Some("https://example.com/upgrade?plan=pro"))
+    );
+    for (bad, why) in [
+        ("ftp://example.com/", "absolute http"),
+        ("/upgrade", "absolute http"),
+        ("https://example.com/a b", "visible ASCII"),
+        ("https://example.com/\\r\\nSet-Cookie: x=1", "visible ASCII"),
+        ("https://example.com/<x>", "visible ASCII"),
+    ] {
+        let text = format!(
+            "{PROXY}[[proxy.rules]]\nname = \"r\"\nkey = \"ip\"\nlimit = 1\nwindow = \"1m\"\n\
+             refusal = {{ link = \"{bad}\" }}\n"
+        );
+        let (line, key, message) = refusal(&text);
+        assert_eq!(key, "proxy.rules[0].refusal", "{bad}");
+        assert_eq!(line, text.lines().position(|l| l.starts_with("refusal")).expect("its line") + 1, "{bad}");
+        assert!(message.contains(why), "{bad}: {message}");
+    }
+    let empty = format!("{PROXY}[proxy.plans.free]\nlimit = 10\nwindow = \"1m\"\nrefusal = {{}}\n");
+    assert!(refusal(&empty).2.contains("needs a detail or a link"));
+    let deny = format!("{PROXY}[[proxy.rules]]\nname = \"d\"\naction = \"deny\"\nrefusal = {{ detail = \"no\" }}\n");
+    assert!(refusal(&deny).2.contains("refusal needs a limit rule"));
+}
+
+#[test]
+fn retry_after_jitter_is_a_share_below_one() {
+    let proxy = parse(&format!("{PROXY}retry_after_jitter = 0.1\n")).expect("jitter").proxy.expect("proxy");
+    assert!((proxy.retry_after_jitter - 0.1).abs() < f64::EPSILON);
+    assert_eq!(parse(PROXY).expect("default").proxy.expect("proxy").retry_after_jitter, 0.0);
+    for bad in ["1.0", "-0.1", "2"] {
+        let (_, key, message) = refusal(&format!("{PROXY}retry_after_jitter = {bad}\n"));
+        assert_eq!(key, "proxy.retry_after_jitter", "{bad}");
+        assert!(message.contains("less than 1"), "{bad}: {message}");
+    }
+}
+
+#[test]
+fn a_security_log_takes_a_path_or_a_syslog_socket() {
+    use crate::agent::SecurityLogFormat;
+    let text = "[agent.security_log]\npath = \"/var/log/limiter/security.cef\"\nformat = \"cef\"\nsyslog = \"unix:///dev/log\"\n";
+    let log = parse(text).expect("both").agent.security_log.expect("the section");
+    assert_eq!(log.format, SecurityLogFormat::Cef);
+    assert_eq!(log.syslog.as_deref(), Some(Path::new("/dev/log")));
+    let syslog_only = parse("[agent.security_log]\nsyslog = \"unix:///dev/log\"\n").expect("syslog alone");
+    assert_eq!(syslog_only.agent.security_log.expect("the section").format, SecurityLogFormat::Json);
+    for (bad, why) in [
+        ("format = \"json\"\n", "needs a path, a syslog socket"),
+        ("syslog = \"udp://10.0.0.1:514\"\n", "unix:///absolute/path"),
+        ("path = \"security.log\"\n", "must be absolute"),
+    ] {
+        let (line, key, message) = refusal(&format!("[agent.security_log]\n{bad}"));
+        assert_eq!((line, key.as_str()), (1, "agent.security_log"), "{bad}");
+        assert!(message.contains(why), "{bad}: {message}");
+    }
+    assert!(refusal("[agent.security_log]\npath = \"/x\"\nformat = \"xml\"\n").2.contains("unknown variant"));
+}
