@@ -14,7 +14,7 @@ use limiter_common::{
 };
 use limiter_lab::{
     netns::VethNamespace,
-    support::{agent::AgentProcess, unique, xdp_lab::XdpLab},
+    support::{agent::AgentProcess, free_port, unique, xdp_lab::XdpLab},
     traffic,
 };
 
@@ -221,10 +221,6 @@ fn a_block_with_a_ttl_drops_then_lets_traffic_through_again() {
     lab.agent.until("the traffic to pass after the TTL", || receiver.from(source).len(), |n| *n == 50);
     let output = lab.agent.cli(&["unblock", &source.to_string()]);
     assert_eq!(output.status.code(), Some(1), "a lapsed block is gone");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
 fn http_get(addr: &str, path: &str) -> String {

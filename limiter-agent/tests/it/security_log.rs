@@ -14,6 +14,8 @@ use limiter::config::{Config, agent::SecurityLogConfig};
 use limiter::security_log::{LogCount, SecurityEvent, SecurityLog};
 use limiter_core::{Clock as _, SystemClock};
 use limiter_lab::support::{
+    agent::{AgentProcess, agent_section},
+    free_port,
     proxy::{PROXY_HEAD, RunningProxy, TestClient, Upstream, exchange_from, secret_file, signed_route_config},
     unique,
     wait::{until, until_async},
@@ -315,5 +317,45 @@ fn a_changed_section_moves_the_events_to_its_file() {
     // A directory that does not exist refuses the change before anything else is applied.
     let missing = std::env::temp_dir().join(unique("no-such-dir")).join("security.log");
     assert!(log.prepare(Some(&section(&missing))).is_err());
+    let _ = (std::fs::remove_file(&first), std::fs::remove_file(&second));
+}
+
+/// The agent hands its proxy the log it starts, counts its lines in `limiter stats`,
+/// and a reload of the section moves the events to the new file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_logs_its_proxys_events_and_a_reload_moves_them() {
+    let upstream = Upstream::start().await;
+    let (name, listen, secret) = (unique("lseclog"), free_port(), secret_file(b"k-pay-secret"));
+    let (first, second) = (log_path("security-agent-first"), log_path("security-agent-second"));
+    let proxy = signed_route_config("", &secret)
+        .replace("127.0.0.1:0", &format!("127.0.0.1:{listen}"))
+        .replace("{upstream}", &upstream.addr.to_string());
+    let text = |log: &Path| {
+        format!(
+            "{}[agent.security_log]\npath = \"{}\"\nformat = \"cef\"\n{proxy}",
+            agent_section(&name, ""),
+            log.display()
+        )
+    };
+    let mut agent = AgentProcess::start(&name, &text(&first));
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], listen));
+    let answer = exchange_from([127, 0, 0, 2], addr, bad_mac_request().as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(lines_of(&first, 1).await[0].contains("src=127.0.0.2"));
+
+    let reload = agent.reload_with(&text(&second));
+    assert!(reload.status.success(), "{}", String::from_utf8_lossy(&reload.stderr));
+    assert!(String::from_utf8_lossy(&reload.stdout).contains("agent.security_log"));
+    let answer = exchange_from([127, 0, 0, 3], addr, bad_mac_request().as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(lines_of(&second, 1).await[0].contains("src=127.0.0.3"));
+    assert_eq!(std::fs::read_to_string(&first).expect("the first log").lines().count(), 1);
+    agent.stats_until("both lines counted", |stats| stats["agent"]["security_log"]["written"] == 2);
+
+    // A section whose file cannot be opened refuses the reload: the second stays.
+    let missing = std::env::temp_dir().join(unique("no-such-dir")).join("security.log");
+    let refused = agent.reload_with(&text(&missing));
+    assert!(!refused.status.success(), "{}", String::from_utf8_lossy(&refused.stdout));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("agent.security_log"));
     let _ = (std::fs::remove_file(&first), std::fs::remove_file(&second));
 }
