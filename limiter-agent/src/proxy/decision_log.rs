@@ -45,7 +45,8 @@ pub(super) struct Entry<'a> {
     /// The canonical path, without the query.
     pub(super) path: &'a str,
     pub(super) verdict: VerdictKind,
-    /// For `delay`, and for `reject` (its `Retry-After`).
+    /// For `delay`, and for `reject` (its `Retry-After`, before `retry_after_jitter`
+    /// spreads it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) wait_ms: Option<u64>,
     /// For a request a rule's `concurrency` applies to: how long it waited in the

@@ -116,12 +116,18 @@ impl SecurityLog {
             return Ok(Prepared::Unchanged);
         }
         let Some(config) = config else { return Ok(Prepared::Replace(None)) };
+        // The error names the file, for the reload's (or the start's) refusal.
+        let naming = |path: &std::path::Path| {
+            move |error: std::io::Error| std::io::Error::new(error.kind(), format!("{}: {error}", path.display()))
+        };
         let mut appenders = Vec::new();
         if let Some(path) = &config.path {
-            appenders.push(Appender::spawn("security-log", appender::open(path)?, Arc::clone(&self.lines))?);
+            let file = appender::open(path).map_err(naming(path))?;
+            appenders.push(Appender::spawn("security-log", file, Arc::clone(&self.lines))?);
         }
         if let Some(socket) = &config.syslog {
-            appenders.push(Appender::spawn("security-syslog", Syslog::new(socket)?, Arc::clone(&self.lines))?);
+            let syslog = Syslog::new(socket).map_err(naming(socket))?;
+            appenders.push(Appender::spawn("security-syslog", syslog, Arc::clone(&self.lines))?);
         }
         Ok(Prepared::Replace(Some(Arc::new(Output { config: config.clone(), appenders }))))
     }
