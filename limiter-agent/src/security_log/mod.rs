@@ -116,10 +116,6 @@ impl SecurityLog {
             return Ok(Prepared::Unchanged);
         }
         let Some(config) = config else { return Ok(Prepared::Replace(None)) };
-        // The error names the file, for the reload's (or the start's) refusal.
-        let naming = |path: &std::path::Path| {
-            move |error: std::io::Error| std::io::Error::new(error.kind(), format!("{}: {error}", path.display()))
-        };
         let mut appenders = Vec::new();
         if let Some(path) = &config.path {
             let file = appender::open(path).map_err(naming(path))?;
@@ -192,6 +188,11 @@ impl Output {
             appender.send(line.to_owned());
         }
     }
+}
+
+/// The error of opening `path`, naming it, for the refusal of a reload or a start.
+fn naming(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> std::io::Error + '_ {
+    move |error| std::io::Error::new(error.kind(), format!("{}: {error}", path.display()))
 }
 
 /// Sweeps once an interval until the log is gone.
