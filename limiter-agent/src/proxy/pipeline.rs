@@ -577,8 +577,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         };
         let decision = self.decide(&exchange).await;
         let disclose = snapshot.disclose(exchange.proof.key_id());
-        let plan = exchange.proof.key_id().and_then(|id| snapshot.key(id)).map(|key| key.plan.as_str());
-        let acted = self.act(snapshot, &decision, (disclose, plan)).await;
+        let acted = self.act(snapshot, &decision, (disclose, exchange.plan())).await;
         // After the limits and their delay: a request they refuse never queues.
         let gated = match &acted {
             Ok(()) => self.pass_gates(&exchange, &decision).await,
@@ -630,7 +629,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         if gates.is_empty() {
             return Ok(passage);
         }
-        let plan = exchange.proof.key_id().and_then(|id| exchange.snapshot.key(id)).map(|key| key.plan.as_str());
+        let plan = exchange.plan();
         let priority = plan.and_then(|plan| config.plans.get(plan)).map_or(KEYLESS_PRIORITY, |plan| plan.priority);
         let class = Class::from(plan.unwrap_or(KEYLESS_SHARE));
         let waiting = tokio::time::Instant::now();
