@@ -344,6 +344,44 @@ async fn redis_down_with_local_fallback_each_agent_enforces_its_share() {
     }
 }
 
+/// `store_failure = "local"` when Redis goes away mid-window: the two proxies had
+/// spent 60 of the 100/min plan in Redis, so each starts its share (50) from what
+/// Redis last told it was left (41 after A's last request, 40 after B's), halved:
+/// together they admit 21 + 20, the 40 left and the one of rounding up, where shares
+/// started full admitted 100 more.
+#[tokio::test]
+async fn local_fallback_mid_window_starts_each_share_from_what_the_fleet_had_left() {
+    let mut redis = TestRedis::private();
+    let keys = redis_keys(&redis, &unique_prefix("mid-window"), "local");
+    let upstream = Upstream::start().await;
+    let config = format!("{PROXY_HEAD}{keys}{FREE}");
+    let proxies =
+        [RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await];
+    for proxy in &proxies {
+        proxy.stats_until("the heartbeats count two agents", |stats| stats.fleet_agents == 2).await;
+    }
+    let client = TestClient::default();
+    for i in 0..60 {
+        let reply = client.get(&proxies[i % 2].url("/api"), &[("x-api-key", "k-free")]).await;
+        assert_eq!(reply.status, StatusCode::OK, "request {i}, in Redis");
+    }
+
+    redis.stop();
+    let mut admitted = [0, 0];
+    for i in 0..100 {
+        let reply = client.get(&proxies[i % 2].url("/api"), &[("x-api-key", "k-free")]).await;
+        match reply.status {
+            StatusCode::OK => admitted[i % 2] += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("request {i} without Redis: {other}"),
+        }
+    }
+    assert_eq!(admitted, [21, 20], "each share from what was left: 41 / 2 and 40 / 2, rounded up");
+    for proxy in &proxies {
+        proxy.stats_until("every decision counted as local", |stats| stats.local_decisions == 50).await;
+    }
+}
+
 /// How long the proxies of [`hang`] wait for Redis: short, as a hang is waited out.
 const HANG_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -759,12 +797,11 @@ const STORE_UNAVAILABLE: &str = "https://limiter.dev/problems#store-unavailable"
 /// Replay protection and idempotency used to follow `store_failure = "allow"`: with
 /// Redis slow or gone, a signed request was forwarded unrecorded (replayable on every
 /// agent) and an idempotent one run without its key (runnable twice). Both now fail
-/// closed with 503, while the limits still follow `store_failure`: a hung server
-/// (SIGSTOP) and a dead one.
-#[tokio::test]
-async fn signed_and_idempotent_requests_fail_closed_without_redis_even_under_allow() {
+/// closed with 503 under every `store_failure`, while the limits still follow it
+/// (`unsigned`: what an unsigned request gets): a hung server (SIGSTOP) and a dead one.
+async fn fail_closed(store_failure: &str, unsigned: StatusCode) {
     let mut redis = TestRedis::private();
-    let keys = redis_keys(&redis, &unique_prefix("fail-closed"), "allow")
+    let keys = redis_keys(&redis, &unique_prefix("fail-closed"), store_failure)
         .replace(&format!("redis_timeout = \"{}ms\"", REDIS_TIMEOUT.as_millis()), "redis_timeout = \"1s\"");
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(&format!("{}{PER_IP}", signed_config(&keys)), upstream.addr).await;
@@ -774,8 +811,8 @@ async fn signed_and_idempotent_requests_fail_closed_without_redis_even_under_all
     let forwarded = upstream.count();
 
     let refused = |reply: &Reply, what: &str| {
-        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{what}: {:?}", reply.body);
-        assert_eq!(reply.json()["type"].as_str(), Some(STORE_UNAVAILABLE), "{what}");
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{store_failure}: {what}: {:?}", reply.body);
+        assert_eq!(reply.json()["type"].as_str(), Some(STORE_UNAVAILABLE), "{store_failure}: {what}");
     };
     redis.pause();
     refused(&send_signed(&client, &proxy, b"2", "hung", None).await, "signed, Redis hung");
@@ -784,9 +821,27 @@ async fn signed_and_idempotent_requests_fail_closed_without_redis_even_under_all
     redis.stop();
     refused(&send_signed(&client, &proxy, b"3", "dead", None).await, "signed, Redis dead");
     refused(&send_signed(&client, &proxy, b"3", "dead-idem", Some("idem-dead")).await, "idempotent, Redis dead");
-    // The limits still follow store_failure = "allow".
-    assert_eq!(client.get(&proxy.url("/"), &[]).await.status, StatusCode::OK);
-    assert_eq!(upstream.count(), forwarded + 1, "only the unsigned request went upstream");
+    // The limits still follow store_failure: the per-ip rule (3 a minute, 2 spent)
+    // has one left, in Redis as in this agent's local share.
+    assert_eq!(client.get(&proxy.url("/"), &[]).await.status, unsigned, "{store_failure}: unsigned");
+    let through = usize::from(unsigned == StatusCode::OK);
+    assert_eq!(upstream.count(), forwarded + through, "{store_failure}: only an unsigned request went upstream");
+    proxy.stats_until("every decision without Redis counted", |stats| stats.store_failures >= 4).await;
+}
+
+#[tokio::test]
+async fn signed_and_idempotent_requests_fail_closed_without_redis_even_under_allow() {
+    fail_closed("allow", StatusCode::OK).await;
+}
+
+#[tokio::test]
+async fn signed_and_idempotent_requests_fail_closed_without_redis_under_local() {
+    fail_closed("local", StatusCode::OK).await;
+}
+
+#[tokio::test]
+async fn signed_and_idempotent_requests_fail_closed_without_redis_under_deny() {
+    fail_closed("deny", StatusCode::SERVICE_UNAVAILABLE).await;
 }
 
 /// The idempotency store's own call failing, the replay cache's having succeeded (one
