@@ -227,10 +227,11 @@ impl Drop for NewPins {
         }
         for (map, existed) in names::ALL.iter().zip(self.existed) {
             let path = self.dir.join(map.name);
-            if !existed && path.exists() {
-                if let Err(error) = std::fs::remove_file(&path) {
-                    tracing::warn!(path = %path.display(), %error, "unpinning a map of the failed load failed");
-                }
+            if !existed
+                && path.exists()
+                && let Err(error) = std::fs::remove_file(&path)
+            {
+                tracing::warn!(path = %path.display(), %error, "unpinning a map of the failed load failed");
             }
         }
     }
