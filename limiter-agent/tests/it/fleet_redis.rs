@@ -308,6 +308,33 @@ async fn redis_down_denies_while_it_is_away_and_limits_resume() {
     outage("deny", StatusCode::SERVICE_UNAVAILABLE).await;
 }
 
+/// `agents` proxies of `config` on one Redis, once each one's heartbeats count them all.
+async fn fleet_of(agents: usize, config: &str, upstream: &Upstream) -> Vec<RunningProxy> {
+    let mut proxies = Vec::new();
+    for _ in 0..agents {
+        proxies.push(RunningProxy::start(config, upstream.addr).await);
+    }
+    for proxy in &proxies {
+        proxy.stats_until("the heartbeats count the fleet", |stats| stats.fleet_agents as usize == agents).await;
+    }
+    proxies
+}
+
+/// Sends `requests` of the free key, one proxy after the other; how many each
+/// admitted, every answer being 200 or 429.
+async fn admitted_in_turn(proxies: &[RunningProxy], client: &TestClient, requests: usize) -> Vec<u32> {
+    let mut admitted = vec![0; proxies.len()];
+    for i in 0..requests {
+        let reply = client.get(&proxies[i % proxies.len()].url("/api"), &[("x-api-key", "k-free")]).await;
+        match reply.status {
+            StatusCode::OK => admitted[i % proxies.len()] += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("request {i}: {other}"),
+        }
+    }
+    admitted
+}
+
 /// `store_failure = "local"`: two proxies learn from their heartbeats that the fleet
 /// is two; with Redis gone each enforces half of the 100/min plan, so that the two
 /// together admit exactly 100 of 150, not all of them and not none.
@@ -316,24 +343,10 @@ async fn redis_down_with_local_fallback_each_agent_enforces_its_share() {
     let mut redis = TestRedis::private();
     let keys = redis_keys(&redis, &unique_prefix("local"), "local");
     let upstream = Upstream::start().await;
-    let config = format!("{PROXY_HEAD}{keys}{FREE}");
-    let proxies =
-        [RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await];
-    for proxy in &proxies {
-        proxy.stats_until("the heartbeats count two agents", |stats| stats.fleet_agents == 2).await;
-    }
+    let proxies = fleet_of(2, &format!("{PROXY_HEAD}{keys}{FREE}"), &upstream).await;
 
     redis.stop();
-    let client = TestClient::default();
-    let mut admitted = [0, 0];
-    for i in 0..150 {
-        let reply = client.get(&proxies[i % 2].url("/api"), &[("x-api-key", "k-free")]).await;
-        match reply.status {
-            StatusCode::OK => admitted[i % 2] += 1,
-            StatusCode::TOO_MANY_REQUESTS => {}
-            other => panic!("request {i}: {other}"),
-        }
-    }
+    let admitted = admitted_in_turn(&proxies, &TestClient::default(), 150).await;
     assert_eq!(admitted, [50, 50], "each agent its share: 100 / 2");
     for proxy in &proxies {
         proxy
@@ -354,31 +367,45 @@ async fn local_fallback_mid_window_starts_each_share_from_what_the_fleet_had_lef
     let mut redis = TestRedis::private();
     let keys = redis_keys(&redis, &unique_prefix("mid-window"), "local");
     let upstream = Upstream::start().await;
-    let config = format!("{PROXY_HEAD}{keys}{FREE}");
-    let proxies =
-        [RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await];
-    for proxy in &proxies {
-        proxy.stats_until("the heartbeats count two agents", |stats| stats.fleet_agents == 2).await;
-    }
+    let proxies = fleet_of(2, &format!("{PROXY_HEAD}{keys}{FREE}"), &upstream).await;
     let client = TestClient::default();
-    for i in 0..60 {
-        let reply = client.get(&proxies[i % 2].url("/api"), &[("x-api-key", "k-free")]).await;
-        assert_eq!(reply.status, StatusCode::OK, "request {i}, in Redis");
-    }
+    assert_eq!(admitted_in_turn(&proxies, &client, 60).await, [30, 30], "in Redis");
 
     redis.stop();
-    let mut admitted = [0, 0];
-    for i in 0..100 {
-        let reply = client.get(&proxies[i % 2].url("/api"), &[("x-api-key", "k-free")]).await;
-        match reply.status {
-            StatusCode::OK => admitted[i % 2] += 1,
-            StatusCode::TOO_MANY_REQUESTS => {}
-            other => panic!("request {i} without Redis: {other}"),
-        }
-    }
+    let admitted = admitted_in_turn(&proxies, &client, 100).await;
     assert_eq!(admitted, [21, 20], "each share from what was left: 41 / 2 and 40 / 2, rounded up");
     for proxy in &proxies {
         proxy.stats_until("every decision counted as local", |stats| stats.local_decisions == 50).await;
+    }
+}
+
+/// The local shares follow the agents still heartbeating: Redis refuses the limits'
+/// keys to the fleet's user (as a server can fail one kind of call and not another)
+/// while the heartbeats still count the fleet. Three agents each take a third of the
+/// 100/min plan (34); one stops, the two left count two within the heartbeats' 3 s,
+/// and each takes half (50: 16 more each).
+#[tokio::test]
+async fn local_shares_follow_the_agents_still_heartbeating() {
+    let redis = TestRedis::private();
+    let prefix = unique_prefix("shares");
+    assert_eq!(redis_cli(redis.port, &["acl", "setuser", "fleet", "on", ">pw", "+@all", "~*"]).trim(), "OK");
+    let url = format!("redis://fleet:pw@127.0.0.1:{}/", redis.port);
+    let keys = redis_keys(&redis, &prefix, "local").replace(redis.url(), &url);
+    let upstream = Upstream::start().await;
+    let mut proxies = fleet_of(3, &format!("{PROXY_HEAD}{keys}{FREE}"), &upstream).await;
+    let heartbeats = format!("~{prefix}agents");
+    let only_heartbeats = ["acl", "setuser", "fleet", "resetkeys", heartbeats.as_str()];
+    assert_eq!(redis_cli(redis.port, &only_heartbeats).trim(), "OK");
+
+    let client = TestClient::default();
+    assert_eq!(admitted_in_turn(&proxies, &client, 120).await, [34, 34, 34], "a third each, rounded up");
+    proxies.pop().expect("the third").shutdown().await;
+    for proxy in &proxies {
+        proxy.stats_until("the heartbeats count the two left", |stats| stats.fleet_agents == 2).await;
+    }
+    assert_eq!(admitted_in_turn(&proxies, &client, 60).await, [16, 16], "half each now: 50, 34 of it spent");
+    for proxy in &proxies {
+        proxy.stats_until("every decision counted as local", |stats| stats.local_decisions == 70).await;
     }
 }
 
