@@ -67,3 +67,68 @@ impl LastKnown {
         self.known.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{num::NonZeroU32, sync::Arc, time::Duration};
+
+    use limiter_core::{
+        Algorithm, LimitSpec,
+        limits::{Bucket, Outcome, Quota},
+    };
+
+    use super::{CAPACITY, LastKnown};
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    fn spec() -> LimitSpec {
+        LimitSpec {
+            algorithm: Algorithm::FixedWindow,
+            limit: NonZeroU32::new(100).expect("limit"),
+            window: Duration::from_secs(60),
+            burst: None,
+            throttle: None,
+            queue: None,
+        }
+    }
+
+    /// Redis' answer to a request it charged: `remaining` left, full in `full_in`.
+    fn charged(remaining: u64, full_in: Duration) -> Outcome {
+        let after = Quota { remaining, reset_after: full_in };
+        let before = Quota { remaining: remaining + 1, reset_after: full_in };
+        Outcome {
+            admitted: true,
+            before,
+            after,
+            retry_after: Duration::ZERO,
+            used: 100 - remaining,
+            wait: Duration::ZERO,
+            charged_at: Some(SECOND),
+        }
+    }
+
+    #[test]
+    fn a_bucket_is_taken_once_and_only_until_it_is_full_again() {
+        let (known, policy, spec) = (LastKnown::default(), Arc::<str>::from("p"), spec());
+        let bucket = |key| Bucket { policy: &policy, key, spec: &spec };
+        known.note(&[bucket("a"), bucket("b")], &[charged(41, 30 * SECOND), charged(7, 30 * SECOND)], SECOND);
+        known.note(&[bucket("a")], &[charged(40, 30 * SECOND)], 2 * SECOND);
+        assert_eq!(known.take(&bucket("a"), 3 * SECOND), Some(40), "the last answer");
+        assert_eq!(known.take(&bucket("a"), 3 * SECOND), None, "taken once");
+        assert_eq!(known.take(&bucket("b"), 31 * SECOND), None, "full again by then: nothing to start from");
+    }
+
+    #[test]
+    fn a_full_memory_keeps_what_it_has_and_makes_room_from_buckets_full_again() {
+        let (known, policy, spec) = (LastKnown::default(), Arc::<str>::from("p"), spec());
+        let keys: Vec<String> = (0..=CAPACITY).map(|i| i.to_string()).collect();
+        for key in &keys[..CAPACITY] {
+            known.note(&[Bucket { policy: &policy, key, spec: &spec }], &[charged(1, SECOND)], SECOND);
+        }
+        let last = Bucket { policy: &policy, key: &keys[CAPACITY], spec: &spec };
+        known.note(&[last], &[charged(1, SECOND)], SECOND);
+        assert_eq!(known.take(&last, SECOND), None, "no room while every entry is live");
+        known.note(&[last], &[charged(1, SECOND)], 3 * SECOND);
+        assert_eq!(known.take(&last, 3 * SECOND), Some(1), "the lapsed ones made room");
+    }
+}
