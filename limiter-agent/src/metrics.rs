@@ -275,7 +275,7 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
         ),
         (
             "limiter_proxy_http2_reset_floods_total",
-            "HTTP/2 connections cut for cancelling requests past http2.max_resets_per_minute.",
+            "HTTP/2 connections cut as floods: requests cancelled past http2.max_resets_per_minute, or CONTINUATION frames without end.",
             stats.http2_reset_floods,
         ),
         ("limiter_proxy_upgrades_total", "Connections upgraded (WebSockets) and relayed.", stats.upgrades),

@@ -183,6 +183,28 @@ fn a_redis_store_refuses_limits_beyond_exact_lua_arithmetic() {
     parse(&format!("{PROXY}{plan}")).expect("the memory store takes it");
 }
 
+/// The kernel allocates an LRU map whole when it is created: a size beyond what a
+/// small host's memory holds is refused by name and line, one past the bound as any.
+#[test]
+fn map_sizes_beyond_their_stated_bounds_are_refused_naming_key_and_line() {
+    let at_bound = XDP.replace("[xdp.limit]", "max_sources = 8_388_608\n[xdp.limit]")
+        + "[xdp.aggregate]\nmax_prefixes = 2_097_152\n[xdp.verified]\nmax = 2_097_152\n";
+    let xdp = parse(&at_bound).expect("every size at its bound").xdp.expect("xdp");
+    assert_eq!(
+        (xdp.max_sources.get(), xdp.aggregate.max_prefixes.get(), xdp.verified.max.get()),
+        (8_388_608, 2_097_152, 2_097_152)
+    );
+    for (from, to, line, key, bound) in [
+        ("max_sources = 8_388_608", "max_sources = 8_388_609", 3, "xdp.max_sources", "8388608"),
+        ("max_prefixes = 2_097_152", "max_prefixes = 4_000_000_000", 8, "xdp.aggregate.max_prefixes", "2097152"),
+        ("max = 2_097_152", "max = 2_097_153", 10, "xdp.verified.max", "2097152"),
+    ] {
+        let (at, named, message) = refusal(&at_bound.replace(from, to));
+        assert_eq!((at, named.as_str()), (line, key), "{message}");
+        assert!(message.contains(&format!("above the most of {bound}")), "{message}");
+    }
+}
+
 #[test]
 fn spoofing_defences_are_off_by_default_and_parse_when_set() {
     let xdp = parse(XDP).expect("minimal").xdp.expect("xdp");
