@@ -62,7 +62,7 @@ use limiter_core::{
     Clock, LimitSpec,
     carried::{self, BodyFormat},
     jwt::Claims,
-    limits::{Bucket, Charge, Outcome, Outcomes, Quota, Refund},
+    limits::{Bucket, Charge, MemoryStore, Outcome, Outcomes, Quota, Refund},
 };
 
 use super::observe::{Observation, Peaks};
@@ -1091,6 +1091,9 @@ impl<C: Clock> Engine<C> {
                     let refundable: Vec<bool> = counted.iter().map(|c| c.policy.count_when.is_some()).collect();
                     tier.note(&buckets, &outcomes, &refundable, now);
                 }
+                if let Some(known) = self.stores.last_known() {
+                    known.note(&buckets, &outcomes, now);
+                }
                 Some(Applied { outcomes, local: None })
             }
             Err(error) => {
@@ -1110,9 +1113,36 @@ impl<C: Clock> Engine<C> {
                     .zip(&shares)
                     .map(|(Counting { policy, key, .. }, spec)| Bucket { policy: &policy.identity, key, spec })
                     .collect();
-                let outcomes = local.apply(&buckets, self.clock.now(), charge);
+                let now = self.clock.now();
+                if let Some(known) = self.stores.last_known() {
+                    for bucket in &buckets {
+                        if let Some(remaining) = known.take(bucket, now) {
+                            seed(local, bucket, remaining.div_ceil(u64::from(agents)), now);
+                        }
+                    }
+                }
+                let outcomes = local.apply(&buckets, now, charge);
                 Some(Applied { outcomes, local: Some(shares) })
             }
+        }
+    }
+}
+
+/// Most requests [`seed`] charges one bucket: a charge is one step of the memory
+/// store (about 100 ns), so a key's first decision of an outage costs at most about
+/// 0.4 ms, and the 16 384 keys remembered a few seconds of one core at worst. A share
+/// larger than this starts at most this much below full.
+const MAX_SEED: u64 = 4_096;
+
+/// Charges `bucket` (an agent's share) in `local` with what the fleet had spent of
+/// it, the share's capacity less `remaining` (at most [`MAX_SEED`]), stopping at a
+/// refusal: a key spent in Redis starts its fallback spent, not full (one left from
+/// an earlier outage only the emptier). Once a key an outage.
+fn seed(local: &MemoryStore, bucket: &Bucket<'_>, remaining: u64, now: Duration) {
+    let spent = u64::from(bucket.spec.capacity().get()).saturating_sub(remaining).min(MAX_SEED);
+    for _ in 0..spent {
+        if !local.apply(std::slice::from_ref(bucket), now, Charge::EachAdmitting)[0].admitted {
+            return;
         }
     }
 }
