@@ -47,10 +47,15 @@ pub enum Passed {
     PinLock,
     /// Where the new agent reports (an upgrade's alone).
     Ready,
+    /// The old agent's stderr, which the new one takes for its own once it serves:
+    /// until then its stderr is a pipe the old one reads, so that a failed start's
+    /// last lines are reported (an upgrade's alone).
+    Stderr,
 }
 
 impl Passed {
-    const ALL: [Self; 6] = [Self::Proxy, Self::Metrics, Self::Admin, Self::Lock, Self::PinLock, Self::Ready];
+    const ALL: [Self; 7] =
+        [Self::Proxy, Self::Metrics, Self::Admin, Self::Lock, Self::PinLock, Self::Ready, Self::Stderr];
 
     const fn name(self) -> &'static str {
         match self {
@@ -60,6 +65,7 @@ impl Passed {
             Self::Lock => "lock",
             Self::PinLock => "pin_lock",
             Self::Ready => "ready",
+            Self::Stderr => "stderr",
         }
     }
 }
@@ -69,7 +75,7 @@ impl Passed {
 pub enum UpgradeError {
     #[error(transparent)]
     Env(#[from] inherited::InheritedError),
-    #[error("LISTEN_FDNAMES: `{0}` is none of proxy, metrics, admin, lock, pin_lock, ready")]
+    #[error("LISTEN_FDNAMES: `{0}` is none of proxy, metrics, admin, lock, pin_lock, ready, stderr")]
     Unknown(String),
     #[error("LISTEN_FDS: descriptor {0} is not open")]
     Closed(RawFd),
@@ -176,7 +182,8 @@ impl Inherited {
 
     /// Where to report `ready`, for an upgrade.
     pub fn ready(&mut self) -> Option<Ready> {
-        self.take(Passed::Ready).map(|fd| Ready(File::from(fd)))
+        let pipe = File::from(self.take(Passed::Ready)?);
+        Some(Ready { pipe, stderr: self.take(Passed::Stderr) })
     }
 
     fn tcp(&mut self, passed: Passed) -> Result<Option<std::net::TcpListener>, UpgradeError> {
@@ -189,19 +196,31 @@ impl Inherited {
 
 /// The pipe an upgrading agent waits on.
 #[derive(Debug)]
-pub struct Ready(File);
+pub struct Ready {
+    pipe: File,
+    /// The old agent's stderr, to write to from now on.
+    stderr: Option<OwnedFd>,
+}
 
 impl Ready {
-    /// Tells the old agent this one serves: it drains and exits.
+    /// Tells the old agent this one serves: it drains and exits. From here this
+    /// agent writes to the stderr the old one had, not to the old one.
     pub fn serving(mut self) {
-        if let Err(error) = writeln!(self.0, "{READY}") {
+        if let Some(stderr) = self.stderr.take() {
+            // SAFETY: dup2 onto descriptor 2, which std and the logger write to by
+            // number; the pipe it was is closed by it.
+            if unsafe { libc::dup2(stderr.as_raw_fd(), 2) } == -1 {
+                tracing::warn!(error = %std::io::Error::last_os_error(), "cannot take the old agent's stderr");
+            }
+        }
+        if let Err(error) = writeln!(self.pipe, "{READY}") {
             tracing::warn!(%error, "the upgrading agent cannot be told this one is ready");
         }
     }
 
     /// Tells the old agent why this one could not start: it serves on and reports it.
     pub fn failed(mut self, why: &dyn std::fmt::Display) {
-        let _ = writeln!(self.0, "{why}");
+        let _ = writeln!(self.pipe, "{why}");
     }
 }
 
@@ -217,6 +236,10 @@ pub async fn start_new(config: &Path, offered: &[Offer<'_>]) -> Result<u32, Upgr
     let writer = OwnedFd::from(writer);
     let mut passed: Vec<Offer<'_>> = offered.to_vec();
     passed.push((Passed::Ready, std::os::fd::AsFd::as_fd(&writer)));
+    let own_stderr = std::io::stderr();
+    passed.push((Passed::Stderr, std::os::fd::AsFd::as_fd(&own_stderr)));
+    let (stderr_reader, stderr_writer) =
+        std::io::pipe().map_err(|source| UpgradeError::Spawn { exe: exe.clone(), source })?;
     let count = passed.len();
     // Each descriptor above the numbers they are to take in the child, so that
     // moving one into place never overwrites another still to be moved.
@@ -245,7 +268,8 @@ pub async fn start_new(config: &Path, offered: &[Offer<'_>]) -> Result<u32, Upgr
         .env("LISTEN_FDNAMES", inherited::names_value(&names))
         // Ours were systemd's, for this process; the child's pid is not known yet.
         .env_remove("LISTEN_PID")
-        .stdin(Stdio::null());
+        .stdin(Stdio::null())
+        .stderr(Stdio::from(OwnedFd::from(stderr_writer)));
     // SAFETY: between fork and exec only dup2, which is async-signal-safe; dup2
     // leaves the copy without FD_CLOEXEC, so it survives the exec.
     unsafe {
@@ -259,9 +283,11 @@ pub async fn start_new(config: &Path, offered: &[Offer<'_>]) -> Result<u32, Upgr
         });
     }
     let mut child = command.spawn().map_err(|source| UpgradeError::Spawn { exe: exe.clone(), source })?;
-    // Ours closed: the pipe ends when the child closes or exits.
-    drop((sources, writer));
+    // Ours closed (the command holds the stderr pipe's end): each pipe ends when
+    // the child closes it or exits.
+    drop((command, sources, writer));
     let pid = child.id();
+    let relayed = tokio::task::spawn_blocking(move || relay_stderr(stderr_reader));
     let report = tokio::task::spawn_blocking(move || {
         let mut said = String::new();
         // Bounded: what the child says of why it failed is a line or two.
@@ -287,8 +313,39 @@ pub async fn start_new(config: &Path, offered: &[Offer<'_>]) -> Result<u32, Upgr
         _ => "unknown status".to_owned(),
     };
     let said = said.trim();
-    let why = if said.is_empty() { format!("exited ({status})") } else { format!("{said} (exited, {status})") };
+    // What it wrote to stderr, when it said nothing itself (a binary of another
+    // kind, a panic): ended by its exit.
+    let tail = match tokio::time::timeout(Duration::from_secs(1), relayed).await {
+        Ok(Ok(tail)) => tail,
+        _ => String::new(),
+    };
+    let why = match (said.is_empty(), tail.is_empty()) {
+        (false, _) => format!("{said} (exited, {status})"),
+        (true, false) => format!("exited ({status}); its last lines: {tail}"),
+        (true, true) => format!("exited ({status})"),
+    };
     Err(UpgradeError::Failed { exe, pid, why })
+}
+
+/// Copies the new agent's stderr to this agent's until the new one takes this
+/// stderr for its own or exits, keeping its last lines (bounded) for the report.
+fn relay_stderr(reader: std::io::PipeReader) -> String {
+    use std::io::BufRead as _;
+    const LINES: usize = 10;
+    const LINE_BYTES: usize = 512;
+    let mut tail = std::collections::VecDeque::with_capacity(LINES);
+    let mut reader = std::io::BufReader::new(reader);
+    let mut line = Vec::new();
+    while (&mut reader).take(64 * 1024).read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+        let _ = std::io::stderr().write_all(&line);
+        if tail.len() == LINES {
+            tail.pop_front();
+        }
+        let text = String::from_utf8_lossy(&line[..line.len().min(LINE_BYTES)]).trim_end().to_owned();
+        tail.push_back(text);
+        line.clear();
+    }
+    Vec::from(tail).join(" | ")
 }
 
 /// The path this process's binary was started from: after a package upgrade the

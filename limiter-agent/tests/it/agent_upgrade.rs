@@ -151,8 +151,8 @@ fn place_binary(path: &std::path::Path) {
     }
 }
 
-/// A script in the binary's place that exits 3: the upgrade says so and fails, and
-/// the old agent serves on; then the real binary on a config it refuses: the
+/// A script in the binary's place that exits 3: the upgrade says so, with what it
+/// wrote to stderr, and fails, and the old agent serves on; then the real binary on a config it refuses: the
 /// upgrade names the key and line.
 #[test]
 fn a_new_binary_that_fails_to_start_leaves_the_old_one_serving() {
@@ -177,6 +177,8 @@ fn a_new_binary_that_fails_to_start_leaves_the_old_one_serving() {
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(old_exit.is_none());
     assert!(stderr.contains("exit status: 3") && stderr.contains("this agent serves on"), "{stderr}");
+    assert!(stderr.contains("its last lines: cannot start"), "the script's stderr is reported: {stderr}");
+    assert!(agent.log().contains("cannot start"), "and is in the agent's log too: {}", agent.log());
     assert!(get(listen, "/").expect("the old agent serves").starts_with("HTTP/1.1 200"));
 
     place_binary(&dir.join("limiter.real"));
