@@ -22,5 +22,5 @@ pub mod spec;
 
 pub use self::{
     clock::{Clock, FakeClock, SystemClock},
-    spec::{Algorithm, LimitSpec, SpecError, Step, Throttle},
+    spec::{Algorithm, Cost, CostFrom, CostSource, LimitSpec, SpecError, Step, Throttle},
 };

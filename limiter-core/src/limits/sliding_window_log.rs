@@ -57,7 +57,7 @@ pub fn check(spec: &LimitSpec, state: &State, now: Duration) -> Outcome {
         let blocking = state.times.get(first + (count - limit) as usize).copied().unwrap_or(now);
         Outcome::rejected(limit, before, until_gone(blocking))
     } else {
-        Outcome::admitted(limit, before, until_gone(logged_time(state, now)))
+        Outcome::admitted(limit, before, 1, until_gone(logged_time(state, now)))
     }
 }
 
