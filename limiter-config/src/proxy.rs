@@ -11,7 +11,7 @@ use std::{
 
 use ipnet::IpNet;
 use limiter_core::{
-    Algorithm, LimitSpec, adaptive,
+    Algorithm, Cost, CostFrom, CostSource, LimitSpec, adaptive,
     carried::{JsonPointer, PointerError},
     path::{CanonicalPath, EscapedSlashes, PathOptions},
     spec::LimitOptions,
@@ -357,6 +357,8 @@ macro_rules! with_limit {
             throttle_step: Option<NonZeroU32>,
             throttle_max_delay: Option<HumanDuration>,
             queue: Option<u32>,
+            cost: Option<NonZeroU32>,
+            cost_from: Option<RawCostFrom>,
         }
 
         impl $name {
@@ -371,7 +373,9 @@ macro_rules! with_limit {
                         || self.throttle_delay.is_some()
                         || self.throttle_step.is_some()
                         || self.throttle_max_delay.is_some()
-                        || self.queue.is_some();
+                        || self.queue.is_some()
+                        || self.cost.is_some()
+                        || self.cost_from.is_some();
                     return if any { Err("a limit needs both limit and window".to_owned()) } else { Ok(None) };
                 };
                 let algorithm = self.algorithm.unwrap_or_default();
@@ -385,11 +389,49 @@ macro_rules! with_limit {
                         .queue
                         .map(|queue| NonZeroU32::new(queue).ok_or_else(|| "a leaky_bucket's queue must be at least 1".to_owned()))
                         .transpose()?,
+                    cost: match (self.cost, &self.cost_from) {
+                        (None, None) => Cost::default(),
+                        (Some(units), None) => Cost::Units(units),
+                        (None, Some(from)) => Cost::From(from.checked()?),
+                        (Some(_), Some(_)) => return Err(limiter_core::SpecError::CostAndCostFrom.to_string()),
+                    },
                 };
                 LimitSpec::new(algorithm, limit, window.0, options).map(Some).map_err(|error| error.to_string())
             }
         }
     };
+}
+
+/// `cost_from = { response_header = "…", max = N, strip = true }` or
+/// `{ upstream_ms = true, max = N }` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCostFrom {
+    response_header: Option<String>,
+    #[serde(default)]
+    upstream_ms: bool,
+    max: Option<NonZeroU32>,
+    strip: Option<bool>,
+}
+
+impl RawCostFrom {
+    fn checked(&self) -> Result<CostFrom, String> {
+        let max = self.max.ok_or("cost_from needs max: the most units one request is charged")?;
+        let source = match (&self.response_header, self.upstream_ms) {
+            (Some(name), false) => CostSource::ResponseHeader {
+                name: http::HeaderName::try_from(name.as_str())
+                    .map_err(|_| format!("cost_from.response_header: `{name}` is not a header name"))?,
+                strip: self.strip.unwrap_or(true),
+            },
+            (None, true) if self.strip.is_some() => {
+                return Err("cost_from.strip goes with response_header: upstream_ms reads no header".to_owned());
+            }
+            (None, true) => CostSource::UpstreamMs,
+            (Some(_), true) => return Err("cost_from takes response_header or upstream_ms = true, not both".to_owned()),
+            (None, false) => return Err("cost_from needs response_header = \"…\" or upstream_ms = true".to_owned()),
+        };
+        Ok(CostFrom { source, max })
+    }
 }
 
 with_limit! {
@@ -999,6 +1041,17 @@ pub enum RuleAction {
     Concurrent,
 }
 
+impl RuleAction {
+    /// The limit of a `limit` rule.
+    #[must_use]
+    pub const fn limit(&self) -> Option<&LimitSpec> {
+        match self {
+            Self::Limit(spec) => Some(spec),
+            Self::Deny | Self::Tag | Self::Concurrent => None,
+        }
+    }
+}
+
 with_limit! {
     /// One `[[proxy.rules]]` record.
     struct RawRule {
@@ -1086,6 +1139,13 @@ impl TryFrom<RawRule> for Rule {
         }
         let when = Conditions::try_from(raw.when).map_err(in_rule)?;
         let count_when = raw.count_when.map(CountWhen::try_from).transpose().map_err(in_rule)?;
+        if count_when.is_some() && action.limit().is_some_and(|spec| spec.cost.post_paid().is_some()) {
+            return Err(in_rule(
+                "count_when and cost_from: a post-paid request takes nothing to give back at admission, and is \
+                 charged what its answer says"
+                    .to_owned(),
+            ));
+        }
         if count_when.is_some() && !matches!(action, RuleAction::Limit(_)) {
             return Err(in_rule(
                 "count_when needs a limit rule with limit and window: deny and tag rules count nothing, and \
@@ -1150,10 +1210,7 @@ impl Rule {
     /// The limit of a `limit` rule.
     #[must_use]
     pub fn limit(&self) -> Option<&LimitSpec> {
-        match &self.action {
-            RuleAction::Limit(spec) => Some(spec),
-            RuleAction::Deny | RuleAction::Tag | RuleAction::Concurrent => None,
-        }
+        self.action.limit()
     }
 }
 
@@ -1778,5 +1835,15 @@ fn describe_limit(spec: &LimitSpec) -> String {
         }
     }));
     options.extend(spec.queue.map(|queue| format!("queue {queue}")));
+    match &spec.cost {
+        Cost::Units(units) if units.get() == 1 => {}
+        Cost::Units(units) => options.push(format!("cost {units}")),
+        Cost::From(CostFrom { source: CostSource::ResponseHeader { name, .. }, max }) => {
+            options.push(format!("cost from {name} up to {max}"));
+        }
+        Cost::From(CostFrom { source: CostSource::UpstreamMs, max }) => {
+            options.push(format!("cost the upstream's ms up to {max}"));
+        }
+    }
     format!("{} per {} ({})", spec.limit, HumanDuration(spec.window), options.join(", "))
 }

@@ -299,6 +299,18 @@ impl Limits {
         }
     }
 
+    /// [`limiter_core::limits::MemoryStore::debit`], wherever the buckets are; `now`
+    /// is used in memory.
+    pub async fn debit(&self, debits: &[Debit<'_>], now: Duration) -> Result<(), FleetError> {
+        match self {
+            Self::Memory(store) => {
+                store.debit(debits, now);
+                Ok(())
+            }
+            Self::Redis(store) => store.debit(debits, now).await,
+        }
+    }
+
     /// Applies a reload: the new bound on tracked buckets, and the state of the
     /// policies `keep` refuses dropped. Redis drops the buckets of a gone policy by
     /// itself: they expire once full.

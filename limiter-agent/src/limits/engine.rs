@@ -43,6 +43,11 @@
 //! `retry_after` of the rejecting ones) and charges no bucket; otherwise the request
 //! is delayed by the longest delay (throttle band or shaper), or forwarded.
 //!
+//! A request takes its buckets' `cost` in units (one by default). A bucket with
+//! `cost_from` admits while a unit is left and takes nothing then: the decision
+//! carries what the request owes ([`Decision::owed`]), which [`Engine::charge_owed`]
+//! charges once the answer says how much, into debt if need be.
+//!
 //! `decide` and `penalize` are async because the state may live in Redis; with the
 //! memory store they never wait, and cost what a plain call would.
 
@@ -59,13 +64,13 @@ use std::{
 use sha2::{Digest, Sha256};
 
 use limiter_core::{
-    Clock, LimitSpec,
+    Clock, CostFrom, LimitSpec,
     carried::{self, BodyFormat},
     jwt::Claims,
-    limits::{Bucket, Charge, Outcome, Outcomes, Quota, Refund},
+    limits::{Bucket, Charge, Debit, Outcome, Outcomes, Quota, Refund},
 };
 
-use super::observe::{Observation, Peaks};
+use super::observe::{Observation, Peaks, Usage};
 use crate::{
     backend::Stores,
     config::{
@@ -146,6 +151,15 @@ pub struct Suggestion {
     pub peaks: Peaks,
     /// The 99th percentile of the peaks times the headroom; `None` before any request.
     pub suggested_limit: Option<u32>,
+    /// What the limit and the peaks count: `requests`, or the units of its `cost`
+    /// (`units (5 a request)`, `units (x-request-cost, at most 1000)`, `upstream ms
+    /// (at most 30000)`).
+    #[serde(default = "requests")]
+    pub units: String,
+}
+
+fn requests() -> String {
+    "requests".to_owned()
 }
 
 /// What the `deny` and `tag` rules made of a request.
@@ -175,6 +189,9 @@ pub struct Decision {
     /// The charges of the `count_when` rules, to give back ([`Engine::refund`]) once
     /// the upstream's answer is known.
     pub refundable: Vec<Refundable>,
+    /// The post-paid charges (`cost_from`) of a request let through, to take
+    /// ([`Engine::charge_owed`]) once its answer says how much.
+    pub owed: Vec<Owed>,
     /// The `concurrency` of each matching rule that has one, for a request let
     /// through: it is forwarded once it holds a place in flight in each.
     pub gates: Vec<Gated>,
@@ -220,6 +237,30 @@ pub struct Refundable {
     local: bool,
 }
 
+/// What a request let through owes a bucket with `cost_from`, once its answer says
+/// how much: the bucket as it was admitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owed {
+    identity: Arc<str>,
+    key: String,
+    /// The spec admitted with: the policy's, or its share in the local fallback.
+    spec: LimitSpec,
+    /// The policy's `cost_from`.
+    from: CostFrom,
+    /// Admitted in the local fallback (`store_failure = "local"`) instead of the store.
+    local: bool,
+    /// Whose request it was, for `limiter suggest`.
+    client: IpAddr,
+}
+
+impl Owed {
+    /// Where the units come from, and the most charged.
+    #[must_use]
+    pub const fn cost_from(&self) -> &CostFrom {
+        &self.from
+    }
+}
+
 impl Refundable {
     fn refund(&self) -> Refund<'_> {
         Refund {
@@ -239,6 +280,7 @@ impl Decision {
             require_signature,
             own_bucket_refused: false,
             refundable: Vec::new(),
+            owed: Vec::new(),
             gates: Vec::new(),
             recorded: Recorded::default(),
         }
@@ -519,6 +561,7 @@ impl Policy {
             window_secs: self.spec.window.as_secs_f64(),
             peaks,
             suggested_limit: suggested,
+            units: units_of(&self.spec.cost),
         }
     }
 
@@ -538,6 +581,19 @@ impl Policy {
             remaining: quota.remaining,
             reset_after: quota.reset_after,
         }
+    }
+}
+
+/// What a policy of `cost` counts, as `limiter suggest` says it.
+fn units_of(cost: &limiter_core::Cost) -> String {
+    use limiter_core::{Cost, CostSource};
+    match cost {
+        Cost::Units(units) if units.get() == 1 => requests(),
+        Cost::Units(units) => format!("units ({units} a request)"),
+        Cost::From(CostFrom { source: CostSource::ResponseHeader { name, .. }, max }) => {
+            format!("units ({name}, at most {max})")
+        }
+        Cost::From(CostFrom { source: CostSource::UpstreamMs, max }) => format!("upstream ms (at most {max})"),
     }
 }
 
@@ -852,6 +908,7 @@ impl<C: Clock> Engine<C> {
                 record(&counted, outcomes, recorded.as_mut());
                 Decision {
                     refundable: refundable(&counted, &applied),
+                    owed: owed(&counted, &applied, request.client),
                     ..decision(&counted, outcomes, require_signature)
                 }
             }
@@ -1004,6 +1061,42 @@ impl<C: Clock> Engine<C> {
         true
     }
 
+    /// Charges what each request's answer cost the buckets it owed (`units` beside
+    /// each, clamped to its `max` by the caller), into debt if need be, and shows
+    /// `limiter suggest` the units. Without the store a charge is lost: the request
+    /// was let through, and the next ones are decided without it.
+    pub async fn charge_owed(&self, charges: &[(&Owed, u32)]) {
+        if charges.is_empty() {
+            return;
+        }
+        let now = self.clock.now();
+        let debits = |local: bool| -> Vec<Debit<'_>> {
+            charges
+                .iter()
+                .filter(|(owed, _)| owed.local == local)
+                .map(|(owed, units)| Debit {
+                    bucket: Bucket { policy: &owed.identity, key: &owed.key, spec: &owed.spec },
+                    units: *units,
+                })
+                .collect()
+        };
+        let (shared, local) = (debits(false), debits(true));
+        if !shared.is_empty()
+            && let Err(error) = self.stores.limits.debit(&shared, now).await
+        {
+            tracing::debug!(%error, "limits store unreachable: a post-paid charge not taken");
+        }
+        if let Some(store) = self.stores.local_store().filter(|_| !local.is_empty()) {
+            store.debit(&local, now);
+        }
+        let policies = self.snapshot();
+        for (owed, units) in charges {
+            if let Some(policy) = policies.all().find(|policy| policy.identity == owed.identity) {
+                policy.observation.observe(&owed.key, owed.client, Usage { requests: 0, units: *units }, now);
+            }
+        }
+    }
+
     /// What each configured rule and plan decided: limit rules, then rules with only a
     /// `concurrency`, then deny and tag
     /// rules, in the config's order, then plans by name.
@@ -1147,15 +1240,39 @@ fn refundable(counted: &[Counting<'_>], applied: &Applied) -> Vec<Refundable> {
         .collect()
 }
 
-/// Shows each policy its key's request for `limiter suggest`, unless another policy
-/// refused it (a poisoner's requests are refused somewhere first); with no
-/// `outcomes` (the store failed), to every policy.
+/// What each `cost_from` bucket of `counted` that admitted the request is owed.
+fn owed(counted: &[Counting<'_>], applied: &Applied, client: IpAddr) -> Vec<Owed> {
+    counted
+        .iter()
+        .enumerate()
+        .zip(&applied.outcomes)
+        .filter_map(|((i, counting), outcome)| {
+            let spec = applied.local.as_ref().and_then(|shares| shares.get(i)).unwrap_or(&counting.policy.spec);
+            outcome.charged_at?;
+            Some(Owed {
+                from: spec.cost.post_paid()?.clone(),
+                identity: Arc::clone(&counting.policy.identity),
+                key: counting.key.clone(),
+                spec: spec.clone(),
+                local: applied.local.is_some(),
+                client,
+            })
+        })
+        .collect()
+}
+
+/// Shows each policy its key's request for `limiter suggest`, in the units its cost
+/// takes (a refused one: the units it needed; a post-paid one: none yet, then its
+/// charge), unless another policy refused it (a poisoner's requests are refused
+/// somewhere first); with no `outcomes` (the store failed), to every policy.
 fn observe(counted: &[Counting<'_>], outcomes: Option<&[Outcome]>, client: IpAddr, now: Duration) {
     let refused = |i: usize| outcomes.and_then(|outcomes| outcomes.get(i)).is_some_and(|o| !o.admitted);
     let any_refused = (0..counted.len()).any(refused);
     for (i, Counting { policy, key, .. }) in counted.iter().enumerate() {
+        let cost = &policy.spec.cost;
+        let units = if refused(i) { cost.needed() } else { cost.upfront() };
         if refused(i) || !any_refused {
-            policy.observation.observe(key, client, now);
+            policy.observation.observe(key, client, Usage { requests: 1, units }, now);
         }
     }
 }
@@ -1193,6 +1310,7 @@ pub(super) fn decision(counted: &[Counting<'_>], outcomes: &[Outcome], require_s
             require_signature,
             own_bucket_refused: rejecting().any(|(counting, _)| counting.holder == Holder::Client),
             refundable: Vec::new(),
+            owed: Vec::new(),
             gates: Vec::new(),
             recorded: Recorded::default(),
         };
@@ -1208,6 +1326,7 @@ pub(super) fn decision(counted: &[Counting<'_>], outcomes: &[Outcome], require_s
         require_signature,
         own_bucket_refused: false,
         refundable: Vec::new(),
+        owed: Vec::new(),
         gates: Vec::new(),
         recorded: Recorded::default(),
     }

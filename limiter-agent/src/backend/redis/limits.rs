@@ -19,7 +19,8 @@
 //!
 //! - A refund is a second script (`refund.lua`, after the same parts), one round trip
 //!   for all of a request's buckets, with the time each charge counted at from the
-//!   step's reply (the server's clock again).
+//!   step's reply (the server's clock again); a post-paid charge is a third
+//!   (`debit.lua`).
 //! - The sliding window log is a sorted set, so that a step costs O(log limit), not a
 //!   read of the whole log (see `sliding_window_log.lua`).
 //!
@@ -31,7 +32,7 @@ use std::time::Duration;
 
 use limiter_core::{
     Algorithm,
-    limits::{Bucket, Charge, Outcome, Outcomes, Quota, Refund},
+    limits::{Bucket, Charge, Debit, Outcome, Outcomes, Quota, Refund},
 };
 use redis::{Script, ScriptInvocation};
 
@@ -69,6 +70,7 @@ pub struct RedisStore {
     fleet: Fleet,
     script: Script,
     refund: Script,
+    debit: Script,
     time: TimeSource,
 }
 
@@ -81,7 +83,13 @@ impl std::fmt::Debug for RedisStore {
 impl RedisStore {
     #[must_use]
     pub fn new(fleet: Fleet, time: TimeSource) -> Self {
-        Self { fleet, script: Script::new(script!("apply.lua")), refund: Script::new(script!("refund.lua")), time }
+        Self {
+            fleet,
+            script: Script::new(script!("apply.lua")),
+            refund: Script::new(script!("refund.lua")),
+            debit: Script::new(script!("debit.lua")),
+            time,
+        }
     }
 
     /// [`MemoryStore::apply`](limiter_core::limits::MemoryStore::apply) in one round
@@ -126,6 +134,23 @@ impl RedisStore {
         Ok(())
     }
 
+    /// [`MemoryStore::debit`](limiter_core::limits::MemoryStore::debit) in one round
+    /// trip; `now` is used only with [`TimeSource::Caller`].
+    pub async fn debit(&self, debits: &[Debit<'_>], now: Duration) -> Result<(), FleetError> {
+        if debits.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = self.debit.prepare_invoke();
+        invocation.arg(self.time_arg(now));
+        for debit in debits {
+            self.bucket_args(&mut invocation, &debit.bucket);
+            invocation.arg(debit.units);
+        }
+        let _buckets: i64 =
+            self.fleet.call(|mut connection| async move { invocation.invoke_async(&mut connection).await }).await?;
+        Ok(())
+    }
+
     /// The time argument of a script: empty for the server's clock.
     fn time_arg(&self, now: Duration) -> String {
         match self.time {
@@ -144,7 +169,9 @@ impl RedisStore {
             .arg(spec.limit.get())
             .arg(spec.window_micros())
             .arg(spec.capacity().get())
-            .arg(u8::from(shaper));
+            .arg(u8::from(shaper))
+            .arg(spec.cost.upfront())
+            .arg(spec.cost.needed());
     }
 }
 

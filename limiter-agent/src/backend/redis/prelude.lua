@@ -37,8 +37,9 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
-local function admitted(capacity, remaining, reset_after, after_reset)
-  local left = math.max(remaining - 1, 0)
+-- An admitted request taking `units` (its cost; 0 for a post-paid one).
+local function admitted(capacity, remaining, reset_after, after_reset, units)
+  local left = math.max(remaining - units, 0)
   return { admitted = 1, before_remaining = remaining, before_reset = reset_after, after_remaining = left,
            after_reset = after_reset, retry = 0, used = math.max(capacity - left, 0), wait = 0 }
 end
@@ -83,14 +84,20 @@ local function step_time(given)
   return tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
 
--- The spec of a bucket from the five arguments after `at`: algorithm, limit,
--- window (us), capacity, shaper (1 | 0).
+-- Arguments that give a bucket's spec.
+local SPEC_ARGS = 7
+
+-- The spec of a bucket from the SPEC_ARGS arguments after `at`: algorithm, limit,
+-- window (us), capacity, shaper (1 | 0), the units a request takes at admission (its
+-- cost; 0 post-paid) and the units it needs left (at least 1).
 local function spec_at(at)
   return { algorithm = ARGV[at + 1], limit = tonumber(ARGV[at + 2]), window_us = tonumber(ARGV[at + 3]),
-           capacity = tonumber(ARGV[at + 4]), shaper = ARGV[at + 5] == '1' }
+           capacity = tonumber(ARGV[at + 4]), shaper = ARGV[at + 5] == '1', upfront = tonumber(ARGV[at + 6]),
+           needed = tonumber(ARGV[at + 7]) }
 end
 
 -- Each algorithm: load(key) -> state; check(spec, state, now) -> outcome;
 -- charge(key, spec, state, now, outcome, ttl_ms) -> the time (us) it counted the
--- request at; refund(key, spec, charged_at, now), which gives that charge back.
+-- request at; refund(key, spec, charged_at, now), which gives that charge back; and
+-- but the log, debit(key, spec, state, now, units), a post-paid charge.
 local ALGORITHMS = {}
