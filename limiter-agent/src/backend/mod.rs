@@ -21,7 +21,7 @@ use std::{
 
 use limiter_core::{
     Clock as _,
-    limits::{Bucket, Charge, MemoryStore, Outcomes, Refund},
+    limits::{Bucket, Charge, Debit, MemoryStore, Outcomes, Refund},
     signature::{
         Authenticated, Begin, Guard, IdempotencyConfig, IdempotencyStore, ReplayCache, ReplayError, StoredResponse,
     },

@@ -419,6 +419,8 @@ pub struct Engine<C: Clock> {
     policies: RwLock<Arc<Policies>>,
     /// The buckets are `stores.limits`.
     stores: Arc<Stores>,
+    /// Requests charged their `cost_from`, since the start.
+    post_paid: AtomicU64,
 }
 
 /// Where a policy comes from.
@@ -861,7 +863,7 @@ impl<C: Clock> Engine<C> {
     #[must_use]
     pub fn new(config: &ProxyConfig, clock: C, stores: Arc<Stores>) -> Self {
         let policies = Policies::new(config, clock.now());
-        Self { clock, policies: RwLock::new(Arc::new(policies)), stores }
+        Self { clock, policies: RwLock::new(Arc::new(policies)), stores, post_paid: AtomicU64::new(0) }
     }
 
     /// Swaps rules and plans. State of the rules and plans whose identity (name, key
@@ -1069,6 +1071,7 @@ impl<C: Clock> Engine<C> {
         if charges.is_empty() {
             return;
         }
+        self.post_paid.fetch_add(1, Ordering::Relaxed);
         let now = self.clock.now();
         let debits = |local: bool| -> Vec<Debit<'_>> {
             charges
@@ -1095,6 +1098,12 @@ impl<C: Clock> Engine<C> {
                 policy.observation.observe(&owed.key, owed.client, Usage { requests: 0, units: *units }, now);
             }
         }
+    }
+
+    /// Requests whose post-paid charges [`Self::charge_owed`] took, since the start.
+    #[must_use]
+    pub fn post_paid_charges(&self) -> u64 {
+        self.post_paid.load(Ordering::Relaxed)
     }
 
     /// What each configured rule and plan decided: limit rules, then rules with only a

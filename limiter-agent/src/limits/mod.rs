@@ -35,7 +35,7 @@ mod engine_tests;
 
 pub use self::{
     engine::{
-        Decision, Engine, Holder, PolicyCounts, PolicyStatus, Refundable, RequestInfo, Screened, Suggestion, Verdict,
+        Decision, Engine, Holder, Owed, PolicyCounts, PolicyStatus, Refundable, RequestInfo, Screened, Suggestion, Verdict,
         VerdictKind,
     },
     explain::Explanation,

@@ -48,6 +48,7 @@ use super::{
     idempotent,
     idle::Timeouts,
     keys,
+    post_paid::{self, Metering},
     problem::Refusal,
     proxy_protocol::Accepted,
     shares::{Share, Shares},
@@ -74,7 +75,7 @@ use crate::{
     escalation::Escalator,
     fleet::FleetError,
     limits::{
-        Decision, Engine, Holder, PolicyStatus, Refundable, RequestInfo, Screened, Verdict, VerdictKind,
+        Decision, Engine, Holder, Owed, PolicyStatus, Refundable, RequestInfo, Screened, Verdict, VerdictKind,
         engine::{Gated, PolicyKind},
     },
     signature::{BodyError, KeySecrets, read_body_hashed},
@@ -145,7 +146,7 @@ pub(super) struct ConnectionSettings {
 pub(super) struct Pipeline<C: Clock + Clone> {
     snapshot: RwLock<Arc<Snapshot>>,
     /// The limits, over `stores.limits`.
-    engine: Engine<C>,
+    engine: Arc<Engine<C>>,
     /// Outlive reloads (see [`Stores`]).
     stores: Arc<Stores>,
     /// What signatures, idempotency and headers are measured with; the engine
@@ -189,7 +190,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         Ok(Self {
             decision_log,
             heavy: HeavyClients::default(),
-            engine: Engine::new(&config, clock.clone(), Arc::clone(&stores)),
+            engine: Arc::new(Engine::new(&config, clock.clone(), Arc::clone(&stores))),
             stores,
             clock,
             escalator: OnceLock::new(),
@@ -245,6 +246,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             local_decisions: self.stores.local_decisions(),
             refused_locally: self.stores.refused_locally(),
             untracked_keys: self.stores.untracked_keys(),
+            post_paid_charges: self.engine.post_paid_charges(),
             buffered_bytes: self.buffers.total(),
             policies,
             upstream_inflight,
@@ -565,7 +567,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.account(&exchange, &decision, &screened.tagged, &gated);
         let outcome = match (acted, gated) {
             (Ok(()), Ok(passage)) => self
-                .forward(exchange, body, (initiator, passage.upstream_depth()), &decision.refundable)
+                .forward(exchange, body, (initiator, passage.upstream_depth()), (&decision.refundable, &decision.owed))
                 .await
                 .map(|response| hold_in_flight(response, passage.held)),
             (Ok(()), Err(stopped)) => {
@@ -912,13 +914,14 @@ impl<C: Clock + Clone> Pipeline<C> {
     }
 
     /// Sends the request upstream and, with an idempotency key, stores the answer; the
-    /// head (or its absence) settles the request's `refundable` charges first.
+    /// head (or its absence) settles the request's `refundable` charges first, and
+    /// the post-paid charges it `owed` that it says (the rest when the response ends).
     async fn forward(
         &self,
         exchange: Exchange<'_>,
         body: ProxyBody,
         (initiator, upstream_depth): (Initiator, Option<usize>),
-        refundable: &[Refundable],
+        (refundable, owed): (&[Refundable], &[Owed]),
     ) -> Result<Response<ProxyBody>, Refusal> {
         let config = exchange.config();
         let Exchange { upstream, origin, parts, path, mut claim, .. } = exchange;
@@ -957,17 +960,31 @@ impl<C: Clock + Clone> Pipeline<C> {
             self.gates.relimit(&Gate::Upstream, limit);
         }
         self.answered(&head, refundable, origin, initiator).await;
-        let response = head?;
+        let mut response = match head {
+            Ok(response) => response,
+            Err(refusal) => {
+                self.engine.charge_owed(&post_paid::unanswered(owed, sent)).await;
+                return Err(refusal);
+            }
+        };
+        let (charges, later) = post_paid::at_head(owed, response.headers_mut());
+        self.engine.charge_owed(&charges).await;
         if let Some(hook) = self.served.get() {
             hook.served(origin.peer);
         }
-        let Some(claim) = claim else {
-            return Ok(response);
+        let response = if let Some(claim) = claim {
+            let (response, stored) =
+                idempotent::capture(response, self.max_stored_body).await.map_err(Refusal::Upstream)?;
+            claim.complete(stored, self.clock.now()).await;
+            response
+        } else {
+            response
         };
-        let (response, stored) =
-            idempotent::capture(response, self.max_stored_body).await.map_err(Refusal::Upstream)?;
-        claim.complete(stored, self.clock.now()).await;
-        Ok(response)
+        if later.is_empty() {
+            return Ok(response);
+        }
+        let metering = Metering::new(Arc::clone(&self.engine), later, sent);
+        Ok(response.map(|body| Guarded::new(body, metering).boxed()))
     }
 
     /// What the upstream's head, or its absence, settles before the answer goes on:

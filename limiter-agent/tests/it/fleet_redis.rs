@@ -108,6 +108,7 @@ fn spec(algorithm: Algorithm, limit: u32, window_ms: u64, burst: Option<u32>, qu
         burst: burst.and_then(NonZeroU32::new),
         throttle: None,
         queue: queue.and_then(NonZeroU32::new),
+        cost: limiter_core::Cost::default(),
     }
 }
 
