@@ -9,8 +9,8 @@ use limiter::{
     fleet::{Fleet, FleetError},
 };
 use limiter_core::{
-    Algorithm, Clock as _, LimitSpec, SystemClock,
-    limits::{Bucket, Charge, MemoryStore, Outcomes, Refund},
+    Algorithm, Clock as _, Cost, CostFrom, CostSource, LimitSpec, SystemClock,
+    limits::{Bucket, Charge, Debit, MemoryStore, Outcomes, Refund},
     signature::{Canonical, sha256, sign_hex},
 };
 use limiter_lab::support::{
@@ -112,10 +112,23 @@ fn spec(algorithm: Algorithm, limit: u32, window_ms: u64, burst: Option<u32>, qu
     }
 }
 
+/// `spec` with a cost of `units` a request.
+fn costing(units: u32, spec: LimitSpec) -> LimitSpec {
+    LimitSpec { cost: Cost::Units(NonZeroU32::new(units).expect("units")), ..spec }
+}
+
+/// `spec` post-paid, at most `max` units a request.
+fn post_paid(max: u32, spec: LimitSpec) -> LimitSpec {
+    let from = CostFrom { source: CostSource::UpstreamMs, max: NonZeroU32::new(max).expect("max") };
+    LimitSpec { cost: Cost::From(from), ..spec }
+}
+
 /// Runs one schedule through both stores, step by step, and demands the same
 /// outcomes (admission, quotas, retry, wait, the time charged) from each, for
 /// `charge` and for checks that charge nothing, with now and then the charges of a
-/// recent step given back (a `count_when` rule's, at once or later).
+/// recent step given back (a `count_when` rule's, at once or later), and each
+/// admitted request's post-paid charges (up to twice their `max`, clamped as the
+/// proxy does) taken from both.
 async fn same_outcomes(redis: &RedisStore, name: &str, specs: &[LimitSpec], charge: Charge, seed: u64) {
     let memory = MemoryStore::new(1000.try_into().expect("nonzero"));
     let mut rng = StdRng::seed_from_u64(seed);
@@ -149,6 +162,19 @@ async fn same_outcomes(redis: &RedisStore, name: &str, specs: &[LimitSpec], char
         let actual: Outcomes = redis.apply(&buckets, now, charge).await.expect("redis");
         assert_eq!(actual, expected, "{name}: step {step} at {now:?}");
         admitted += usize::from(expected.iter().all(|o| o.admitted));
+        let debits: Vec<Debit<'_>> = buckets
+            .iter()
+            .zip(&expected)
+            .filter(|(_, o)| o.charged_at.is_some())
+            .filter_map(|(bucket, _)| {
+                let from = bucket.spec.cost.post_paid()?;
+                Some(Debit { bucket: *bucket, units: from.units(Some(rng.random_range(0..=2 * u64::from(from.max.get())))) })
+            })
+            .collect();
+        if !debits.is_empty() {
+            memory.debit(&debits, now);
+            redis.debit(&debits, now).await.expect("redis");
+        }
         if expected.iter().any(|o| o.charged_at.is_some()) {
             recent.push(expected);
             if recent.len() > 3 {
@@ -185,6 +211,22 @@ async fn every_algorithm_decides_and_gives_back_on_redis_exactly_as_in_memory() 
         ("sliding_window_log", vec![spec(Algorithm::SlidingWindowLog, 5, 1500, None, None)]),
         ("sliding_window_log_large", vec![spec(Algorithm::SlidingWindowLog, 40, 1500, None, None)]),
         ("sliding_window_counter", vec![spec(Algorithm::SlidingWindowCounter, 6, 1000, None, None)]),
+        ("token_bucket_cost", vec![costing(3, spec(Algorithm::TokenBucket, 5, 1000, Some(8), None))]),
+        ("leaky_bucket_shaper_cost", vec![costing(2, spec(Algorithm::LeakyBucket, 4, 1000, None, Some(3)))]),
+        ("fixed_window_cost", vec![costing(4, spec(Algorithm::FixedWindow, 9, 1000, None, None))]),
+        ("sliding_window_counter_cost", vec![costing(3, spec(Algorithm::SlidingWindowCounter, 10, 1000, None, None))]),
+        ("token_bucket_post_paid", vec![post_paid(4, spec(Algorithm::TokenBucket, 6, 1000, None, None))]),
+        ("leaky_bucket_post_paid", vec![post_paid(3, spec(Algorithm::LeakyBucket, 5, 1500, None, None))]),
+        ("fixed_window_post_paid", vec![post_paid(5, spec(Algorithm::FixedWindow, 8, 1000, None, None))]),
+        ("sliding_window_counter_post_paid", vec![post_paid(4, spec(Algorithm::SlidingWindowCounter, 9, 1000, None, None))]),
+        (
+            "costs_together",
+            vec![
+                costing(2, spec(Algorithm::TokenBucket, 6, 1000, Some(8), None)),
+                post_paid(3, spec(Algorithm::SlidingWindowCounter, 9, 1500, None, None)),
+                spec(Algorithm::FixedWindow, 7, 1000, None, None),
+            ],
+        ),
         (
             "all_together",
             vec![

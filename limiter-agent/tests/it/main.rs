@@ -15,6 +15,7 @@ mod proxy_bodies;
 mod proxy_body_keys;
 mod proxy_bounds;
 mod proxy_concurrency;
+mod proxy_costs;
 mod proxy_count_when;
 mod proxy_decisions;
 mod proxy_disclose;
