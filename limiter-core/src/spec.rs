@@ -228,11 +228,11 @@ pub enum SpecError {
     CostAboveCapacity { cost: u32, capacity: NonZeroU32 },
     #[error("cost and cost_from go apart: a request costs a fixed number of units or what its answer says")]
     CostAndCostFrom,
-    #[error(
-        "algorithm = \"sliding_window_log\" logs each request once: a cost other than 1 needs another algorithm"
-    )]
+    #[error("algorithm = \"sliding_window_log\" logs each request once: a cost other than 1 needs another algorithm")]
     CostWithLog,
-    #[error("cost_from needs a bucket that can go into debt: a leaky_bucket's queue releases requests before their cost is known")]
+    #[error(
+        "cost_from needs a bucket that can go into debt: a leaky_bucket's queue releases requests before their cost is known"
+    )]
     CostFromWithQueue,
     #[error("limit {limit} (capacity {capacity}) over {window:?} is too large for the redis store; shorten the window")]
     InexactInRedis { limit: NonZeroU32, capacity: NonZeroU32, window: Duration },
@@ -278,7 +278,8 @@ impl LimitSpec {
         if options.queue.is_some() && throttle.is_some() {
             return Err(SpecError::QueueAndThrottle);
         }
-        let spec = Self { algorithm, limit, window, burst: options.burst, throttle, queue: options.queue, cost: options.cost };
+        let spec =
+            Self { algorithm, limit, window, burst: options.burst, throttle, queue: options.queue, cost: options.cost };
         if spec.cost != Cost::default() && algorithm == Algorithm::SlidingWindowLog {
             return Err(SpecError::CostWithLog);
         }

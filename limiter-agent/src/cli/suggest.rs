@@ -241,11 +241,8 @@ mod tests {
             suggested_limit: Some(12),
             units: "requests".to_owned(),
         };
-        let searches = Suggestion {
-            name: "search".to_owned(),
-            units: "units (5 a request)".to_owned(),
-            ..suggestion.clone()
-        };
+        let searches =
+            Suggestion { name: "search".to_owned(), units: "units (5 a request)".to_owned(), ..suggestion.clone() };
         let table = render(&Suggestions {
             headroom: 1.5,
             proxy: Some(vec![suggestion, searches]),

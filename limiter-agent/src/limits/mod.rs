@@ -35,8 +35,8 @@ mod engine_tests;
 
 pub use self::{
     engine::{
-        Decision, Engine, Holder, Owed, PolicyCounts, PolicyStatus, Refundable, RequestInfo, Screened, Suggestion, Verdict,
-        VerdictKind,
+        Decision, Engine, Holder, Owed, PolicyCounts, PolicyStatus, Refundable, RequestInfo, Screened, Suggestion,
+        Verdict, VerdictKind,
     },
     explain::Explanation,
 };

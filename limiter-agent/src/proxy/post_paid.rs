@@ -35,7 +35,9 @@ pub(super) fn at_head<'o>(owed: &'o [Owed], headers: &mut HeaderMap) -> (Vec<(&'
     for owed in owed {
         let from = owed.cost_from();
         match &from.source {
-            CostSource::ResponseHeader { name, .. } => charges.push((owed, from.units(header_units(headers.get(name))))),
+            CostSource::ResponseHeader { name, .. } => {
+                charges.push((owed, from.units(header_units(headers.get(name)))))
+            }
             CostSource::UpstreamMs => later.push(owed.clone()),
         }
     }
@@ -87,7 +89,8 @@ impl<C: Clock> Drop for Metering<C> {
         // Dropped by the connection's task; a runtime shutting down charges nothing.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         runtime.spawn(async move {
-            let charges: Vec<(&Owed, u32)> = owed.iter().map(|owed| (owed, owed.cost_from().units(Some(millis)))).collect();
+            let charges: Vec<(&Owed, u32)> =
+                owed.iter().map(|owed| (owed, owed.cost_from().units(Some(millis)))).collect();
             engine.charge_owed(&charges).await;
         });
     }

@@ -168,7 +168,10 @@ async fn same_outcomes(redis: &RedisStore, name: &str, specs: &[LimitSpec], char
             .filter(|(_, o)| o.charged_at.is_some())
             .filter_map(|(bucket, _)| {
                 let from = bucket.spec.cost.post_paid()?;
-                Some(Debit { bucket: *bucket, units: from.units(Some(rng.random_range(0..=2 * u64::from(from.max.get())))) })
+                Some(Debit {
+                    bucket: *bucket,
+                    units: from.units(Some(rng.random_range(0..=2 * u64::from(from.max.get())))),
+                })
             })
             .collect();
         if !debits.is_empty() {
@@ -218,7 +221,10 @@ async fn every_algorithm_decides_and_gives_back_on_redis_exactly_as_in_memory() 
         ("token_bucket_post_paid", vec![post_paid(4, spec(Algorithm::TokenBucket, 6, 1000, None, None))]),
         ("leaky_bucket_post_paid", vec![post_paid(3, spec(Algorithm::LeakyBucket, 5, 1500, None, None))]),
         ("fixed_window_post_paid", vec![post_paid(5, spec(Algorithm::FixedWindow, 8, 1000, None, None))]),
-        ("sliding_window_counter_post_paid", vec![post_paid(4, spec(Algorithm::SlidingWindowCounter, 9, 1000, None, None))]),
+        (
+            "sliding_window_counter_post_paid",
+            vec![post_paid(4, spec(Algorithm::SlidingWindowCounter, 9, 1000, None, None))],
+        ),
         (
             "costs_together",
             vec![
