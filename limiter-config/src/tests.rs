@@ -1109,3 +1109,52 @@ fn adaptive_has_defaults_replaces_a_fixed_concurrency_and_names_its_mistakes() {
         assert!(message.contains(expected), "{written}: {message}");
     }
 }
+
+#[test]
+fn costs_parse_on_rules_and_plans_and_name_their_mistakes() {
+    use limiter_core::{Cost, CostFrom, CostSource};
+    let nz = |n| NonZeroU32::new(n).expect("nonzero");
+    let rule = |body: &str| {
+        format!("{PROXY}[[proxy.rules]]\nname = \"search\"\nkey = \"ip\"\nlimit = 20\nwindow = \"1m\"\n{body}")
+    };
+    let search = parse(&rule("cost = 5\n")).expect("a cost").proxy.expect("proxy");
+    assert_eq!(search.rules[0].limit().map(|spec| spec.cost.upfront()), Some(5));
+    let metered = parse(&rule("cost_from = { response_header = \"X-Request-Cost\", max = 1000 }\n")).expect("metered");
+    let header = http::HeaderName::from_static("x-request-cost");
+    let expected = CostFrom { source: CostSource::ResponseHeader { name: header, strip: true }, max: nz(1000) };
+    assert_eq!(metered.proxy.expect("proxy").rules[0].limit().map(|spec| &spec.cost), Some(&Cost::From(expected)));
+    let plan = format!(
+        "{PROXY}[proxy.plans.compute]\nlimit = 60_000\nwindow = \"1m\"\ncost_from = {{ upstream_ms = true, max = 30_000 }}\n"
+    );
+    let plans = parse(&plan).expect("an upstream_ms plan").proxy.expect("proxy").plans;
+    let expected = CostFrom { source: CostSource::UpstreamMs, max: nz(30_000) };
+    assert_eq!(plans["compute"].spec.cost, Cost::From(expected));
+
+    for (body, says) in [
+        ("cost = 21\n", "cost = 21 is more than the 20 units"),
+        ("cost = 0\n", "nonzero"),
+        ("cost = 2\ncost_from = { upstream_ms = true, max = 10 }\n", "cost and cost_from go apart"),
+        ("algorithm = \"sliding_window_log\"\ncost = 2\n", "a cost other than 1 needs another algorithm"),
+        (
+            "algorithm = \"leaky_bucket\"\nqueue = 3\ncost_from = { upstream_ms = true, max = 10 }\n",
+            "cost_from needs a bucket that can go into debt",
+        ),
+        ("cost_from = { upstream_ms = true }\n", "cost_from needs max"),
+        ("cost_from = { max = 10 }\n", "cost_from needs response_header"),
+        ("cost_from = { upstream_ms = true, response_header = \"x-cost\", max = 10 }\n", "not both"),
+        ("cost_from = { upstream_ms = true, max = 10, strip = false }\n", "strip goes with response_header"),
+        ("cost_from = { response_header = \"no spaces\", max = 10 }\n", "`no spaces` is not a header name"),
+        ("cost_from = { header = \"x-cost\", max = 10 }\n", "unknown field `header`"),
+        (
+            "cost_from = { upstream_ms = true, max = 10 }\ncount_when = { status = [\"5xx\"] }\n",
+            "count_when and cost_from",
+        ),
+    ] {
+        let (line, key, message) = refusal(&rule(body));
+        assert!(line >= 4 && key.starts_with("proxy.rules[0]"), "{body}: {line} {key}: {message}");
+        assert!(message.contains(says), "{body}: {message}");
+    }
+    let (line, key, message) = refusal(&format!("{PROXY}[proxy.plans.free]\nlimit = 4\nwindow = \"1m\"\ncost = 5\n"));
+    assert_eq!((line, key.as_str()), (4, "proxy.plans.free"), "{message}");
+    assert!(message.contains("cost = 5 is more than the 4 units"), "{message}");
+}

@@ -919,3 +919,57 @@ fn a_count_when_rule_gives_back_the_unit_of_an_answer_it_does_not_count() {
     let counted: Vec<Option<Vec<String>>> = explained.policies.iter().map(|p| p.count_when.clone()).collect();
     assert_eq!(counted, [Some(vec!["401".to_owned(), "4xx".to_owned(), "timeout".to_owned()]), None]);
 }
+
+/// A plan metered by its upstream: one unit a second returns, each request is
+/// admitted while a unit is left and charged its answer's 7 afterwards, so the third
+/// leaves a debt of one and the fourth waits for it and one more: 2 s.
+#[test]
+fn a_post_paid_plan_is_charged_into_debt_and_admits_again_once_it_is_repaid() {
+    let (engine, clock) = engine(
+        r#"
+[proxy.plans.metered]
+algorithm = "token_bucket"
+limit = 20
+window = "20s"
+cost_from = { response_header = "x-request-cost", max = 1000 }
+
+[[proxy.keys]]
+id = "k-meter"
+plan = "metered"
+auth = "bearer"
+"#,
+    );
+    let request = get("/api").key("k-meter");
+    for before in [20, 13, 6] {
+        let decision = request.to(&engine);
+        assert!(is_forward(&decision), "{before} left");
+        assert_eq!(status(&decision, "metered").remaining, before, "nothing taken at admission");
+        let [owed] = decision.owed.as_slice() else { panic!("one post-paid charge: {:?}", decision.owed) };
+        ready(engine.charge_owed(&[(owed, owed.cost_from().units(Some(7)))]));
+    }
+    let refused = request.to(&engine);
+    assert_eq!(refused.verdict, Verdict::Reject { retry_after: secs(2) }, "20 − 21: the unit owed and one more");
+    assert!(refused.owed.is_empty(), "a refused request owes nothing");
+    clock.advance(secs(2) - millis(1));
+    assert!(is_reject(&request.to(&engine)));
+    clock.advance(millis(1));
+    assert_eq!(status(&request.to(&engine), "metered").remaining, 1);
+    assert_eq!(engine.post_paid_charges(), 3);
+    let suggestion = engine.suggest(1.0).into_iter().find(|s| s.name == "metered").expect("the plan");
+    assert_eq!(suggestion.units, "units (x-request-cost, at most 1000)");
+    assert_eq!(suggestion.peaks.max, 21 + 2, "the units charged, and the one each refusal needed");
+}
+
+/// `cost = 5` takes five units of every bucket it names, and `limiter suggest` counts
+/// them.
+#[test]
+fn a_costly_rule_takes_its_units_and_suggest_counts_them() {
+    let (engine, _clock) = engine(
+        "[[proxy.rules]]\nname = \"search\"\npath = \"/search\"\nkey = \"ip\"\nlimit = 20\nwindow = \"1m\"\ncost = 5\n",
+    );
+    let left: Vec<u64> = (0..4).map(|_| status(&get("/search").to(&engine), "search").remaining).collect();
+    assert_eq!(left, [15, 10, 5, 0]);
+    assert!(is_reject(&get("/search").to(&engine)));
+    let suggestion = engine.suggest(1.0).into_iter().find(|s| s.name == "search").expect("the rule");
+    assert_eq!((suggestion.units.as_str(), suggestion.peaks.max), ("units (5 a request)", 25));
+}
