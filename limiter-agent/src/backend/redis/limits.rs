@@ -120,31 +120,32 @@ impl RedisStore {
     /// trip; `now` is used only with [`TimeSource::Caller`]. A bucket's key that expired
     /// meanwhile (it was full) has nothing to give back.
     pub async fn refund(&self, refunds: &[Refund<'_>], now: Duration) -> Result<(), FleetError> {
-        if refunds.is_empty() {
-            return Ok(());
-        }
-        let mut invocation = self.refund.prepare_invoke();
-        invocation.arg(self.time_arg(now));
-        for refund in refunds {
-            self.bucket_args(&mut invocation, &refund.bucket);
-            invocation.arg(refund.charged_at.as_micros().to_string());
-        }
-        let _buckets: i64 =
-            self.fleet.call(|mut connection| async move { invocation.invoke_async(&mut connection).await }).await?;
-        Ok(())
+        let each = refunds.iter().map(|refund| (&refund.bucket, refund.charged_at.as_micros().to_string()));
+        self.each_bucket(&self.refund, each, now).await
     }
 
     /// [`MemoryStore::debit`](limiter_core::limits::MemoryStore::debit) in one round
     /// trip; `now` is used only with [`TimeSource::Caller`].
     pub async fn debit(&self, debits: &[Debit<'_>], now: Duration) -> Result<(), FleetError> {
-        if debits.is_empty() {
+        self.each_bucket(&self.debit, debits.iter().map(|debit| (&debit.bucket, debit.units.to_string())), now).await
+    }
+
+    /// Calls `script` (one that replies the number of buckets) on each bucket with
+    /// the argument beside it, in one round trip; nothing for no bucket.
+    async fn each_bucket<'b>(
+        &self,
+        script: &Script,
+        buckets: impl ExactSizeIterator<Item = (&'b Bucket<'b>, String)>,
+        now: Duration,
+    ) -> Result<(), FleetError> {
+        if buckets.len() == 0 {
             return Ok(());
         }
-        let mut invocation = self.debit.prepare_invoke();
+        let mut invocation = script.prepare_invoke();
         invocation.arg(self.time_arg(now));
-        for debit in debits {
-            self.bucket_args(&mut invocation, &debit.bucket);
-            invocation.arg(debit.units);
+        for (bucket, argument) in buckets {
+            self.bucket_args(&mut invocation, bucket);
+            invocation.arg(argument);
         }
         let _buckets: i64 =
             self.fleet.call(|mut connection| async move { invocation.invoke_async(&mut connection).await }).await?;
