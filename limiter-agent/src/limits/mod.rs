@@ -19,8 +19,11 @@
 //! - A `count_when` rule's charge is taken as any other, and [`Decision::refundable`]
 //!   carries it: [`Engine::refund`] gives it back once the upstream's answer is one the
 //!   rule does not count.
-//! - [`Engine::penalize`] takes one unit from each matching IP-keyed bucket that has
-//!   one (failed signatures, so that guessing is rate limited).
+//! - [`Engine::penalize`] takes one request's cost from each matching IP-keyed
+//!   bucket that has it left (failed signatures, so that guessing is rate limited).
+//! - A request takes each bucket's `cost` in units (`remaining` counts units then); a
+//!   `cost_from` bucket takes none at admission, and [`Decision::owed`] carries what
+//!   [`Engine::charge_owed`] charges once the answer says, into debt if need be.
 //! - The state of rules and plans whose identity (kind, name, key, algorithm and
 //!   window) a reload keeps is kept; a changed `limit` keeps the counts.
 //! - `decide` and `penalize` are async: the store may be Redis, and
