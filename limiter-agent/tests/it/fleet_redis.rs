@@ -48,6 +48,45 @@ async fn two_proxies_sharing_redis_forward_exactly_the_plan_and_count_down_toget
     }
 }
 
+/// 20 units an hour, charged what the upstream's `X-Request-Cost` says (a token
+/// bucket: the server's clock returns a unit every 3 minutes, and no window turns).
+const METERED: &str = r#"
+[[proxy.rules]]
+name = "metered"
+path = "/llm"
+key = "ip"
+algorithm = "token_bucket"
+limit = 20
+window = "1h"
+cost_from = { response_header = "x-request-cost", max = 1000 }
+"#;
+
+/// Two agents on one Redis charge one client's `x-request-cost: 7` answers to one
+/// balance: 20 → 13 → 6 → −1 over both, so the fourth, on either, is refused.
+#[tokio::test]
+async fn two_proxies_on_one_redis_charge_post_paid_costs_to_one_balance() {
+    let redis = TestRedis::shared();
+    let keys = redis_keys(&redis, &unique_prefix("post-paid"), "deny");
+    let upstream = Upstream::start().await;
+    let config = format!("{PROXY_HEAD}{keys}{METERED}");
+    let proxies =
+        [RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await];
+    let client = TestClient::default();
+    for (i, before) in ["20", "13", "6"].into_iter().enumerate() {
+        let reply = client.get(&proxies[i % 2].url("/llm?cost=7"), &[]).await;
+        assert_eq!((reply.status, reply.header("x-ratelimit-remaining")), (StatusCode::OK, before), "request {i}");
+        assert_eq!(reply.header("x-request-cost"), "<absent>");
+    }
+    for proxy in &proxies {
+        let refused = client.get(&proxy.url("/llm?cost=7"), &[]).await;
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "in debt on both agents");
+    }
+    assert_eq!(upstream.count(), 3);
+    for proxy in &proxies {
+        assert_eq!(proxy.proxy.stats().store_failures, 0);
+    }
+}
+
 /// 5 failed logins an hour per user, counted on Redis (a sliding log: no window edge a
 /// test could straddle on the server's clock).
 const FAILED_LOGINS: &str = r#"
