@@ -158,7 +158,7 @@ pub struct Suggestion {
     pub units: String,
 }
 
-fn requests() -> String {
+pub(super) fn requests() -> String {
     "requests".to_owned()
 }
 
@@ -587,7 +587,7 @@ impl Policy {
 }
 
 /// What a policy of `cost` counts, as `limiter suggest` says it.
-fn units_of(cost: &limiter_core::Cost) -> String {
+pub(super) fn units_of(cost: &limiter_core::Cost) -> String {
     use limiter_core::{Cost, CostSource};
     match cost {
         Cost::Units(units) if units.get() == 1 => requests(),
