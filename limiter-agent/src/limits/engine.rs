@@ -1067,7 +1067,7 @@ impl<C: Clock> Engine<C> {
     /// each, clamped to its `max` by the caller), into debt if need be, and shows
     /// `limiter suggest` the units. Without the store a charge is lost: the request
     /// was let through, and the next ones are decided without it.
-    pub async fn charge_owed(&self, charges: &[(&Owed, u32)]) {
+    pub async fn charge_owed(&self, charges: &[(Owed, u32)]) {
         if charges.is_empty() {
             return;
         }

@@ -945,7 +945,7 @@ auth = "bearer"
         assert!(is_forward(&decision), "{before} left");
         assert_eq!(status(&decision, "metered").remaining, before, "nothing taken at admission");
         let [owed] = decision.owed.as_slice() else { panic!("one post-paid charge: {:?}", decision.owed) };
-        ready(engine.charge_owed(&[(owed, owed.cost_from().units(Some(7)))]));
+        ready(engine.charge_owed(&[(owed.clone(), owed.cost_from().units(Some(7)))]));
     }
     let refused = request.to(&engine);
     assert_eq!(refused.verdict, Verdict::Reject { retry_after: secs(2) }, "20 − 21: the unit owed and one more");

@@ -48,7 +48,7 @@ use super::{
     idempotent,
     idle::Timeouts,
     keys,
-    post_paid::{self, Metering},
+    post_paid::Metering,
     problem::Refusal,
     proxy_protocol::Accepted,
     shares::{Share, Shares},
@@ -933,6 +933,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             claim.sent(self.clock.now()).await;
         }
         let sent = tokio::time::Instant::now();
+        let mut metering = Metering::new(&self.engine, owed, sent);
         // Bounds the wait for the response head; a streaming body may take longer.
         let head =
             tokio::time::timeout(config.upstream_timeout.0, upstream.send(config, path.forward(), parts, body, origin))
@@ -963,12 +964,15 @@ impl<C: Clock + Clone> Pipeline<C> {
         let mut response = match head {
             Ok(response) => response,
             Err(refusal) => {
-                self.engine.charge_owed(&post_paid::unanswered(owed, sent)).await;
+                if let Some(metering) = &mut metering {
+                    self.engine.charge_owed(&metering.unanswered()).await;
+                }
                 return Err(refusal);
             }
         };
-        let (charges, later) = post_paid::at_head(owed, response.headers_mut());
-        self.engine.charge_owed(&charges).await;
+        if let Some(metering) = &mut metering {
+            self.engine.charge_owed(&metering.at_head(response.headers_mut())).await;
+        }
         if let Some(hook) = self.served.get() {
             hook.served(origin.peer);
         }
@@ -980,11 +984,10 @@ impl<C: Clock + Clone> Pipeline<C> {
         } else {
             response
         };
-        if later.is_empty() {
-            return Ok(response);
-        }
-        let metering = Metering::new(Arc::clone(&self.engine), later, sent);
-        Ok(response.map(|body| Guarded::new(body, metering).boxed()))
+        Ok(match metering.filter(Metering::owes) {
+            Some(metering) => response.map(|body| Guarded::new(body, metering).boxed()),
+            None => response,
+        })
     }
 
     /// What the upstream's head, or its absence, settles before the answer goes on:

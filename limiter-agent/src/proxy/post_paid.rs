@@ -26,49 +26,13 @@ fn millis_since(sent: Instant) -> u64 {
     u64::try_from(sent.elapsed().as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
 }
 
-/// What `owed` is charged when the head arrives: each `response_header` cost its
-/// header's units (read before any is removed, as two buckets may read one), the
-/// headers then stripped from `headers`; and what waits for the response's end.
-pub(super) fn at_head<'o>(owed: &'o [Owed], headers: &mut HeaderMap) -> (Vec<(&'o Owed, u32)>, Vec<Owed>) {
-    let mut charges = Vec::new();
-    let mut later = Vec::new();
-    for owed in owed {
-        let from = owed.cost_from();
-        match &from.source {
-            CostSource::ResponseHeader { name, .. } => {
-                charges.push((owed, from.units(header_units(headers.get(name)))))
-            }
-            CostSource::UpstreamMs => later.push(owed.clone()),
-        }
-    }
-    for (owed, _) in &charges {
-        if let CostSource::ResponseHeader { name, strip: true } = &owed.cost_from().source {
-            headers.remove(name);
-        }
-    }
-    (charges, later)
-}
-
-/// What `owed` is charged for a request the upstream never answered (it failed or
-/// timed out after `sent`): a header's cost 1, as an answer without it, and the
-/// milliseconds the upstream held it.
-pub(super) fn unanswered(owed: &[Owed], sent: Instant) -> Vec<(&Owed, u32)> {
-    let millis = millis_since(sent);
-    owed.iter()
-        .map(|owed| {
-            let from = owed.cost_from();
-            let measured = match from.source {
-                CostSource::ResponseHeader { .. } => 1,
-                CostSource::UpstreamMs => millis,
-            };
-            (owed, from.units(Some(measured)))
-        })
-        .collect()
-}
-
-/// Held by a response's body: its `upstream_ms` costs are charged when it is dropped,
-/// at the end of the body or when the connection closes, with the milliseconds since
-/// the request was sent.
+/// What a forwarded request owes, from the moment it is sent: each charge is taken
+/// out as its answer settles it ([`Self::at_head`], [`Self::unanswered`]), and what
+/// is left when this is dropped is charged then, from a task of its own: held by the
+/// response's body, the `upstream_ms` costs at its end (the body sent whole, or the
+/// connection closed), and a request whose client left before the head (its future
+/// dropped) is charged too, `max` for a header it never saw, as the upstream may
+/// have done the work.
 pub(super) struct Metering<C: Clock> {
     engine: Arc<Engine<C>>,
     owed: Vec<Owed>,
@@ -76,22 +40,71 @@ pub(super) struct Metering<C: Clock> {
 }
 
 impl<C: Clock> Metering<C> {
-    pub(super) const fn new(engine: Arc<Engine<C>>, owed: Vec<Owed>, sent: Instant) -> Self {
-        Self { engine, owed, sent }
+    /// What a request sent at `sent` owes; `None` if it owes nothing.
+    pub(super) fn new(engine: &Arc<Engine<C>>, owed: &[Owed], sent: Instant) -> Option<Self> {
+        (!owed.is_empty()).then(|| Self { engine: Arc::clone(engine), owed: owed.to_vec(), sent })
+    }
+
+    /// The charges the response head settles: each `response_header` cost its
+    /// header's units (read before any is removed, as two buckets may read one), the
+    /// headers then stripped from `headers`. The `upstream_ms` ones stay.
+    pub(super) fn at_head(&mut self, headers: &mut HeaderMap) -> Vec<(Owed, u32)> {
+        let mut charges = Vec::new();
+        self.owed.retain(|owed| match &owed.cost_from().source {
+            CostSource::ResponseHeader { name, .. } => {
+                charges.push((owed.clone(), owed.cost_from().units(header_units(headers.get(name)))));
+                false
+            }
+            CostSource::UpstreamMs => true,
+        });
+        for (owed, _) in &charges {
+            if let CostSource::ResponseHeader { name, strip: true } = &owed.cost_from().source {
+                headers.remove(name);
+            }
+        }
+        charges
+    }
+
+    /// Every charge of a request the upstream never answered (it failed or timed
+    /// out): a header's cost 1, as an answer without it, and the milliseconds the
+    /// upstream held it.
+    pub(super) fn unanswered(&mut self) -> Vec<(Owed, u32)> {
+        self.charges(1)
+    }
+
+    /// What is left owed, charged now: the milliseconds since the request was sent,
+    /// and `header` units for a header cost.
+    fn charges(&mut self, header: u64) -> Vec<(Owed, u32)> {
+        let millis = millis_since(self.sent);
+        std::mem::take(&mut self.owed)
+            .into_iter()
+            .map(|owed| {
+                let measured = match owed.cost_from().source {
+                    CostSource::ResponseHeader { .. } => header,
+                    CostSource::UpstreamMs => millis,
+                };
+                let units = owed.cost_from().units(Some(measured));
+                (owed, units)
+            })
+            .collect()
+    }
+
+    /// Whether anything is left to charge at the end.
+    pub(super) fn owes(&self) -> bool {
+        !self.owed.is_empty()
     }
 }
 
 impl<C: Clock> Drop for Metering<C> {
     fn drop(&mut self) {
-        let millis = millis_since(self.sent);
-        let owed = std::mem::take(&mut self.owed);
+        if self.owed.is_empty() {
+            return;
+        }
+        // A header never seen: `max`, as `header_units` charges an unreadable one.
+        let charges = self.charges(u64::MAX);
         let engine = Arc::clone(&self.engine);
         // Dropped by the connection's task; a runtime shutting down charges nothing.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        runtime.spawn(async move {
-            let charges: Vec<(&Owed, u32)> =
-                owed.iter().map(|owed| (owed, owed.cost_from().units(Some(millis)))).collect();
-            engine.charge_owed(&charges).await;
-        });
+        runtime.spawn(async move { engine.charge_owed(&charges).await });
     }
 }

@@ -108,3 +108,29 @@ async fn the_upstreams_milliseconds_are_charged_when_the_response_ends() {
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "the eleventh");
     assert_eq!(upstream.count(), 10);
 }
+
+const GONE: &str = r#"
+[[proxy.rules]]
+name = "metered"
+path = "/llm"
+key = "ip"
+limit = 20
+window = "1m"
+cost_from = { response_header = "x-request-cost", max = 15 }
+"#;
+
+/// A client that cancels its request before the head (an HTTP/2 reset) cannot leave
+/// the upstream's work unpaid: its request is charged `max`.
+#[tokio::test]
+async fn a_request_cancelled_before_its_head_is_charged_the_most() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{GONE}"), upstream.addr).await;
+    let url = proxy.url("/llm?delay_ms=5000&cost=1");
+    let client = TestClient::h2c();
+    let cancelled = tokio::spawn(async move { client.get(&url, &[]).await });
+    upstream.arrived(1).await;
+    cancelled.abort();
+    proxy.stats_until("the cancelled request's charge", |stats| stats.post_paid_charges == 1).await;
+    let reply = TestClient::default().get(&proxy.url("/llm?cost=1"), &[]).await;
+    assert_eq!((reply.status, reply.header("x-ratelimit-remaining")), (StatusCode::OK, "5"), "20 − 15");
+}
