@@ -21,7 +21,7 @@ use std::{
 
 use limiter_core::{
     Clock as _,
-    limits::{Bucket, Charge, Debit, MemoryStore, Outcomes, Refund},
+    limits::{Bucket, Charge, Debit, MemoryStore, Outcomes, Quota, Refund},
     signature::{
         Authenticated, Begin, Guard, IdempotencyConfig, IdempotencyStore, ReplayCache, ReplayError, StoredResponse,
     },
@@ -301,12 +301,9 @@ impl Limits {
 
     /// [`limiter_core::limits::MemoryStore::debit`], wherever the buckets are; `now`
     /// is used in memory.
-    pub async fn debit(&self, debits: &[Debit<'_>], now: Duration) -> Result<(), FleetError> {
+    pub async fn debit(&self, debits: &[Debit<'_>], now: Duration) -> Result<Vec<Option<Quota>>, FleetError> {
         match self {
-            Self::Memory(store) => {
-                store.debit(debits, now);
-                Ok(())
-            }
+            Self::Memory(store) => Ok(store.debit(debits, now)),
             Self::Redis(store) => store.debit(debits, now).await,
         }
     }

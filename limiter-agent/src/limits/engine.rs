@@ -241,6 +241,8 @@ pub struct Refundable {
 /// how much: the bucket as it was admitted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Owed {
+    /// The policy's name, for the headers of what it is charged.
+    name: String,
     identity: Arc<str>,
     key: String,
     /// The spec admitted with: the policy's, or its share in the local fallback.
@@ -1064,33 +1066,35 @@ impl<C: Clock> Engine<C> {
     }
 
     /// Charges what each request's answer cost the buckets it owed (`units` beside
-    /// each, clamped to its `max` by the caller), into debt if need be, and shows
-    /// `limiter suggest` the units. Without the store a charge is lost: the request
-    /// was let through, and the next ones are decided without it.
-    pub async fn charge_owed(&self, charges: &[(Owed, u32)]) {
+    /// each, clamped to its `max` by the caller), into debt if need be, shows
+    /// `limiter suggest` the units, and returns each charged policy's quota once
+    /// charged, for the headers. Without the store a charge is lost: the request was
+    /// let through, and the next ones are decided without it.
+    pub async fn charge_owed(&self, charges: &[(Owed, u32)]) -> Vec<PolicyStatus> {
         if charges.is_empty() {
-            return;
+            return Vec::new();
         }
         self.post_paid.fetch_add(1, Ordering::Relaxed);
         let now = self.clock.now();
-        let debits = |local: bool| -> Vec<Debit<'_>> {
-            charges
-                .iter()
-                .filter(|(owed, _)| owed.local == local)
+        let of = |local: bool| -> Vec<&(Owed, u32)> { charges.iter().filter(|(owed, _)| owed.local == local).collect() };
+        fn debits<'o>(of: &[&'o (Owed, u32)]) -> Vec<Debit<'o>> {
+            of.iter()
                 .map(|(owed, units)| Debit {
                     bucket: Bucket { policy: &owed.identity, key: &owed.key, spec: &owed.spec },
                     units: *units,
                 })
                 .collect()
-        };
-        let (shared, local) = (debits(false), debits(true));
-        if !shared.is_empty()
-            && let Err(error) = self.stores.limits.debit(&shared, now).await
-        {
-            tracing::debug!(%error, "limits store unreachable: a post-paid charge not taken");
+        }
+        let (shared, local) = (of(false), of(true));
+        let mut charged: Vec<(&Owed, Option<Quota>)> = Vec::new();
+        if !shared.is_empty() {
+            match self.stores.limits.debit(&debits(&shared), now).await {
+                Ok(quotas) => charged.extend(shared.iter().map(|(owed, _)| owed).zip(quotas)),
+                Err(error) => tracing::debug!(%error, "limits store unreachable: a post-paid charge not taken"),
+            }
         }
         if let Some(store) = self.stores.local_store().filter(|_| !local.is_empty()) {
-            store.debit(&local, now);
+            charged.extend(local.iter().map(|(owed, _)| owed).zip(store.debit(&debits(&local), now)));
         }
         let policies = self.snapshot();
         for (owed, units) in charges {
@@ -1098,6 +1102,19 @@ impl<C: Clock> Engine<C> {
                 policy.observation.observe(&owed.key, owed.client, Usage { requests: 0, units: *units }, now);
             }
         }
+        charged
+            .into_iter()
+            .filter_map(|(owed, quota)| {
+                let quota = quota?;
+                Some(PolicyStatus {
+                    name: owed.name.clone(),
+                    limit: owed.spec.limit.get(),
+                    window: owed.spec.window,
+                    remaining: quota.remaining,
+                    reset_after: quota.reset_after,
+                })
+            })
+            .collect()
     }
 
     /// Requests whose post-paid charges [`Self::charge_owed`] took, since the start.
@@ -1260,6 +1277,7 @@ fn owed(counted: &[Counting<'_>], applied: &Applied, client: IpAddr) -> Vec<Owed
             outcome.charged_at?;
             Some(Owed {
                 from: spec.cost.post_paid()?.clone(),
+                name: counting.policy.name.clone(),
                 identity: Arc::clone(&counting.policy.identity),
                 key: counting.key.clone(),
                 spec: spec.clone(),

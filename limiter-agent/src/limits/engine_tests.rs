@@ -945,7 +945,9 @@ auth = "bearer"
         assert!(is_forward(&decision), "{before} left");
         assert_eq!(status(&decision, "metered").remaining, before, "nothing taken at admission");
         let [owed] = decision.owed.as_slice() else { panic!("one post-paid charge: {:?}", decision.owed) };
-        ready(engine.charge_owed(&[(owed.clone(), owed.cost_from().units(Some(7)))]));
+        let settled = ready(engine.charge_owed(&[(owed.clone(), owed.cost_from().units(Some(7)))]));
+        let left: Vec<(&str, u64)> = settled.iter().map(|s| (s.name.as_str(), s.remaining)).collect();
+        assert_eq!(left, [("metered", before.saturating_sub(7))], "the balance once charged, 0 in debt");
     }
     let refused = request.to(&engine);
     assert_eq!(refused.verdict, Verdict::Reject { retry_after: secs(2) }, "20 − 21: the unit owed and one more");

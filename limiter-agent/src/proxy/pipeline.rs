@@ -48,7 +48,7 @@ use super::{
     idempotent,
     idle::Timeouts,
     keys,
-    post_paid::Metering,
+    post_paid::{Metering, Settled},
     problem::Refusal,
     proxy_protocol::Accepted,
     shares::{Share, Shares},
@@ -664,6 +664,8 @@ impl<C: Clock + Clone> Pipeline<C> {
         disclose: Disclose,
     ) -> Response<ProxyBody> {
         let mut response = outcome.unwrap_or_else(|refusal| self.refuse(origin, initiator, refusal));
+        let settled = response.extensions_mut().remove::<Settled>().map(|settled| settled.over(policies));
+        let policies = settled.as_deref().unwrap_or(policies);
         headers::add_rate_limit_headers(response.headers_mut(), policies, self.clock.now(), disclose);
         headers::add_concurrency_policies(response.headers_mut(), concurrent, disclose);
         response
@@ -965,13 +967,17 @@ impl<C: Clock + Clone> Pipeline<C> {
             Ok(response) => response,
             Err(refusal) => {
                 if let Some(metering) = &mut metering {
-                    self.engine.charge_owed(&metering.unanswered()).await;
+                    // The proxy's own answer shows the balance as admitted.
+                    let _quotas = self.engine.charge_owed(&metering.unanswered()).await;
                 }
                 return Err(refusal);
             }
         };
         if let Some(metering) = &mut metering {
-            self.engine.charge_owed(&metering.at_head(response.headers_mut())).await;
+            let settled = self.engine.charge_owed(&metering.at_head(response.headers_mut())).await;
+            if !settled.is_empty() {
+                response.extensions_mut().insert(Settled(settled));
+            }
         }
         if let Some(hook) = self.served.get() {
             hook.served(origin.peer);

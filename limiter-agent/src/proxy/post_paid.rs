@@ -10,7 +10,26 @@ use tokio::time::Instant;
 
 use limiter_core::{Clock, CostSource};
 
-use crate::limits::{Engine, Owed};
+use crate::limits::{Engine, Owed, PolicyStatus};
+
+/// The quotas of the policies a response head's charges settled, carried in the
+/// response's extensions to its rate-limit headers: they show the balance once
+/// charged, where the decision's show it at admission.
+#[derive(Clone, Debug)]
+pub(super) struct Settled(pub(super) Vec<PolicyStatus>);
+
+impl Settled {
+    /// `policies` with each one this settled in its place.
+    pub(super) fn over(&self, policies: &[PolicyStatus]) -> Vec<PolicyStatus> {
+        policies
+            .iter()
+            .map(|policy| {
+                let settled = self.0.iter().find(|s| s.name == policy.name && s.window == policy.window);
+                settled.unwrap_or(policy).clone()
+            })
+            .collect()
+    }
+}
 
 /// The measure a `response_header` cost reads: an answer without the header costs
 /// 1, as a request of no stated cost; a value that is not a whole number of units is
@@ -105,6 +124,9 @@ impl<C: Clock> Drop for Metering<C> {
         let engine = Arc::clone(&self.engine);
         // Dropped by the connection's task; a runtime shutting down charges nothing.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        runtime.spawn(async move { engine.charge_owed(&charges).await });
+        // The response is gone: no header to show the quotas in.
+        runtime.spawn(async move {
+            let _quotas = engine.charge_owed(&charges).await;
+        });
     }
 }

@@ -55,14 +55,14 @@ cost_from = { response_header = "x-request-cost", max = 1000, strip = false }
 "#;
 
 /// `x-request-cost: 7` against 20 units: 20 → 13 → 6 → −1, so the fourth is refused;
-/// each admission takes nothing, so the headers show the balance before the charge.
+/// each answer's headers show the balance once charged (0 for the debt).
 async fn a_response_header_cost_is_charged_into_debt_and_never_reaches_the_client(client: TestClient) {
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{METERED}"), upstream.addr).await;
-    for (i, before) in ["20", "13", "6"].into_iter().enumerate() {
+    for (i, left) in ["13", "6", "0"].into_iter().enumerate() {
         let reply = client.get(&proxy.url("/llm?cost=7"), &[]).await;
         assert_eq!(reply.status, StatusCode::OK, "request {}", i + 1);
-        assert_eq!(reply.header("x-ratelimit-remaining"), before, "request {}", i + 1);
+        assert_eq!(reply.header("x-ratelimit-remaining"), left, "request {}", i + 1);
         assert_eq!(reply.header("x-request-cost"), "<absent>", "stripped");
     }
     let refused = client.get(&proxy.url("/llm?cost=7"), &[]).await;
@@ -132,5 +132,5 @@ async fn a_request_cancelled_before_its_head_is_charged_the_most() {
     cancelled.abort();
     proxy.stats_until("the cancelled request's charge", |stats| stats.post_paid_charges == 1).await;
     let reply = TestClient::default().get(&proxy.url("/llm?cost=1"), &[]).await;
-    assert_eq!((reply.status, reply.header("x-ratelimit-remaining")), (StatusCode::OK, "5"), "20 − 15");
+    assert_eq!((reply.status, reply.header("x-ratelimit-remaining")), (StatusCode::OK, "4"), "20 − 15 − its own 1");
 }

@@ -417,20 +417,22 @@ impl MemoryStore {
         }
     }
 
-    /// Charges each post-paid request's units at `now`, into debt if need be; a bucket
-    /// evicted since its admission is tracked again for it (unless exhausted buckets
-    /// hold its shard: then the charge is lost, as its key's next request is refused
-    /// anyway).
-    pub fn debit(&self, debits: &[Debit<'_>], now: Duration) {
-        for debit in debits {
-            let (fingerprint, shard) = self.locate(&debit.bucket);
-            let mut shard = lock(&self.shards[shard]);
-            let change = shard.track(&debit.bucket, fingerprint, now, &[]);
-            self.count(&change);
-            if let Some(place) = shard.find(debit.bucket.policy, fingerprint) {
-                shard.debit_at(place, debit, now);
-            }
-        }
+    /// Charges each post-paid request's units at `now`, into debt if need be, and
+    /// returns each bucket's quota once charged; a bucket evicted since its admission
+    /// is tracked again for it (unless exhausted buckets hold its shard: then the
+    /// charge is lost, `None`, as its key's next request is refused anyway).
+    pub fn debit(&self, debits: &[Debit<'_>], now: Duration) -> Vec<Option<Quota>> {
+        debits
+            .iter()
+            .map(|debit| {
+                let (fingerprint, shard) = self.locate(&debit.bucket);
+                let mut shard = lock(&self.shards[shard]);
+                let change = shard.track(&debit.bucket, fingerprint, now, &[]);
+                self.count(&change);
+                let place = shard.find(debit.bucket.policy, fingerprint)?;
+                shard.debit_at(place, debit, now)
+            })
+            .collect()
     }
 
     /// Drops the state of every policy whose identity `keep` refuses.
@@ -533,14 +535,14 @@ impl Shard {
 
     /// Charges a post-paid request's units to the bucket at `place`: held from
     /// eviction once they empty it, as a charge that empties it is.
-    fn debit_at(&mut self, (table, slot): Place, debit: &Debit<'_>, now: Duration) {
+    fn debit_at(&mut self, (table, slot): Place, debit: &Debit<'_>, now: Duration) -> Option<Quota> {
         let spec = debit.bucket.spec;
-        if let Some(slot) = &mut self.tables[table].slots[slot] {
-            bucket::debit(spec, &mut slot.state, debit.units, now);
-            let quota = bucket::check(spec, Some(&slot.state), now).before;
-            let exhausted = quota.remaining == 0 || slot.idle.held(to_nanos(now));
-            slot.idle = Idle::new(idle_at(quota, now), exhausted);
-        }
+        let slot = self.tables[table].slots[slot].as_mut()?;
+        bucket::debit(spec, &mut slot.state, debit.units, now);
+        let quota = bucket::check(spec, Some(&slot.state), now).before;
+        let exhausted = quota.remaining == 0 || slot.idle.held(to_nanos(now));
+        slot.idle = Idle::new(idle_at(quota, now), exhausted);
+        Some(quota)
     }
 
     /// Gives back a charge to the bucket at `place`, which is then full sooner; one

@@ -121,25 +121,35 @@ impl RedisStore {
     /// meanwhile (it was full) has nothing to give back.
     pub async fn refund(&self, refunds: &[Refund<'_>], now: Duration) -> Result<(), FleetError> {
         let each = refunds.iter().map(|refund| (&refund.bucket, refund.charged_at.as_micros().to_string()));
-        self.each_bucket(&self.refund, each, now).await
+        let _buckets: Option<i64> = self.each_bucket(&self.refund, each, now).await?;
+        Ok(())
     }
 
     /// [`MemoryStore::debit`](limiter_core::limits::MemoryStore::debit) in one round
     /// trip; `now` is used only with [`TimeSource::Caller`].
-    pub async fn debit(&self, debits: &[Debit<'_>], now: Duration) -> Result<(), FleetError> {
-        self.each_bucket(&self.debit, debits.iter().map(|debit| (&debit.bucket, debit.units.to_string())), now).await
+    pub async fn debit(&self, debits: &[Debit<'_>], now: Duration) -> Result<Vec<Option<Quota>>, FleetError> {
+        let each = debits.iter().map(|debit| (&debit.bucket, debit.units.to_string()));
+        let reply: Vec<i64> = self.each_bucket(&self.debit, each, now).await?.unwrap_or_default();
+        if reply.len() != debits.len() * 2 {
+            return Err(FleetError::Reply(format!("{} numbers for {} debits", reply.len(), debits.len())));
+        }
+        let number = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(reply
+            .chunks_exact(2)
+            .map(|q| Some(Quota { remaining: number(q[0]), reset_after: Duration::from_nanos(number(q[1])) }))
+            .collect())
     }
 
-    /// Calls `script` (one that replies the number of buckets) on each bucket with
-    /// the argument beside it, in one round trip; nothing for no bucket.
-    async fn each_bucket<'b>(
+    /// Calls `script` on each bucket with the argument beside it, in one round trip,
+    /// and returns its reply; `None` for no bucket, without a call.
+    async fn each_bucket<'b, T: redis::FromRedisValue>(
         &self,
         script: &Script,
         buckets: impl ExactSizeIterator<Item = (&'b Bucket<'b>, String)>,
         now: Duration,
-    ) -> Result<(), FleetError> {
+    ) -> Result<Option<T>, FleetError> {
         if buckets.len() == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let mut invocation = script.prepare_invoke();
         invocation.arg(self.time_arg(now));
@@ -147,9 +157,9 @@ impl RedisStore {
             self.bucket_args(&mut invocation, bucket);
             invocation.arg(argument);
         }
-        let _buckets: i64 =
+        let reply: T =
             self.fleet.call(|mut connection| async move { invocation.invoke_async(&mut connection).await }).await?;
-        Ok(())
+        Ok(Some(reply))
     }
 
     /// The time argument of a script: empty for the server's clock.

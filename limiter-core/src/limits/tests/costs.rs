@@ -141,7 +141,8 @@ fn the_store_charges_a_debit() {
     let store = MemoryStore::new(NonZeroUsize::new(64).expect("nonzero"));
     let bucket = Bucket { policy: &policy, key: "k", spec: &spec };
     assert!(store.apply(&[bucket], T0, Charge::AllOrNothing)[0].admitted);
-    store.debit(&[Debit { bucket, units: 15 }], T0);
+    let charged = store.debit(&[Debit { bucket, units: 15 }], T0);
+    assert_eq!(charged.first().copied().flatten().map(|quota| quota.remaining), Some(5));
     assert_eq!(store.apply(&[bucket], T0, Charge::Nothing)[0].before.remaining, 5);
     let fresh = Bucket { key: "never seen", ..bucket };
     store.debit(&[Debit { bucket: fresh, units: 30 }], T0);
