@@ -1076,7 +1076,8 @@ impl<C: Clock> Engine<C> {
         }
         self.post_paid.fetch_add(1, Ordering::Relaxed);
         let now = self.clock.now();
-        let of = |local: bool| -> Vec<&(Owed, u32)> { charges.iter().filter(|(owed, _)| owed.local == local).collect() };
+        let of =
+            |local: bool| -> Vec<&(Owed, u32)> { charges.iter().filter(|(owed, _)| owed.local == local).collect() };
         fn debits<'o>(of: &[&'o (Owed, u32)]) -> Vec<Debit<'o>> {
             of.iter()
                 .map(|(owed, units)| Debit {

@@ -84,13 +84,10 @@ local function gcra_refund(key, spec, charged_at, now)
   ahead = ahead - (taken - late * g.per_us)
   local whole = floor_div(ahead, g.per_us)
   local tat_us, rem = charged_at + whole, ahead - whole * g.per_us
-  local debt = (tat_us - now) * g.per_us + rem
-  if debt <= 0 then
-    redis.call('DEL', key)
-  else
-    local ttl_ms = math.max(ceil_div(ceil_div(debt, spec.limit), 1000000), 1)
-    redis.call('SET', key, int(tat_us) .. ' ' .. int(rem) .. ' ' .. int(spec.limit), 'PX', ttl_ms)
-  end
+  -- The key keeps the expiry of the charge, which is later: a TAT left behind the
+  -- clock reads as a full bucket, and one a clock stepping back finds ahead of it
+  -- again is still there, as in memory.
+  redis.call('SET', key, int(tat_us) .. ' ' .. int(rem) .. ' ' .. int(spec.limit), 'KEEPTTL')
 end
 
 ALGORITHMS.token_bucket = { load = load_numbers, check = gcra_check, charge = gcra_charge, refund = gcra_refund,

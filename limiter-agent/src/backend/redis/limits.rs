@@ -11,8 +11,9 @@
 //! - Time is the server's (`TIME`), so hosts with skewed clocks agree; it has
 //!   microsecond resolution, which every configurable window (whole milliseconds)
 //!   divides.
-//! - A bucket's key expires when the bucket is back to full, as a missing bucket is
-//!   full: Redis holds only live state, and `max_tracked_keys` does not apply.
+//! - A bucket's key expires when the bucket is back to full (after a refund, when it
+//!   would have been without it), as a missing bucket is full: Redis holds only live
+//!   state, and `max_tracked_keys` does not apply.
 //! - Lua counts in doubles, so the config refuses a redis-stored limit whose
 //!   `limit × window` or `capacity × window` would pass 2^53 units
 //!   (`LimitSpec::check_exact_in_doubles`); below that the arithmetic is exact.
