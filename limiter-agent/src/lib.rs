@@ -3,6 +3,7 @@
 
 pub(crate) mod accept;
 pub(crate) mod agent;
+pub(crate) mod appender;
 pub mod backend;
 mod cli;
 /// The agent's modules, its tests and the fuzz targets name the config `limiter::config`.
@@ -12,6 +13,7 @@ pub mod fleet;
 pub(crate) mod limits;
 pub mod metrics;
 pub mod proxy;
+pub mod security_log;
 pub mod signature;
 pub(crate) mod tls;
 pub mod xdp;

@@ -30,6 +30,7 @@ use tokio::sync::oneshot;
 use crate::{
     limits::PolicyCounts,
     proxy::{DECISION_BUCKETS, DecisionHistogram, Proxy, ProxyStats, QUEUE_WAIT_BUCKETS},
+    security_log::{LogCount, SecurityLog},
     xdp::{Attachment, KernelMaps, monotonic_now_ns},
 };
 
@@ -54,6 +55,7 @@ pub struct MetricsSources {
     pub pin_dir: PathBuf,
     pub agent: Arc<AgentGauges>,
     pub proxy: Option<Arc<Proxy>>,
+    pub security_log: Arc<SecurityLog>,
 }
 
 /// The whole exposition.
@@ -111,6 +113,16 @@ pub(crate) fn render(sources: &MetricsSources) -> String {
         "Escalated blocks the kernel layer could not put in place: its block trie full of blocks in force.",
     );
     let _ = writeln!(out, "limiter_escalation_block_failures_total {}", agent.block_failures.load(Ordering::Relaxed));
+    family(
+        &mut out,
+        "limiter_security_log_total",
+        "counter",
+        "agent.security_log: lines written or dropped, and events suppressed (counted in a summary line instead).",
+    );
+    let security = sources.security_log.stats();
+    for count in LogCount::ALL {
+        let _ = writeln!(out, "limiter_security_log_total{{result=\"{}\"}} {}", count.name(), security.get(count));
+    }
     if let Some(proxy) = &sources.proxy {
         render_proxy(&mut out, proxy);
     }
@@ -263,7 +275,7 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
         ),
         (
             "limiter_proxy_http2_reset_floods_total",
-            "HTTP/2 connections cut for cancelling requests past http2.max_resets_per_minute.",
+            "HTTP/2 connections cut as floods: requests cancelled past http2.max_resets_per_minute, or CONTINUATION frames without end.",
             stats.http2_reset_floods,
         ),
         ("limiter_proxy_upgrades_total", "Connections upgraded (WebSockets) and relayed.", stats.upgrades),

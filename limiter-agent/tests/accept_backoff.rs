@@ -110,8 +110,12 @@ fn accept_loops_pause_without_descriptors_and_recover() {
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind metrics");
         let addr = listener.local_addr().expect("metrics address");
-        let sources =
-            MetricsSources { pin_dir: "/nonexistent".into(), agent: AgentGauges::default().into(), proxy: None };
+        let sources = MetricsSources {
+            pin_dir: "/nonexistent".into(),
+            agent: AgentGauges::default().into(),
+            proxy: None,
+            security_log: std::sync::Arc::default(),
+        };
         let metrics = tokio::spawn(serve(listener, sources));
         let (spent, client) = starve_with_a_client_waiting(addr).await;
         assert_paused("metrics", spent);

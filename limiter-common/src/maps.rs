@@ -79,7 +79,17 @@ pub enum Sizing {
     MaxVerified,
 }
 
+/// The kernel's header of each element of a hash map: its list node and, in an LRU
+/// map, the LRU node, then the hash, the key starting 8-aligned (`struct htab_elem`).
+const HTAB_ELEMENT_HEADER: usize = 48;
+/// The kernel's bucket of a hash map (`struct bucket`: list head and spin lock), one
+/// per entry once the entry count is a power of two, as [`Sizing::max_entries`] is.
+const HTAB_BUCKET: usize = 16;
+
 impl Sizing {
+    /// Every sizing key, for the checks that walk them.
+    pub const ALL: [Self; 3] = [Self::MaxSources, Self::MaxPrefixes, Self::MaxVerified];
+
     /// The key under `[xdp]`.
     #[must_use]
     pub const fn key(self) -> &'static str {
@@ -88,6 +98,40 @@ impl Sizing {
             Self::MaxPrefixes => "aggregate.max_prefixes",
             Self::MaxVerified => "verified.max",
         }
+    }
+
+    /// Kernel memory the map may take: an LRU map is allocated whole when it is
+    /// created (the kernel refuses one without preallocation), so this is what it
+    /// costs from the first packet. The sources map holds every client, the two
+    /// others a share of them: 1.5 GiB together at most, which a small host (4 GiB)
+    /// still has room beside.
+    #[must_use]
+    pub const fn budget_bytes(self) -> usize {
+        match self {
+            Self::MaxSources => 1 << 30,
+            Self::MaxPrefixes | Self::MaxVerified => 1 << 28,
+        }
+    }
+
+    /// Kernel memory one entry takes: its key and value, each rounded up to 8 bytes,
+    /// behind the element header, and its bucket.
+    #[must_use]
+    pub const fn entry_bytes(self) -> usize {
+        let value = match self {
+            Self::MaxSources | Self::MaxPrefixes => size_of::<SourceState>(),
+            Self::MaxVerified => size_of::<Verified>(),
+        };
+        HTAB_ELEMENT_HEADER + size_of::<SourceKey>().next_multiple_of(8) + value.next_multiple_of(8) + HTAB_BUCKET
+    }
+
+    /// The most entries the key may ask for: as many as [`Self::budget_bytes`] holds
+    /// at [`Self::entry_bytes`] each, rounded down to a power of two (the kernel
+    /// rounds the bucket array up to one).
+    #[must_use]
+    pub const fn max_entries(self) -> u32 {
+        let fit = self.budget_bytes() / self.entry_bytes();
+        // `fit` is far below 2^32, and at least 1.
+        1 << (usize::BITS - 1 - fit.leading_zeros())
     }
 }
 
@@ -329,7 +373,7 @@ mod pod {
 mod tests {
     use core::mem::size_of;
 
-    use super::{Block, CidrPolicy, Settings, SourceKey, SourceState};
+    use super::{Block, CidrPolicy, Settings, Sizing, SourceKey, SourceState};
 
     /// The kernel and user space agree on these sizes; a change here is a layout change.
     #[test]
@@ -339,5 +383,17 @@ mod tests {
         assert_eq!(size_of::<CidrPolicy>(), 40);
         assert_eq!(size_of::<Block>(), 8);
         assert_eq!(size_of::<Settings>(), 128);
+    }
+
+    /// The bounds README and config/limiter.toml state, and what they cost.
+    #[test]
+    fn sizing_bounds_fit_their_budgets() {
+        assert_eq!(Sizing::MaxSources.max_entries(), 8_388_608);
+        assert_eq!(Sizing::MaxPrefixes.max_entries(), 2_097_152);
+        assert_eq!(Sizing::MaxVerified.max_entries(), 2_097_152);
+        assert_eq!((Sizing::MaxSources.entry_bytes(), Sizing::MaxVerified.entry_bytes()), (104, 88));
+        for sizing in Sizing::ALL {
+            assert!(sizing.max_entries() as usize * sizing.entry_bytes() <= sizing.budget_bytes(), "{sizing:?}");
+        }
     }
 }

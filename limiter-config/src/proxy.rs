@@ -140,6 +140,11 @@ pub struct ProxyConfig {
     /// What clients are told of the policies (a plan may say otherwise for its keys).
     #[serde(default)]
     pub disclose: Disclose,
+    /// Each 429's `Retry-After` is spread at random over this share either side
+    /// (0.1: ±10 %, never below 1 s), so that clients refused together do not all
+    /// come back in the same second; 0: exact.
+    #[serde(default, deserialize_with = "jitter")]
+    pub retry_after_jitter: f64,
     /// The realm a 401's `WWW-Authenticate` challenges name (RFC 9110 §11.6.1).
     #[serde(default = "default_realm")]
     pub realm: String,
@@ -284,6 +289,15 @@ pub struct DecisionLogConfig {
     /// Share of decisions written: 1 writes every one, 0.01 one in a hundred.
     #[serde(default = "every_decision", deserialize_with = "sample")]
     pub sample: f64,
+}
+
+fn jitter<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+    let share = f64::deserialize(deserializer)?;
+    if (0.0..1.0).contains(&share) {
+        Ok(share)
+    } else {
+        Err(de::Error::custom(format!("{share} is not a share of Retry-After: at least 0, less than 1")))
+    }
 }
 
 fn every_decision() -> f64 {
@@ -439,6 +453,7 @@ with_limit! {
     struct RawPlan {
         disclose: Option<Disclose>,
         priority: Option<u8>,
+        refusal: Option<RefusalAdvice>,
     }
 }
 
@@ -453,6 +468,8 @@ pub struct Plan {
     pub disclose: Option<Disclose>,
     /// Where its requests stand in `[proxy.upstream_capacity]`'s queue: lower first.
     pub priority: u8,
+    /// What a 429 this plan refuses tells the client to do.
+    pub refusal: Option<RefusalAdvice>,
 }
 
 impl TryFrom<RawPlan> for Plan {
@@ -460,7 +477,70 @@ impl TryFrom<RawPlan> for Plan {
 
     fn try_from(raw: RawPlan) -> Result<Self, String> {
         let spec = raw.limit_spec()?.ok_or("a plan needs limit and window")?;
-        Ok(Self { spec, disclose: raw.disclose, priority: raw.priority.unwrap_or(DEFAULT_PLAN_PRIORITY) })
+        Ok(Self {
+            spec,
+            disclose: raw.disclose,
+            priority: raw.priority.unwrap_or(DEFAULT_PLAN_PRIORITY),
+            refusal: raw.refusal,
+        })
+    }
+}
+
+/// `refusal = { detail, link }` on a plan or a limit rule: what the 429 it refuses
+/// with tells the client to do (its `detail` and `"upgrade"`, and `Link: <link>;
+/// rel="upgrade"`).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(try_from = "RawRefusalAdvice")]
+pub struct RefusalAdvice {
+    /// The problem's `detail` instead of the generic one.
+    pub detail: Option<String>,
+    /// An absolute `http(s)` URL, checked to be safe in a header (visible ASCII, no
+    /// `<` or `>`).
+    pub link: Option<String>,
+}
+
+/// `refusal` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRefusalAdvice {
+    detail: Option<String>,
+    link: Option<String>,
+}
+
+/// The longest `refusal.detail`: a sentence or two, not a page in every 429.
+const MAX_REFUSAL_DETAIL: usize = 1024;
+
+impl TryFrom<RawRefusalAdvice> for RefusalAdvice {
+    type Error = String;
+
+    fn try_from(raw: RawRefusalAdvice) -> Result<Self, String> {
+        if raw.detail.is_none() && raw.link.is_none() {
+            return Err("refusal needs a detail or a link (or neither key, and no refusal)".to_owned());
+        }
+        if let Some(detail) = &raw.detail
+            && (detail.is_empty() || detail.len() > MAX_REFUSAL_DETAIL || detail.chars().any(char::is_control))
+        {
+            return Err(format!(
+                "refusal.detail must be 1 to {MAX_REFUSAL_DETAIL} bytes of text without control characters"
+            ));
+        }
+        if let Some(link) = &raw.link {
+            check_link(link).map_err(|why| format!("refusal.link `{}`: {why}", link.escape_debug()))?;
+        }
+        Ok(Self { detail: raw.detail, link: raw.link })
+    }
+}
+
+/// An absolute `http(s)` URL that goes into a `Link` header as it is: visible ASCII
+/// (no CR or LF to split the header, no space), no `<` or `>` to end its brackets.
+fn check_link(link: &str) -> Result<(), &'static str> {
+    if !link.bytes().all(|byte| byte.is_ascii_graphic()) || link.contains(['<', '>']) {
+        return Err("must be visible ASCII without spaces, CR, LF, < or > (percent-encode them)");
+    }
+    let uri: http::Uri = link.parse().map_err(|_| "is not a URL")?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http" | "https"), Some(host)) if !host.is_empty() => Ok(()),
+        _ => Err("must be an absolute http:// or https:// URL"),
     }
 }
 
@@ -853,6 +933,8 @@ pub struct Rule {
     pub count_when: Option<CountWhen>,
     /// How many of its requests each key may have in flight, and how many more wait.
     pub concurrency: Option<Concurrency>,
+    /// What a 429 this rule refuses tells the client to do.
+    pub refusal: Option<RefusalAdvice>,
 }
 
 /// A rule's `concurrency`, `queue` and `queue_timeout`: each key's requests in flight
@@ -1072,6 +1154,7 @@ with_limit! {
         count_when: Option<RawCountWhen>,
         concurrency: Option<NonZeroU32>,
         queue_timeout: Option<HumanDuration>,
+        refusal: Option<RefusalAdvice>,
     }
 }
 
@@ -1153,6 +1236,11 @@ impl TryFrom<RawRule> for Rule {
                     .to_owned(),
             ));
         }
+        if raw.refusal.is_some() && !matches!(action, RuleAction::Limit(_)) {
+            return Err(in_rule(
+                "refusal needs a limit rule with limit and window: it is what that limit's 429 says".to_owned(),
+            ));
+        }
         Ok(Self {
             name: raw.name,
             path: raw.path,
@@ -1164,6 +1252,7 @@ impl TryFrom<RawRule> for Rule {
             escalate: raw.escalate,
             count_when,
             concurrency,
+            refusal: raw.refusal,
         })
     }
 }
@@ -1407,6 +1496,18 @@ impl ProxyConfig {
              does not answer, each agent enforces its share of every limit instead of letting every request \
              through; set it to \"local\" to keep this, or to \"allow\" or \"deny\""
                 .to_owned()
+        })
+    }
+
+    /// The `refusal` a 429 carries when the policies `violated` (rules, then the plan
+    /// of the key the request proved, `plan`) refused it: the first of them that has
+    /// one. A refusing policy that is no rule is the plan's.
+    #[must_use]
+    pub fn refusal_advice(&self, violated: &[String], plan: Option<&str>) -> Option<&RefusalAdvice> {
+        let plan = plan.and_then(|plan| self.plans.get(plan));
+        violated.iter().find_map(|name| match self.rules.iter().find(|rule| rule.name == *name) {
+            Some(rule) => rule.refusal.as_ref(),
+            None => plan?.refusal.as_ref(),
         })
     }
 

@@ -183,6 +183,28 @@ fn a_redis_store_refuses_limits_beyond_exact_lua_arithmetic() {
     parse(&format!("{PROXY}{plan}")).expect("the memory store takes it");
 }
 
+/// The kernel allocates an LRU map whole when it is created: a size beyond what a
+/// small host's memory holds is refused by name and line, one past the bound as any.
+#[test]
+fn map_sizes_beyond_their_stated_bounds_are_refused_naming_key_and_line() {
+    let at_bound = XDP.replace("[xdp.limit]", "max_sources = 8_388_608\n[xdp.limit]")
+        + "[xdp.aggregate]\nmax_prefixes = 2_097_152\n[xdp.verified]\nmax = 2_097_152\n";
+    let xdp = parse(&at_bound).expect("every size at its bound").xdp.expect("xdp");
+    assert_eq!(
+        (xdp.max_sources.get(), xdp.aggregate.max_prefixes.get(), xdp.verified.max.get()),
+        (8_388_608, 2_097_152, 2_097_152)
+    );
+    for (from, to, line, key, bound) in [
+        ("max_sources = 8_388_608", "max_sources = 8_388_609", 3, "xdp.max_sources", "8388608"),
+        ("max_prefixes = 2_097_152", "max_prefixes = 4_000_000_000", 8, "xdp.aggregate.max_prefixes", "2097152"),
+        ("max = 2_097_152", "max = 2_097_153", 10, "xdp.verified.max", "2097152"),
+    ] {
+        let (at, named, message) = refusal(&at_bound.replace(from, to));
+        assert_eq!((at, named.as_str()), (line, key), "{message}");
+        assert!(message.contains(&format!("above the most of {bound}")), "{message}");
+    }
+}
+
 #[test]
 fn spoofing_defences_are_off_by_default_and_parse_when_set() {
     let xdp = parse(XDP).expect("minimal").xdp.expect("xdp");
@@ -1157,4 +1179,71 @@ fn costs_parse_on_rules_and_plans_and_name_their_mistakes() {
     let (line, key, message) = refusal(&format!("{PROXY}[proxy.plans.free]\nlimit = 4\nwindow = \"1m\"\ncost = 5\n"));
     assert_eq!((line, key.as_str()), (4, "proxy.plans.free"), "{message}");
     assert!(message.contains("cost = 5 is more than the 4 units"), "{message}");
+}
+
+#[test]
+fn a_refusal_takes_a_detail_and_an_absolute_http_link() {
+    let text = format!(
+        "{PROXY}[proxy.plans.free]\nlimit = 10\nwindow = \"1m\"\n\
+         refusal = {{ detail = \"Buy more.\", link = \"https://example.com/upgrade?plan=pro\" }}\n"
+    );
+    let proxy = parse(&text).expect("a refusal").proxy.expect("proxy");
+    let advice = proxy.plans["free"].refusal.as_ref().expect("the plan's refusal");
+    assert_eq!(
+        (advice.detail.as_deref(), advice.link.as_deref()),
+        (Some("Buy more."), Some("https://example.com/upgrade?plan=pro"))
+    );
+    for (bad, why) in [
+        ("ftp://example.com/", "absolute http"),
+        ("/upgrade", "absolute http"),
+        ("https://example.com/a b", "visible ASCII"),
+        ("https://example.com/\\r\\nSet-Cookie: x=1", "visible ASCII"),
+        ("https://example.com/<x>", "visible ASCII"),
+    ] {
+        let text = format!(
+            "{PROXY}[[proxy.rules]]\nname = \"r\"\nkey = \"ip\"\nlimit = 1\nwindow = \"1m\"\n\
+             refusal = {{ link = \"{bad}\" }}\n"
+        );
+        let (line, key, message) = refusal(&text);
+        assert_eq!(key, "proxy.rules[0].refusal", "{bad}");
+        assert_eq!(line, text.lines().position(|l| l.starts_with("refusal")).expect("its line") + 1, "{bad}");
+        assert!(message.contains(why), "{bad}: {message}");
+    }
+    let empty = format!("{PROXY}[proxy.plans.free]\nlimit = 10\nwindow = \"1m\"\nrefusal = {{}}\n");
+    assert!(refusal(&empty).2.contains("needs a detail or a link"));
+    let deny = format!("{PROXY}[[proxy.rules]]\nname = \"d\"\naction = \"deny\"\nrefusal = {{ detail = \"no\" }}\n");
+    assert!(refusal(&deny).2.contains("refusal needs a limit rule"));
+}
+
+#[test]
+fn retry_after_jitter_is_a_share_below_one() {
+    let proxy = parse(&format!("{PROXY}retry_after_jitter = 0.1\n")).expect("jitter").proxy.expect("proxy");
+    assert!((proxy.retry_after_jitter - 0.1).abs() < f64::EPSILON);
+    assert_eq!(parse(PROXY).expect("default").proxy.expect("proxy").retry_after_jitter, 0.0);
+    for bad in ["1.0", "-0.1", "2"] {
+        let (_, key, message) = refusal(&format!("{PROXY}retry_after_jitter = {bad}\n"));
+        assert_eq!(key, "proxy.retry_after_jitter", "{bad}");
+        assert!(message.contains("less than 1"), "{bad}: {message}");
+    }
+}
+
+#[test]
+fn a_security_log_takes_a_path_or_a_syslog_socket() {
+    use crate::agent::SecurityLogFormat;
+    let text = "[agent.security_log]\npath = \"/var/log/limiter/security.cef\"\nformat = \"cef\"\nsyslog = \"unix:///dev/log\"\n";
+    let log = parse(text).expect("both").agent.security_log.expect("the section");
+    assert_eq!(log.format, SecurityLogFormat::Cef);
+    assert_eq!(log.syslog.as_deref(), Some(Path::new("/dev/log")));
+    let syslog_only = parse("[agent.security_log]\nsyslog = \"unix:///dev/log\"\n").expect("syslog alone");
+    assert_eq!(syslog_only.agent.security_log.expect("the section").format, SecurityLogFormat::Json);
+    for (bad, why) in [
+        ("format = \"json\"\n", "needs a path, a syslog socket"),
+        ("syslog = \"udp://10.0.0.1:514\"\n", "unix:///absolute/path"),
+        ("path = \"security.log\"\n", "must be absolute"),
+    ] {
+        let (line, key, message) = refusal(&format!("[agent.security_log]\n{bad}"));
+        assert_eq!((line, key.as_str()), (1, "agent.security_log"), "{bad}");
+        assert!(message.contains(why), "{bad}: {message}");
+    }
+    assert!(refusal("[agent.security_log]\npath = \"/x\"\nformat = \"xml\"\n").2.contains("unknown variant"));
 }

@@ -9,7 +9,7 @@ use std::{
 use ipnet::IpNet;
 use limiter_common::{
     bucket::{MAX_PER_SECOND, Rate},
-    maps::MAX_SYN_PORTS,
+    maps::{MAX_SYN_PORTS, Sizing},
 };
 use serde::Deserialize;
 
@@ -614,6 +614,25 @@ impl XdpConfig {
 
     /// Checks across rules that serde cannot see one record at a time.
     pub(super) fn validate(&self) -> Result<(), (String, String)> {
+        for sizing in Sizing::ALL {
+            let asked = match sizing {
+                Sizing::MaxSources => self.max_sources,
+                Sizing::MaxPrefixes => self.aggregate.max_prefixes,
+                Sizing::MaxVerified => self.verified.max,
+            };
+            if asked.get() > sizing.max_entries() {
+                return Err((
+                    format!("xdp.{}", sizing.key()),
+                    format!(
+                        "{asked} is above the most of {}: the kernel allocates the whole map when it is created, \
+                         about {} bytes an entry, and this bound keeps it within {} MiB",
+                        sizing.max_entries(),
+                        sizing.entry_bytes(),
+                        sizing.budget_bytes() >> 20
+                    ),
+                ));
+            }
+        }
         if self.verified.ttl.0.is_zero() {
             return Err((
                 "xdp.verified.ttl".to_owned(),

@@ -66,6 +66,9 @@ pub struct AgentStats {
     pub attached: Vec<crate::xdp::Attachment>,
     pub reloads: Reloads,
     pub escalation: EscalationStats,
+    /// `[agent.security_log]`'s lines and suppressed events.
+    #[serde(default)]
+    pub security_log: crate::security_log::SecurityLogStats,
     /// `None`: the agent runs without `[proxy]`.
     pub proxy: Option<crate::proxy::ProxyStats>,
 }

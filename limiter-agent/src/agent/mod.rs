@@ -34,6 +34,7 @@ use crate::{
     fleet::Fleet,
     metrics::{AgentGauges, MetricsSources},
     proxy::{Proxy, Serving},
+    security_log::{SecurityEvent, SecurityLog},
     signature::KeySecrets,
 };
 
@@ -85,6 +86,8 @@ pub enum AgentError {
     Proxy(#[from] crate::proxy::ProxyError),
     #[error("escalation: {0}")]
     Fleet(#[from] crate::fleet::FleetError),
+    #[error("agent.security_log: {0}")]
+    SecurityLog(#[source] std::io::Error),
     #[error("metrics endpoint {addr}: {source}")]
     Metrics {
         addr: std::net::SocketAddr,
@@ -137,6 +140,8 @@ pub struct Agent {
     lock: lock::AgentLock,
     /// With both: the proxy marks the peer of every request it serves verified.
     verifier: Option<Arc<crate::xdp::Verifier>>,
+    /// `[agent.security_log]`, kept across reloads (off while the config has none).
+    security: Arc<SecurityLog>,
 }
 
 /// What escalation runs on: the proxy's counter, the blocks it asks for, and the
@@ -156,6 +161,7 @@ impl Agent {
     /// Puts `config` in force: loads and attaches the kernel layer, binds the proxy.
     pub async fn start(config_path: PathBuf, loaded: LoadedConfig, lock: lock::AgentLock) -> Result<Self, AgentError> {
         let LoadedConfig { config, secrets } = loaded;
+        let security = SecurityLog::start(config.agent.security_log.as_ref()).map_err(AgentError::SecurityLog)?;
         let xdp = match &config.xdp {
             Some(xdp) => Some(XdpRuntime::start(&config, xdp)?),
             None => None,
@@ -164,14 +170,28 @@ impl Agent {
             Some(proxy) => Some(ProxyRuntime::start(proxy, &secrets).await?),
             None => None,
         };
+        if let Some(runtime) = &proxy {
+            runtime.proxy.log_security_to(Arc::clone(&security));
+        }
         let gauges = Arc::<AgentGauges>::default();
         let escalation = match (&proxy, &xdp) {
             (Some(runtime), Some(_)) => Some(EscalationRuntime::start(&config, &runtime.proxy, &gauges)),
             _ => None,
         };
         let applied = std::fs::read_to_string(&config_path).ok().map(|text| watch::state(&text, &config));
-        let mut agent =
-            Self { config_path, config, secrets, applied, xdp, proxy, gauges, escalation, verifier: None, lock };
+        let mut agent = Self {
+            config_path,
+            config,
+            secrets,
+            applied,
+            xdp,
+            proxy,
+            gauges,
+            escalation,
+            verifier: None,
+            lock,
+            security,
+        };
         agent.connect_verifier()?;
         agent.publish_attachments();
         Ok(agent)
@@ -207,6 +227,7 @@ impl Agent {
             pin_dir: self.config.agent.pin_dir.clone(),
             agent: self.gauges.clone(),
             proxy: self.proxy.as_ref().map(|p| p.proxy.clone()),
+            security_log: Arc::clone(&self.security),
         }
     }
 
@@ -246,6 +267,12 @@ impl Agent {
         let LoadedConfig { config: new, secrets } = LoadedConfig::parse(&text, path)?;
         let mut changes = reload::changes(&self.config, &new);
         reload::check_restartless(&changes)?;
+        // Opened before anything is applied, so that a path it cannot open refuses the
+        // reload; put in place once the rest is.
+        let security = self
+            .security
+            .prepare(new.agent.security_log.as_ref())
+            .map_err(|error| ReloadError::SecurityLog(error.to_string()))?;
         // Escalation is wired to the proxy and the kernel layer when the agent starts.
         if self.escalation.is_none() && new.proxy.is_some() && new.escalation.as_ref().is_some_and(|e| e.enabled) {
             return Err(ReloadError::NeedsRestart("escalation (the agent started without [xdp])".to_owned()));
@@ -278,6 +305,7 @@ impl Agent {
         if let Some(escalation) = &self.escalation {
             escalation.escalator.reconfigure(&new);
         }
+        self.security.install(security);
         self.config = new;
         self.secrets = secrets;
         if let Err(error) = self.connect_verifier() {
@@ -375,15 +403,28 @@ impl Agent {
             Some(Err(refused)) => {
                 self.gauges.blocks_refused.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%refused, local = escalation.local, "escalated block refused");
+                if !escalation.local {
+                    self.security.record(&SecurityEvent::fleet_block_refused(escalation.cidr, refused.reason()));
+                }
                 return;
             }
             Some(Ok(admitted)) => admitted,
             None => escalation,
         };
         let Escalation { cidr, ttl, local } = escalation;
+        if local {
+            self.security.record(&SecurityEvent::escalation_block(cidr, ttl));
+        }
         match xdp.kernel.maps_mut().block(cidr, Some(ttl)) {
-            Ok(()) if local => tracing::warn!(%cidr, ?ttl, "source blocked: too many rejections"),
-            Ok(()) => tracing::info!(%cidr, ?ttl, "source blocked: escalated by another agent"),
+            Ok(()) => {
+                if local {
+                    tracing::warn!(%cidr, ?ttl, "source blocked: too many rejections");
+                } else {
+                    tracing::info!(%cidr, ?ttl, "source blocked: escalated by another agent");
+                }
+                let by = if local { "escalation" } else { "fleet" };
+                self.security.record(&SecurityEvent::kernel_block(cidr, Some(ttl), by));
+            }
             Err(error) => {
                 self.gauges.block_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(%cidr, %error, "cannot block an escalated source");
@@ -421,6 +462,7 @@ impl Agent {
                 blocks_refused: gauges.blocks_refused.load(Ordering::Relaxed),
                 block_failures: gauges.block_failures.load(Ordering::Relaxed),
             },
+            security_log: self.security.stats(),
             proxy: self.proxy.as_ref().map(|p| p.proxy.stats()),
         }
     }

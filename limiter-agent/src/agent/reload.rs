@@ -25,6 +25,8 @@ pub enum ReloadError {
     Xdp(#[from] crate::xdp::XdpError),
     #[error("applying the proxy failed: {0}")]
     Proxy(String),
+    #[error("agent.security_log: {0}")]
+    SecurityLog(String),
     #[error(transparent)]
     Lock(#[from] super::lock::LockError),
 }

@@ -54,7 +54,7 @@ struct Refused {
 
 /// One bucket's entry: the identity's length first, so that no two (policy, key)
 /// pairs share one.
-fn entry(bucket: &Bucket<'_>) -> String {
+pub(super) fn entry(bucket: &Bucket<'_>) -> String {
     format!("{}:{}:{}", bucket.policy.len(), bucket.policy, bucket.key)
 }
 

@@ -8,6 +8,7 @@
 //! then follows `store_failure` and counts the decision ([`Stores::count_failure`]).
 
 mod first_tier;
+mod last_known;
 mod redis;
 
 use std::{
@@ -32,9 +33,9 @@ use crate::{
     fleet::{Fleet, FleetError},
 };
 
-pub(crate) use self::first_tier::FirstTier;
 pub(crate) use self::redis::{RedisClaim, RedisIdempotency, RedisReplay};
 pub use self::redis::{RedisStore, TimeSource};
+pub(crate) use self::{first_tier::FirstTier, last_known::LastKnown};
 
 /// One store, in memory or in Redis.
 #[derive(Debug)]
@@ -65,6 +66,8 @@ pub(crate) struct Stores {
     fleet: Option<Fleet>,
     /// With Redis, the buckets it refused, answered here until they admit again.
     first_tier: Option<FirstTier>,
+    /// With Redis, what it last said each bucket had left, for the local fallback.
+    last_known: Option<LastKnown>,
     /// Agents of the fleet the last heartbeat counted (this one alone until then).
     agents: Arc<AtomicU32>,
     /// The limits' buckets while Redis is away under `store_failure = "local"`, made
@@ -120,6 +123,7 @@ impl Stores {
             replay,
             idempotency,
             first_tier: fleet.as_ref().map(|_| FirstTier::default()),
+            last_known: fleet.as_ref().map(|_| LastKnown::default()),
             fleet,
             agents: Arc::new(AtomicU32::new(1)),
             local: OnceLock::new(),
@@ -237,6 +241,11 @@ impl Stores {
     /// where the store is this agent's own.
     pub(crate) fn first_tier(&self) -> Option<&FirstTier> {
         self.first_tier.as_ref()
+    }
+
+    /// With Redis, what it last said each bucket had left; `None` in memory.
+    pub(crate) fn last_known(&self) -> Option<&LastKnown> {
+        self.last_known.as_ref()
     }
 
     /// Requests refused by [`Self::first_tier`] without asking Redis, since the start.

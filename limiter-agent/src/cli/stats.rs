@@ -10,6 +10,7 @@ use crate::{
     agent::{AgentStats, EscalationStats, Reloads, Request, Response, admin},
     config::Config,
     proxy::ProxyStats,
+    security_log::SecurityLogStats,
     xdp::{KernelMaps, XdpStats},
 };
 
@@ -41,6 +42,9 @@ pub struct AgentStatus {
     pub reloads: Option<Reloads>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub escalation: Option<EscalationStats>,
+    /// `[agent.security_log]`'s counts, by [`crate::security_log::LogCount`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub security_log: Option<SecurityLogStats>,
 }
 
 /// What `limiter stats --json` prints.
@@ -55,14 +59,21 @@ pub fn collect(config: &Config) -> Result<StatsReport, CliError> {
         _ => None,
     };
     Ok(match agent {
-        Some(AgentStats { reloads, escalation, proxy, .. }) => StatsReport {
+        Some(AgentStats { reloads, escalation, proxy, security_log, .. }) => StatsReport {
             xdp,
             proxy,
-            agent: AgentStatus { running: true, reloads: Some(reloads), escalation: Some(escalation) },
+            agent: AgentStatus {
+                running: true,
+                reloads: Some(reloads),
+                escalation: Some(escalation),
+                security_log: Some(security_log),
+            },
         },
-        None => {
-            StatsReport { xdp, proxy: None, agent: AgentStatus { running: false, reloads: None, escalation: None } }
-        }
+        None => StatsReport {
+            xdp,
+            proxy: None,
+            agent: AgentStatus { running: false, reloads: None, escalation: None, security_log: None },
+        },
     })
 }
 
@@ -212,6 +223,7 @@ mod tests {
         agent::{EscalationStats, Reloads},
         limits::{PolicyCounts, engine::PolicyKind},
         proxy::{AdaptiveStats, ProxyStats},
+        security_log::{LogCount, SecurityLogStats},
         xdp::{
             AttachedMode, Attachment, CounterSnapshot, XdpStats,
             stats::{BlockRow, BudgetRow, SourceCount},
@@ -247,7 +259,7 @@ mod tests {
                 verified: SourceCount { tracked: 1, capacity: 65_536 },
             }),
             proxy: None,
-            agent: AgentStatus { running: false, reloads: None, escalation: None },
+            agent: AgentStatus { running: false, reloads: None, escalation: None, security_log: None },
         }
     }
 
@@ -324,6 +336,7 @@ mod tests {
             running: true,
             reloads: Some(Reloads::default()),
             escalation: Some(EscalationStats::default()),
+            security_log: None,
         };
         let table = render(&without_proxy, None, 0.0);
         assert!(table.ends_with("proxy: not configured\n"), "{table}");
@@ -357,11 +370,17 @@ mod tests {
                 running: true,
                 reloads: Some(Reloads { ok: 2, rejected: 1, last_unix: 1_700_000_000 }),
                 escalation: Some(EscalationStats { blocks_refused: 0, block_failures: 0 }),
+                security_log: Some(SecurityLogStats(
+                    LogCount::ALL.iter().zip([7, 1, 40]).map(|(c, n)| (c.name().to_owned(), n)).collect(),
+                )),
             },
         };
         assert_eq!(
             json(&running, false).expect("json"),
-            r#"{"agent":{"escalation":{"block_failures":0,"blocks_refused":0},"reloads":{"last_unix":1700000000,"ok":2,"rejected":1},"running":true},"proxy":null,"xdp":null}"#
+            concat!(
+                r#"{"agent":{"escalation":{"block_failures":0,"blocks_refused":0},"reloads":{"last_unix":1700000000,"ok":2,"rejected":1},"running":true,"#,
+                r#""security_log":{"dropped":1,"suppressed":40,"written":7}},"proxy":null,"xdp":null}"#
+            )
         );
     }
 }

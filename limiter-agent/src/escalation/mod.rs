@@ -134,6 +134,17 @@ pub enum BlockRefused {
     Protected(IpNet, IpNet),
 }
 
+impl BlockRefused {
+    /// The security log's `reason`.
+    #[must_use]
+    pub const fn reason(self) -> &'static str {
+        match self {
+            Self::NotOneSource(_) => "not_one_source",
+            Self::Protected(..) => "protected",
+        }
+    }
+}
+
 impl Settings {
     fn new(config: &Config) -> Self {
         let escalation = config.escalation.as_ref().filter(|e| e.enabled);

@@ -67,7 +67,7 @@ use limiter_core::{
     Clock, CostFrom, LimitSpec,
     carried::{self, BodyFormat},
     jwt::Claims,
-    limits::{Bucket, Charge, Debit, Outcome, Outcomes, Quota, Refund},
+    limits::{Bucket, Charge, Debit, MemoryStore, Outcome, Outcomes, Quota, Refund},
 };
 
 use super::observe::{Observation, Peaks, Usage};
@@ -1211,6 +1211,9 @@ impl<C: Clock> Engine<C> {
                     let refundable: Vec<bool> = counted.iter().map(|c| c.policy.count_when.is_some()).collect();
                     tier.note(&buckets, &outcomes, &refundable, now);
                 }
+                if let Some(known) = self.stores.last_known() {
+                    known.note(&buckets, &outcomes, now);
+                }
                 Some(Applied { outcomes, local: None })
             }
             Err(error) => {
@@ -1230,10 +1233,32 @@ impl<C: Clock> Engine<C> {
                     .zip(&shares)
                     .map(|(Counting { policy, key, .. }, spec)| Bucket { policy: &policy.identity, key, spec })
                     .collect();
-                let outcomes = local.apply(&buckets, self.clock.now(), charge);
+                let now = self.clock.now();
+                if let Some(known) = self.stores.last_known() {
+                    for bucket in &buckets {
+                        if let Some(remaining) = known.take(bucket, now) {
+                            seed(local, bucket, remaining.div_ceil(u64::from(agents)), now);
+                        }
+                    }
+                }
+                let outcomes = local.apply(&buckets, now, charge);
                 Some(Applied { outcomes, local: Some(shares) })
             }
         }
+    }
+}
+
+/// Charges `bucket` (an agent's share) in `local` with what the fleet had spent of
+/// it, the share's capacity less `remaining` (units, as a cost counts them), in one
+/// post-paid charge, and never past empty: a key spent in Redis starts its fallback
+/// spent, not full (one left from an earlier outage only the emptier). Once a key an
+/// outage.
+fn seed(local: &MemoryStore, bucket: &Bucket<'_>, remaining: u64, now: Duration) {
+    let spent = u64::from(bucket.spec.capacity().get()).saturating_sub(remaining);
+    let left = local.apply(std::slice::from_ref(bucket), now, Charge::Nothing)[0].before.remaining;
+    let units = u32::try_from(spent.min(left)).unwrap_or(u32::MAX);
+    if units > 0 {
+        let _charged = local.debit(&[Debit { bucket: *bucket, units }], now);
     }
 }
 

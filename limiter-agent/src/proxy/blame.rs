@@ -121,7 +121,7 @@ mod tests {
     }
 
     fn over_limit(own_bucket: bool) -> Refusal {
-        Refusal::QuotaExceeded { violated: Vec::new(), retry_after: Duration::from_secs(1), own_bucket }
+        Refusal::QuotaExceeded { violated: Vec::new(), retry_after: Duration::from_secs(1), own_bucket, advice: None }
     }
 
     fn concurrency(own_bucket: bool) -> Refusal {

@@ -125,6 +125,12 @@ impl<'s> Exchange<'s> {
         &self.snapshot.config
     }
 
+    /// The plan of the key it proved so far.
+    pub(super) fn plan(&self) -> Option<&'s str> {
+        let snapshot = self.snapshot;
+        self.proof.key_id().and_then(|id| snapshot.key(id)).map(|key| key.plan.as_str())
+    }
+
     /// What rules and the limits see of it, with the key it proved so far.
     pub(super) fn info(&self) -> RequestInfo<'_> {
         RequestInfo {

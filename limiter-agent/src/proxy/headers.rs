@@ -4,7 +4,13 @@
 //! allows: every policy by name (`full`), the most restrictive one under the neutral
 //! name [`NEUTRAL_NAME`] (`minimal`), or nothing (`none`).
 
-use std::{cmp::Reverse, fmt::Write as _, time::Duration};
+use std::{
+    cmp::Reverse,
+    fmt::Write as _,
+    hash::{BuildHasher as _, RandomState},
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -22,6 +28,47 @@ static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// Whole seconds, rounded up: a client that waits this long finds capacity back.
 pub(super) fn ceil_secs(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+/// `proxy.retry_after_jitter`'s random draws: splitmix64 over a counter, seeded once,
+/// so that workers share it without a lock (a retry's second is no secret).
+#[derive(Debug)]
+pub(super) struct Spread(AtomicU64);
+
+/// splitmix64's step.
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+impl Spread {
+    /// Draws that follow from `seed`, for the tests.
+    pub(super) fn seeded(seed: u64) -> Self {
+        Self(AtomicU64::new(seed))
+    }
+
+    /// Seeded from the process's random hash keys.
+    pub(super) fn random() -> Self {
+        Self::seeded(RandomState::new().hash_one(0u8))
+    }
+
+    /// A draw in `[0, 1)`.
+    fn unit(&self) -> f64 {
+        let mut z = self.0.fetch_add(GOLDEN, Ordering::Relaxed).wrapping_add(GOLDEN);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        // The top 53 bits, exactly representable.
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// `retry_after` moved at random by up to `share` of itself either way, never
+    /// below a second; `share = 0`: as it is. Only `Retry-After` is spread: the reset
+    /// headers say when a window turns, which is a fact, not advice.
+    pub(super) fn retry_after(&self, retry_after: Duration, share: f64) -> Duration {
+        if share == 0.0 {
+            return retry_after;
+        }
+        let factor = 1.0 + share * (2.0 * self.unit() - 1.0);
+        retry_after.mul_f64(factor).max(Duration::from_secs(1))
+    }
 }
 
 /// Adds the headers for the policies that counted a request; none if none did.
@@ -138,6 +185,22 @@ mod tests {
 
     fn header<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
         headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("<absent>")
+    }
+
+    #[test]
+    fn retry_after_jitter_stays_within_its_share_and_above_a_second() {
+        let spread = Spread::seeded(7);
+        let draws: Vec<Duration> = (0..1000).map(|_| spread.retry_after(Duration::from_secs(60), 0.1)).collect();
+        assert!(draws.iter().all(|d| (54.0..=66.0).contains(&d.as_secs_f64())), "{draws:?}");
+        let seconds: std::collections::BTreeSet<u64> = draws.iter().map(|d| ceil_secs(*d)).collect();
+        assert!(seconds.len() >= 10, "spread over the whole band: {seconds:?}");
+        assert!(seconds.first().is_some_and(|&s| s <= 55) && seconds.last().is_some_and(|&s| s >= 65), "{seconds:?}");
+        // The same seed draws the same.
+        let again = Spread::seeded(7);
+        assert_eq!(again.retry_after(Duration::from_secs(60), 0.1), draws[0]);
+        // Never below a second; no jitter, no change.
+        assert!((0..100).all(|_| spread.retry_after(Duration::from_millis(1050), 0.5) >= Duration::from_secs(1)));
+        assert_eq!(spread.retry_after(Duration::from_millis(300), 0.0), Duration::from_millis(300));
     }
 
     #[test]

@@ -237,6 +237,12 @@ impl<C: Clock + Clone> Proxy<C> {
         self.pipeline.escalate_to(escalator);
     }
 
+    /// Writes this proxy's security events (signatures refused, scopes, `deny`
+    /// rules) to `log`; only the first call counts.
+    pub fn log_security_to(&self, log: Arc<crate::security_log::SecurityLog>) {
+        self.pipeline.log_security_to(log);
+    }
+
     /// Tells `hook` the peer of every request served from now on; only the first
     /// call counts.
     pub(crate) fn on_served(&self, hook: Arc<dyn ServedHook>) {

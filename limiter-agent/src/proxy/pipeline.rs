@@ -43,7 +43,7 @@ use super::{
     exchange::{Exchange, Proof},
     forward::{Origin, Upstream, UpstreamUpgrade},
     gates::{Class, Gate, GateBounds, GateKind, Gates, Held, NO_SHARES, ShareTable, Shed},
-    headers::{self, ConcurrencyStatus},
+    headers::{self, ConcurrencyStatus, Spread},
     heavy::{Client, ClientRow, HeavyClients},
     idempotent,
     idle::Timeouts,
@@ -61,7 +61,7 @@ use limiter_core::{
     signature::{
         Authenticated, Begin, Failure, SignedRequest,
         idempotency::{self, IDEMPOTENCY_KEY_HEADER, MAX_IDEMPOTENCY_KEY_BYTES},
-        verify::SIGNATURE_HEADER,
+        verify::{API_KEY_HEADER, SIGNATURE_HEADER},
     },
 };
 
@@ -70,7 +70,9 @@ use crate::{
     config::{
         ProxyConfig,
         count_when::Answer,
-        proxy::{DEFAULT_QUEUE_TIMEOUT, Disclose, Http2Config, KEYLESS_PRIORITY, KEYLESS_SHARE, ProxyProtocol},
+        proxy::{
+            DEFAULT_QUEUE_TIMEOUT, Disclose, Http2Config, KEYLESS_PRIORITY, KEYLESS_SHARE, KeyAuth, ProxyProtocol,
+        },
     },
     escalation::Escalator,
     fleet::FleetError,
@@ -78,6 +80,7 @@ use crate::{
         Decision, Engine, Holder, Owed, PolicyStatus, Refundable, RequestInfo, Screened, Verdict, VerdictKind,
         engine::{Gated, PolicyKind},
     },
+    security_log::{SecurityEvent, SecurityLog, shown_key_id},
     signature::{BodyError, KeySecrets, read_body_hashed},
     tls::ServerTls,
 };
@@ -156,6 +159,8 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     escalator: OnceLock<Arc<Escalator<C>>>,
     /// Set by the agent when it runs the kernel layer too.
     served: OnceLock<Arc<dyn ServedHook>>,
+    /// `[agent.security_log]`, set by the agent.
+    security: OnceLock<Arc<SecurityLog>>,
     max_stored_body: usize,
     counters: Counters,
     connections: Arc<Connections>,
@@ -174,6 +179,8 @@ pub(super) struct Pipeline<C: Clock + Clone> {
     /// `proxy.decision_log`, opened at start.
     decision_log: Option<DecisionLog>,
     heavy: HeavyClients,
+    /// `proxy.retry_after_jitter`'s draws.
+    spread: Spread,
 }
 
 impl<C: Clock + Clone> Pipeline<C> {
@@ -190,11 +197,13 @@ impl<C: Clock + Clone> Pipeline<C> {
         Ok(Self {
             decision_log,
             heavy: HeavyClients::default(),
+            spread: Spread::random(),
             engine: Arc::new(Engine::new(&config, clock.clone(), Arc::clone(&stores))),
             stores,
             clock,
             escalator: OnceLock::new(),
             served: OnceLock::new(),
+            security: OnceLock::new(),
             max_stored_body: config.signature.idempotency_max_body_bytes,
             upstream_permits: Arc::new(Semaphore::new(config.max_upstream_connections.get())),
             adaptive: Adaptive::new(config.adaptive.as_ref()),
@@ -331,6 +340,18 @@ impl<C: Clock + Clone> Pipeline<C> {
     /// Sends this proxy's rejections to `escalator`; only the first call counts.
     pub(super) fn escalate_to(&self, escalator: Arc<Escalator<C>>) {
         let _ = self.escalator.set(escalator);
+    }
+
+    /// Writes security events to `log`; only the first call counts.
+    pub(super) fn log_security_to(&self, log: Arc<SecurityLog>) {
+        let _ = self.security.set(log);
+    }
+
+    /// Writes `event` to the security log, if the agent gave one.
+    fn security_event(&self, event: impl FnOnce() -> SecurityEvent) {
+        if let Some(log) = self.security.get() {
+            log.record(&event());
+        }
     }
 
     /// Tells `hook` the peer of every request served; only the first call counts.
@@ -558,7 +579,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         };
         let decision = self.decide(&exchange).await;
         let disclose = snapshot.disclose(exchange.proof.key_id());
-        let acted = self.act(snapshot, &decision, disclose).await;
+        let acted = self.act(snapshot, &decision, (disclose, exchange.plan())).await;
         // After the limits and their delay: a request they refuse never queues.
         let gated = match &acted {
             Ok(()) => self.pass_gates(&exchange, &decision).await,
@@ -610,7 +631,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         if gates.is_empty() {
             return Ok(passage);
         }
-        let plan = exchange.proof.key_id().and_then(|id| exchange.snapshot.key(id)).map(|key| key.plan.as_str());
+        let plan = exchange.plan();
         let priority = plan.and_then(|plan| config.plans.get(plan)).map_or(KEYLESS_PRIORITY, |plan| plan.priority);
         let class = Class::from(plan.unwrap_or(KEYLESS_SHARE));
         let waiting = tokio::time::Instant::now();
@@ -742,6 +763,10 @@ impl<C: Clock + Clone> Pipeline<C> {
         let Some(scope) = snapshot.config.scope_missing(&info.seen(), key) else { return Ok(()) };
         self.engine.penalize(&info).await;
         self.heavy.record(exchange.proof.client(exchange.client), Some(&scope.name));
+        self.security_event(|| {
+            let key_id = key.map(|key| shown_key_id(&key.id, key.auth == KeyAuth::Signature));
+            SecurityEvent::scope_refused(exchange.client, &scope.name, key_id)
+        });
         let scope = (snapshot.disclose(key_id) == Disclose::Full).then(|| scope.name.clone());
         tracing::debug!(key = key_id, ?scope, "outside the key's scopes");
         Err(match key_id {
@@ -774,7 +799,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.counters.observe_decision(deciding.elapsed());
         self.account(exchange, &decision, tagged, &Ok(Passage::default()));
         let disclose = exchange.snapshot.disclose(None);
-        let refusal = self.act(exchange.snapshot, &decision, disclose).await.err()?;
+        let refusal = self.act(exchange.snapshot, &decision, (disclose, None)).await.err()?;
         Some((refusal, decision.policies))
     }
 
@@ -826,6 +851,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             });
             self.heavy.record(Client::Address(request.client), Some(rule));
             if config.enforce {
+                self.security_event(|| SecurityEvent::deny_rule(request.client, rule));
                 let named = exchange.snapshot.disclose(None) == Disclose::Full;
                 return Err(Refusal::Denied { rule: named.then(|| rule.clone()), escalates: screened.deny_escalates });
             }
@@ -877,9 +903,15 @@ impl<C: Clock + Clone> Pipeline<C> {
     }
 
     /// Carries out a decision up to forwarding: waits out a delay, or refuses, naming
-    /// the policies only if `disclose` is `full`. In shadow mode only counts what it
-    /// would have done.
-    async fn act(&self, snapshot: &Snapshot, decision: &Decision, disclose: Disclose) -> Result<(), Refusal> {
+    /// the policies only if `disclose` is `full`, with the `refusal` of the refusing
+    /// policy (`plan`: the proven key's). In shadow mode only counts what it would
+    /// have done.
+    async fn act(
+        &self,
+        snapshot: &Snapshot,
+        decision: &Decision,
+        (disclose, plan): (Disclose, Option<&str>),
+    ) -> Result<(), Refusal> {
         let config = &snapshot.config;
         let named = disclose == Disclose::Full;
         match &decision.verdict {
@@ -895,8 +927,9 @@ impl<C: Clock + Clone> Pipeline<C> {
                 let violated = if named { decision.violated.clone() } else { Vec::new() };
                 Err(Refusal::QuotaExceeded {
                     violated,
-                    retry_after: *retry_after,
+                    retry_after: self.spread.retry_after(*retry_after, config.retry_after_jitter),
                     own_bucket: decision.own_bucket_refused,
+                    advice: config.refusal_advice(&decision.violated, plan).cloned(),
                 })
             }
             Verdict::MissingKey { rule } if config.enforce => {
@@ -1044,6 +1077,13 @@ impl<C: Clock + Clone> Pipeline<C> {
             Ok(authenticated) => authenticated,
             Err(failure) => {
                 self.counters.add_signature_failure(failure.reason());
+                self.security_event(|| {
+                    let key_id = parts.headers.get(API_KEY_HEADER).and_then(|id| id.to_str().ok()).map(|id| {
+                        let signing = snapshot.key(id).is_some_and(|key| key.auth == KeyAuth::Signature);
+                        shown_key_id(id, signing)
+                    });
+                    SecurityEvent::signature_failure(exchange.client, failure.reason(), key_id)
+                });
                 // Failures count against the client's IP limits, so guessing is rate limited.
                 self.engine.penalize(&exchange.info()).await;
                 tracing::debug!(%failure, "signature refused");

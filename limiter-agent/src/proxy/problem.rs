@@ -13,6 +13,7 @@ use super::{
     gates::Shed,
     headers::ceil_secs,
 };
+use crate::config::proxy::RefusalAdvice;
 
 const PROBLEM_JSON: &str = "application/problem+json";
 const TYPE_BASE: &str = "https://limiter.dev/problems#";
@@ -20,9 +21,10 @@ const TYPE_BASE: &str = "https://limiter.dev/problems#";
 /// A request the proxy refused instead of forwarding.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum Refusal {
-    /// `own_bucket`: a bucket of the client's own refused (see [`crate::limits::engine::Holder`]).
+    /// `own_bucket`: a bucket of the client's own refused (see [`crate::limits::engine::Holder`]);
+    /// `advice`: the refusing policy's `refusal`.
     #[error("over the limit of {violated:?}")]
-    QuotaExceeded { violated: Vec<String>, retry_after: Duration, own_bucket: bool },
+    QuotaExceeded { violated: Vec<String>, retry_after: Duration, own_bucket: bool, advice: Option<RefusalAdvice> },
     /// A rule's `concurrency` for the request's key: its queue was full, or the request
     /// waited `queue_timeout`. `violated`: the rule, where `disclose = "full"`;
     /// `own_bucket`: the rule's key is the client's own.
@@ -123,6 +125,9 @@ struct Problem<'a> {
     detail: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     violated_policies: Option<&'a [String]>,
+    /// A refusing policy's `refusal.link`: where to buy more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upgrade: Option<&'a str>,
 }
 
 impl Problem<'_> {
@@ -132,6 +137,10 @@ impl Problem<'_> {
     }
 }
 
+/// The generic `detail` of a 429 over a quota, unless the refusing policy's
+/// `refusal` says what to do instead.
+const QUOTA_EXCEEDED: &str = "The request exceeds a rate limit; retry after the time in Retry-After.";
+
 /// A problem response with no other headers.
 fn problem(status: StatusCode, slug: &str, detail: &str, violated: Option<&[String]>) -> Response<ProxyBody> {
     let body = Problem {
@@ -140,8 +149,14 @@ fn problem(status: StatusCode, slug: &str, detail: &str, violated: Option<&[Stri
         status: status.as_u16(),
         detail,
         violated_policies: violated,
+        upgrade: None,
     }
     .json();
+    problem_response(status, body)
+}
+
+/// `body`, a problem's JSON, answered with `status`.
+fn problem_response(status: StatusCode, body: Bytes) -> Response<ProxyBody> {
     let mut response = Response::new(full_body(body));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
@@ -166,15 +181,27 @@ fn share_in_use(slug: &str, detail: &str, violated: Option<&[String]>) -> Respon
 impl Refusal {
     pub(super) fn into_response(self) -> Response<ProxyBody> {
         match self {
-            Self::QuotaExceeded { violated, retry_after, .. } => {
-                let mut response = problem(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "quota-exceeded",
-                    "The request exceeds a rate limit; retry after the time in Retry-After.",
+            Self::QuotaExceeded { violated, retry_after, advice, .. } => {
+                let advice = advice.as_ref();
+                let status = StatusCode::TOO_MANY_REQUESTS;
+                let body = Problem {
+                    kind: format!("{TYPE_BASE}quota-exceeded"),
+                    title: status.canonical_reason().unwrap_or("Too Many Requests"),
+                    status: status.as_u16(),
+                    detail: advice.and_then(|advice| advice.detail.as_deref()).unwrap_or(QUOTA_EXCEEDED),
                     // Empty where `disclose` hides the names.
-                    (!violated.is_empty()).then_some(&violated[..]),
-                );
-                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(ceil_secs(retry_after)));
+                    violated_policies: (!violated.is_empty()).then_some(&violated[..]),
+                    upgrade: advice.and_then(|advice| advice.link.as_deref()),
+                };
+                let mut response = problem_response(status, body.json());
+                let headers = response.headers_mut();
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(ceil_secs(retry_after)));
+                // The link was checked at load to be visible ASCII without brackets.
+                if let Some(link) = body.upgrade
+                    && let Ok(value) = HeaderValue::try_from(format!("<{link}>; rel=\"upgrade\""))
+                {
+                    headers.insert(header::LINK, value);
+                }
                 response
             }
             Self::ConcurrencyExceeded { violated, shed, .. } => {
@@ -353,6 +380,7 @@ pub(super) fn request_timeout_bytes() -> Vec<u8> {
         status: status.as_u16(),
         detail: "The request headers did not arrive in time.",
         violated_policies: None,
+        upgrade: None,
     }
     .json();
     let mut raw = format!(

@@ -49,7 +49,9 @@ pub(super) enum Event {
     UpstreamError,
     /// A TLS handshake failed or did not finish within `header_timeout`.
     TlsHandshakeFailed,
-    /// An HTTP/2 connection cut for cancelling too many requests (rapid reset).
+    /// An HTTP/2 connection cut as a flood: too many requests cancelled (rapid
+    /// reset), or h2's `ENHANCE_YOUR_CALM` (streams reset faster than taken, a head
+    /// in endless CONTINUATION frames).
     ResetFlood,
     /// A connection upgraded (a WebSocket) and relayed to the upstream.
     Upgraded,
@@ -426,7 +428,8 @@ pub struct ProxyStats {
     #[serde(default)]
     pub tls_handshake_failures: u64,
     /// HTTP/2 connections cut for cancelling requests faster than
-    /// `http2.max_resets_per_minute` (the rapid-reset attack).
+    /// `http2.max_resets_per_minute` (the rapid-reset attack), or by h2 as a flood
+    /// (streams reset faster than taken, a CONTINUATION flood).
     #[serde(default)]
     pub http2_reset_floods: u64,
     /// Connections upgraded (WebSockets) and relayed to the upstream.

@@ -122,6 +122,14 @@ impl Kernel {
     pub fn load(options: &LoadOptions) -> Result<Self, XdpError> {
         bpffs::ensure_mounted(&options.pin_dir)?;
         check_pinned_layout(options)?;
+        let pins = NewPins::before(&options.pin_dir);
+        let kernel = Self::load_pinning(options)?;
+        pins.keep();
+        Ok(kernel)
+    }
+
+    /// [`Self::load`] once the pins found are known to fit.
+    fn load_pinning(options: &LoadOptions) -> Result<Self, XdpError> {
         // aya-log checks this level before formatting anything: with logging off,
         // a log statement costs the program one load and one branch.
         let log_level: u8 = if options.log { LOG_LEVEL_INFO } else { LOG_LEVEL_OFF };
@@ -188,6 +196,44 @@ impl Kernel {
     /// the log ring buffer the program writes to.
     pub(crate) fn take_logger(&mut self) -> Option<Logger> {
         self.logger.take()
+    }
+}
+
+/// The maps a load pins that were not pinned before it: aya creates and pins them
+/// one by one, so a map the kernel refuses (too large for its memory), or a program
+/// it refuses, would leave the ones before it pinned at the sizes of a config that
+/// never ran, for the next start to trip over. Dropped before [`Self::keep`], it
+/// unpins them; maps an earlier run pinned stay, with their buckets.
+struct NewPins {
+    dir: PathBuf,
+    existed: [bool; names::ALL.len()],
+    kept: bool,
+}
+
+impl NewPins {
+    fn before(dir: &Path) -> Self {
+        Self { dir: dir.to_owned(), existed: names::ALL.map(|map| dir.join(map.name).exists()), kept: false }
+    }
+
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for NewPins {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        for (map, existed) in names::ALL.iter().zip(self.existed) {
+            let path = self.dir.join(map.name);
+            if !existed
+                && path.exists()
+                && let Err(error) = std::fs::remove_file(&path)
+            {
+                tracing::warn!(path = %path.display(), %error, "unpinning a map of the failed load failed");
+            }
+        }
     }
 }
 

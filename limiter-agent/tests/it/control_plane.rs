@@ -14,7 +14,7 @@ use limiter_common::{
 };
 use limiter_lab::{
     netns::VethNamespace,
-    support::{agent::AgentProcess, unique, xdp_lab::XdpLab},
+    support::{agent::AgentProcess, free_port, unique, xdp_lab::XdpLab},
     traffic,
 };
 
@@ -199,7 +199,14 @@ fn a_killed_agent_keeps_dropping_and_its_successor_continues_the_counts() {
 
 #[test]
 fn a_block_with_a_ttl_drops_then_lets_traffic_through_again() {
-    let lab = XdpLab::start(1, "keep_attached_on_exit = false", &limit(10_000, 10_000));
+    let security_log = std::env::temp_dir().join(format!("{}.jsonl", unique("security-block")));
+    let agent = format!("keep_attached_on_exit = false\n[agent.security_log]\npath = \"{}\"", security_log.display());
+    let lab = XdpLab::start(1, &agent, &limit(10_000, 10_000));
+    // `limiter block` and `unblock` write their security events themselves.
+    let events = || -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(&security_log).unwrap_or_default();
+        text.lines().map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}"))).collect()
+    };
     let source = lab.sources[0];
     let receiver = traffic::Receiver::bind(lab.host_ip).expect("receiver");
     // Long enough for the looks below on a loaded machine, all of them before it lapses.
@@ -207,6 +214,13 @@ fn a_block_with_a_ttl_drops_then_lets_traffic_through_again() {
     let output = lab.agent.cli(&["block", &source.to_string(), "--ttl", "3s"]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let expires = monotonic_now_ns() + u64::try_from(ttl.as_nanos()).expect("ns");
+    let blocked =
+        serde_json::json!({"event": "kernel_block", "reason": "cli", "client": source.to_string(), "ttl_s": 3});
+    let logged = events();
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    let mut first = logged[0].clone();
+    assert!(first.as_object_mut().and_then(|line| line.remove("time")).is_some_and(|t| t.is_f64()), "{first}");
+    assert_eq!(first, blocked);
     let stats = lab.agent.cli_json(&["stats", "--json"]);
     assert_eq!(stats["xdp"]["blocks"][0]["cidr"].as_str(), Some(format!("{source}/32").as_str()), "{stats}");
     assert!(stats["xdp"]["blocks"][0]["expires_in_secs"].as_u64() <= Some(ttl.as_secs()));
@@ -221,10 +235,25 @@ fn a_block_with_a_ttl_drops_then_lets_traffic_through_again() {
     lab.agent.until("the traffic to pass after the TTL", || receiver.from(source).len(), |n| *n == 50);
     let output = lab.agent.cli(&["unblock", &source.to_string()]);
     assert_eq!(output.status.code(), Some(1), "a lapsed block is gone");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    // Until unblocked, then unblocked: both logged; the lapsed block's failed unblock not.
+    assert!(lab.agent.cli(&["block", "198.51.100.0/24"]).status.success());
+    assert!(lab.agent.cli(&["unblock", "198.51.100.0/24"]).status.success());
+    let logged: Vec<(String, String, bool)> = events()
+        .iter()
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap_or("-").to_owned(),
+                e["client"].as_str().unwrap_or("-").to_owned(),
+                e["ttl_s"].is_null(),
+            )
+        })
+        .collect();
+    let cidr = "198.51.100.0/24".to_owned();
+    assert_eq!(
+        logged[1..],
+        [("kernel_block".to_owned(), cidr.clone(), true), ("kernel_unblock".to_owned(), cidr, true)]
+    );
+    let _ = std::fs::remove_file(&security_log);
 }
 
 fn http_get(addr: &str, path: &str) -> String {

@@ -35,6 +35,8 @@ struct Site {
     client: Ipv4Addr,
     proxy: SocketAddr,
     agent: AgentProcess,
+    /// `[agent.security_log]`'s file.
+    security_log: std::path::PathBuf,
 }
 
 impl Site {
@@ -48,8 +50,11 @@ impl Site {
         let host_lab = HostLab::new(&name, subnet);
         let xdp = host_lab.xdp_section();
         let HostLab { lab, client, listen: proxy, .. } = host_lab;
+        let security_log = std::path::PathBuf::from(format!("/tmp/{name}/security.jsonl"));
         let config = format!(
             r#"{agent}
+[agent.security_log]
+path = "{security_log}"
 {xdp}{xdp_rules}
 [proxy]
 listen = "{proxy}"
@@ -70,9 +75,24 @@ block_ttl = "{ttl}ms"
 "#,
             agent = agent_section(&name, "keep_attached_on_exit = false"),
             ttl = BLOCK_TTL.as_millis(),
+            security_log = security_log.display(),
         );
         let agent = AgentProcess::start(&name, &config);
-        Self { lab, client, proxy, agent }
+        Self { lab, client, proxy, agent, security_log }
+    }
+
+    /// The security log's `(event, reason, client)` of each line, once `done` holds of
+    /// them (the writer is a thread of its own).
+    fn security_events(&self, done: impl FnMut(&Vec<[String; 3]>) -> bool) -> Vec<[String; 3]> {
+        let read = || {
+            let text = std::fs::read_to_string(&self.security_log).unwrap_or_default();
+            let field = |line: &serde_json::Value, name: &str| line[name].as_str().unwrap_or("-").to_owned();
+            text.lines()
+                .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}")))
+                .map(|line: serde_json::Value| [field(&line, "event"), field(&line, "reason"), field(&line, "client")])
+                .collect()
+        };
+        self.agent.until("the security events", read, done)
     }
 
     /// One GET from the client on a new connection: its status, or `None` if the
@@ -128,6 +148,11 @@ async fn a_client_that_keeps_getting_429_is_dropped_by_xdp_on_every_agent_until_
         assert!(dropped_after < BLOCK_TTL / 2, "dropped {dropped_after:?} after crossing the threshold");
         assert!(here.blocks(&cidr), "the agent that counted blocks the client");
         there.agent.until("the other agent to block it too", || there.blocks(&cidr), |blocked| *blocked);
+        // The security log names the client (one address, not its /32).
+        let event = |event: &str, reason: &str| [event.to_owned(), reason.to_owned(), here.client.to_string()];
+        let escalated = [event("escalation_block", "too_many_rejections"), event("kernel_block", "escalation")];
+        here.security_events(|events| escalated.iter().all(|e| events.contains(e)));
+        there.security_events(|events| events.contains(&event("kernel_block", "fleet")));
 
         // After the TTL the client's packets pass again (and it is answered).
         here.agent.until("the client to be let through after the TTL", || here.get().is_some(), |passed| *passed);
@@ -223,6 +248,27 @@ action = "allow"
             stats["agent"]["escalation"]["blocks_refused"] == refused
         });
         assert!(!site.blocks("203.0.113.10/32") && !site.blocks("203.0.113.11/32"));
+        // Each block refused is an event naming it (a malformed message names none; the
+        // one published twice at once may be summarised), and the valid one a kernel block.
+        let shown = |cidr: &str| {
+            let net: IpNet = cidr.parse().expect("a CIDR");
+            if net.prefix_len() == net.max_prefix_len() { net.addr().to_string() } else { net.to_string() }
+        };
+        let expected: std::collections::BTreeSet<String> =
+            recorded.iter().chain(&published[..published.len() - 1]).map(|cidr| shown(cidr)).collect();
+        let refused_of = |events: &Vec<[String; 3]>| -> std::collections::BTreeSet<String> {
+            events.iter().filter(|e| e[0] == "fleet_block_refused").map(|e| e[2].clone()).collect()
+        };
+        let kernel_block = ["kernel_block".to_owned(), "fleet".to_owned(), "203.0.113.9".to_owned()];
+        let events = site.security_events(|events| refused_of(events) == expected && events.contains(&kernel_block));
+        let reasons = ["not_one_source", "protected"];
+        assert!(events.iter().all(|e| e[0] != "fleet_block_refused" || reasons.contains(&e[1].as_str())), "{events:?}");
+        assert!(
+            events
+                .iter()
+                .all(|e| e[0] != "fleet_block_refused" || ["not_one_source", "protected"].contains(&e[1].as_str()))
+        );
+        assert!(events.contains(&["kernel_block".into(), "fleet".into(), "203.0.113.9".into()]), "{events:?}");
         let stats = site.agent.cli_json(&["stats", "--json"]);
         let expires_in = stats["xdp"]["blocks"]
             .as_array()

@@ -396,6 +396,33 @@ async fn redis_down_denies_while_it_is_away_and_limits_resume() {
     outage("deny", StatusCode::SERVICE_UNAVAILABLE).await;
 }
 
+/// `agents` proxies of `config` on one Redis, once each one's heartbeats count them all.
+async fn fleet_of(agents: usize, config: &str, upstream: &Upstream) -> Vec<RunningProxy> {
+    let mut proxies = Vec::new();
+    for _ in 0..agents {
+        proxies.push(RunningProxy::start(config, upstream.addr).await);
+    }
+    for proxy in &proxies {
+        proxy.stats_until("the heartbeats count the fleet", |stats| stats.fleet_agents as usize == agents).await;
+    }
+    proxies
+}
+
+/// Sends `requests` of the free key, one proxy after the other; how many each
+/// admitted, every answer being 200 or 429.
+async fn admitted_in_turn(proxies: &[RunningProxy], client: &TestClient, requests: usize) -> Vec<u32> {
+    let mut admitted = vec![0; proxies.len()];
+    for i in 0..requests {
+        let reply = client.get(&proxies[i % proxies.len()].url("/api"), &[("x-api-key", "k-free")]).await;
+        match reply.status {
+            StatusCode::OK => admitted[i % proxies.len()] += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("request {i}: {other}"),
+        }
+    }
+    admitted
+}
+
 /// `store_failure = "local"`: two proxies learn from their heartbeats that the fleet
 /// is two; with Redis gone each enforces half of the 100/min plan, so that the two
 /// together admit exactly 100 of 150, not all of them and not none.
@@ -404,24 +431,10 @@ async fn redis_down_with_local_fallback_each_agent_enforces_its_share() {
     let mut redis = TestRedis::private();
     let keys = redis_keys(&redis, &unique_prefix("local"), "local");
     let upstream = Upstream::start().await;
-    let config = format!("{PROXY_HEAD}{keys}{FREE}");
-    let proxies =
-        [RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await];
-    for proxy in &proxies {
-        proxy.stats_until("the heartbeats count two agents", |stats| stats.fleet_agents == 2).await;
-    }
+    let proxies = fleet_of(2, &format!("{PROXY_HEAD}{keys}{FREE}"), &upstream).await;
 
     redis.stop();
-    let client = TestClient::default();
-    let mut admitted = [0, 0];
-    for i in 0..150 {
-        let reply = client.get(&proxies[i % 2].url("/api"), &[("x-api-key", "k-free")]).await;
-        match reply.status {
-            StatusCode::OK => admitted[i % 2] += 1,
-            StatusCode::TOO_MANY_REQUESTS => {}
-            other => panic!("request {i}: {other}"),
-        }
-    }
+    let admitted = admitted_in_turn(&proxies, &TestClient::default(), 150).await;
     assert_eq!(admitted, [50, 50], "each agent its share: 100 / 2");
     for proxy in &proxies {
         proxy
@@ -429,6 +442,58 @@ async fn redis_down_with_local_fallback_each_agent_enforces_its_share() {
                 (stats.local_decisions, stats.store_failures) == (75, 75)
             })
             .await;
+    }
+}
+
+/// `store_failure = "local"` when Redis goes away mid-window: the two proxies had
+/// spent 60 of the 100/min plan in Redis, so each starts its share (50) from what
+/// Redis last told it was left (41 after A's last request, 40 after B's), halved:
+/// together they admit 21 + 20, the 40 left and the one of rounding up, where shares
+/// started full admitted 100 more.
+#[tokio::test]
+async fn local_fallback_mid_window_starts_each_share_from_what_the_fleet_had_left() {
+    let mut redis = TestRedis::private();
+    let keys = redis_keys(&redis, &unique_prefix("mid-window"), "local");
+    let upstream = Upstream::start().await;
+    let proxies = fleet_of(2, &format!("{PROXY_HEAD}{keys}{FREE}"), &upstream).await;
+    let client = TestClient::default();
+    assert_eq!(admitted_in_turn(&proxies, &client, 60).await, [30, 30], "in Redis");
+
+    redis.stop();
+    let admitted = admitted_in_turn(&proxies, &client, 100).await;
+    assert_eq!(admitted, [21, 20], "each share from what was left: 41 / 2 and 40 / 2, rounded up");
+    for proxy in &proxies {
+        proxy.stats_until("every decision counted as local", |stats| stats.local_decisions == 50).await;
+    }
+}
+
+/// The local shares follow the agents still heartbeating: Redis refuses the limits'
+/// keys to the fleet's user (as a server can fail one kind of call and not another)
+/// while the heartbeats still count the fleet. Three agents each take a third of the
+/// 100/min plan (34); one stops, the two left count two within the heartbeats' 3 s,
+/// and each takes half (50: 16 more each).
+#[tokio::test]
+async fn local_shares_follow_the_agents_still_heartbeating() {
+    let redis = TestRedis::private();
+    let prefix = unique_prefix("shares");
+    assert_eq!(redis_cli(redis.port, &["acl", "setuser", "fleet", "on", ">pw", "+@all", "~*"]).trim(), "OK");
+    let url = format!("redis://fleet:pw@127.0.0.1:{}/", redis.port);
+    let keys = redis_keys(&redis, &prefix, "local").replace(redis.url(), &url);
+    let upstream = Upstream::start().await;
+    let mut proxies = fleet_of(3, &format!("{PROXY_HEAD}{keys}{FREE}"), &upstream).await;
+    let heartbeats = format!("~{prefix}agents");
+    let only_heartbeats = ["acl", "setuser", "fleet", "resetkeys", heartbeats.as_str()];
+    assert_eq!(redis_cli(redis.port, &only_heartbeats).trim(), "OK");
+
+    let client = TestClient::default();
+    assert_eq!(admitted_in_turn(&proxies, &client, 120).await, [34, 34, 34], "a third each, rounded up");
+    proxies.pop().expect("the third").shutdown().await;
+    for proxy in &proxies {
+        proxy.stats_until("the heartbeats count the two left", |stats| stats.fleet_agents == 2).await;
+    }
+    assert_eq!(admitted_in_turn(&proxies, &client, 60).await, [16, 16], "half each now: 50, 34 of it spent");
+    for proxy in &proxies {
+        proxy.stats_until("every decision counted as local", |stats| stats.local_decisions == 70).await;
     }
 }
 
@@ -847,12 +912,11 @@ const STORE_UNAVAILABLE: &str = "https://limiter.dev/problems#store-unavailable"
 /// Replay protection and idempotency used to follow `store_failure = "allow"`: with
 /// Redis slow or gone, a signed request was forwarded unrecorded (replayable on every
 /// agent) and an idempotent one run without its key (runnable twice). Both now fail
-/// closed with 503, while the limits still follow `store_failure`: a hung server
-/// (SIGSTOP) and a dead one.
-#[tokio::test]
-async fn signed_and_idempotent_requests_fail_closed_without_redis_even_under_allow() {
+/// closed with 503 under every `store_failure`, while the limits still follow it
+/// (`unsigned`: what an unsigned request gets): a hung server (SIGSTOP) and a dead one.
+async fn fail_closed(store_failure: &str, unsigned: StatusCode) {
     let mut redis = TestRedis::private();
-    let keys = redis_keys(&redis, &unique_prefix("fail-closed"), "allow")
+    let keys = redis_keys(&redis, &unique_prefix("fail-closed"), store_failure)
         .replace(&format!("redis_timeout = \"{}ms\"", REDIS_TIMEOUT.as_millis()), "redis_timeout = \"1s\"");
     let upstream = Upstream::start().await;
     let proxy = RunningProxy::start(&format!("{}{PER_IP}", signed_config(&keys)), upstream.addr).await;
@@ -862,8 +926,8 @@ async fn signed_and_idempotent_requests_fail_closed_without_redis_even_under_all
     let forwarded = upstream.count();
 
     let refused = |reply: &Reply, what: &str| {
-        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{what}: {:?}", reply.body);
-        assert_eq!(reply.json()["type"].as_str(), Some(STORE_UNAVAILABLE), "{what}");
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{store_failure}: {what}: {:?}", reply.body);
+        assert_eq!(reply.json()["type"].as_str(), Some(STORE_UNAVAILABLE), "{store_failure}: {what}");
     };
     redis.pause();
     refused(&send_signed(&client, &proxy, b"2", "hung", None).await, "signed, Redis hung");
@@ -872,9 +936,27 @@ async fn signed_and_idempotent_requests_fail_closed_without_redis_even_under_all
     redis.stop();
     refused(&send_signed(&client, &proxy, b"3", "dead", None).await, "signed, Redis dead");
     refused(&send_signed(&client, &proxy, b"3", "dead-idem", Some("idem-dead")).await, "idempotent, Redis dead");
-    // The limits still follow store_failure = "allow".
-    assert_eq!(client.get(&proxy.url("/"), &[]).await.status, StatusCode::OK);
-    assert_eq!(upstream.count(), forwarded + 1, "only the unsigned request went upstream");
+    // The limits still follow store_failure: the per-ip rule (3 a minute, 2 spent)
+    // has one left, in Redis as in this agent's local share.
+    assert_eq!(client.get(&proxy.url("/"), &[]).await.status, unsigned, "{store_failure}: unsigned");
+    let through = usize::from(unsigned == StatusCode::OK);
+    assert_eq!(upstream.count(), forwarded + through, "{store_failure}: only an unsigned request went upstream");
+    proxy.stats_until("every decision without Redis counted", |stats| stats.store_failures >= 4).await;
+}
+
+#[tokio::test]
+async fn signed_and_idempotent_requests_fail_closed_without_redis_even_under_allow() {
+    fail_closed("allow", StatusCode::OK).await;
+}
+
+#[tokio::test]
+async fn signed_and_idempotent_requests_fail_closed_without_redis_under_local() {
+    fail_closed("local", StatusCode::OK).await;
+}
+
+#[tokio::test]
+async fn signed_and_idempotent_requests_fail_closed_without_redis_under_deny() {
+    fail_closed("deny", StatusCode::SERVICE_UNAVAILABLE).await;
 }
 
 /// The idempotency store's own call failing, the replay cache's having succeeded (one

@@ -267,7 +267,12 @@ async fn metrics_endpoint() -> (SocketAddr, tokio::task::JoinHandle<()>) {
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind metrics");
     let addr = listener.local_addr().expect("metrics address");
-    let sources = MetricsSources { pin_dir: "/nonexistent".into(), agent: AgentGauges::default().into(), proxy: None };
+    let sources = MetricsSources {
+        pin_dir: "/nonexistent".into(),
+        agent: AgentGauges::default().into(),
+        proxy: None,
+        security_log: std::sync::Arc::default(),
+    };
     (addr, tokio::spawn(serve(listener, sources)))
 }
 

@@ -70,7 +70,9 @@ mod frames {
     pub const RST_STREAM: u8 = 0x3;
     pub const SETTINGS: u8 = 0x4;
     pub const GOAWAY: u8 = 0x7;
+    pub const CONTINUATION: u8 = 0x9;
     pub const REFUSED_STREAM: u32 = 0x7;
+    pub const ENHANCE_YOUR_CALM: u32 = 0xb;
 
     pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
         let length = u32::try_from(payload.len()).expect("a small frame").to_be_bytes();
@@ -136,6 +138,63 @@ async fn streams_past_max_concurrent_streams_are_refused_and_the_settings_say_so
     upstream.arrived(4).await;
     upstream.release(4);
     assert_eq!(upstream.count(), 4);
+}
+
+/// An HTTP/2 CONTINUATION flood: a head that never ends (HEADERS without END_HEADERS,
+/// then CONTINUATION frames, none ending it), of empty frames and of full ones. h2
+/// buffers a head until it ends, so the proxy cuts the connection with GOAWAY
+/// (ENHANCE_YOUR_CALM, counted as a flood) after a few frames, before the head passes
+/// `max_header_list_bytes`; other clients are served meanwhile and after.
+#[tokio::test]
+async fn a_continuation_flood_is_cut_with_goaway_and_other_clients_are_served() {
+    let upstream = Upstream::start().await;
+    let proxy = RunningProxy::start(PROXY_HEAD, upstream.addr).await;
+    let other = TestClient::h2c();
+    for (round, fragment) in [0usize, 16_384].into_iter().enumerate() {
+        let mut stream = TcpStream::connect(proxy.addr).await.expect("connect");
+        stream.write_all(frames::PREFACE).await.expect("preface");
+        stream.write_all(&frames::frame(frames::SETTINGS, 0, 0, &[])).await.expect("settings");
+        // `:method GET`, `:scheme http`, `:path /`, and no END_HEADERS.
+        const END_STREAM: u8 = 0x1;
+        stream.write_all(&frames::frame(frames::HEADERS, END_STREAM, 1, &[0x82, 0x86, 0x84])).await.expect("head");
+        let reply = other.get(&proxy.url("/"), &[]).await;
+        assert_eq!(reply.status, StatusCode::OK, "another client served while the head is open");
+        let (mut read, mut write) = stream.into_split();
+        let reader = tokio::spawn(async move {
+            let mut goaway = None;
+            let mut head = [0; 9];
+            while read.read_exact(&mut head).await.is_ok() {
+                let length = usize::try_from(u32::from_be_bytes([0, head[0], head[1], head[2]])).expect("length");
+                let mut payload = vec![0; length];
+                if read.read_exact(&mut payload).await.is_err() {
+                    break;
+                }
+                if head[3] == frames::GOAWAY {
+                    goaway = Some(u32::from_be_bytes(payload[4..8].try_into().expect("error code")));
+                }
+            }
+            goaway
+        });
+        // `x-a: b` again and again, literals never indexed: valid HPACK, and a header
+        // list growing with every frame.
+        let field = [0x10, 0x03, b'x', b'-', b'a', 0x01, b'b'];
+        let block: Vec<u8> = field.iter().copied().cycle().take(fragment / field.len() * field.len()).collect();
+        let continuation = frames::frame(frames::CONTINUATION, 0, 1, &block);
+        let mut sent = 0usize;
+        // A bounded flood: 16 MiB of full frames, or 100 000 empty ones.
+        while sent < 100_000 && sent * fragment < 16 << 20 && !reader.is_finished() {
+            if write.write_all(&continuation).await.is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        let goaway = tokio::time::timeout(PATIENCE, reader).await.expect("closed in time").expect("reader");
+        eprintln!("{fragment}-byte CONTINUATION frames: {sent} written before the cut");
+        assert_eq!(goaway, Some(frames::ENHANCE_YOUR_CALM), "{fragment}-byte frames: GOAWAY after {sent} sent");
+        proxy.stats_until("the cut counted", |stats| stats.http2_reset_floods == round as u64 + 1).await;
+    }
+    assert_eq!(other.get(&proxy.url("/"), &[]).await.status, StatusCode::OK, "served after the floods");
+    assert_eq!(upstream.count(), 3, "no flooded head reached the upstream");
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ use std::path::Path;
 use http::{Method, StatusCode};
 use limiter_lab::support::{
     agent::{AgentProcess, agent_section},
+    free_port,
     proxy::{PROXY_HEAD, Reply, RunningProxy, TestClient, Upstream, raw_exchange, secret_file, signed_route_config},
     unique,
 };
@@ -195,10 +196,6 @@ fn agent_config(name: &str, listen: u16, metrics: u16, upstream: &Upstream, secr
         .replace("127.0.0.1:0", &format!("127.0.0.1:{listen}"))
         .replace("{upstream}", &upstream.addr.to_string());
     format!("{}{proxy}", agent_section(name, &format!("metrics = \"127.0.0.1:{metrics}\"")))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,12 @@
 //! The agent attached to a real veth, with real UDP traffic from a namespace.
 
-use std::time::Duration;
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    time::Duration,
+};
 
+use limiter::xdp::{KernelMaps, source_key};
+use limiter_common::counters::Counter;
 use limiter_lab::{support::xdp_lab::XdpLab, traffic};
 
 const RATE: u64 = 1_000;
@@ -131,4 +136,64 @@ async fn top_watch_prints_plain_frames_with_both_layers_rates_when_not_on_a_term
     assert!(frames >= 2, "repeated frames: {frames}");
     assert!(source_seen.is_some(), "the flooding source with packets/s and drops/s");
     assert!(client_seen.is_some(), "the refused client with its rule");
+}
+
+/// The verified map filling and its entries lapsing, on a real veth: `[xdp.verified]
+/// max` entries and no more, a source verified into the full map still gets in (the
+/// least recently used make room), and once its `ttl` has passed its packets charge
+/// the aggregate again (here a 1-packet one, so that skipping it shows).
+#[test]
+fn a_full_verified_map_takes_new_sources_and_a_lapsed_entry_skips_nothing() {
+    const MAX: u64 = 256;
+    let body = format!(
+        "[xdp.limit]\npackets_per_second = 100000\nburst = 100000\n\
+         [xdp.aggregate]\npackets_per_second = 1\nburst = 1\n[xdp.verified]\nmax = {MAX}\n"
+    );
+    let mut lab = XdpLab::start(1, "keep_attached_on_exit = false", &body);
+    let client = lab.sources[0];
+    let maps = || KernelMaps::open_pinned(&lab.agent.pin_dir).expect("pinned maps");
+    // Twice the map's size, as `limiter verify` takes at most `max` sources a command.
+    for cidr in ["198.18.0.0/24", "198.18.1.0/24"] {
+        let output = lab.agent.cli(&["verify", cidr, "--ttl", "10m"]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    }
+    let verified = &lab.agent.cli_json(&["stats", "--json"])["xdp"]["verified"];
+    assert_eq!(verified["capacity"].as_u64(), Some(MAX), "{verified}");
+    assert!(verified["tracked"].as_u64().is_some_and(|tracked| tracked <= MAX), "{verified}");
+    let newest = source_key(IpAddr::V4(Ipv4Addr::new(198, 18, 1, 255)), 64);
+    assert!(maps().is_verified(&newest), "the newest verified source is in the full map");
+
+    let key = source_key(IpAddr::V4(client), 64);
+    let output = lab.agent.cli(&["verify", &format!("{client}/32"), "--ttl", "3s"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(maps().is_verified(&key), "verified into the full map");
+    let receiver = traffic::Receiver::bind(lab.host_ip).expect("receiver");
+    traffic::send(&lab.net.ns, client, receiver.addr, 20, 20).expect("send");
+    // All of them: a verified source skips the aggregate, whose burst is 1.
+    lab.agent.until("all 20 to arrive", || receiver.from(client).len(), |n| *n == 20);
+
+    // Past its ttl the entry verifies nothing, whether or not the map still holds it.
+    lab.agent.until("the entry to lapse", || maps().is_verified(&key), |verified| !verified);
+    // The program reads the coarse clock (1/HZ: 10 ms at most), which is behind the
+    // precise one the line above read by up to a tick.
+    std::thread::sleep(Duration::from_millis(50));
+    traffic::send(&lab.net.ns, client, receiver.addr, 20, 20).expect("send");
+    // The drops count every source's (the namespace's IPv6 chatter has an aggregate too).
+    lab.agent.until(
+        "the program to meet the 20",
+        || lab.agent.counter(Counter::DroppedAggregate) + receiver.from(client).len() as u64,
+        |met| *met >= 40,
+    );
+    receiver.settle(Duration::from_millis(200));
+    let passed = receiver.from(client).len() - 20;
+    assert!(passed <= 2, "the aggregate's burst of 1 (and 1 a second) passes, no more: {passed} of 20");
+
+    // A reload refuses a size past the bound as `limiter check` does.
+    let beyond = lab.config_with("keep_attached_on_exit = false", &body.replace("max = 256", "max = 3_000_000"));
+    let output = lab.agent.reload_with(&beyond);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("xdp.verified.max: 3000000 is above the most of 2097152"),
+        "{stderr}"
+    );
 }

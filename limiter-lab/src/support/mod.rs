@@ -29,6 +29,12 @@ pub fn python() -> PathBuf {
     std::env::var_os("LIMITER_TEST_PYTHON").map_or_else(|| PathBuf::from("/usr/bin/python3"), PathBuf::from)
 }
 
+/// A free port on the loopback.
+#[must_use]
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
 /// A name no other test (in this or a parallel test binary) uses.
 pub fn unique(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);

@@ -26,6 +26,7 @@ use limiter::{
     config::Config,
     escalation::{Escalation, Escalator},
     proxy::{Proxy, ProxyStats, Serving},
+    security_log::SecurityLog,
     signature::KeySecrets,
 };
 use limiter_core::{
@@ -338,6 +339,16 @@ impl RunningProxy {
         let (escalations, escalated) = mpsc::channel(8);
         self.proxy.escalate_to(Arc::new(Escalator::new(&whole, escalations, self.clock.clone(), None)));
         escalated
+    }
+
+    /// Writes this proxy's security events to the log that `section` (the keys of
+    /// `[agent.security_log]`) describes, as the agent would; the log, for its counts.
+    pub fn log_security(&self, section: &str) -> Arc<SecurityLog> {
+        let text = format!("[agent.security_log]\n{section}");
+        let config = Config::parse(&text, Path::new("test.toml")).unwrap_or_else(|e| panic!("security log: {e}"));
+        let log = SecurityLog::start(config.agent.security_log.as_ref()).expect("open the security log");
+        self.proxy.log_security_to(Arc::clone(&log));
+        log
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -2,7 +2,7 @@
 //! (`LIMITER_TEST_REDIS_URL`), or a private `redis-server` on a free port, so that
 //! plain `cargo test` works too. Each test names its keys with its own prefix.
 
-use super::{tls::TestTls, wait::until_within};
+use super::{free_port, tls::TestTls, wait::until_within};
 use std::{
     net::TcpListener,
     process::{Child, Command, Stdio},
@@ -129,11 +129,6 @@ pub fn redis_keys_at(url: &str, prefix: &str, store_failure: &str) -> String {
 /// The `[proxy]` keys that put a proxy on this server under `prefix`.
 pub fn redis_keys(redis: &TestRedis, prefix: &str, store_failure: &str) -> String {
     redis_keys_at(redis.url(), prefix, store_failure)
-}
-
-/// A free port on the loopback.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
 
 fn redis_server() -> String {
