@@ -122,6 +122,18 @@ fn the_windows_carry_a_debt_to_their_end() {
     assert!(counter.hit(T0 + secs(60) + refused.retry_after).admitted);
 }
 
+/// The log takes a charge of units as that many requests, up to its limit.
+#[test]
+fn the_log_takes_a_charge_up_to_its_limit() {
+    let mut b = Meter::new(spec(SlidingWindowLog, 20, secs(60)));
+    b.debit(15, T0);
+    assert_eq!(b.peek(T0).before.remaining, 5);
+    b.debit(15, T0 + secs(1));
+    let full = b.peek(T0 + secs(1));
+    assert_eq!((full.before.remaining, full.retry_after), (0, secs(59)), "20 logged, the oldest at T0");
+    assert_eq!(b.peek(T0 + secs(60)).before.remaining, 15, "the 15 of T0 have left, 5 of T0 + 1 s stay");
+}
+
 /// A charge clamps to `max`, and an answer that gives no readable measure costs
 /// `max`.
 #[test]
