@@ -109,22 +109,14 @@ async fn the_upstreams_milliseconds_are_charged_when_the_response_ends() {
     assert_eq!(upstream.count(), 10);
 }
 
-const GONE: &str = r#"
-[[proxy.rules]]
-name = "metered"
-path = "/llm"
-key = "ip"
-limit = 20
-window = "1m"
-cost_from = { response_header = "x-request-cost", max = 15 }
-"#;
-
 /// A client that cancels its request before the head (an HTTP/2 reset) cannot leave
-/// the upstream's work unpaid: its request is charged `max`.
+/// the upstream's work unpaid: its request is charged `max` (15 here).
 #[tokio::test]
 async fn a_request_cancelled_before_its_head_is_charged_the_most() {
     let upstream = Upstream::start().await;
-    let proxy = RunningProxy::start(&format!("{PROXY_HEAD}{GONE}"), upstream.addr).await;
+    let proxy =
+        RunningProxy::start(&format!("{PROXY_HEAD}{}", METERED.replace("max = 1000 }", "max = 15 }")), upstream.addr)
+            .await;
     let url = proxy.url("/llm?delay_ms=5000&cost=1");
     let client = TestClient::h2c();
     let cancelled = tokio::spawn(async move { client.get(&url, &[]).await });
