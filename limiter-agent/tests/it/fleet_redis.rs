@@ -10,6 +10,7 @@ use limiter::{
 };
 use limiter_core::{
     Algorithm, Clock as _, LimitSpec, SystemClock,
+    calendar::{Calendar, Period, Zone},
     limits::{Bucket, Charge, MemoryStore, Outcomes, Refund},
     signature::{Canonical, sha256, sign_hex},
 };
@@ -108,6 +109,7 @@ fn spec(algorithm: Algorithm, limit: u32, window_ms: u64, burst: Option<u32>, qu
         burst: burst.and_then(NonZeroU32::new),
         throttle: None,
         queue: queue.and_then(NonZeroU32::new),
+        calendar: None,
     }
 }
 
@@ -200,6 +202,29 @@ async fn every_algorithm_decides_and_gives_back_on_redis_exactly_as_in_memory() 
     let penalties =
         [spec(Algorithm::SlidingWindowLog, 4, 1000, None, None), spec(Algorithm::FixedWindow, 6, 1000, None, None)];
     same_outcomes(&store, "penalties", &penalties, Charge::EachAdmitting, 99).await;
+}
+
+/// Calendar windows on Redis: the boundaries the agent works out around its clock, the
+/// window the script picks among them, and refunds, as in memory; in Berlin, whose
+/// months begin at 23:00 or 22:00 UTC with the season, and in UTC weeks.
+#[tokio::test]
+async fn calendar_windows_decide_and_give_back_on_redis_exactly_as_in_memory() {
+    let redis = TestRedis::shared();
+    let fleet = Fleet::connect(redis.url(), &unique_prefix("calendar"), Duration::from_secs(2)).expect("fleet");
+    let store = RedisStore::new(fleet, TimeSource::Caller);
+    let on = |period: Period, zone: &str| LimitSpec {
+        window: period.nominal(),
+        calendar: Some(Calendar { period, zone: Zone::named(zone).expect("zone") }),
+        ..spec(Algorithm::FixedWindow, 5, 1000, None, None)
+    };
+    let cases = [
+        ("day_berlin", on(Period::Day, "Europe/Berlin")),
+        ("week_utc", on(Period::Week, "UTC")),
+        ("month_berlin", on(Period::Month, "Europe/Berlin")),
+    ];
+    for (seed, (name, spec)) in cases.into_iter().enumerate() {
+        same_outcomes(&store, name, &[spec], Charge::AllOrNothing, 200 + seed as u64).await;
+    }
 }
 
 /// A reload keeps a bucket's state under a changed limit: the token bucket's level,
