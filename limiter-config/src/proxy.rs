@@ -1705,9 +1705,9 @@ impl ProxyConfig {
                 .enumerate()
                 .filter_map(|(i, rule)| Some((format!("proxy.rules[{i}].limit"), rule.limit()?)));
             let plans = self.plans.iter().flat_map(|(name, plan)| {
-                plan.limits.iter().map(move |quota| {
+                plan.limits.iter().enumerate().map(move |(i, quota)| {
                     let key = match &quota.name {
-                        Some(limit) => format!("proxy.plans.{name}.limits.{limit}"),
+                        Some(_) => format!("proxy.plans.{name}.limits[{i}]"),
                         None => format!("proxy.plans.{name}.limit"),
                     };
                     (key, &quota.spec)

@@ -185,6 +185,10 @@ fn a_redis_store_refuses_limits_beyond_exact_lua_arithmetic() {
     let (_, key, message) = refusal(&format!("{PROXY}{redis}{plan}"));
     assert_eq!(key, "proxy.plans.huge.limit", "{message}");
     parse(&format!("{PROXY}{plan}")).expect("the memory store takes it");
+    let quotas = "[proxy.plans.huge]\nlimits = [\n  { name = \"month\", limit = 4_000_000_000, window = \"month\" },\n  \
+                  { name = \"30d\", limit = 4_000_000_000, window = \"30d\" },\n]\n";
+    let (_, key, message) = refusal(&format!("{PROXY}{redis}{quotas}"));
+    assert_eq!(key, "proxy.plans.huge.limits[1]", "{message}: a calendar month counts only instants");
 }
 
 #[test]
