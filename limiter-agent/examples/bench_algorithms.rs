@@ -74,6 +74,7 @@ fn spec(algorithm: Algorithm) -> LimitSpec {
         burst: None,
         throttle: None,
         queue: None,
+        calendar: None,
     }
 }
 

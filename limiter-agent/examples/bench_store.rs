@@ -36,6 +36,7 @@ fn spec() -> LimitSpec {
         burst: None,
         throttle: None,
         queue: None,
+        calendar: None,
     }
 }
 

@@ -3,6 +3,8 @@
 
 use std::{fmt, num::NonZeroU32, str::FromStr, time::Duration};
 
+use crate::calendar::Calendar;
+
 /// The algorithm of a rule or plan.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Algorithm {
@@ -63,6 +65,9 @@ pub struct LimitSpec {
     pub throttle: Option<Throttle>,
     /// Leaky bucket: hold up to this many requests and release them at the rate.
     pub queue: Option<NonZeroU32>,
+    /// Fixed window: windows that turn on the calendar (`window = "month"`), `window`
+    /// then being the period's usual length.
+    pub calendar: Option<Calendar>,
 }
 
 /// The delay band below the hard limit.
@@ -101,7 +106,7 @@ impl Throttle {
 }
 
 /// The options of a limit as written, before they are checked against each other.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct LimitOptions {
     pub burst: Option<NonZeroU32>,
     pub throttle_from: Option<u32>,
@@ -109,6 +114,7 @@ pub struct LimitOptions {
     pub throttle_step: Option<NonZeroU32>,
     pub throttle_max_delay: Option<Duration>,
     pub queue: Option<NonZeroU32>,
+    pub calendar: Option<Calendar>,
 }
 
 /// Why a limit cannot be built; the messages speak the config's key names.
@@ -136,6 +142,8 @@ pub enum SpecError {
     QueueWithoutLeakyBucket,
     #[error("a queue already delays requests: drop throttle_from/throttle_delay")]
     QueueAndThrottle,
+    #[error("window = \"{0}\" turns on the calendar, which only algorithm = \"fixed_window\" does")]
+    CalendarWithoutFixedWindow(&'static str),
     #[error("limit {limit} (capacity {capacity}) over {window:?} is too large for the redis store; shorten the window")]
     InexactInRedis { limit: NonZeroU32, capacity: NonZeroU32, window: Duration },
 }
@@ -180,7 +188,22 @@ impl LimitSpec {
         if options.queue.is_some() && throttle.is_some() {
             return Err(SpecError::QueueAndThrottle);
         }
-        Ok(Self { algorithm, limit, window, burst: options.burst, throttle, queue: options.queue })
+        let window = match &options.calendar {
+            Some(calendar) if algorithm != Algorithm::FixedWindow => {
+                return Err(SpecError::CalendarWithoutFixedWindow(calendar.period.name()));
+            }
+            Some(calendar) => calendar.period.nominal(),
+            None => window,
+        };
+        Ok(Self {
+            algorithm,
+            limit,
+            window,
+            burst: options.burst,
+            throttle,
+            queue: options.queue,
+            calendar: options.calendar,
+        })
     }
 
     /// Requests a full bucket admits back to back.
@@ -216,6 +239,7 @@ impl LimitSpec {
                 ..t
             }),
             queue: self.queue.map(part),
+            calendar: self.calendar.clone(),
         }
     }
 
@@ -228,7 +252,11 @@ impl LimitSpec {
     /// Refuses a limit whose arithmetic in the Redis store's script (Lua counts in
     /// doubles) would pass 2^53: GCRA counts `capacity × window` in units of
     /// `1 / limit` ns, the windowed algorithms `limit × window` in µs.
+    /// A calendar window's script counts only instants, which doubles hold exactly.
     pub fn check_exact_in_doubles(&self) -> Result<(), SpecError> {
+        if self.calendar.is_some() {
+            return Ok(());
+        }
         let capacity = self.capacity();
         let gcra = u128::from(self.window_micros()) * 1000 * u128::from(capacity.get());
         let windowed = u128::from(self.window_micros()) * u128::from(self.limit.get());

@@ -89,6 +89,7 @@ mod tests {
             burst: None,
             throttle: None,
             queue: None,
+            calendar: None,
         }
     }
 

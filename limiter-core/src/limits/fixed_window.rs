@@ -1,5 +1,6 @@
 //! Fixed window: at most `limit` requests per window, windows aligned to multiples
-//! of `window` since the UNIX epoch (a one-minute window turns on the minute).
+//! of `window` since the UNIX epoch (a one-minute window turns on the minute), or, with
+//! a [`calendar`](crate::calendar), a day, week or month turning at midnight in its zone.
 //!
 //! - A request is admitted if fewer than `limit` were admitted in its window; a
 //!   rejected request is not counted.

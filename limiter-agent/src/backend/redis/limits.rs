@@ -17,6 +17,9 @@
 //!   `limit × window` or `capacity × window` would pass 2^53 units
 //!   (`LimitSpec::check_exact_in_doubles`); below that the arithmetic is exact.
 //!
+//! - A calendar window (`window = "month"`) is found among the boundaries the agent
+//!   works out in its zone around its own clock (the script has no tz database); its
+//!   state's window is its start, in µs.
 //! - A refund is a second script (`refund.lua`, after the same parts), one round trip
 //!   for all of a request's buckets, with the time each charge counted at from the
 //!   step's reply (the server's clock again).
@@ -98,7 +101,7 @@ impl RedisStore {
         });
         invocation.arg(self.time_arg(now));
         for bucket in buckets {
-            self.bucket_args(&mut invocation, bucket);
+            self.bucket_args(&mut invocation, bucket, now);
         }
         let reply: Vec<i64> =
             self.fleet.call(|mut connection| async move { invocation.invoke_async(&mut connection).await }).await?;
@@ -118,7 +121,7 @@ impl RedisStore {
         let mut invocation = self.refund.prepare_invoke();
         invocation.arg(self.time_arg(now));
         for refund in refunds {
-            self.bucket_args(&mut invocation, &refund.bucket);
+            self.bucket_args(&mut invocation, &refund.bucket, now);
             invocation.arg(refund.charged_at.as_micros().to_string());
         }
         let _buckets: i64 =
@@ -134,8 +137,9 @@ impl RedisStore {
         }
     }
 
-    /// A bucket's key, and its spec's arguments.
-    fn bucket_args(&self, invocation: &mut ScriptInvocation<'_>, bucket: &Bucket<'_>) {
+    /// A bucket's key, and its spec's arguments; a calendar window's boundaries are
+    /// those around `now`, this agent's time (the script finds the server's among them).
+    fn bucket_args(&self, invocation: &mut ScriptInvocation<'_>, bucket: &Bucket<'_>, now: Duration) {
         let spec = bucket.spec;
         invocation.key(self.fleet.key(&format!("{}:{}:{}", kind(spec.algorithm), bucket.policy, bucket.key)));
         let shaper = spec.algorithm == Algorithm::LeakyBucket && spec.queue.is_some();
@@ -144,7 +148,10 @@ impl RedisStore {
             .arg(spec.limit.get())
             .arg(spec.window_micros())
             .arg(spec.capacity().get())
-            .arg(u8::from(shaper));
+            .arg(u8::from(shaper))
+            .arg(spec.calendar.as_ref().map_or_else(String::new, |calendar| {
+                calendar.around(now).map(|bound| bound.as_micros().to_string()).join(" ")
+            }));
     }
 }
 

@@ -36,7 +36,7 @@ fn nz(n: u32) -> NonZeroU32 {
 }
 
 fn spec(algorithm: Algorithm, limit: u32, window: Duration) -> LimitSpec {
-    LimitSpec { algorithm, limit: nz(limit), window, burst: None, throttle: None, queue: None }
+    LimitSpec { algorithm, limit: nz(limit), window, burst: None, throttle: None, queue: None, calendar: None }
 }
 
 /// One bucket, checked then charged as the store does.
