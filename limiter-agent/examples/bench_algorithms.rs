@@ -75,6 +75,7 @@ fn spec(algorithm: Algorithm) -> LimitSpec {
         throttle: None,
         queue: None,
         cost: limiter_core::Cost::default(),
+        calendar: None,
     }
 }
 

@@ -37,6 +37,7 @@ fn spec() -> LimitSpec {
         throttle: None,
         queue: None,
         cost: limiter_core::Cost::default(),
+        calendar: None,
     }
 }
 

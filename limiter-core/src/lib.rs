@@ -1,4 +1,5 @@
-//! The limiter's decisions, without I/O: what a limit is ([`spec`]), how an adaptive
+//! The limiter's decisions, without I/O: what a limit is ([`spec`]; its calendar
+//! windows, [`calendar`]), how an adaptive
 //! concurrency limit moves ([`adaptive`]), the five
 //! algorithms and the bucket store ([`limits`]), the time they are measured with
 //! ([`clock`]), the signed-request scheme ([`signature`]), the checks of a client's
@@ -11,6 +12,7 @@
 //! into these types, and keeps the state that lives elsewhere (Redis, the kernel).
 
 pub mod adaptive;
+pub mod calendar;
 pub mod carried;
 pub mod clock;
 pub mod jwt;

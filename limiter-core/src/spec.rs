@@ -3,6 +3,8 @@
 
 use std::{fmt, num::NonZeroU32, str::FromStr, time::Duration};
 
+use crate::calendar::Calendar;
+
 /// The algorithm of a rule or plan.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Algorithm {
@@ -63,6 +65,9 @@ pub struct LimitSpec {
     pub throttle: Option<Throttle>,
     /// Leaky bucket: hold up to this many requests and release them at the rate.
     pub queue: Option<NonZeroU32>,
+    /// Fixed window: windows that turn on the calendar (`window = "month"`), `window`
+    /// then being the period's usual length.
+    pub calendar: Option<Calendar>,
     /// What one request takes from the bucket, in units of `limit`.
     pub cost: Cost,
 }
@@ -102,15 +107,6 @@ impl Cost {
         match self {
             Self::Units(units) => units.get(),
             Self::From(_) => 1,
-        }
-    }
-
-    /// The most units one request can take.
-    #[must_use]
-    pub const fn most(&self) -> u32 {
-        match self {
-            Self::Units(units) => units.get(),
-            Self::From(from) => from.max.get(),
         }
     }
 
@@ -196,6 +192,7 @@ pub struct LimitOptions {
     pub throttle_step: Option<NonZeroU32>,
     pub throttle_max_delay: Option<Duration>,
     pub queue: Option<NonZeroU32>,
+    pub calendar: Option<Calendar>,
     pub cost: Cost,
 }
 
@@ -234,6 +231,8 @@ pub enum SpecError {
         "cost_from needs a bucket that can go into debt: a leaky_bucket's queue releases requests before their cost is known"
     )]
     CostFromWithQueue,
+    #[error("window = \"{0}\" turns on the calendar, which only algorithm = \"fixed_window\" does")]
+    CalendarWithoutFixedWindow(&'static str),
     #[error("limit {limit} (capacity {capacity}) over {window:?} is too large for the redis store; shorten the window")]
     InexactInRedis { limit: NonZeroU32, capacity: NonZeroU32, window: Duration },
 }
@@ -278,8 +277,23 @@ impl LimitSpec {
         if options.queue.is_some() && throttle.is_some() {
             return Err(SpecError::QueueAndThrottle);
         }
-        let spec =
-            Self { algorithm, limit, window, burst: options.burst, throttle, queue: options.queue, cost: options.cost };
+        let window = match &options.calendar {
+            Some(calendar) if algorithm != Algorithm::FixedWindow => {
+                return Err(SpecError::CalendarWithoutFixedWindow(calendar.period.name()));
+            }
+            Some(calendar) => calendar.period.nominal(),
+            None => window,
+        };
+        let spec = Self {
+            algorithm,
+            limit,
+            window,
+            burst: options.burst,
+            throttle,
+            queue: options.queue,
+            calendar: options.calendar,
+            cost: options.cost,
+        };
         if spec.cost != Cost::default() && algorithm == Algorithm::SlidingWindowLog {
             return Err(SpecError::CostWithLog);
         }
@@ -327,6 +341,7 @@ impl LimitSpec {
                 ..t
             }),
             queue: self.queue.map(part),
+            calendar: self.calendar.clone(),
             cost: self.cost.clone(),
         }
     }
@@ -340,8 +355,12 @@ impl LimitSpec {
     /// Refuses a limit whose arithmetic in the Redis store's script (Lua counts in
     /// doubles) would pass 2^53: GCRA counts `capacity × window` in units of
     /// `1 / limit` ns, the windowed algorithms `limit × window` in µs; a post-paid
-    /// cost's debt adds `max` units to both.
+    /// cost's debt adds `max` units to both. A calendar window's script counts only
+    /// instants, which doubles hold exactly.
     pub fn check_exact_in_doubles(&self) -> Result<(), SpecError> {
+        if self.calendar.is_some() {
+            return Ok(());
+        }
         let capacity = self.capacity();
         let debt = u128::from(self.cost.post_paid().map_or(0, |from| from.max.get()));
         let gcra = u128::from(self.window_micros()) * 1000 * (u128::from(capacity.get()) + debt);

@@ -90,6 +90,7 @@ mod tests {
             throttle: None,
             queue: None,
             cost: limiter_core::Cost::default(),
+            calendar: None,
         }
     }
 

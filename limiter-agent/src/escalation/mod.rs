@@ -156,6 +156,7 @@ impl Settings {
             throttle: None,
             queue: None,
             cost: limiter_core::Cost::default(),
+            calendar: None,
         });
         let identity = format!("escalation {:?}", limit.as_ref().map(|l| (l.limit, l.window)));
         let xdp = config.xdp.as_ref();

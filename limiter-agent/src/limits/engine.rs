@@ -1,8 +1,9 @@
 //! The engine: from a request to the buckets it is counted in, and from their
 //! outcomes to one decision.
 //!
-//! A request is counted by every rule that matches it (path prefix and method), each
-//! under the key its `key` names, and, if it proved a known API key, by that key's
+//! A request is counted by every rule that matches it (path prefix and method; a rule
+//! with `plans`, only for a request proving a key on one of them), each under the key
+//! its `key` names, and, if it proved a known API key, by every limit of that key's
 //! plan. Keys:
 //!
 //! - `ip`: the client address; IPv6 per /64 (as in the kernel layer), IPv4-mapped
@@ -539,7 +540,11 @@ impl PolicyDecisions {
 
 impl Policy {
     fn new(kind: PolicyKind, name: &str, key: &KeySpec, spec: &LimitSpec, now: Duration) -> Self {
-        let identity = format!("{kind} {name:?} by {} {:?} {}ns", key, spec.algorithm, spec.window.as_nanos());
+        let mut identity = format!("{kind} {name:?} by {} {:?} {}ns", key, spec.algorithm, spec.window.as_nanos());
+        // A calendar window's state counts by its start, not by a multiple of its length.
+        if let Some(calendar) = &spec.calendar {
+            identity.push_str(&format!(" {calendar}"));
+        }
         Self {
             kind,
             name: name.to_owned(),
@@ -610,7 +615,8 @@ pub(super) struct Policies {
     screens: Vec<(Rule, Arc<PolicyDecisions>)>,
     /// The rules with `concurrency` and no rate, in the config's order.
     concurrent: Vec<(Rule, Arc<PolicyDecisions>)>,
-    plans: HashMap<String, Policy>,
+    /// Each plan's limits, all charged or none.
+    plans: HashMap<String, Vec<Policy>>,
     /// API key id → plan name.
     keys: HashMap<String, String>,
     missing_key: MissingKey,
@@ -645,7 +651,12 @@ impl Policies {
             plans: config
                 .plans
                 .iter()
-                .map(|(name, plan)| (name.clone(), Policy::new(PolicyKind::Plan, name, &api_key, &plan.spec, now)))
+                .map(|(name, plan)| {
+                    let limits = plan.named_limits(name);
+                    let policies =
+                        limits.map(|(policy, spec)| Policy::new(PolicyKind::Plan, &policy, &api_key, spec, now));
+                    (name.clone(), policies.collect())
+                })
                 .collect(),
             keys: config.keys.iter().map(|key| (key.id.clone(), key.plan.clone())).collect(),
             missing_key: config.missing_key,
@@ -657,7 +668,9 @@ impl Policies {
     /// whether a matching rule requires a signature.
     pub(super) fn count(&self, request: &RequestInfo<'_>) -> (Counted<'_>, bool) {
         let seen = request.seen();
-        let matching: Vec<&(Rule, Policy)> = self.rules.iter().filter(|(rule, _)| rule.applies(&seen)).collect();
+        let plan = self.plan_of(request);
+        let matching: Vec<&(Rule, Policy)> =
+            self.rules.iter().filter(|(rule, _)| rule.applies(&seen) && rule.counts_plan(plan)).collect();
         let require_signature = matching.iter().any(|(rule, _)| rule.require_signature);
         (count_in(self, &matching, request), require_signature)
     }
@@ -704,7 +717,8 @@ impl Policies {
         });
         let seen = request.seen();
         let concurrent = self.concurrent.iter().filter_map(|(rule, _)| {
-            let concurrency = rule.concurrency.filter(|_| rule.applies(&seen))?;
+            let concurrency =
+                rule.concurrency.filter(|_| rule.applies(&seen) && rule.counts_plan(self.plan_of(request)))?;
             Some(match (self.key(rule, request), self.missing_key) {
                 (Some(keyed), _) => Ok(gated(rule, concurrency, keyed)),
                 (None, MissingKey::Shared) => Ok(gated(rule, concurrency, (MISSING_KEY.to_owned(), Holder::Anyone))),
@@ -716,13 +730,13 @@ impl Policies {
 
     /// The plans, by name.
     fn plans_by_name(&self) -> Vec<&Policy> {
-        let mut plans: Vec<&Policy> = self.plans.values().collect();
+        let mut plans: Vec<&Policy> = self.plans.values().flatten().collect();
         plans.sort_by(|a, b| a.name.cmp(&b.name));
         plans
     }
 
     fn all(&self) -> impl Iterator<Item = &Policy> {
-        self.rules.iter().map(|(_, policy)| policy).chain(self.plans.values())
+        self.rules.iter().map(|(_, policy)| policy).chain(self.plans.values().flatten())
     }
 
     /// Takes over `old`'s decision counts for the policies of the same kind and name,
@@ -730,7 +744,7 @@ impl Policies {
     fn keep_history(&mut self, old: &Self) {
         let observations: HashMap<&str, &Arc<Observation>> =
             old.all().map(|p| (p.identity.as_ref(), &p.observation)).collect();
-        for policy in self.rules.iter_mut().map(|(_, policy)| policy).chain(self.plans.values_mut()) {
+        for policy in self.rules.iter_mut().map(|(_, policy)| policy).chain(self.plans.values_mut().flatten()) {
             if let Some(kept) = observations.get(policy.identity.as_ref()) {
                 policy.observation = Arc::clone(kept);
             }
@@ -743,7 +757,8 @@ impl Policies {
         let kept: HashMap<(PolicyKind, &str), &Arc<PolicyDecisions>> =
             old.all().map(|p| ((p.kind, p.name.as_str()), &p.decisions)).chain(screens).collect();
         let rules = self.rules.iter_mut().map(|(_, policy)| (policy.kind, policy.name.as_str(), &mut policy.decisions));
-        let plans = self.plans.values_mut().map(|policy| (policy.kind, policy.name.as_str(), &mut policy.decisions));
+        let plans =
+            self.plans.values_mut().flatten().map(|policy| (policy.kind, policy.name.as_str(), &mut policy.decisions));
         let screens = self
             .screens
             .iter_mut()
@@ -762,6 +777,11 @@ impl Policies {
 
     fn known_key<'r>(&self, request: &RequestInfo<'r>) -> Option<&'r str> {
         request.api_key.filter(|key| self.keys.contains_key(*key))
+    }
+
+    /// The plan of the key `request` proved, if it proved a known one.
+    fn plan_of(&self, request: &RequestInfo<'_>) -> Option<&str> {
+        request.api_key.and_then(|key| self.keys.get(key)).map(String::as_str)
     }
 
     /// The bucket key of `rule` for `request` and whose it is; `None` if the request
@@ -948,7 +968,9 @@ impl<C: Clock> Engine<C> {
     /// its body is to be read for the key.
     pub fn needs_body(&self, request: &RequestInfo<'_>) -> bool {
         let seen = request.seen();
-        self.snapshot().rules.iter().any(|(rule, _)| rule.key.needs_body() && rule.applies(&seen))
+        let policies = self.snapshot();
+        let plan = policies.plan_of(request);
+        policies.rules.iter().any(|(rule, _)| rule.key.needs_body() && rule.applies(&seen) && rule.counts_plan(plan))
     }
 
     /// What [`Self::decide`] would answer now from the request's rules not keyed by
@@ -962,7 +984,10 @@ impl<C: Clock> Engine<C> {
         let keyless: Vec<&(Rule, Policy)> = policies
             .rules
             .iter()
-            .filter(|(rule, _)| !rule.key.needs_proof() && !rule.key.needs_body() && rule.applies(&seen))
+            // A rule for some plans only needs the key proven too.
+            .filter(|(rule, _)| {
+                !rule.key.needs_proof() && !rule.key.needs_body() && rule.plans.is_empty() && rule.applies(&seen)
+            })
             .collect();
         if keyless.is_empty() {
             return None;
@@ -1020,7 +1045,9 @@ impl<C: Clock> Engine<C> {
         let counted: Vec<Counting<'_>> = policies
             .rules
             .iter()
-            .filter(|(rule, _)| rule.key.is(&KeyKind::Ip) && rule.applies(&seen))
+            .filter(|(rule, _)| {
+                rule.key.is(&KeyKind::Ip) && rule.applies(&seen) && rule.counts_plan(policies.plan_of(request))
+            })
             .filter_map(|(rule, policy)| {
                 let (key, holder) = policies.key(rule, request)?;
                 Some(Counting { policy, key, holder })
@@ -1399,7 +1426,8 @@ fn count_in<'p>(policies: &'p Policies, matching: &[&'p (Rule, Policy)], request
     if let Some(key) = policies.known_key(request)
         && let Some(plan) = policies.keys.get(key).and_then(|plan| policies.plans.get(plan))
     {
-        counted.push(Counting { policy: plan, key: format!("api_key={key}"), holder: Holder::Client });
+        let key = format!("api_key={key}");
+        counted.extend(plan.iter().map(|policy| Counting { policy, key: key.clone(), holder: Holder::Client }));
     }
     Ok(counted)
 }

@@ -510,7 +510,8 @@ fn a_reload_keeps_counts_when_only_the_limit_changes() {
     }
     clock.advance(secs(1));
     let mut lower = config("");
-    lower.plans.get_mut("free").expect("free plan").spec.limit = std::num::NonZeroU32::new(60).expect("nonzero");
+    lower.plans.get_mut("free").expect("free plan").limits[0].spec.limit =
+        std::num::NonZeroU32::new(60).expect("nonzero");
     engine.reconfigure(&lower);
     let d = request.to(&engine);
     assert_eq!(status(&d, "free").limit, 60);
@@ -974,4 +975,82 @@ fn a_costly_rule_takes_its_units_and_suggest_counts_them() {
     assert!(is_reject(&get("/search").to(&engine)));
     let suggestion = engine.suggest(1.0).into_iter().find(|s| s.name == "search").expect("the rule");
     assert_eq!((suggestion.units.as_str(), suggestion.peaks.max), ("units (5 a request)", 25));
+}
+
+/// 2027-01-31T23:59:50Z.
+const END_OF_JANUARY: Duration = Duration::from_secs(1_801_439_990);
+
+#[test]
+fn a_spent_monthly_quota_refuses_until_the_first_of_the_month_and_is_full_there() {
+    let plan = r#"
+[proxy.plans.metered]
+limits = [
+  { name = "minute", limit = 100, window = "1m" },
+  { name = "monthly", limit = 3, window = "month" },
+]
+[[proxy.keys]]
+id = "k-metered"
+plan = "metered"
+auth = "bearer"
+"#;
+    let clock = FakeClock::new(END_OF_JANUARY);
+    let engine = in_memory(&config(plan), clock.clone());
+    let request = get("/").key("k-metered");
+    for n in 1..=3 {
+        assert!(is_forward(&request.to(&engine)), "request {n}");
+    }
+    let refused = request.to(&engine);
+    assert_eq!(refused.verdict, Verdict::Reject { retry_after: secs(10) });
+    assert_eq!(refused.violated, ["metered.monthly"]);
+    let monthly = status(&refused, "metered.monthly");
+    assert_eq!((monthly.remaining, monthly.reset_after, monthly.window), (0, secs(10), secs(30 * 86_400)));
+    assert_eq!(status(&refused, "metered.minute").remaining, 97, "refused by one quota, charged to none");
+    clock.set(END_OF_JANUARY + secs(10));
+    let february = request.to(&engine);
+    assert!(is_forward(&february));
+    assert_eq!(status(&february, "metered.monthly").remaining, 2, "full at 00:00:00, less this request");
+}
+
+#[test]
+fn a_berlin_day_across_the_change_to_summer_time_is_23_hours() {
+    let rule = r#"
+[[proxy.rules]]
+name = "daily"
+key = "ip"
+limit = 1
+window = "day"
+calendar_tz = "Europe/Berlin"
+"#;
+    // 2027-03-27T23:00:00Z: midnight in Berlin, the day the clocks go forward.
+    let midnight = secs(1_806_188_400);
+    let clock = FakeClock::new(midnight);
+    let engine = in_memory(&config(rule), clock.clone());
+    assert!(is_forward(&get("/").to(&engine)));
+    assert_eq!(get("/").to(&engine).verdict, Verdict::Reject { retry_after: secs(23 * 3600) });
+    clock.set(midnight + secs(23 * 3600) - millis(1));
+    assert!(is_reject(&get("/").to(&engine)));
+    clock.set(midnight + secs(23 * 3600));
+    assert!(is_forward(&get("/").to(&engine)), "the 29th began 23 hours after the 28th");
+}
+
+#[test]
+fn a_rule_for_some_plans_counts_only_their_keys() {
+    let rule = r#"
+[[proxy.rules]]
+name = "free-exports"
+path = "/api/export"
+key = "ip"
+plans = ["free"]
+limit = 1
+window = "1m"
+"#;
+    let (engine, _) = engine(rule);
+    let free = get("/api/export").key("k-free-1");
+    assert!(is_forward(&free.to(&engine)));
+    assert_eq!(free.to(&engine).violated, ["free-exports"]);
+    // The same address, on another plan or with no key: not the rule's.
+    let pro = get("/api/export").key("k-pro-1").to(&engine);
+    assert!(is_forward(&pro) && pro.policies.iter().all(|p| p.name != "free-exports"));
+    let keyless = get("/api/export").to(&engine);
+    assert!(is_forward(&keyless) && keyless.policies.is_empty());
 }

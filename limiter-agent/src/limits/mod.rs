@@ -2,8 +2,9 @@
 //! one decision, over the algorithms of `limiter_core` and the buckets of
 //! [`crate::backend::Limits`] (memory or the fleet's Redis).
 //!
-//! [`Engine::decide`] checks every rule matching a [`RequestInfo`] and the plan of the
-//! key it proved; if none refuses it charges all of them, atomically with respect to
+//! [`Engine::decide`] checks every rule matching a [`RequestInfo`] (a rule with `plans`
+//! only for the keys on them) and every limit of the plan of the key it proved; if none
+//! refuses it charges all of them, atomically with respect to
 //! concurrent calls, and a refused request is charged to nothing. What the engine
 //! promises beyond its types:
 //! - [`RequestInfo::api_key`] is the id of the key the request *proved* (a valid

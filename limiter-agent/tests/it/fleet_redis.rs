@@ -10,6 +10,7 @@ use limiter::{
 };
 use limiter_core::{
     Algorithm, Clock as _, Cost, CostFrom, CostSource, LimitSpec, SystemClock,
+    calendar::{Calendar, Period, Zone},
     limits::{Bucket, Charge, Debit, MemoryStore, Outcomes, Refund},
     signature::{Canonical, sha256, sign_hex},
 };
@@ -147,6 +148,7 @@ fn spec(algorithm: Algorithm, limit: u32, window_ms: u64, burst: Option<u32>, qu
         burst: burst.and_then(NonZeroU32::new),
         throttle: None,
         queue: queue.and_then(NonZeroU32::new),
+        calendar: None,
         cost: limiter_core::Cost::default(),
     }
 }
@@ -288,6 +290,66 @@ async fn every_algorithm_decides_and_gives_back_on_redis_exactly_as_in_memory() 
     let penalties =
         [spec(Algorithm::SlidingWindowLog, 4, 1000, None, None), spec(Algorithm::FixedWindow, 6, 1000, None, None)];
     same_outcomes(&store, "penalties", &penalties, Charge::EachAdmitting, 99).await;
+}
+
+/// Calendar windows on Redis: the boundaries the agent works out around its clock, the
+/// window the script picks among them, and refunds, as in memory; in Berlin, whose
+/// months begin at 23:00 or 22:00 UTC with the season, and in UTC weeks.
+#[tokio::test]
+async fn calendar_windows_decide_and_give_back_on_redis_exactly_as_in_memory() {
+    let redis = TestRedis::shared();
+    let fleet = Fleet::connect(redis.url(), &unique_prefix("calendar"), Duration::from_secs(2)).expect("fleet");
+    let store = RedisStore::new(fleet, TimeSource::Caller);
+    let on = |period: Period, zone: &str| LimitSpec {
+        window: period.nominal(),
+        calendar: Some(Calendar { period, zone: Zone::named(zone).expect("zone") }),
+        ..spec(Algorithm::FixedWindow, 5, 1000, None, None)
+    };
+    let cases = [
+        ("day_berlin", on(Period::Day, "Europe/Berlin")),
+        ("week_utc", on(Period::Week, "UTC")),
+        ("month_berlin", on(Period::Month, "Europe/Berlin")),
+    ];
+    for (seed, (name, spec)) in cases.into_iter().enumerate() {
+        same_outcomes(&store, name, &[spec], Charge::AllOrNothing, 200 + seed as u64).await;
+    }
+}
+
+/// On the server's clock a calendar window is the one Redis' `TIME` is in, among the
+/// boundaries the agent sends around its own clock: agents a day ahead and a day
+/// behind count in the server's one day, and its refusal points at the server's
+/// midnight.
+#[tokio::test]
+async fn on_the_servers_clock_a_calendar_window_is_the_servers_among_the_agents_boundaries() {
+    let redis = TestRedis::shared();
+    let fleet = Fleet::connect(redis.url(), &unique_prefix("calendar-skew"), Duration::from_secs(2)).expect("fleet");
+    let store = RedisStore::new(fleet, TimeSource::Server);
+    let calendar = Calendar { period: Period::Day, zone: Zone::utc() };
+    let until_midnight = |now: Duration| calendar.bounds(now).1 - now;
+    let daily = LimitSpec {
+        window: Period::Day.nominal(),
+        calendar: Some(calendar.clone()),
+        ..spec(Algorithm::FixedWindow, 2, 1000, None, None)
+    };
+    // Away from midnight, so that the server's day does not turn during the test.
+    if until_midnight(SystemClock.now()) < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_secs(11)).await;
+    }
+    let policy: Arc<str> = Arc::from("skewed");
+    let bucket = [Bucket { policy: &policy, key: "k", spec: &daily }];
+    let day = Duration::from_secs(86_400);
+    let ahead = store.apply(&bucket, SystemClock.now() + day, Charge::AllOrNothing).await.expect("redis");
+    let behind = store.apply(&bucket, SystemClock.now() - day, Charge::AllOrNothing).await.expect("redis");
+    assert!(ahead[0].admitted && behind[0].admitted);
+    assert_eq!((ahead[0].after.remaining, behind[0].after.remaining), (1, 0), "one day, counted twice");
+    let refused = store.apply(&bucket, SystemClock.now() + day, Charge::AllOrNothing).await.expect("redis");
+    assert!(!refused[0].admitted);
+    let expected = until_midnight(SystemClock.now());
+    assert!(
+        refused[0].retry_after.abs_diff(expected) < Duration::from_secs(2),
+        "retry after {:?}, the server's midnight in {expected:?}",
+        refused[0].retry_after
+    );
 }
 
 /// A reload keeps a bucket's state under a changed limit: the token bucket's level,

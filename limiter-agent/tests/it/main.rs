@@ -26,6 +26,7 @@ mod proxy_limits;
 mod proxy_paths;
 mod proxy_patterns;
 mod proxy_protocol;
+mod proxy_quotas;
 mod proxy_refusal;
 mod proxy_robustness;
 mod proxy_scopes;

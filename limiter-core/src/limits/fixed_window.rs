@@ -1,5 +1,6 @@
 //! Fixed window: at most `limit` requests per window, windows aligned to multiples
-//! of `window` since the UNIX epoch (a one-minute window turns on the minute).
+//! of `window` since the UNIX epoch (a one-minute window turns on the minute), or, with
+//! a [`calendar`](crate::calendar), a day, week or month turning at midnight in its zone.
 //!
 //! - A request is admitted if at least its cost's units are left of `limit` in its
 //!   window, and counts its cost (a post-paid one: nothing, then its charge, which

@@ -347,14 +347,14 @@ mod tests {
         assert_eq!(report.flood.measured().map(|f| f.rows.len()), Some(6));
         assert_eq!(report.random_flood.measured().map(|f| f.spoofed_sources), Some(0));
         let http = report.http.measured().expect("http group");
-        assert_eq!(http.rows.len(), 7);
+        assert_eq!(http.rows.len(), 8);
         let logins = http.rows.iter().find(|r| r.scenario.contains("json:/username")).expect("the body-key row");
         assert!(logins.closed_loop.requests > 0 && logins.closed_loop.errors == 0, "{logins:?}");
         assert_eq!(report.http2.measured().map(|h| h.rows.len()), Some(5));
         let stores: Vec<&str> =
             report.store.measured().map(|s| s.rows.iter().map(|r| r.store.as_str()).collect()).unwrap_or_default();
         assert_eq!(stores, ["memory", "redis", "redis cluster"]);
-        assert_eq!(report.targets.len(), 14);
+        assert_eq!(report.targets.len(), 15);
         // The report reads back as what was written.
         let written = fs::read_to_string(out.join("report.json")).expect("report.json");
         let read: Report = serde_json::from_str(&written).expect("report.json parses as a Report");

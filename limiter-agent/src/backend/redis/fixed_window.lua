@@ -30,7 +30,7 @@ ALGORITHMS.fixed_window = {
   charge = function(key, spec, state, now, _, ttl_ms)
     local w, count = fixed_window_current(spec, state, now)
     redis.call('SET', key, int(w.index) .. ' ' .. int(count + spec.upfront), 'PX', ttl_ms)
-    return w.index * w.length + w.elapsed
+    return w.start + w.elapsed
   end,
   -- Past the limit if need be, until the window ends.
   debit = function(key, spec, state, now, units)
@@ -42,7 +42,7 @@ ALGORITHMS.fixed_window = {
   -- expires with it).
   refund = function(key, spec, charged_at)
     local state = load_numbers(key)
-    if state and state[1] == floor_div(charged_at, spec.window_us) and state[2] > 0 then
+    if state and state[1] == window_at(spec, 0, charged_at).index and state[2] > 0 then
       redis.call('SET', key, int(state[1]) .. ' ' .. int(math.max(state[2] - spec.upfront, 0)), 'KEEPTTL')
     end
   end,

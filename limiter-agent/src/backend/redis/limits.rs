@@ -18,6 +18,9 @@
 //!   `limit × window` or `capacity × window` would pass 2^53 units
 //!   (`LimitSpec::check_exact_in_doubles`); below that the arithmetic is exact.
 //!
+//! - A calendar window (`window = "month"`) is found among the boundaries the agent
+//!   works out in its zone around its own clock (the script has no tz database); its
+//!   state's window is its start, in µs.
 //! - A refund is a second script (`refund.lua`, after the same parts), one round trip
 //!   for all of a request's buckets, with the time each charge counted at from the
 //!   step's reply (the server's clock again); a post-paid charge is a third
@@ -107,7 +110,7 @@ impl RedisStore {
         });
         invocation.arg(self.time_arg(now));
         for bucket in buckets {
-            self.bucket_args(&mut invocation, bucket);
+            self.bucket_args(&mut invocation, bucket, now);
         }
         let reply: Vec<i64> =
             self.fleet.call(|mut connection| async move { invocation.invoke_async(&mut connection).await }).await?;
@@ -155,7 +158,7 @@ impl RedisStore {
         let mut invocation = script.prepare_invoke();
         invocation.arg(self.time_arg(now));
         for (bucket, argument) in buckets {
-            self.bucket_args(&mut invocation, bucket);
+            self.bucket_args(&mut invocation, bucket, now);
             invocation.arg(argument);
         }
         let reply: T =
@@ -171,8 +174,9 @@ impl RedisStore {
         }
     }
 
-    /// A bucket's key, and its spec's arguments.
-    fn bucket_args(&self, invocation: &mut ScriptInvocation<'_>, bucket: &Bucket<'_>) {
+    /// A bucket's key, and its spec's arguments; a calendar window's boundaries are
+    /// those around `now`, this agent's time (the script finds the server's among them).
+    fn bucket_args(&self, invocation: &mut ScriptInvocation<'_>, bucket: &Bucket<'_>, now: Duration) {
         let spec = bucket.spec;
         invocation.key(self.fleet.key(&format!("{}:{}:{}", kind(spec.algorithm), bucket.policy, bucket.key)));
         let shaper = spec.algorithm == Algorithm::LeakyBucket && spec.queue.is_some();
@@ -182,6 +186,9 @@ impl RedisStore {
             .arg(spec.window_micros())
             .arg(spec.capacity().get())
             .arg(u8::from(shaper))
+            .arg(spec.calendar.as_ref().map_or_else(String::new, |calendar| {
+                calendar.around(now).map(|bound| bound.as_micros().to_string()).join(" ")
+            }))
             .arg(spec.cost.upfront())
             .arg(spec.cost.needed());
     }

@@ -37,7 +37,16 @@ fn nz(n: u32) -> NonZeroU32 {
 }
 
 fn spec(algorithm: Algorithm, limit: u32, window: Duration) -> LimitSpec {
-    LimitSpec { algorithm, limit: nz(limit), window, burst: None, throttle: None, queue: None, cost: Cost::default() }
+    LimitSpec {
+        algorithm,
+        limit: nz(limit),
+        window,
+        burst: None,
+        throttle: None,
+        queue: None,
+        calendar: None,
+        cost: Cost::default(),
+    }
 }
 
 /// One bucket, checked then charged as the store does.
