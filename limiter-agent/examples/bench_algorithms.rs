@@ -74,6 +74,8 @@ fn spec(algorithm: Algorithm) -> LimitSpec {
         burst: None,
         throttle: None,
         queue: None,
+        cost: limiter_core::Cost::default(),
+        calendar: None,
     }
 }
 

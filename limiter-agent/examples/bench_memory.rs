@@ -58,6 +58,8 @@ fn proxy_bytes_per_key(algorithm: Algorithm, keys: usize) -> f64 {
         burst: None,
         throttle: None,
         queue: None,
+        cost: limiter_core::Cost::default(),
+        calendar: None,
     };
     let names: Vec<String> =
         (0..keys).map(|i| format!("10.{}.{}.{}", i >> 16 & 0xff, i >> 8 & 0xff, i & 0xff)).collect();

@@ -36,6 +36,8 @@ fn spec() -> LimitSpec {
         burst: None,
         throttle: None,
         queue: None,
+        cost: limiter_core::Cost::default(),
+        calendar: None,
     }
 }
 

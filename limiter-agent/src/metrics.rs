@@ -315,6 +315,11 @@ fn render_proxy(out: &mut String, proxy: &Proxy) {
             stats.refunded,
         ),
         (
+            "limiter_proxy_post_paid_charges_total",
+            "Requests charged their cost_from (a response header, the upstream's milliseconds) once their answer said how much.",
+            stats.post_paid_charges,
+        ),
+        (
             "limiter_proxy_workers_replaced_total",
             "Proxy workers that died (a panic) and were replaced; the connections each served were cut.",
             stats.workers_replaced,

@@ -11,7 +11,8 @@ use std::{
 
 use ipnet::IpNet;
 use limiter_core::{
-    Algorithm, LimitSpec, adaptive,
+    Algorithm, Cost, CostFrom, CostSource, LimitSpec, adaptive,
+    calendar::{Calendar, Period, Zone},
     carried::{JsonPointer, PointerError},
     path::{CanonicalPath, EscapedSlashes, PathOptions},
     spec::LimitOptions,
@@ -364,18 +365,21 @@ macro_rules! with_limit {
             #[serde(default, deserialize_with = "some_algorithm")]
             algorithm: Option<Algorithm>,
             limit: Option<NonZeroU32>,
-            window: Option<HumanDuration>,
+            window: Option<WrittenWindow>,
             burst: Option<NonZeroU32>,
             throttle_from: Option<u32>,
             throttle_delay: Option<HumanDuration>,
             throttle_step: Option<NonZeroU32>,
             throttle_max_delay: Option<HumanDuration>,
             queue: Option<u32>,
+            cost: Option<NonZeroU32>,
+            cost_from: Option<RawCostFrom>,
         }
 
         impl $name {
-            /// The limit written, `None` if the record sets none of its fields.
-            fn limit_spec(&self) -> Result<Option<LimitSpec>, String> {
+            /// The limit written, `None` if the record sets none of its fields; a
+            /// calendar window turns in `zone` (UTC if `None`).
+            fn limit_spec(&self, zone: Option<&Zone>) -> Result<Option<LimitSpec>, String> {
                 let (Some(limit), Some(window)) = (self.limit, self.window) else {
                     let any = self.algorithm.is_some()
                         || self.limit.is_some()
@@ -385,10 +389,19 @@ macro_rules! with_limit {
                         || self.throttle_delay.is_some()
                         || self.throttle_step.is_some()
                         || self.throttle_max_delay.is_some()
-                        || self.queue.is_some();
+                        || self.queue.is_some()
+                        || self.cost.is_some()
+                        || self.cost_from.is_some();
                     return if any { Err("a limit needs both limit and window".to_owned()) } else { Ok(None) };
                 };
-                let algorithm = self.algorithm.unwrap_or_default();
+                let (window, calendar) = match window {
+                    WrittenWindow::Length(length) => (length.0, None),
+                    WrittenWindow::Calendar(period) => {
+                        (period.nominal(), Some(Calendar { period, zone: zone.cloned().unwrap_or_default() }))
+                    }
+                };
+                // A calendar window counts in fixed windows, and only there.
+                let algorithm = self.algorithm.unwrap_or(if calendar.is_some() { Algorithm::FixedWindow } else { Algorithm::default() });
                 let options = LimitOptions {
                     burst: self.burst,
                     throttle_from: self.throttle_from,
@@ -399,12 +412,78 @@ macro_rules! with_limit {
                         .queue
                         .map(|queue| NonZeroU32::new(queue).ok_or_else(|| "a leaky_bucket's queue must be at least 1".to_owned()))
                         .transpose()?,
+                    calendar,
+                    cost: match (self.cost, &self.cost_from) {
+                        (None, None) => Cost::default(),
+                        (Some(units), None) => Cost::Units(units),
+                        (None, Some(from)) => Cost::From(from.checked()?),
+                        (Some(_), Some(_)) => return Err(limiter_core::SpecError::CostAndCostFrom.to_string()),
+                    },
                 };
-                LimitSpec::new(algorithm, limit, window.0, options).map(Some).map_err(|error| error.to_string())
+                LimitSpec::new(algorithm, limit, window, options).map(Some).map_err(|error| error.to_string())
             }
         }
     };
 }
+
+/// `cost_from = { response_header = "…", max = N, strip = true }` or
+/// `{ upstream_ms = true, max = N }` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCostFrom {
+    response_header: Option<String>,
+    #[serde(default)]
+    upstream_ms: bool,
+    max: Option<NonZeroU32>,
+    strip: Option<bool>,
+}
+
+impl RawCostFrom {
+    fn checked(&self) -> Result<CostFrom, String> {
+        let max = self.max.ok_or("cost_from needs max: the most units one request is charged")?;
+        let source = match (&self.response_header, self.upstream_ms) {
+            (Some(name), false) => CostSource::ResponseHeader {
+                name: http::HeaderName::try_from(name.as_str())
+                    .map_err(|_| format!("cost_from.response_header: `{name}` is not a header name"))?,
+                strip: self.strip.unwrap_or(true),
+            },
+            (None, true) if self.strip.is_some() => {
+                return Err("cost_from.strip goes with response_header: upstream_ms reads no header".to_owned());
+            }
+            (None, true) => CostSource::UpstreamMs,
+            (Some(_), true) => return Err("cost_from takes response_header or upstream_ms = true, not both".to_owned()),
+            (None, false) => return Err("cost_from needs response_header = \"…\" or upstream_ms = true".to_owned()),
+        };
+        Ok(CostFrom { source, max })
+    }
+}
+
+/// A limit's `window` as written: a length (`"1m"`), or a calendar period (`"month"`).
+#[derive(Clone, Copy, Debug)]
+enum WrittenWindow {
+    Length(HumanDuration),
+    Calendar(Period),
+}
+
+impl<'de> Deserialize<'de> for WrittenWindow {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if let Ok(period) = text.parse() {
+            return Ok(Self::Calendar(period));
+        }
+        HumanDuration::parse(&text).map(Self::Length).map_err(|error| {
+            de::Error::custom(format!("{error}; or a calendar window: \"day\", \"week\" or \"month\""))
+        })
+    }
+}
+
+/// `calendar_tz`: the zone a record's calendar windows turn in.
+fn calendar_zone(calendar_tz: Option<&str>) -> Result<Option<Zone>, String> {
+    calendar_tz.map(Zone::named).transpose().map_err(|error| error.to_string())
+}
+
+/// `calendar_tz` set where no window turns on the calendar would change nothing.
+const ZONE_WITHOUT_CALENDAR: &str = "calendar_tz goes with a window of \"day\", \"week\" or \"month\"";
 
 with_limit! {
     /// A plan's whole record.
@@ -412,15 +491,24 @@ with_limit! {
         disclose: Option<Disclose>,
         priority: Option<u8>,
         refusal: Option<RefusalAdvice>,
+        calendar_tz: Option<String>,
+        limits: Option<Vec<RawPlanLimit>>,
     }
 }
 
-/// One `[proxy.plans.NAME]`: the limit every request of its keys is counted in.
+with_limit! {
+    /// One entry of a plan's `limits`.
+    struct RawPlanLimit {
+        name: String,
+    }
+}
+
+/// One `[proxy.plans.NAME]`: the limits every request of its keys is counted in.
 #[derive(Clone, Debug, Deserialize, PartialEq, Changes)]
 #[serde(try_from = "RawPlan")]
 pub struct Plan {
-    #[changes(flatten)]
-    pub spec: LimitSpec,
+    /// One at least: the plan's own `limit` and `window`, or its `limits` list.
+    pub limits: Vec<PlanLimit>,
     /// What the rate-limit headers tell this plan's clients, instead of `proxy.disclose`.
     #[changes(unset = "proxy.disclose")]
     pub disclose: Option<Disclose>,
@@ -430,16 +518,72 @@ pub struct Plan {
     pub refusal: Option<RefusalAdvice>,
 }
 
+/// One of a plan's limits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanLimit {
+    /// Its name in `limits`; `None` for a plan written with one `limit` and `window`,
+    /// which goes by the plan's name.
+    pub name: Option<String>,
+    pub spec: LimitSpec,
+}
+
+shown!(PlanLimit => |quota| match &quota.name {
+    Some(name) => format!("{name}: {}", describe_limit(&quota.spec)),
+    None => describe_limit(&quota.spec),
+});
+
 impl TryFrom<RawPlan> for Plan {
     type Error = String;
 
     fn try_from(raw: RawPlan) -> Result<Self, String> {
-        let spec = raw.limit_spec()?.ok_or("a plan needs limit and window")?;
+        let zone = calendar_zone(raw.calendar_tz.as_deref())?;
+        let limits = match (raw.limit_spec(zone.as_ref())?, &raw.limits) {
+            (Some(spec), None) => vec![PlanLimit { name: None, spec }],
+            (Some(_), Some(_)) => {
+                return Err("a plan has limit and window, or a list of limits = [ … ], not both".to_owned());
+            }
+            (None, None) => {
+                return Err("a plan needs limit and window, or limits = [ { name, limit, window }, … ]".to_owned());
+            }
+            (None, Some(written)) if written.is_empty() => return Err("limits lists at least one limit".to_owned()),
+            (None, Some(written)) => {
+                let mut limits: Vec<PlanLimit> = Vec::with_capacity(written.len());
+                for (i, quota) in written.iter().enumerate() {
+                    let name = quota.name.clone();
+                    if name.is_empty() {
+                        return Err(format!("limits[{i}] needs a name"));
+                    }
+                    if limits.iter().any(|other| other.name.as_ref() == Some(&name)) {
+                        return Err(format!("limit name `{name}` appears twice in limits"));
+                    }
+                    let spec = quota
+                        .limit_spec(zone.as_ref())
+                        .and_then(|spec| spec.ok_or_else(|| "a limit needs both limit and window".to_owned()))
+                        .map_err(|message| format!("limits[{i}] (`{name}`): {message}"))?;
+                    limits.push(PlanLimit { name: Some(name), spec });
+                }
+                limits
+            }
+        };
+        if zone.is_some() && limits.iter().all(|quota| quota.spec.calendar.is_none()) {
+            return Err(ZONE_WITHOUT_CALENDAR.to_owned());
+        }
         Ok(Self {
-            spec,
+            limits,
             disclose: raw.disclose,
             priority: raw.priority.unwrap_or(DEFAULT_PLAN_PRIORITY),
             refusal: raw.refusal,
+        })
+    }
+}
+
+impl Plan {
+    /// Each limit with the name its policy goes by: the plan's own for a plan of one
+    /// unnamed limit, `PLAN.LIMIT` for an entry of `limits`.
+    pub fn named_limits<'a>(&'a self, plan: &'a str) -> impl Iterator<Item = (String, &'a LimitSpec)> + 'a {
+        self.limits.iter().map(move |quota| match &quota.name {
+            Some(name) => (format!("{plan}.{name}"), &quota.spec),
+            None => (plan.to_owned(), &quota.spec),
         })
     }
 }
@@ -893,6 +1037,9 @@ pub struct Rule {
     pub concurrency: Option<Concurrency>,
     /// What a 429 this rule refuses tells the client to do.
     pub refusal: Option<RefusalAdvice>,
+    /// `plans`: the rule counts only requests proving a key on one of these plans;
+    /// empty: every request.
+    pub plans: Vec<String>,
 }
 
 /// A rule's `concurrency`, `queue` and `queue_timeout`: each key's requests in flight
@@ -1081,6 +1228,17 @@ pub enum RuleAction {
     Concurrent,
 }
 
+impl RuleAction {
+    /// The limit of a `limit` rule.
+    #[must_use]
+    pub const fn limit(&self) -> Option<&LimitSpec> {
+        match self {
+            Self::Limit(spec) => Some(spec),
+            Self::Deny | Self::Tag | Self::Concurrent => None,
+        }
+    }
+}
+
 with_limit! {
     /// One `[[proxy.rules]]` record.
     struct RawRule {
@@ -1102,6 +1260,8 @@ with_limit! {
         concurrency: Option<NonZeroU32>,
         queue_timeout: Option<HumanDuration>,
         refusal: Option<RefusalAdvice>,
+        calendar_tz: Option<String>,
+        plans: Option<Vec<String>>,
     }
 }
 
@@ -1121,7 +1281,11 @@ impl TryFrom<RawRule> for Rule {
             return Err(in_rule(format!("path `{path}` must start with /")));
         }
         let methods = parse_methods(&raw.methods).map_err(in_rule)?;
-        let limit = raw.limit_spec().map_err(in_rule)?;
+        let zone = calendar_zone(raw.calendar_tz.as_deref()).map_err(in_rule)?;
+        let limit = raw.limit_spec(zone.as_ref()).map_err(in_rule)?;
+        if zone.is_some() && limit.as_ref().is_none_or(|spec| spec.calendar.is_none()) {
+            return Err(in_rule(ZONE_WITHOUT_CALENDAR.to_owned()));
+        }
         let key = raw.key.clone().map(KeySpec::try_from).transpose().map_err(|error| in_rule(error.to_string()))?;
         let (action, key) = match (raw.action.as_deref(), limit, key) {
             (None | Some("limit"), Some(spec), Some(key)) => {
@@ -1167,8 +1331,24 @@ impl TryFrom<RawRule> for Rule {
                 "escalate needs action = \"deny\": limits escalate by whose bucket refused".to_owned(),
             ));
         }
+        if matches!(action, RuleAction::Deny | RuleAction::Tag) && raw.plans.is_some() {
+            return Err(in_rule(
+                "plans needs a limit or concurrency rule: deny and tag rules screen requests before their key is proven"
+                    .to_owned(),
+            ));
+        }
+        if raw.plans.as_ref().is_some_and(Vec::is_empty) {
+            return Err(in_rule("plans lists at least one plan (leave it out to count every request)".to_owned()));
+        }
         let when = Conditions::try_from(raw.when).map_err(in_rule)?;
         let count_when = raw.count_when.map(CountWhen::try_from).transpose().map_err(in_rule)?;
+        if count_when.is_some() && action.limit().is_some_and(|spec| spec.cost.post_paid().is_some()) {
+            return Err(in_rule(
+                "count_when and cost_from: a post-paid request takes nothing to give back at admission, and is \
+                 charged what its answer says"
+                    .to_owned(),
+            ));
+        }
         if count_when.is_some() && !matches!(action, RuleAction::Limit(_)) {
             return Err(in_rule(
                 "count_when needs a limit rule with limit and window: deny and tag rules count nothing, and \
@@ -1193,6 +1373,7 @@ impl TryFrom<RawRule> for Rule {
             count_when,
             concurrency,
             refusal: raw.refusal,
+            plans: raw.plans.unwrap_or_default(),
         })
     }
 }
@@ -1228,6 +1409,13 @@ impl RawRule {
 }
 
 impl Rule {
+    /// Whether the rule counts requests of a key on `plan` (`None`: a request that
+    /// proved no key).
+    #[must_use]
+    pub fn counts_plan(&self, plan: Option<&str>) -> bool {
+        self.plans.is_empty() || plan.is_some_and(|plan| self.plans.iter().any(|name| name == plan))
+    }
+
     /// Whether the rule applies to a request: its path, methods and `when`.
     #[must_use]
     pub fn applies(&self, seen: &Seen<'_>) -> bool {
@@ -1239,10 +1427,7 @@ impl Rule {
     /// The limit of a `limit` rule.
     #[must_use]
     pub fn limit(&self) -> Option<&LimitSpec> {
-        match &self.action {
-            RuleAction::Limit(spec) => Some(spec),
-            RuleAction::Deny | RuleAction::Tag | RuleAction::Concurrent => None,
-        }
+        self.action.limit()
     }
 }
 
@@ -1591,6 +1776,12 @@ impl ProxyConfig {
             if let Some(path) = &rule.path {
                 self.check_rule_path(path).map_err(|message| (format!("proxy.rules[{i}].path"), message))?;
             }
+            if let Some(unknown) = rule.plans.iter().find(|plan| !self.plans.contains_key(*plan)) {
+                return Err((
+                    format!("proxy.rules[{i}].plans"),
+                    format!("rule `{}` counts plan `{unknown}`, which [proxy.plans] does not define", rule.name),
+                ));
+            }
             if rule.key.needs_token() && self.jwt.is_none() {
                 return Err((
                     format!("proxy.rules[{i}].key"),
@@ -1671,7 +1862,15 @@ impl ProxyConfig {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, rule)| Some((format!("proxy.rules[{i}].limit"), rule.limit()?)));
-            let plans = self.plans.iter().map(|(name, plan)| (format!("proxy.plans.{name}.limit"), &plan.spec));
+            let plans = self.plans.iter().flat_map(|(name, plan)| {
+                plan.limits.iter().enumerate().map(move |(i, quota)| {
+                    let key = match &quota.name {
+                        Some(_) => format!("proxy.plans.{name}.limits[{i}]"),
+                        None => format!("proxy.plans.{name}.limit"),
+                    };
+                    (key, &quota.spec)
+                })
+            });
             for (key, spec) in rules.chain(plans) {
                 spec.check_exact_in_doubles().map_err(|error| (key, error.to_string()))?;
             }
@@ -1879,5 +2078,16 @@ fn describe_limit(spec: &LimitSpec) -> String {
         }
     }));
     options.extend(spec.queue.map(|queue| format!("queue {queue}")));
-    format!("{} per {} ({})", spec.limit, HumanDuration(spec.window), options.join(", "))
+    match &spec.cost {
+        Cost::Units(units) if units.get() == 1 => {}
+        Cost::Units(units) => options.push(format!("cost {units}")),
+        Cost::From(CostFrom { source: CostSource::ResponseHeader { name, .. }, max }) => {
+            options.push(format!("cost from {name} up to {max}"));
+        }
+        Cost::From(CostFrom { source: CostSource::UpstreamMs, max }) => {
+            options.push(format!("cost the upstream's ms up to {max}"));
+        }
+    }
+    let window = spec.calendar.as_ref().map_or_else(|| HumanDuration(spec.window).to_string(), ToString::to_string);
+    format!("{} per {window} ({})", spec.limit, options.join(", "))
 }

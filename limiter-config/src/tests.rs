@@ -31,9 +31,13 @@ fn example_config_parses_with_its_documented_values() {
     assert_eq!(xdp.cidr.len(), 2);
     assert!(matches!(xdp.cidr[1].action, CidrAction::Limit(l) if l.burst.get() == 200));
     let proxy = config.proxy.expect("proxy");
-    assert_eq!(proxy.plans["free"].spec.limit, NonZeroU32::new(100).expect("nonzero"));
-    assert_eq!(proxy.plans["free"].spec.algorithm, Algorithm::SlidingWindowCounter);
-    assert_eq!(proxy.plans["pro"].spec.throttle.map(|t| (t.from, t.delay)), Some((900, Duration::from_millis(50))));
+    assert_eq!(proxy.plans["free"].limits[0].spec.limit, NonZeroU32::new(100).expect("nonzero"));
+    assert_eq!(proxy.plans["free"].limits[0].spec.algorithm, Algorithm::SlidingWindowCounter);
+    let pro: Vec<(String, &limiter_core::LimitSpec)> = proxy.plans["pro"].named_limits("pro").collect();
+    let names: Vec<&str> = pro.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["pro.burst", "pro.minute", "pro.monthly"]);
+    assert_eq!(pro[1].1.throttle.map(|t| (t.from, t.delay)), Some((900, Duration::from_millis(50))));
+    assert!(pro[2].1.calendar.is_some());
     use crate::proxy::Disclose;
     assert_eq!(
         (proxy.disclose, proxy.plans["pro"].disclose, proxy.plans["free"].disclose),
@@ -142,7 +146,7 @@ fn throttle_band_must_sit_below_the_limit() {
 #[test]
 fn a_progressive_band_reads_its_step_and_cap_and_names_the_plan_of_a_cap_below_the_delay() {
     let config = parse(EXAMPLE).expect("example config");
-    let free = config.proxy.expect("proxy").plans["free"].spec.throttle.expect("a band");
+    let free = config.proxy.expect("proxy").plans["free"].limits[0].spec.throttle.expect("a band");
     let step = free.step.expect("a progressive band");
     assert_eq!((free.from, step.every.get(), step.max_delay), (80, 5, Duration::from_secs(1)));
     let (line, key, message) =
@@ -181,6 +185,10 @@ fn a_redis_store_refuses_limits_beyond_exact_lua_arithmetic() {
     let (_, key, message) = refusal(&format!("{PROXY}{redis}{plan}"));
     assert_eq!(key, "proxy.plans.huge.limit", "{message}");
     parse(&format!("{PROXY}{plan}")).expect("the memory store takes it");
+    let quotas = "[proxy.plans.huge]\nlimits = [\n  { name = \"month\", limit = 4_000_000_000, window = \"month\" },\n  \
+                  { name = \"30d\", limit = 4_000_000_000, window = \"30d\" },\n]\n";
+    let (_, key, message) = refusal(&format!("{PROXY}{redis}{quotas}"));
+    assert_eq!(key, "proxy.plans.huge.limits[1]", "{message}: a calendar month counts only instants");
 }
 
 /// The kernel allocates an LRU map whole when it is created: a size beyond what a
@@ -1133,6 +1141,66 @@ fn adaptive_has_defaults_replaces_a_fixed_concurrency_and_names_its_mistakes() {
 }
 
 #[test]
+fn costs_parse_on_rules_and_plans_and_name_their_mistakes() {
+    use limiter_core::{Cost, CostFrom, CostSource};
+    let nz = |n| NonZeroU32::new(n).expect("nonzero");
+    let rule = |body: &str| {
+        format!("{PROXY}[[proxy.rules]]\nname = \"search\"\nkey = \"ip\"\nlimit = 20\nwindow = \"1m\"\n{body}")
+    };
+    let search = parse(&rule("cost = 5\n")).expect("a cost").proxy.expect("proxy");
+    assert_eq!(search.rules[0].limit().map(|spec| spec.cost.upfront()), Some(5));
+    let metered = parse(&rule("cost_from = { response_header = \"X-Request-Cost\", max = 1000 }\n")).expect("metered");
+    let header = http::HeaderName::from_static("x-request-cost");
+    let expected = CostFrom { source: CostSource::ResponseHeader { name: header, strip: true }, max: nz(1000) };
+    assert_eq!(metered.proxy.expect("proxy").rules[0].limit().map(|spec| &spec.cost), Some(&Cost::From(expected)));
+    let plan = format!(
+        "{PROXY}[proxy.plans.compute]\nlimit = 60_000\nwindow = \"1m\"\ncost_from = {{ upstream_ms = true, max = 30_000 }}\n"
+    );
+    let plans = parse(&plan).expect("an upstream_ms plan").proxy.expect("proxy").plans;
+    let expected = CostFrom { source: CostSource::UpstreamMs, max: nz(30_000) };
+    assert_eq!(plans["compute"].limits[0].spec.cost, Cost::From(expected));
+    let quotas = format!(
+        "{PROXY}[proxy.plans.pro]\nlimits = [\n  {{ name = \"minute\", limit = 100, window = \"1m\", cost = 5 }},\n  \
+         {{ name = \"day\", limit = 10_000, window = \"day\", cost_from = {{ upstream_ms = true, max = 100 }} }},\n]\n"
+    );
+    let plans = parse(&quotas).expect("costs in a plan's limits").proxy.expect("proxy").plans;
+    let costs: Vec<(u32, bool)> = plans["pro"]
+        .limits
+        .iter()
+        .map(|quota| (quota.spec.cost.upfront(), quota.spec.cost.post_paid().is_some()))
+        .collect();
+    assert_eq!(costs, [(5, false), (0, true)], "each quota its own cost");
+
+    for (body, says) in [
+        ("cost = 21\n", "cost = 21 is more than the 20 units"),
+        ("cost = 0\n", "nonzero"),
+        ("cost = 2\ncost_from = { upstream_ms = true, max = 10 }\n", "cost and cost_from go apart"),
+        ("algorithm = \"sliding_window_log\"\ncost = 2\n", "a cost other than 1 needs another algorithm"),
+        (
+            "algorithm = \"leaky_bucket\"\nqueue = 3\ncost_from = { upstream_ms = true, max = 10 }\n",
+            "cost_from needs a bucket that can go into debt",
+        ),
+        ("cost_from = { upstream_ms = true }\n", "cost_from needs max"),
+        ("cost_from = { max = 10 }\n", "cost_from needs response_header"),
+        ("cost_from = { upstream_ms = true, response_header = \"x-cost\", max = 10 }\n", "not both"),
+        ("cost_from = { upstream_ms = true, max = 10, strip = false }\n", "strip goes with response_header"),
+        ("cost_from = { response_header = \"no spaces\", max = 10 }\n", "`no spaces` is not a header name"),
+        ("cost_from = { header = \"x-cost\", max = 10 }\n", "unknown field `header`"),
+        (
+            "cost_from = { upstream_ms = true, max = 10 }\ncount_when = { status = [\"5xx\"] }\n",
+            "count_when and cost_from",
+        ),
+    ] {
+        let (line, key, message) = refusal(&rule(body));
+        assert!(line >= 4 && key.starts_with("proxy.rules[0]"), "{body}: {line} {key}: {message}");
+        assert!(message.contains(says), "{body}: {message}");
+    }
+    let (line, key, message) = refusal(&format!("{PROXY}[proxy.plans.free]\nlimit = 4\nwindow = \"1m\"\ncost = 5\n"));
+    assert_eq!((line, key.as_str()), (4, "proxy.plans.free"), "{message}");
+    assert!(message.contains("cost = 5 is more than the 4 units"), "{message}");
+}
+
+#[test]
 fn a_refusal_takes_a_detail_and_an_absolute_http_link() {
     let text = format!(
         "{PROXY}[proxy.plans.free]\nlimit = 10\nwindow = \"1m\"\n\
@@ -1197,4 +1265,90 @@ fn a_security_log_takes_a_path_or_a_syslog_socket() {
         assert!(message.contains(why), "{bad}: {message}");
     }
     assert!(refusal("[agent.security_log]\npath = \"/x\"\nformat = \"xml\"\n").2.contains("unknown variant"));
+}
+
+#[test]
+fn a_plan_lists_named_quotas_with_calendar_windows_in_its_zone() {
+    let text = format!(
+        r#"{PROXY}
+[proxy.plans.pro]
+limits = [
+  {{ name = "burst", limit = 20, window = "1s", algorithm = "token_bucket", burst = 40 }},
+  {{ name = "monthly", limit = 1_000_000, window = "month" }},
+]
+calendar_tz = "Europe/Berlin"
+"#
+    );
+    let proxy = parse(&text).expect("a plan of two quotas").proxy.expect("proxy");
+    let pro = &proxy.plans["pro"];
+    let named: Vec<(String, Algorithm)> = pro.named_limits("pro").map(|(name, spec)| (name, spec.algorithm)).collect();
+    assert_eq!(
+        named,
+        [("pro.burst".to_owned(), Algorithm::TokenBucket), ("pro.monthly".to_owned(), Algorithm::FixedWindow)]
+    );
+    let calendar = pro.limits[1].spec.calendar.as_ref().expect("a calendar window");
+    assert_eq!(calendar.to_string(), "month in Europe/Berlin");
+    assert_eq!(pro.limits[1].spec.window, Duration::from_secs(30 * 86_400));
+    assert!(pro.limits[0].spec.calendar.is_none());
+}
+
+#[test]
+fn quota_and_calendar_mistakes_are_refused_at_their_line() {
+    let plan = |body: &str| format!("{PROXY}\n[proxy.plans.pro]\n{body}\n");
+    for (text, needle) in [
+        (
+            plan("limit = 5\nwindow = \"month\"\nalgorithm = \"sliding_window_counter\""),
+            "only algorithm = \"fixed_window\"",
+        ),
+        (
+            plan("limits = [{ name = \"a\", limit = 5, window = \"week\", algorithm = \"token_bucket\" }]"),
+            "limits[0] (`a`)",
+        ),
+        (
+            plan(
+                "limits = [{ name = \"a\", limit = 5, window = \"1s\" }, { name = \"a\", limit = 9, window = \"1m\" }]",
+            ),
+            "appears twice",
+        ),
+        (plan("limit = 5\nwindow = \"1s\"\nlimits = [{ name = \"a\", limit = 5, window = \"1s\" }]"), "not both"),
+        (plan("limits = []"), "at least one"),
+        (plan("limit = 5\nwindow = \"day\"\ncalendar_tz = \"Mars/Olympus\""), "`Mars/Olympus` is not a time zone"),
+        (plan("limit = 5\nwindow = \"1m\"\ncalendar_tz = \"UTC\""), "calendar_tz goes with"),
+    ] {
+        let (line, key, message) = refusal(&text);
+        assert!(key.starts_with("proxy.plans.pro"), "{key}: {message}");
+        assert_eq!(line, 5, "{message}");
+        assert!(message.contains(needle), "{message} lacks {needle}");
+    }
+    let (line, key, message) = refusal(&plan("limit = 5\nwindow = \"fortnight\""));
+    assert_eq!((line, key.as_str()), (7, "proxy.plans.pro.window"), "{message}");
+    assert!(message.contains("\"day\", \"week\" or \"month\""), "{message}");
+    let rule = |body: &str| {
+        format!(
+            "{PROXY}\n[proxy.plans.free]\nlimit = 1\nwindow = \"1s\"\n[[proxy.rules]]\nname = \"r\"\nkey = \"ip\"\nlimit = 5\nwindow = \"day\"\n{body}\n"
+        )
+    };
+    let (_, key, message) = refusal(&rule("plans = [\"gold\"]"));
+    assert_eq!(key, "proxy.rules[0].plans", "{message}");
+    assert!(message.contains("`gold`"), "{message}");
+    let (_, _, message) = refusal(&rule("plans = []"));
+    assert!(message.contains("at least one plan"), "{message}");
+    let (_, _, message) = refusal(&rule("algorithm = \"sliding_window_log\""));
+    assert!(message.contains("rule `r`") && message.contains("fixed_window"), "{message}");
+    let proxy =
+        parse(&rule("plans = [\"free\"]\ncalendar_tz = \"America/New_York\"")).expect("valid").proxy.expect("proxy");
+    assert_eq!(proxy.rules[0].plans, ["free"]);
+    assert!(proxy.rules[0].counts_plan(Some("free")) && !proxy.rules[0].counts_plan(Some("pro")));
+    assert!(!proxy.rules[0].counts_plan(None), "a keyless request is on no plan");
+}
+
+/// The README's worked example of three tiers is a config `limiter check` takes.
+#[test]
+fn the_readmes_three_tiers_parse() {
+    let readme = include_str!("../../README.md");
+    let example = readme.split("an API product with three tiers and monthly quotas").nth(1).expect("the example");
+    let toml = example.split("```toml\n").nth(1).and_then(|rest| rest.split("```").next()).expect("its config");
+    let proxy = parse(&format!("{PROXY}{toml}")).expect("the README's example").proxy.expect("proxy");
+    let quotas: Vec<usize> = ["free", "pro", "enterprise"].map(|plan| proxy.plans[plan].limits.len()).into();
+    assert_eq!(quotas, [2, 3, 2]);
 }

@@ -1,4 +1,5 @@
-//! The limiter's decisions, without I/O: what a limit is ([`spec`]), how an adaptive
+//! The limiter's decisions, without I/O: what a limit is ([`spec`]; its calendar
+//! windows, [`calendar`]), how an adaptive
 //! concurrency limit moves ([`adaptive`]), the five
 //! algorithms and the bucket store ([`limits`]), the time they are measured with
 //! ([`clock`]), the signed-request scheme ([`signature`]), the checks of a client's
@@ -12,6 +13,7 @@
 //! into these types, and keeps the state that lives elsewhere (Redis, the kernel).
 
 pub mod adaptive;
+pub mod calendar;
 pub mod carried;
 pub mod clock;
 pub mod inherited;
@@ -24,5 +26,5 @@ pub mod spec;
 
 pub use self::{
     clock::{Clock, FakeClock, SystemClock},
-    spec::{Algorithm, LimitSpec, SpecError, Step, Throttle},
+    spec::{Algorithm, Cost, CostFrom, CostSource, LimitSpec, SpecError, Step, Throttle},
 };

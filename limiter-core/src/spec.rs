@@ -3,6 +3,8 @@
 
 use std::{fmt, num::NonZeroU32, str::FromStr, time::Duration};
 
+use crate::calendar::Calendar;
+
 /// The algorithm of a rule or plan.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Algorithm {
@@ -63,6 +65,87 @@ pub struct LimitSpec {
     pub throttle: Option<Throttle>,
     /// Leaky bucket: hold up to this many requests and release them at the rate.
     pub queue: Option<NonZeroU32>,
+    /// Fixed window: windows that turn on the calendar (`window = "month"`), `window`
+    /// then being the period's usual length.
+    pub calendar: Option<Calendar>,
+    /// What one request takes from the bucket, in units of `limit`.
+    pub cost: Cost,
+}
+
+/// What a request costs its bucket: the limit, burst and queue count these units.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Cost {
+    /// Taken at admission in one atomic step: a request is admitted only if this many
+    /// units are left, and takes nothing if refused.
+    Units(NonZeroU32),
+    /// Post-paid: a request is admitted while at least one unit is left and takes
+    /// nothing then; what it cost is charged once its answer says ([`CostFrom`]),
+    /// which may leave the bucket in debt, repaid (by time) before the next
+    /// admission.
+    From(CostFrom),
+}
+
+impl Default for Cost {
+    fn default() -> Self {
+        Self::Units(NonZeroU32::MIN)
+    }
+}
+
+impl Cost {
+    /// Units an admitted request takes at once: none for a post-paid one.
+    #[must_use]
+    pub const fn upfront(&self) -> u32 {
+        match self {
+            Self::Units(units) => units.get(),
+            Self::From(_) => 0,
+        }
+    }
+
+    /// Units that must be left for a request to be admitted: at least one.
+    #[must_use]
+    pub const fn needed(&self) -> u32 {
+        match self {
+            Self::Units(units) => units.get(),
+            Self::From(_) => 1,
+        }
+    }
+
+    /// The post-paid source, if the cost is one.
+    #[must_use]
+    pub const fn post_paid(&self) -> Option<&CostFrom> {
+        match self {
+            Self::Units(_) => None,
+            Self::From(from) => Some(from),
+        }
+    }
+}
+
+/// Where a post-paid cost comes from, and the most one request is charged.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CostFrom {
+    pub source: CostSource,
+    pub max: NonZeroU32,
+}
+
+impl CostFrom {
+    /// The units to charge for a measure of `measured` (`None`: the answer gave no
+    /// readable one, charged `max`, so that a broken or hostile meter is never
+    /// free), clamped to `max`.
+    #[must_use]
+    pub fn units(&self, measured: Option<u64>) -> u32 {
+        measured.map_or(self.max.get(), |units| u32::try_from(units).unwrap_or(u32::MAX).min(self.max.get()))
+    }
+}
+
+/// What a post-paid request's units are.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum CostSource {
+    /// The value of this header of the upstream's response head, removed from the
+    /// client's response when `strip`.
+    ResponseHeader { name: http::HeaderName, strip: bool },
+    /// The milliseconds from sending the request upstream to the end of its
+    /// response (its body finished, or the connection closed).
+    UpstreamMs,
 }
 
 /// The delay band below the hard limit.
@@ -101,7 +184,7 @@ impl Throttle {
 }
 
 /// The options of a limit as written, before they are checked against each other.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct LimitOptions {
     pub burst: Option<NonZeroU32>,
     pub throttle_from: Option<u32>,
@@ -109,6 +192,8 @@ pub struct LimitOptions {
     pub throttle_step: Option<NonZeroU32>,
     pub throttle_max_delay: Option<Duration>,
     pub queue: Option<NonZeroU32>,
+    pub calendar: Option<Calendar>,
+    pub cost: Cost,
 }
 
 /// Why a limit cannot be built; the messages speak the config's key names.
@@ -136,6 +221,18 @@ pub enum SpecError {
     QueueWithoutLeakyBucket,
     #[error("a queue already delays requests: drop throttle_from/throttle_delay")]
     QueueAndThrottle,
+    #[error("cost = {cost} is more than the {capacity} units a full bucket holds: no request could pass")]
+    CostAboveCapacity { cost: u32, capacity: NonZeroU32 },
+    #[error("cost and cost_from go apart: a request costs a fixed number of units or what its answer says")]
+    CostAndCostFrom,
+    #[error("algorithm = \"sliding_window_log\" logs each request once: a cost other than 1 needs another algorithm")]
+    CostWithLog,
+    #[error(
+        "cost_from needs a bucket that can go into debt: a leaky_bucket's queue releases requests before their cost is known"
+    )]
+    CostFromWithQueue,
+    #[error("window = \"{0}\" turns on the calendar, which only algorithm = \"fixed_window\" does")]
+    CalendarWithoutFixedWindow(&'static str),
     #[error("limit {limit} (capacity {capacity}) over {window:?} is too large for the redis store; shorten the window")]
     InexactInRedis { limit: NonZeroU32, capacity: NonZeroU32, window: Duration },
 }
@@ -180,7 +277,33 @@ impl LimitSpec {
         if options.queue.is_some() && throttle.is_some() {
             return Err(SpecError::QueueAndThrottle);
         }
-        Ok(Self { algorithm, limit, window, burst: options.burst, throttle, queue: options.queue })
+        let window = match &options.calendar {
+            Some(calendar) if algorithm != Algorithm::FixedWindow => {
+                return Err(SpecError::CalendarWithoutFixedWindow(calendar.period.name()));
+            }
+            Some(calendar) => calendar.period.nominal(),
+            None => window,
+        };
+        let spec = Self {
+            algorithm,
+            limit,
+            window,
+            burst: options.burst,
+            throttle,
+            queue: options.queue,
+            calendar: options.calendar,
+            cost: options.cost,
+        };
+        if spec.cost != Cost::default() && algorithm == Algorithm::SlidingWindowLog {
+            return Err(SpecError::CostWithLog);
+        }
+        if spec.cost.post_paid().is_some() && spec.queue.is_some() {
+            return Err(SpecError::CostFromWithQueue);
+        }
+        if spec.cost.upfront() > spec.capacity().get() {
+            return Err(SpecError::CostAboveCapacity { cost: spec.cost.upfront(), capacity: spec.capacity() });
+        }
+        Ok(spec)
     }
 
     /// Requests a full bucket admits back to back.
@@ -201,7 +324,9 @@ impl LimitSpec {
     #[must_use]
     pub fn share(&self, agents: u32) -> Self {
         let agents = agents.max(1);
-        let part = |n: NonZeroU32| NonZeroU32::new(n.get().div_ceil(agents)).unwrap_or(NonZeroU32::MIN);
+        // Never below one request's cost, which a smaller bucket could never admit.
+        let least = self.cost.needed();
+        let part = |n: NonZeroU32| NonZeroU32::new(n.get().div_ceil(agents).max(least)).unwrap_or(NonZeroU32::MIN);
         let limit = part(self.limit);
         Self {
             algorithm: self.algorithm,
@@ -216,6 +341,8 @@ impl LimitSpec {
                 ..t
             }),
             queue: self.queue.map(part),
+            calendar: self.calendar.clone(),
+            cost: self.cost.clone(),
         }
     }
 
@@ -227,11 +354,17 @@ impl LimitSpec {
 
     /// Refuses a limit whose arithmetic in the Redis store's script (Lua counts in
     /// doubles) would pass 2^53: GCRA counts `capacity × window` in units of
-    /// `1 / limit` ns, the windowed algorithms `limit × window` in µs.
+    /// `1 / limit` ns, the windowed algorithms `limit × window` in µs; a post-paid
+    /// cost's debt adds `max` units to both. A calendar window's script counts only
+    /// instants, which doubles hold exactly.
     pub fn check_exact_in_doubles(&self) -> Result<(), SpecError> {
+        if self.calendar.is_some() {
+            return Ok(());
+        }
         let capacity = self.capacity();
-        let gcra = u128::from(self.window_micros()) * 1000 * u128::from(capacity.get());
-        let windowed = u128::from(self.window_micros()) * u128::from(self.limit.get());
+        let debt = u128::from(self.cost.post_paid().map_or(0, |from| from.max.get()));
+        let gcra = u128::from(self.window_micros()) * 1000 * (u128::from(capacity.get()) + debt);
+        let windowed = u128::from(self.window_micros()) * (u128::from(self.limit.get()) + debt);
         if gcra >= EXACT_IN_DOUBLES || windowed >= EXACT_IN_DOUBLES {
             return Err(SpecError::InexactInRedis { limit: self.limit, capacity, window: self.window });
         }

@@ -89,6 +89,8 @@ mod tests {
             burst: None,
             throttle: None,
             queue: None,
+            cost: limiter_core::Cost::default(),
+            calendar: None,
         }
     }
 

@@ -22,7 +22,7 @@ use std::{
 
 use limiter_core::{
     Clock as _,
-    limits::{Bucket, Charge, MemoryStore, Outcomes, Refund},
+    limits::{Bucket, Charge, Debit, MemoryStore, Outcomes, Quota, Refund},
     signature::{
         Authenticated, Begin, Guard, IdempotencyConfig, IdempotencyStore, ReplayCache, ReplayError, StoredResponse,
     },
@@ -305,6 +305,15 @@ impl Limits {
                 Ok(())
             }
             Self::Redis(store) => store.refund(refunds, now).await,
+        }
+    }
+
+    /// [`limiter_core::limits::MemoryStore::debit`], wherever the buckets are; `now`
+    /// is used in memory.
+    pub async fn debit(&self, debits: &[Debit<'_>], now: Duration) -> Result<Vec<Option<Quota>>, FleetError> {
+        match self {
+            Self::Memory(store) => Ok(store.debit(debits, now)),
+            Self::Redis(store) => store.debit(debits, now).await,
         }
     }
 

@@ -223,13 +223,15 @@ fn render_proxy(out: &mut String, proxy: &ProxyExplanation) {
         };
         let limit = format!("{}/{}s", policy.limit, policy.window_secs);
         let counted = policy.count_when.as_ref().map(|status| format!("  counts only {}", status.join(", ")));
+        let units = Some(&policy.units).filter(|units| *units != "requests").map(|units| format!("  in {units}"));
         *out += &format!(
-            "  {:<4} {:<16} {:<28} {:<22} {limit:<10}{quota}{}\n",
+            "  {:<4} {:<16} {:<28} {:<22} {limit:<10}{quota}{}{}\n",
             policy.kind.to_string(),
             policy.name,
             policy.key,
             policy.algorithm.name(),
             counted.unwrap_or_default(),
+            units.unwrap_or_default(),
         );
     }
     for gate in &limits.gates {

@@ -144,7 +144,7 @@ fn render(suggestions: &Suggestions) -> String {
         (Some(policies), _) => {
             let observed = policies.iter().map(|p| p.peaks.observed_secs).max().unwrap_or(0);
             out += &format!(
-                "proxy: the most requests one key sent in one window, over {observed} s; suggested = p99 × {}\n",
+                "proxy: the most requests (or units) one key sent in one window, over {observed} s; suggested = p99 × {}\n",
                 suggestions.headroom
             );
             out += &format!(
@@ -166,6 +166,9 @@ fn render(suggestions: &Suggestions) -> String {
                     peaks.keys_over,
                     suggested
                 );
+                if policy.units != "requests" {
+                    out += &format!("  (limit and peaks in {})\n", policy.units);
+                }
                 if peaks.untracked_requests > 0 {
                     out += &format!("  ({} requests of keys out of the sample)\n", peaks.untracked_requests);
                 }
@@ -236,11 +239,21 @@ mod tests {
                 keys_over: 1,
             },
             suggested_limit: Some(12),
+            units: "requests".to_owned(),
         };
-        let table =
-            render(&Suggestions { headroom: 1.5, proxy: Some(vec![suggestion]), proxy_note: None, kernel: None });
+        let searches =
+            Suggestion { name: "search".to_owned(), units: "units (5 a request)".to_owned(), ..suggestion.clone() };
+        let table = render(&Suggestions {
+            headroom: 1.5,
+            proxy: Some(vec![suggestion, searches]),
+            proxy_note: None,
+            kernel: None,
+        });
         let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines[0], "proxy: the most requests one key sent in one window, over 180 s; suggested = p99 × 1.5");
+        assert_eq!(
+            lines[0],
+            "proxy: the most requests (or units) one key sent in one window, over 180 s; suggested = p99 × 1.5"
+        );
         assert_eq!(
             lines[2],
             format!(
@@ -248,6 +261,7 @@ mod tests {
                 "rule per-ip", "10/60s", 100, 2, 8, 8, 30, 1, 12
             )
         );
-        assert_eq!(lines[3], "kernel layer: not sampled (no pinned maps, or --interval 0)");
+        assert_eq!(lines[4], "  (limit and peaks in units (5 a request))");
+        assert_eq!(lines[5], "kernel layer: not sampled (no pinned maps, or --interval 0)");
     }
 }

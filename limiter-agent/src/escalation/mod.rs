@@ -155,6 +155,8 @@ impl Settings {
             burst: None,
             throttle: None,
             queue: None,
+            cost: limiter_core::Cost::default(),
+            calendar: None,
         });
         let identity = format!("escalation {:?}", limit.as_ref().map(|l| (l.limit, l.window)));
         let xdp = config.xdp.as_ref();

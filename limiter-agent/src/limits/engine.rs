@@ -1,8 +1,9 @@
 //! The engine: from a request to the buckets it is counted in, and from their
 //! outcomes to one decision.
 //!
-//! A request is counted by every rule that matches it (path prefix and method), each
-//! under the key its `key` names, and, if it proved a known API key, by that key's
+//! A request is counted by every rule that matches it (path prefix and method; a rule
+//! with `plans`, only for a request proving a key on one of them), each under the key
+//! its `key` names, and, if it proved a known API key, by every limit of that key's
 //! plan. Keys:
 //!
 //! - `ip`: the client address; IPv6 per /64 (as in the kernel layer), IPv4-mapped
@@ -43,6 +44,11 @@
 //! `retry_after` of the rejecting ones) and charges no bucket; otherwise the request
 //! is delayed by the longest delay (throttle band or shaper), or forwarded.
 //!
+//! A request takes its buckets' `cost` in units (one by default). A bucket with
+//! `cost_from` admits while a unit is left and takes nothing then: the decision
+//! carries what the request owes ([`Decision::owed`]), which [`Engine::charge_owed`]
+//! charges once the answer says how much, into debt if need be.
+//!
 //! `decide` and `penalize` are async because the state may live in Redis; with the
 //! memory store they never wait, and cost what a plain call would.
 
@@ -59,13 +65,13 @@ use std::{
 use sha2::{Digest, Sha256};
 
 use limiter_core::{
-    Clock, LimitSpec,
+    Clock, CostFrom, LimitSpec,
     carried::{self, BodyFormat},
     jwt::Claims,
-    limits::{Bucket, Charge, MemoryStore, Outcome, Outcomes, Quota, Refund},
+    limits::{Bucket, Charge, Debit, MemoryStore, Outcome, Outcomes, Quota, Refund},
 };
 
-use super::observe::{Observation, Peaks};
+use super::observe::{Observation, Peaks, Usage};
 use crate::{
     backend::Stores,
     config::{
@@ -146,6 +152,15 @@ pub struct Suggestion {
     pub peaks: Peaks,
     /// The 99th percentile of the peaks times the headroom; `None` before any request.
     pub suggested_limit: Option<u32>,
+    /// What the limit and the peaks count: `requests`, or the units of its `cost`
+    /// (`units (5 a request)`, `units (x-request-cost, at most 1000)`, `upstream ms
+    /// (at most 30000)`).
+    #[serde(default = "requests")]
+    pub units: String,
+}
+
+pub(super) fn requests() -> String {
+    "requests".to_owned()
 }
 
 /// What the `deny` and `tag` rules made of a request.
@@ -175,6 +190,9 @@ pub struct Decision {
     /// The charges of the `count_when` rules, to give back ([`Engine::refund`]) once
     /// the upstream's answer is known.
     pub refundable: Vec<Refundable>,
+    /// The post-paid charges (`cost_from`) of a request let through, to take
+    /// ([`Engine::charge_owed`]) once its answer says how much.
+    pub owed: Vec<Owed>,
     /// The `concurrency` of each matching rule that has one, for a request let
     /// through: it is forwarded once it holds a place in flight in each.
     pub gates: Vec<Gated>,
@@ -220,6 +238,32 @@ pub struct Refundable {
     local: bool,
 }
 
+/// What a request let through owes a bucket with `cost_from`, once its answer says
+/// how much: the bucket as it was admitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owed {
+    /// The policy's name, for the headers of what it is charged.
+    name: String,
+    identity: Arc<str>,
+    key: String,
+    /// The spec admitted with: the policy's, or its share in the local fallback.
+    spec: LimitSpec,
+    /// The policy's `cost_from`.
+    from: CostFrom,
+    /// Admitted in the local fallback (`store_failure = "local"`) instead of the store.
+    local: bool,
+    /// Whose request it was, for `limiter suggest`.
+    client: IpAddr,
+}
+
+impl Owed {
+    /// Where the units come from, and the most charged.
+    #[must_use]
+    pub const fn cost_from(&self) -> &CostFrom {
+        &self.from
+    }
+}
+
 impl Refundable {
     fn refund(&self) -> Refund<'_> {
         Refund {
@@ -239,6 +283,7 @@ impl Decision {
             require_signature,
             own_bucket_refused: false,
             refundable: Vec::new(),
+            owed: Vec::new(),
             gates: Vec::new(),
             recorded: Recorded::default(),
         }
@@ -377,6 +422,8 @@ pub struct Engine<C: Clock> {
     policies: RwLock<Arc<Policies>>,
     /// The buckets are `stores.limits`.
     stores: Arc<Stores>,
+    /// Requests charged their `cost_from`, since the start.
+    post_paid: AtomicU64,
 }
 
 /// Where a policy comes from.
@@ -493,7 +540,11 @@ impl PolicyDecisions {
 
 impl Policy {
     fn new(kind: PolicyKind, name: &str, key: &KeySpec, spec: &LimitSpec, now: Duration) -> Self {
-        let identity = format!("{kind} {name:?} by {} {:?} {}ns", key, spec.algorithm, spec.window.as_nanos());
+        let mut identity = format!("{kind} {name:?} by {} {:?} {}ns", key, spec.algorithm, spec.window.as_nanos());
+        // A calendar window's state counts by its start, not by a multiple of its length.
+        if let Some(calendar) = &spec.calendar {
+            identity.push_str(&format!(" {calendar}"));
+        }
         Self {
             kind,
             name: name.to_owned(),
@@ -519,6 +570,7 @@ impl Policy {
             window_secs: self.spec.window.as_secs_f64(),
             peaks,
             suggested_limit: suggested,
+            units: units_of(&self.spec.cost),
         }
     }
 
@@ -541,6 +593,19 @@ impl Policy {
     }
 }
 
+/// What a policy of `cost` counts, as `limiter suggest` says it.
+pub(super) fn units_of(cost: &limiter_core::Cost) -> String {
+    use limiter_core::{Cost, CostSource};
+    match cost {
+        Cost::Units(units) if units.get() == 1 => requests(),
+        Cost::Units(units) => format!("units ({units} a request)"),
+        Cost::From(CostFrom { source: CostSource::ResponseHeader { name, .. }, max }) => {
+            format!("units ({name}, at most {max})")
+        }
+        Cost::From(CostFrom { source: CostSource::UpstreamMs, max }) => format!("upstream ms (at most {max})"),
+    }
+}
+
 /// One compiled config.
 #[derive(Debug)]
 pub(super) struct Policies {
@@ -550,7 +615,8 @@ pub(super) struct Policies {
     screens: Vec<(Rule, Arc<PolicyDecisions>)>,
     /// The rules with `concurrency` and no rate, in the config's order.
     concurrent: Vec<(Rule, Arc<PolicyDecisions>)>,
-    plans: HashMap<String, Policy>,
+    /// Each plan's limits, all charged or none.
+    plans: HashMap<String, Vec<Policy>>,
     /// API key id → plan name.
     keys: HashMap<String, String>,
     missing_key: MissingKey,
@@ -585,7 +651,12 @@ impl Policies {
             plans: config
                 .plans
                 .iter()
-                .map(|(name, plan)| (name.clone(), Policy::new(PolicyKind::Plan, name, &api_key, &plan.spec, now)))
+                .map(|(name, plan)| {
+                    let limits = plan.named_limits(name);
+                    let policies =
+                        limits.map(|(policy, spec)| Policy::new(PolicyKind::Plan, &policy, &api_key, spec, now));
+                    (name.clone(), policies.collect())
+                })
                 .collect(),
             keys: config.keys.iter().map(|key| (key.id.clone(), key.plan.clone())).collect(),
             missing_key: config.missing_key,
@@ -597,7 +668,9 @@ impl Policies {
     /// whether a matching rule requires a signature.
     pub(super) fn count(&self, request: &RequestInfo<'_>) -> (Counted<'_>, bool) {
         let seen = request.seen();
-        let matching: Vec<&(Rule, Policy)> = self.rules.iter().filter(|(rule, _)| rule.applies(&seen)).collect();
+        let plan = self.plan_of(request);
+        let matching: Vec<&(Rule, Policy)> =
+            self.rules.iter().filter(|(rule, _)| rule.applies(&seen) && rule.counts_plan(plan)).collect();
         let require_signature = matching.iter().any(|(rule, _)| rule.require_signature);
         (count_in(self, &matching, request), require_signature)
     }
@@ -644,7 +717,8 @@ impl Policies {
         });
         let seen = request.seen();
         let concurrent = self.concurrent.iter().filter_map(|(rule, _)| {
-            let concurrency = rule.concurrency.filter(|_| rule.applies(&seen))?;
+            let concurrency =
+                rule.concurrency.filter(|_| rule.applies(&seen) && rule.counts_plan(self.plan_of(request)))?;
             Some(match (self.key(rule, request), self.missing_key) {
                 (Some(keyed), _) => Ok(gated(rule, concurrency, keyed)),
                 (None, MissingKey::Shared) => Ok(gated(rule, concurrency, (MISSING_KEY.to_owned(), Holder::Anyone))),
@@ -656,13 +730,13 @@ impl Policies {
 
     /// The plans, by name.
     fn plans_by_name(&self) -> Vec<&Policy> {
-        let mut plans: Vec<&Policy> = self.plans.values().collect();
+        let mut plans: Vec<&Policy> = self.plans.values().flatten().collect();
         plans.sort_by(|a, b| a.name.cmp(&b.name));
         plans
     }
 
     fn all(&self) -> impl Iterator<Item = &Policy> {
-        self.rules.iter().map(|(_, policy)| policy).chain(self.plans.values())
+        self.rules.iter().map(|(_, policy)| policy).chain(self.plans.values().flatten())
     }
 
     /// Takes over `old`'s decision counts for the policies of the same kind and name,
@@ -670,7 +744,7 @@ impl Policies {
     fn keep_history(&mut self, old: &Self) {
         let observations: HashMap<&str, &Arc<Observation>> =
             old.all().map(|p| (p.identity.as_ref(), &p.observation)).collect();
-        for policy in self.rules.iter_mut().map(|(_, policy)| policy).chain(self.plans.values_mut()) {
+        for policy in self.rules.iter_mut().map(|(_, policy)| policy).chain(self.plans.values_mut().flatten()) {
             if let Some(kept) = observations.get(policy.identity.as_ref()) {
                 policy.observation = Arc::clone(kept);
             }
@@ -683,7 +757,8 @@ impl Policies {
         let kept: HashMap<(PolicyKind, &str), &Arc<PolicyDecisions>> =
             old.all().map(|p| ((p.kind, p.name.as_str()), &p.decisions)).chain(screens).collect();
         let rules = self.rules.iter_mut().map(|(_, policy)| (policy.kind, policy.name.as_str(), &mut policy.decisions));
-        let plans = self.plans.values_mut().map(|policy| (policy.kind, policy.name.as_str(), &mut policy.decisions));
+        let plans =
+            self.plans.values_mut().flatten().map(|policy| (policy.kind, policy.name.as_str(), &mut policy.decisions));
         let screens = self
             .screens
             .iter_mut()
@@ -702,6 +777,11 @@ impl Policies {
 
     fn known_key<'r>(&self, request: &RequestInfo<'r>) -> Option<&'r str> {
         request.api_key.filter(|key| self.keys.contains_key(*key))
+    }
+
+    /// The plan of the key `request` proved, if it proved a known one.
+    fn plan_of(&self, request: &RequestInfo<'_>) -> Option<&str> {
+        request.api_key.and_then(|key| self.keys.get(key)).map(String::as_str)
     }
 
     /// The bucket key of `rule` for `request` and whose it is; `None` if the request
@@ -805,7 +885,7 @@ impl<C: Clock> Engine<C> {
     #[must_use]
     pub fn new(config: &ProxyConfig, clock: C, stores: Arc<Stores>) -> Self {
         let policies = Policies::new(config, clock.now());
-        Self { clock, policies: RwLock::new(Arc::new(policies)), stores }
+        Self { clock, policies: RwLock::new(Arc::new(policies)), stores, post_paid: AtomicU64::new(0) }
     }
 
     /// Swaps rules and plans. State of the rules and plans whose identity (name, key
@@ -852,6 +932,7 @@ impl<C: Clock> Engine<C> {
                 record(&counted, outcomes, recorded.as_mut());
                 Decision {
                     refundable: refundable(&counted, &applied),
+                    owed: owed(&counted, &applied, request.client),
                     ..decision(&counted, outcomes, require_signature)
                 }
             }
@@ -887,7 +968,9 @@ impl<C: Clock> Engine<C> {
     /// its body is to be read for the key.
     pub fn needs_body(&self, request: &RequestInfo<'_>) -> bool {
         let seen = request.seen();
-        self.snapshot().rules.iter().any(|(rule, _)| rule.key.needs_body() && rule.applies(&seen))
+        let policies = self.snapshot();
+        let plan = policies.plan_of(request);
+        policies.rules.iter().any(|(rule, _)| rule.key.needs_body() && rule.applies(&seen) && rule.counts_plan(plan))
     }
 
     /// What [`Self::decide`] would answer now from the request's rules not keyed by
@@ -901,7 +984,10 @@ impl<C: Clock> Engine<C> {
         let keyless: Vec<&(Rule, Policy)> = policies
             .rules
             .iter()
-            .filter(|(rule, _)| !rule.key.needs_proof() && !rule.key.needs_body() && rule.applies(&seen))
+            // A rule for some plans only needs the key proven too.
+            .filter(|(rule, _)| {
+                !rule.key.needs_proof() && !rule.key.needs_body() && rule.plans.is_empty() && rule.applies(&seen)
+            })
             .collect();
         if keyless.is_empty() {
             return None;
@@ -959,7 +1045,9 @@ impl<C: Clock> Engine<C> {
         let counted: Vec<Counting<'_>> = policies
             .rules
             .iter()
-            .filter(|(rule, _)| rule.key.is(&KeyKind::Ip) && rule.applies(&seen))
+            .filter(|(rule, _)| {
+                rule.key.is(&KeyKind::Ip) && rule.applies(&seen) && rule.counts_plan(policies.plan_of(request))
+            })
             .filter_map(|(rule, policy)| {
                 let (key, holder) = policies.key(rule, request)?;
                 Some(Counting { policy, key, holder })
@@ -1002,6 +1090,65 @@ impl<C: Clock> Engine<C> {
             store.refund(&local, now);
         }
         true
+    }
+
+    /// Charges what each request's answer cost the buckets it owed (`units` beside
+    /// each, clamped to its `max` by the caller), into debt if need be, shows
+    /// `limiter suggest` the units, and returns each charged policy's quota once
+    /// charged, for the headers. Without the store a charge is lost: the request was
+    /// let through, and the next ones are decided without it.
+    pub async fn charge_owed(&self, charges: &[(Owed, u32)]) -> Vec<PolicyStatus> {
+        if charges.is_empty() {
+            return Vec::new();
+        }
+        self.post_paid.fetch_add(1, Ordering::Relaxed);
+        let now = self.clock.now();
+        let of =
+            |local: bool| -> Vec<&(Owed, u32)> { charges.iter().filter(|(owed, _)| owed.local == local).collect() };
+        fn debits<'o>(of: &[&'o (Owed, u32)]) -> Vec<Debit<'o>> {
+            of.iter()
+                .map(|(owed, units)| Debit {
+                    bucket: Bucket { policy: &owed.identity, key: &owed.key, spec: &owed.spec },
+                    units: *units,
+                })
+                .collect()
+        }
+        let (shared, local) = (of(false), of(true));
+        let mut charged: Vec<(&Owed, Option<Quota>)> = Vec::new();
+        if !shared.is_empty() {
+            match self.stores.limits.debit(&debits(&shared), now).await {
+                Ok(quotas) => charged.extend(shared.iter().map(|(owed, _)| owed).zip(quotas)),
+                Err(error) => tracing::debug!(%error, "limits store unreachable: a post-paid charge not taken"),
+            }
+        }
+        if let Some(store) = self.stores.local_store().filter(|_| !local.is_empty()) {
+            charged.extend(local.iter().map(|(owed, _)| owed).zip(store.debit(&debits(&local), now)));
+        }
+        let policies = self.snapshot();
+        for (owed, units) in charges {
+            if let Some(policy) = policies.all().find(|policy| policy.identity == owed.identity) {
+                policy.observation.observe(&owed.key, owed.client, Usage { requests: 0, units: *units }, now);
+            }
+        }
+        charged
+            .into_iter()
+            .filter_map(|(owed, quota)| {
+                let quota = quota?;
+                Some(PolicyStatus {
+                    name: owed.name.clone(),
+                    limit: owed.spec.limit.get(),
+                    window: owed.spec.window,
+                    remaining: quota.remaining,
+                    reset_after: quota.reset_after,
+                })
+            })
+            .collect()
+    }
+
+    /// Requests whose post-paid charges [`Self::charge_owed`] took, since the start.
+    #[must_use]
+    pub fn post_paid_charges(&self) -> u64 {
+        self.post_paid.load(Ordering::Relaxed)
     }
 
     /// What each configured rule and plan decided: limit rules, then rules with only a
@@ -1128,22 +1275,17 @@ impl<C: Clock> Engine<C> {
     }
 }
 
-/// Most requests [`seed`] charges one bucket: a charge is one step of the memory
-/// store (about 100 ns), so a key's first decision of an outage costs at most about
-/// 0.4 ms, and the 16 384 keys remembered a few seconds of one core at worst. A share
-/// larger than this starts at most this much below full.
-const MAX_SEED: u64 = 4_096;
-
 /// Charges `bucket` (an agent's share) in `local` with what the fleet had spent of
-/// it, the share's capacity less `remaining` (at most [`MAX_SEED`]), stopping at a
-/// refusal: a key spent in Redis starts its fallback spent, not full (one left from
-/// an earlier outage only the emptier). Once a key an outage.
+/// it, the share's capacity less `remaining` (units, as a cost counts them), in one
+/// post-paid charge, and never past empty: a key spent in Redis starts its fallback
+/// spent, not full (one left from an earlier outage only the emptier). Once a key an
+/// outage.
 fn seed(local: &MemoryStore, bucket: &Bucket<'_>, remaining: u64, now: Duration) {
-    let spent = u64::from(bucket.spec.capacity().get()).saturating_sub(remaining).min(MAX_SEED);
-    for _ in 0..spent {
-        if !local.apply(std::slice::from_ref(bucket), now, Charge::EachAdmitting)[0].admitted {
-            return;
-        }
+    let spent = u64::from(bucket.spec.capacity().get()).saturating_sub(remaining);
+    let left = local.apply(std::slice::from_ref(bucket), now, Charge::Nothing)[0].before.remaining;
+    let units = u32::try_from(spent.min(left)).unwrap_or(u32::MAX);
+    if units > 0 {
+        let _charged = local.debit(&[Debit { bucket: *bucket, units }], now);
     }
 }
 
@@ -1177,15 +1319,40 @@ fn refundable(counted: &[Counting<'_>], applied: &Applied) -> Vec<Refundable> {
         .collect()
 }
 
-/// Shows each policy its key's request for `limiter suggest`, unless another policy
-/// refused it (a poisoner's requests are refused somewhere first); with no
-/// `outcomes` (the store failed), to every policy.
+/// What each `cost_from` bucket of `counted` that admitted the request is owed.
+fn owed(counted: &[Counting<'_>], applied: &Applied, client: IpAddr) -> Vec<Owed> {
+    counted
+        .iter()
+        .enumerate()
+        .zip(&applied.outcomes)
+        .filter_map(|((i, counting), outcome)| {
+            let spec = applied.local.as_ref().and_then(|shares| shares.get(i)).unwrap_or(&counting.policy.spec);
+            outcome.charged_at?;
+            Some(Owed {
+                from: spec.cost.post_paid()?.clone(),
+                name: counting.policy.name.clone(),
+                identity: Arc::clone(&counting.policy.identity),
+                key: counting.key.clone(),
+                spec: spec.clone(),
+                local: applied.local.is_some(),
+                client,
+            })
+        })
+        .collect()
+}
+
+/// Shows each policy its key's request for `limiter suggest`, in the units its cost
+/// takes (a refused one: the units it needed; a post-paid one: none yet, then its
+/// charge), unless another policy refused it (a poisoner's requests are refused
+/// somewhere first); with no `outcomes` (the store failed), to every policy.
 fn observe(counted: &[Counting<'_>], outcomes: Option<&[Outcome]>, client: IpAddr, now: Duration) {
     let refused = |i: usize| outcomes.and_then(|outcomes| outcomes.get(i)).is_some_and(|o| !o.admitted);
     let any_refused = (0..counted.len()).any(refused);
     for (i, Counting { policy, key, .. }) in counted.iter().enumerate() {
+        let cost = &policy.spec.cost;
+        let units = if refused(i) { cost.needed() } else { cost.upfront() };
         if refused(i) || !any_refused {
-            policy.observation.observe(key, client, now);
+            policy.observation.observe(key, client, Usage { requests: 1, units }, now);
         }
     }
 }
@@ -1223,6 +1390,7 @@ pub(super) fn decision(counted: &[Counting<'_>], outcomes: &[Outcome], require_s
             require_signature,
             own_bucket_refused: rejecting().any(|(counting, _)| counting.holder == Holder::Client),
             refundable: Vec::new(),
+            owed: Vec::new(),
             gates: Vec::new(),
             recorded: Recorded::default(),
         };
@@ -1238,6 +1406,7 @@ pub(super) fn decision(counted: &[Counting<'_>], outcomes: &[Outcome], require_s
         require_signature,
         own_bucket_refused: false,
         refundable: Vec::new(),
+        owed: Vec::new(),
         gates: Vec::new(),
         recorded: Recorded::default(),
     }
@@ -1257,7 +1426,8 @@ fn count_in<'p>(policies: &'p Policies, matching: &[&'p (Rule, Policy)], request
     if let Some(key) = policies.known_key(request)
         && let Some(plan) = policies.keys.get(key).and_then(|plan| policies.plans.get(plan))
     {
-        counted.push(Counting { policy: plan, key: format!("api_key={key}"), holder: Holder::Client });
+        let key = format!("api_key={key}");
+        counted.extend(plan.iter().map(|policy| Counting { policy, key: key.clone(), holder: Holder::Client }));
     }
     Ok(counted)
 }

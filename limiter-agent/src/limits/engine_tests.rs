@@ -510,7 +510,8 @@ fn a_reload_keeps_counts_when_only_the_limit_changes() {
     }
     clock.advance(secs(1));
     let mut lower = config("");
-    lower.plans.get_mut("free").expect("free plan").spec.limit = std::num::NonZeroU32::new(60).expect("nonzero");
+    lower.plans.get_mut("free").expect("free plan").limits[0].spec.limit =
+        std::num::NonZeroU32::new(60).expect("nonzero");
     engine.reconfigure(&lower);
     let d = request.to(&engine);
     assert_eq!(status(&d, "free").limit, 60);
@@ -918,4 +919,138 @@ fn a_count_when_rule_gives_back_the_unit_of_an_answer_it_does_not_count() {
     let explained = ready(engine.explain(&login.info(), false));
     let counted: Vec<Option<Vec<String>>> = explained.policies.iter().map(|p| p.count_when.clone()).collect();
     assert_eq!(counted, [Some(vec!["401".to_owned(), "4xx".to_owned(), "timeout".to_owned()]), None]);
+}
+
+/// A plan metered by its upstream: one unit a second returns, each request is
+/// admitted while a unit is left and charged its answer's 7 afterwards, so the third
+/// leaves a debt of one and the fourth waits for it and one more: 2 s.
+#[test]
+fn a_post_paid_plan_is_charged_into_debt_and_admits_again_once_it_is_repaid() {
+    let (engine, clock) = engine(
+        r#"
+[proxy.plans.metered]
+algorithm = "token_bucket"
+limit = 20
+window = "20s"
+cost_from = { response_header = "x-request-cost", max = 1000 }
+
+[[proxy.keys]]
+id = "k-meter"
+plan = "metered"
+auth = "bearer"
+"#,
+    );
+    let request = get("/api").key("k-meter");
+    for before in [20, 13, 6] {
+        let decision = request.to(&engine);
+        assert!(is_forward(&decision), "{before} left");
+        assert_eq!(status(&decision, "metered").remaining, before, "nothing taken at admission");
+        let [owed] = decision.owed.as_slice() else { panic!("one post-paid charge: {:?}", decision.owed) };
+        let settled = ready(engine.charge_owed(&[(owed.clone(), owed.cost_from().units(Some(7)))]));
+        let left: Vec<(&str, u64)> = settled.iter().map(|s| (s.name.as_str(), s.remaining)).collect();
+        assert_eq!(left, [("metered", before.saturating_sub(7))], "the balance once charged, 0 in debt");
+    }
+    let refused = request.to(&engine);
+    assert_eq!(refused.verdict, Verdict::Reject { retry_after: secs(2) }, "20 − 21: the unit owed and one more");
+    assert!(refused.owed.is_empty(), "a refused request owes nothing");
+    clock.advance(secs(2) - millis(1));
+    assert!(is_reject(&request.to(&engine)));
+    clock.advance(millis(1));
+    assert_eq!(status(&request.to(&engine), "metered").remaining, 1);
+    assert_eq!(engine.post_paid_charges(), 3);
+    let suggestion = engine.suggest(1.0).into_iter().find(|s| s.name == "metered").expect("the plan");
+    assert_eq!(suggestion.units, "units (x-request-cost, at most 1000)");
+    assert_eq!(suggestion.peaks.max, 21 + 2, "the units charged, and the one each refusal needed");
+}
+
+/// `cost = 5` takes five units of every bucket it names, and `limiter suggest` counts
+/// them.
+#[test]
+fn a_costly_rule_takes_its_units_and_suggest_counts_them() {
+    let (engine, _clock) = engine(
+        "[[proxy.rules]]\nname = \"search\"\npath = \"/search\"\nkey = \"ip\"\nlimit = 20\nwindow = \"1m\"\ncost = 5\n",
+    );
+    let left: Vec<u64> = (0..4).map(|_| status(&get("/search").to(&engine), "search").remaining).collect();
+    assert_eq!(left, [15, 10, 5, 0]);
+    assert!(is_reject(&get("/search").to(&engine)));
+    let suggestion = engine.suggest(1.0).into_iter().find(|s| s.name == "search").expect("the rule");
+    assert_eq!((suggestion.units.as_str(), suggestion.peaks.max), ("units (5 a request)", 25));
+}
+
+/// 2027-01-31T23:59:50Z.
+const END_OF_JANUARY: Duration = Duration::from_secs(1_801_439_990);
+
+#[test]
+fn a_spent_monthly_quota_refuses_until_the_first_of_the_month_and_is_full_there() {
+    let plan = r#"
+[proxy.plans.metered]
+limits = [
+  { name = "minute", limit = 100, window = "1m" },
+  { name = "monthly", limit = 3, window = "month" },
+]
+[[proxy.keys]]
+id = "k-metered"
+plan = "metered"
+auth = "bearer"
+"#;
+    let clock = FakeClock::new(END_OF_JANUARY);
+    let engine = in_memory(&config(plan), clock.clone());
+    let request = get("/").key("k-metered");
+    for n in 1..=3 {
+        assert!(is_forward(&request.to(&engine)), "request {n}");
+    }
+    let refused = request.to(&engine);
+    assert_eq!(refused.verdict, Verdict::Reject { retry_after: secs(10) });
+    assert_eq!(refused.violated, ["metered.monthly"]);
+    let monthly = status(&refused, "metered.monthly");
+    assert_eq!((monthly.remaining, monthly.reset_after, monthly.window), (0, secs(10), secs(30 * 86_400)));
+    assert_eq!(status(&refused, "metered.minute").remaining, 97, "refused by one quota, charged to none");
+    clock.set(END_OF_JANUARY + secs(10));
+    let february = request.to(&engine);
+    assert!(is_forward(&february));
+    assert_eq!(status(&february, "metered.monthly").remaining, 2, "full at 00:00:00, less this request");
+}
+
+#[test]
+fn a_berlin_day_across_the_change_to_summer_time_is_23_hours() {
+    let rule = r#"
+[[proxy.rules]]
+name = "daily"
+key = "ip"
+limit = 1
+window = "day"
+calendar_tz = "Europe/Berlin"
+"#;
+    // 2027-03-27T23:00:00Z: midnight in Berlin, the day the clocks go forward.
+    let midnight = secs(1_806_188_400);
+    let clock = FakeClock::new(midnight);
+    let engine = in_memory(&config(rule), clock.clone());
+    assert!(is_forward(&get("/").to(&engine)));
+    assert_eq!(get("/").to(&engine).verdict, Verdict::Reject { retry_after: secs(23 * 3600) });
+    clock.set(midnight + secs(23 * 3600) - millis(1));
+    assert!(is_reject(&get("/").to(&engine)));
+    clock.set(midnight + secs(23 * 3600));
+    assert!(is_forward(&get("/").to(&engine)), "the 29th began 23 hours after the 28th");
+}
+
+#[test]
+fn a_rule_for_some_plans_counts_only_their_keys() {
+    let rule = r#"
+[[proxy.rules]]
+name = "free-exports"
+path = "/api/export"
+key = "ip"
+plans = ["free"]
+limit = 1
+window = "1m"
+"#;
+    let (engine, _) = engine(rule);
+    let free = get("/api/export").key("k-free-1");
+    assert!(is_forward(&free.to(&engine)));
+    assert_eq!(free.to(&engine).violated, ["free-exports"]);
+    // The same address, on another plan or with no key: not the rule's.
+    let pro = get("/api/export").key("k-pro-1").to(&engine);
+    assert!(is_forward(&pro) && pro.policies.iter().all(|p| p.name != "free-exports"));
+    let keyless = get("/api/export").to(&engine);
+    assert!(is_forward(&keyless) && keyless.policies.is_empty());
 }

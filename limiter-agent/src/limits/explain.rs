@@ -7,7 +7,7 @@ use std::time::Duration;
 use limiter_core::{Algorithm, Clock, limits::Charge};
 use serde::{Deserialize, Serialize};
 
-use super::engine::{Counting, Engine, PolicyKind, RequestInfo, Verdict, VerdictKind, decision};
+use super::engine::{Counting, Engine, PolicyKind, RequestInfo, Verdict, VerdictKind, decision, units_of};
 
 /// One request, explained.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -57,6 +57,10 @@ pub struct ExplainedPolicy {
     /// A rule's `count_when.status`, as written: the answers that keep the unit.
     #[serde(default)]
     pub count_when: Option<Vec<String>>,
+    /// What `limit` and `remaining` count: `requests`, or the units of the policy's
+    /// `cost` (as `limiter suggest` says them).
+    #[serde(default = "super::engine::requests")]
+    pub units: String,
     /// Requests this bucket would let through back to back now; `None` when the
     /// quotas were not looked up.
     pub remaining: Option<u64>,
@@ -112,6 +116,7 @@ impl<C: Clock> Engine<C> {
                 limit: policy.spec.limit.get(),
                 window_secs: policy.spec.window.as_secs_f64(),
                 count_when: policy.count_when.as_ref().map(|c| c.status.iter().map(ToString::to_string).collect()),
+                units: units_of(&policy.spec.cost),
                 remaining: outcome.map(|o| o.before.remaining),
                 reset_after_ms: outcome.map(|o| millis(o.before.reset_after)),
                 admits: outcome.map(|o| o.admitted),

@@ -2,8 +2,9 @@
 //! one decision, over the algorithms of `limiter_core` and the buckets of
 //! [`crate::backend::Limits`] (memory or the fleet's Redis).
 //!
-//! [`Engine::decide`] checks every rule matching a [`RequestInfo`] and the plan of the
-//! key it proved; if none refuses it charges all of them, atomically with respect to
+//! [`Engine::decide`] checks every rule matching a [`RequestInfo`] (a rule with `plans`
+//! only for the keys on them) and every limit of the plan of the key it proved; if none
+//! refuses it charges all of them, atomically with respect to
 //! concurrent calls, and a refused request is charged to nothing. What the engine
 //! promises beyond its types:
 //! - [`RequestInfo::api_key`] is the id of the key the request *proved* (a valid
@@ -19,8 +20,11 @@
 //! - A `count_when` rule's charge is taken as any other, and [`Decision::refundable`]
 //!   carries it: [`Engine::refund`] gives it back once the upstream's answer is one the
 //!   rule does not count.
-//! - [`Engine::penalize`] takes one unit from each matching IP-keyed bucket that has
-//!   one (failed signatures, so that guessing is rate limited).
+//! - [`Engine::penalize`] takes one request's cost from each matching IP-keyed
+//!   bucket that has it left (failed signatures, so that guessing is rate limited).
+//! - A request takes each bucket's `cost` in units (`remaining` counts units then); a
+//!   `cost_from` bucket takes none at admission, and [`Decision::owed`] carries what
+//!   [`Engine::charge_owed`] charges once the answer says, into debt if need be.
 //! - The state of rules and plans whose identity (kind, name, key, algorithm and
 //!   window) a reload keeps is kept; a changed `limit` keeps the counts.
 //! - `decide` and `penalize` are async: the store may be Redis, and
@@ -35,8 +39,8 @@ mod engine_tests;
 
 pub use self::{
     engine::{
-        Decision, Engine, Holder, PolicyCounts, PolicyStatus, Refundable, RequestInfo, Screened, Suggestion, Verdict,
-        VerdictKind,
+        Decision, Engine, Holder, Owed, PolicyCounts, PolicyStatus, Refundable, RequestInfo, Screened, Suggestion,
+        Verdict, VerdictKind,
     },
     explain::Explanation,
 };

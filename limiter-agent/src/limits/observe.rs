@@ -1,5 +1,6 @@
 //! What each policy has seen of its keys, for `limiter suggest`: the distribution of
-//! per-key peaks (the most requests one key sent in any one window of the policy),
+//! per-key peaks (the most requests one key sent in any one window of the policy, or
+//! units, for a policy whose requests cost more than one),
 //! whatever the verdicts were, so that shadow mode shows the demand a limit would meet.
 //!
 //! Bounded in memory whatever the traffic: keys active in the current or the previous
@@ -37,6 +38,20 @@ pub const PREFIX_SHARE: u32 = LIVE_KEYS as u32 / 16;
 const EXACT: u32 = 256;
 const SUB_BUCKETS: u32 = 16;
 const BUCKETS: usize = EXACT as usize + (32 - 8) * SUB_BUCKETS as usize;
+
+/// What one observation counts: requests (what leaves the distribution with a key
+/// out of the sample), and the units the peaks are counted in (a request's cost).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Usage {
+    pub(super) requests: u64,
+    pub(super) units: u32,
+}
+
+impl Usage {
+    /// One request of one unit.
+    #[cfg(test)]
+    pub(super) const ONE: Self = Self { requests: 1, units: 1 };
+}
 
 #[derive(Debug)]
 pub(super) struct Observation {
@@ -128,8 +143,8 @@ impl Observation {
         u64::try_from(now.as_nanos() / self.window.as_nanos().max(1)).unwrap_or(u64::MAX)
     }
 
-    /// Counts one request of `key` from `client` at `now`.
-    pub(super) fn observe(&self, key: &str, client: IpAddr, now: Duration) {
+    /// Counts `usage` of `key` from `client` at `now`.
+    pub(super) fn observe(&self, key: &str, client: IpAddr, usage: Usage, now: Duration) {
         let window = self.window_at(now);
         let hash = self.hasher.hash_one(key);
         let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -146,8 +161,8 @@ impl Observation {
             entry.count = 0;
             entry.window = window;
         }
-        entry.count = entry.count.saturating_add(1);
-        entry.requests += 1;
+        entry.count = entry.count.saturating_add(usage.units);
+        entry.requests += usage.requests;
     }
 
     /// The distribution so far, and how many keys went over `limit`.
@@ -260,7 +275,7 @@ mod tests {
         time::Duration,
     };
 
-    use super::{EXACT, LIVE_KEYS, Observation, PREFIX_SHARE, bucket, lower_bound};
+    use super::{EXACT, LIVE_KEYS, Observation, PREFIX_SHARE, Usage, bucket, lower_bound};
 
     const MINUTE: Duration = Duration::from_secs(60);
     const T0: Duration = Duration::from_secs(1_700_000_040);
@@ -288,6 +303,7 @@ mod tests {
                     observation.observe(
                         &format!("ip=client-{key}"),
                         client(key),
+                        Usage::ONE,
                         start + Duration::from_secs(1 + i * 5),
                     );
                 }
@@ -304,7 +320,7 @@ mod tests {
         let (p99, keys) = p99_with(|observation, start| {
             for n in 0..4_096 {
                 let (ip, key) = poisoner(n);
-                observation.observe(&key, ip, start);
+                observation.observe(&key, ip, Usage::ONE, start);
             }
         });
         assert_eq!(p99, 10, "the real clients' peak");
@@ -318,7 +334,7 @@ mod tests {
         let (p99, keys) = p99_with(|observation, start| {
             for n in 0..4_096_u16 {
                 let ip = IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, n, 0, 0, 0, 0, 1));
-                observation.observe(&format!("ip=2001:db8:{n:x}::/64"), ip, start);
+                observation.observe(&format!("ip=2001:db8:{n:x}::/64"), ip, Usage::ONE, start);
             }
         });
         assert_eq!(p99, 10, "the real clients' peak");
@@ -347,14 +363,14 @@ mod tests {
         for (keys, each, prefix) in [(90, 2, "light"), (9, 8, "busy"), (1, 30, "heavy")] {
             for key in 0..keys {
                 for _ in 0..each {
-                    observation.observe(&format!("{prefix}-{key}"), client(key), at);
+                    observation.observe(&format!("{prefix}-{key}"), client(key), Usage::ONE, at);
                     at += Duration::from_millis(1);
                 }
             }
         }
         // A minute later the light keys come back with 1 each: their peaks stay 2.
         for key in 0..90 {
-            observation.observe(&format!("light-{key}"), client(key), T0 + MINUTE);
+            observation.observe(&format!("light-{key}"), client(key), Usage::ONE, T0 + MINUTE);
         }
         let peaks = observation.peaks(10, T0 + MINUTE * 3);
         assert_eq!((peaks.keys, peaks.p50, peaks.p95, peaks.p99, peaks.max), (100, 2, 8, 8, 30));
@@ -367,11 +383,11 @@ mod tests {
     fn memory_stays_bounded_through_a_flood_of_keys() {
         let observation = Observation::new(MINUTE, T0);
         for key in 0..(LIVE_KEYS as u32 + 10) {
-            observation.observe(&format!("k{key}"), client(key), T0);
+            observation.observe(&format!("k{key}"), client(key), Usage::ONE, T0);
         }
         assert_eq!(observation.peaks(100, T0).untracked_requests, 10);
         // Two windows on, every key has retired and there is room again.
-        observation.observe("late", client(0), T0 + MINUTE * 2);
+        observation.observe("late", client(0), Usage::ONE, T0 + MINUTE * 2);
         let state = observation.state.lock().expect("state");
         assert_eq!(state.live.len(), 1);
         assert_eq!(state.retired.iter().sum::<u64>(), LIVE_KEYS as u64);

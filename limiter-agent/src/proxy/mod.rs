@@ -27,6 +27,7 @@ mod idempotent;
 mod idle;
 mod keys;
 mod pipeline;
+mod post_paid;
 mod prefixed;
 mod problem;
 mod proxy_protocol;

@@ -48,6 +48,7 @@ use super::{
     idempotent,
     idle::Timeouts,
     keys,
+    post_paid::{Metering, Settled},
     problem::Refusal,
     proxy_protocol::Accepted,
     shares::{Share, Shares},
@@ -76,7 +77,7 @@ use crate::{
     escalation::Escalator,
     fleet::FleetError,
     limits::{
-        Decision, Engine, Holder, PolicyStatus, Refundable, RequestInfo, Screened, Verdict, VerdictKind,
+        Decision, Engine, Holder, Owed, PolicyStatus, Refundable, RequestInfo, Screened, Verdict, VerdictKind,
         engine::{Gated, PolicyKind},
     },
     security_log::{SecurityEvent, SecurityLog, shown_key_id},
@@ -148,7 +149,7 @@ pub(super) struct ConnectionSettings {
 pub(super) struct Pipeline<C: Clock + Clone> {
     snapshot: RwLock<Arc<Snapshot>>,
     /// The limits, over `stores.limits`.
-    engine: Engine<C>,
+    engine: Arc<Engine<C>>,
     /// Outlive reloads (see [`Stores`]).
     stores: Arc<Stores>,
     /// What signatures, idempotency and headers are measured with; the engine
@@ -197,7 +198,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             decision_log,
             heavy: HeavyClients::default(),
             spread: Spread::random(),
-            engine: Engine::new(&config, clock.clone(), Arc::clone(&stores)),
+            engine: Arc::new(Engine::new(&config, clock.clone(), Arc::clone(&stores))),
             stores,
             clock,
             escalator: OnceLock::new(),
@@ -254,6 +255,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             local_decisions: self.stores.local_decisions(),
             refused_locally: self.stores.refused_locally(),
             untracked_keys: self.stores.untracked_keys(),
+            post_paid_charges: self.engine.post_paid_charges(),
             buffered_bytes: self.buffers.total(),
             policies,
             upstream_inflight,
@@ -586,7 +588,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.account(&exchange, &decision, &screened.tagged, &gated);
         let outcome = match (acted, gated) {
             (Ok(()), Ok(passage)) => self
-                .forward(exchange, body, (initiator, passage.upstream_depth()), &decision.refundable)
+                .forward(exchange, body, (initiator, passage.upstream_depth()), (&decision.refundable, &decision.owed))
                 .await
                 .map(|response| hold_in_flight(response, passage.held)),
             (Ok(()), Err(stopped)) => {
@@ -683,6 +685,8 @@ impl<C: Clock + Clone> Pipeline<C> {
         disclose: Disclose,
     ) -> Response<ProxyBody> {
         let mut response = outcome.unwrap_or_else(|refusal| self.refuse(origin, initiator, refusal));
+        let settled = response.extensions_mut().remove::<Settled>().map(|settled| settled.over(policies));
+        let policies = settled.as_deref().unwrap_or(policies);
         headers::add_rate_limit_headers(response.headers_mut(), policies, self.clock.now(), disclose);
         headers::add_concurrency_policies(response.headers_mut(), concurrent, disclose);
         response
@@ -945,13 +949,14 @@ impl<C: Clock + Clone> Pipeline<C> {
     }
 
     /// Sends the request upstream and, with an idempotency key, stores the answer; the
-    /// head (or its absence) settles the request's `refundable` charges first.
+    /// head (or its absence) settles the request's `refundable` charges first, and
+    /// the post-paid charges it `owed` that it says (the rest when the response ends).
     async fn forward(
         &self,
         exchange: Exchange<'_>,
         body: ProxyBody,
         (initiator, upstream_depth): (Initiator, Option<usize>),
-        refundable: &[Refundable],
+        (refundable, owed): (&[Refundable], &[Owed]),
     ) -> Result<Response<ProxyBody>, Refusal> {
         let config = exchange.config();
         let Exchange { upstream, origin, parts, path, mut claim, .. } = exchange;
@@ -963,6 +968,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             claim.sent(self.clock.now()).await;
         }
         let sent = tokio::time::Instant::now();
+        let mut metering = Metering::new(&self.engine, owed, sent);
         // Bounds the wait for the response head; a streaming body may take longer.
         let head =
             tokio::time::timeout(config.upstream_timeout.0, upstream.send(config, path.forward(), parts, body, origin))
@@ -990,17 +996,37 @@ impl<C: Clock + Clone> Pipeline<C> {
             self.gates.relimit(&Gate::Upstream, limit);
         }
         self.answered(&head, refundable, origin, initiator).await;
-        let response = head?;
+        let mut response = match head {
+            Ok(response) => response,
+            Err(refusal) => {
+                if let Some(metering) = &mut metering {
+                    // The proxy's own answer shows the balance as admitted.
+                    let _quotas = self.engine.charge_owed(&metering.unanswered()).await;
+                }
+                return Err(refusal);
+            }
+        };
+        if let Some(metering) = &mut metering {
+            let settled = self.engine.charge_owed(&metering.at_head(response.headers_mut())).await;
+            if !settled.is_empty() {
+                response.extensions_mut().insert(Settled(settled));
+            }
+        }
         if let Some(hook) = self.served.get() {
             hook.served(origin.peer);
         }
-        let Some(claim) = claim else {
-            return Ok(response);
+        let response = if let Some(claim) = claim {
+            let (response, stored) =
+                idempotent::capture(response, self.max_stored_body).await.map_err(Refusal::Upstream)?;
+            claim.complete(stored, self.clock.now()).await;
+            response
+        } else {
+            response
         };
-        let (response, stored) =
-            idempotent::capture(response, self.max_stored_body).await.map_err(Refusal::Upstream)?;
-        claim.complete(stored, self.clock.now()).await;
-        Ok(response)
+        Ok(match metering.filter(Metering::owes) {
+            Some(metering) => response.map(|body| Guarded::new(body, metering).boxed()),
+            None => response,
+        })
     }
 
     /// What the upstream's head, or its absence, settles before the answer goes on:

@@ -354,6 +354,7 @@ impl Counters {
                 .collect(),
             evictions,
             untracked_keys: 0,
+            post_paid_charges: 0,
             buffered_bytes: 0,
             store_failures,
             store: String::new(),
@@ -467,6 +468,9 @@ pub struct ProxyStats {
     /// one the rules do not count.
     #[serde(default)]
     pub refunded: u64,
+    /// Requests charged their `cost_from` once their answer said how much.
+    #[serde(default)]
+    pub post_paid_charges: u64,
     /// Workers that died (a panic) and were replaced; the connections each served
     /// were cut.
     #[serde(default)]

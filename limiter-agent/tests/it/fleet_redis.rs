@@ -9,8 +9,9 @@ use limiter::{
     fleet::{Fleet, FleetError},
 };
 use limiter_core::{
-    Algorithm, Clock as _, LimitSpec, SystemClock,
-    limits::{Bucket, Charge, MemoryStore, Outcomes, Refund},
+    Algorithm, Clock as _, Cost, CostFrom, CostSource, LimitSpec, SystemClock,
+    calendar::{Calendar, Period, Zone},
+    limits::{Bucket, Charge, Debit, MemoryStore, Outcomes, Refund},
     signature::{Canonical, sha256, sign_hex},
 };
 use limiter_lab::support::{
@@ -43,6 +44,45 @@ async fn two_proxies_sharing_redis_forward_exactly_the_plan_and_count_down_toget
     assert_eq!((remaining.len(), rejected), (100, 50));
     assert_eq!(upstream.count(), 100);
     assert_eq!(remaining, (0..100).rev().collect::<Vec<u64>>(), "Remaining counts down across both proxies");
+    for proxy in &proxies {
+        assert_eq!(proxy.proxy.stats().store_failures, 0);
+    }
+}
+
+/// 20 units an hour, charged what the upstream's `X-Request-Cost` says (a token
+/// bucket: the server's clock returns a unit every 3 minutes, and no window turns).
+const METERED: &str = r#"
+[[proxy.rules]]
+name = "metered"
+path = "/llm"
+key = "ip"
+algorithm = "token_bucket"
+limit = 20
+window = "1h"
+cost_from = { response_header = "x-request-cost", max = 1000 }
+"#;
+
+/// Two agents on one Redis charge one client's `x-request-cost: 7` answers to one
+/// balance: 20 → 13 → 6 → −1 over both, so the fourth, on either, is refused.
+#[tokio::test]
+async fn two_proxies_on_one_redis_charge_post_paid_costs_to_one_balance() {
+    let redis = TestRedis::shared();
+    let keys = redis_keys(&redis, &unique_prefix("post-paid"), "deny");
+    let upstream = Upstream::start().await;
+    let config = format!("{PROXY_HEAD}{keys}{METERED}");
+    let proxies =
+        [RunningProxy::start(&config, upstream.addr).await, RunningProxy::start(&config, upstream.addr).await];
+    let client = TestClient::default();
+    for (i, left) in ["13", "6", "0"].into_iter().enumerate() {
+        let reply = client.get(&proxies[i % 2].url("/llm?cost=7"), &[]).await;
+        assert_eq!((reply.status, reply.header("x-ratelimit-remaining")), (StatusCode::OK, left), "request {i}");
+        assert_eq!(reply.header("x-request-cost"), "<absent>");
+    }
+    for proxy in &proxies {
+        let refused = client.get(&proxy.url("/llm?cost=7"), &[]).await;
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "in debt on both agents");
+    }
+    assert_eq!(upstream.count(), 3);
     for proxy in &proxies {
         assert_eq!(proxy.proxy.stats().store_failures, 0);
     }
@@ -108,13 +148,28 @@ fn spec(algorithm: Algorithm, limit: u32, window_ms: u64, burst: Option<u32>, qu
         burst: burst.and_then(NonZeroU32::new),
         throttle: None,
         queue: queue.and_then(NonZeroU32::new),
+        calendar: None,
+        cost: limiter_core::Cost::default(),
     }
+}
+
+/// `spec` with a cost of `units` a request.
+fn costing(units: u32, spec: LimitSpec) -> LimitSpec {
+    LimitSpec { cost: Cost::Units(NonZeroU32::new(units).expect("units")), ..spec }
+}
+
+/// `spec` post-paid, at most `max` units a request.
+fn post_paid(max: u32, spec: LimitSpec) -> LimitSpec {
+    let from = CostFrom { source: CostSource::UpstreamMs, max: NonZeroU32::new(max).expect("max") };
+    LimitSpec { cost: Cost::From(from), ..spec }
 }
 
 /// Runs one schedule through both stores, step by step, and demands the same
 /// outcomes (admission, quotas, retry, wait, the time charged) from each, for
 /// `charge` and for checks that charge nothing, with now and then the charges of a
-/// recent step given back (a `count_when` rule's, at once or later).
+/// recent step given back (a `count_when` rule's, at once or later), and each
+/// admitted request's post-paid charges (up to twice their `max`, clamped as the
+/// proxy does) taken from both.
 async fn same_outcomes(redis: &RedisStore, name: &str, specs: &[LimitSpec], charge: Charge, seed: u64) {
     let memory = MemoryStore::new(1000.try_into().expect("nonzero"));
     let mut rng = StdRng::seed_from_u64(seed);
@@ -148,6 +203,22 @@ async fn same_outcomes(redis: &RedisStore, name: &str, specs: &[LimitSpec], char
         let actual: Outcomes = redis.apply(&buckets, now, charge).await.expect("redis");
         assert_eq!(actual, expected, "{name}: step {step} at {now:?}");
         admitted += usize::from(expected.iter().all(|o| o.admitted));
+        let debits: Vec<Debit<'_>> = buckets
+            .iter()
+            .zip(&expected)
+            .filter(|(_, o)| o.charged_at.is_some())
+            .filter_map(|(bucket, _)| {
+                let from = bucket.spec.cost.post_paid()?;
+                Some(Debit {
+                    bucket: *bucket,
+                    units: from.units(Some(rng.random_range(0..=2 * u64::from(from.max.get())))),
+                })
+            })
+            .collect();
+        if !debits.is_empty() {
+            memory.debit(&debits, now);
+            redis.debit(&debits, now).await.expect("redis");
+        }
         if expected.iter().any(|o| o.charged_at.is_some()) {
             recent.push(expected);
             if recent.len() > 3 {
@@ -184,6 +255,25 @@ async fn every_algorithm_decides_and_gives_back_on_redis_exactly_as_in_memory() 
         ("sliding_window_log", vec![spec(Algorithm::SlidingWindowLog, 5, 1500, None, None)]),
         ("sliding_window_log_large", vec![spec(Algorithm::SlidingWindowLog, 40, 1500, None, None)]),
         ("sliding_window_counter", vec![spec(Algorithm::SlidingWindowCounter, 6, 1000, None, None)]),
+        ("token_bucket_cost", vec![costing(3, spec(Algorithm::TokenBucket, 5, 1000, Some(8), None))]),
+        ("leaky_bucket_shaper_cost", vec![costing(2, spec(Algorithm::LeakyBucket, 4, 1000, None, Some(3)))]),
+        ("fixed_window_cost", vec![costing(4, spec(Algorithm::FixedWindow, 9, 1000, None, None))]),
+        ("sliding_window_counter_cost", vec![costing(3, spec(Algorithm::SlidingWindowCounter, 10, 1000, None, None))]),
+        ("token_bucket_post_paid", vec![post_paid(4, spec(Algorithm::TokenBucket, 6, 1000, None, None))]),
+        ("leaky_bucket_post_paid", vec![post_paid(3, spec(Algorithm::LeakyBucket, 5, 1500, None, None))]),
+        ("fixed_window_post_paid", vec![post_paid(5, spec(Algorithm::FixedWindow, 8, 1000, None, None))]),
+        (
+            "sliding_window_counter_post_paid",
+            vec![post_paid(4, spec(Algorithm::SlidingWindowCounter, 9, 1000, None, None))],
+        ),
+        (
+            "costs_together",
+            vec![
+                costing(2, spec(Algorithm::TokenBucket, 6, 1000, Some(8), None)),
+                post_paid(3, spec(Algorithm::SlidingWindowCounter, 9, 1500, None, None)),
+                spec(Algorithm::FixedWindow, 7, 1000, None, None),
+            ],
+        ),
         (
             "all_together",
             vec![
@@ -200,6 +290,66 @@ async fn every_algorithm_decides_and_gives_back_on_redis_exactly_as_in_memory() 
     let penalties =
         [spec(Algorithm::SlidingWindowLog, 4, 1000, None, None), spec(Algorithm::FixedWindow, 6, 1000, None, None)];
     same_outcomes(&store, "penalties", &penalties, Charge::EachAdmitting, 99).await;
+}
+
+/// Calendar windows on Redis: the boundaries the agent works out around its clock, the
+/// window the script picks among them, and refunds, as in memory; in Berlin, whose
+/// months begin at 23:00 or 22:00 UTC with the season, and in UTC weeks.
+#[tokio::test]
+async fn calendar_windows_decide_and_give_back_on_redis_exactly_as_in_memory() {
+    let redis = TestRedis::shared();
+    let fleet = Fleet::connect(redis.url(), &unique_prefix("calendar"), Duration::from_secs(2)).expect("fleet");
+    let store = RedisStore::new(fleet, TimeSource::Caller);
+    let on = |period: Period, zone: &str| LimitSpec {
+        window: period.nominal(),
+        calendar: Some(Calendar { period, zone: Zone::named(zone).expect("zone") }),
+        ..spec(Algorithm::FixedWindow, 5, 1000, None, None)
+    };
+    let cases = [
+        ("day_berlin", on(Period::Day, "Europe/Berlin")),
+        ("week_utc", on(Period::Week, "UTC")),
+        ("month_berlin", on(Period::Month, "Europe/Berlin")),
+    ];
+    for (seed, (name, spec)) in cases.into_iter().enumerate() {
+        same_outcomes(&store, name, &[spec], Charge::AllOrNothing, 200 + seed as u64).await;
+    }
+}
+
+/// On the server's clock a calendar window is the one Redis' `TIME` is in, among the
+/// boundaries the agent sends around its own clock: agents a day ahead and a day
+/// behind count in the server's one day, and its refusal points at the server's
+/// midnight.
+#[tokio::test]
+async fn on_the_servers_clock_a_calendar_window_is_the_servers_among_the_agents_boundaries() {
+    let redis = TestRedis::shared();
+    let fleet = Fleet::connect(redis.url(), &unique_prefix("calendar-skew"), Duration::from_secs(2)).expect("fleet");
+    let store = RedisStore::new(fleet, TimeSource::Server);
+    let calendar = Calendar { period: Period::Day, zone: Zone::utc() };
+    let until_midnight = |now: Duration| calendar.bounds(now).1 - now;
+    let daily = LimitSpec {
+        window: Period::Day.nominal(),
+        calendar: Some(calendar.clone()),
+        ..spec(Algorithm::FixedWindow, 2, 1000, None, None)
+    };
+    // Away from midnight, so that the server's day does not turn during the test.
+    if until_midnight(SystemClock.now()) < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_secs(11)).await;
+    }
+    let policy: Arc<str> = Arc::from("skewed");
+    let bucket = [Bucket { policy: &policy, key: "k", spec: &daily }];
+    let day = Duration::from_secs(86_400);
+    let ahead = store.apply(&bucket, SystemClock.now() + day, Charge::AllOrNothing).await.expect("redis");
+    let behind = store.apply(&bucket, SystemClock.now() - day, Charge::AllOrNothing).await.expect("redis");
+    assert!(ahead[0].admitted && behind[0].admitted);
+    assert_eq!((ahead[0].after.remaining, behind[0].after.remaining), (1, 0), "one day, counted twice");
+    let refused = store.apply(&bucket, SystemClock.now() + day, Charge::AllOrNothing).await.expect("redis");
+    assert!(!refused[0].admitted);
+    let expected = until_midnight(SystemClock.now());
+    assert!(
+        refused[0].retry_after.abs_diff(expected) < Duration::from_secs(2),
+        "retry after {:?}, the server's midnight in {expected:?}",
+        refused[0].retry_after
+    );
 }
 
 /// A reload keeps a bucket's state under a changed limit: the token bucket's level,

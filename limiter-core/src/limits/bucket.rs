@@ -63,6 +63,30 @@ macro_rules! algorithms {
     };
 }
 
+/// Charges a post-paid request's `units` at `now`, as far past the limit as they go
+/// (a debt the bucket repays by time before it admits again; the log, which holds a
+/// time per request, only up to its limit). A bucket of another algorithm's state is
+/// made again first, as [`charge`] does.
+pub fn debit(spec: &LimitSpec, state: &mut State, units: u32, now: Duration) {
+    match state {
+        State::TokenBucket(s) if spec.algorithm == Algorithm::TokenBucket => token_bucket::debit(spec, s, units, now),
+        State::LeakyBucket(s) if spec.algorithm == Algorithm::LeakyBucket => leaky_bucket::debit(spec, s, units, now),
+        State::FixedWindow(s) if spec.algorithm == Algorithm::FixedWindow => {
+            fixed_window::debit(spec, s, units, now);
+        }
+        State::SlidingWindowCounter(s) if spec.algorithm == Algorithm::SlidingWindowCounter => {
+            sliding_window_counter::debit(spec, s, units, now);
+        }
+        State::SlidingWindowLog(s) if spec.algorithm == Algorithm::SlidingWindowLog => {
+            sliding_window_log::debit(spec, s, units, now);
+        }
+        _ => {
+            *state = State::new(spec.algorithm);
+            debit(spec, state, units, now);
+        }
+    }
+}
+
 algorithms! {
     TokenBucket => token_bucket,
     LeakyBucket => leaky_bucket,

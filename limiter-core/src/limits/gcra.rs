@@ -66,6 +66,9 @@ pub(super) struct Gcra {
     /// `capacity × T`: how far ahead of now the TAT may run.
     tolerance: u128,
     capacity: u64,
+    /// Units a request must find left, and units it takes at admission (its cost).
+    needed: u32,
+    upfront: u32,
 }
 
 impl Gcra {
@@ -76,46 +79,61 @@ impl Gcra {
             interval,
             tolerance: u128::from(interval) * u128::from(capacity.get()),
             capacity: u64::from(capacity.get()),
+            needed: spec.cost.needed(),
+            upfront: spec.cost.upfront(),
         }
     }
 
     pub(super) fn check(&self, tat: &Tat, now: Duration) -> Outcome {
         let debt = self.debt(tat, to_nanos(now));
-        let interval = u128::from(self.interval);
         let remaining = u64::try_from(quotient(self.tolerance.saturating_sub(debt), self.interval)).unwrap_or(u64::MAX);
         let before = Quota { remaining, reset_after: self.duration(debt) };
-        if remaining == 0 {
-            // Admitted once the TAT is within `tolerance − T` of the clock.
-            Outcome::rejected(self.capacity, before, self.duration(debt + interval - self.tolerance))
+        if remaining < u64::from(self.needed) {
+            // Admitted once the TAT is within `tolerance − needed × T` of the clock
+            // (a debt past the tolerance included).
+            Outcome::rejected(self.capacity, before, self.duration(debt + self.units(self.needed) - self.tolerance))
         } else {
-            Outcome::admitted(self.capacity, before, self.duration(debt + interval))
+            Outcome::admitted(self.capacity, before, self.upfront, self.duration(debt + self.units(self.upfront)))
         }
     }
 
+    /// Takes the request's cost at admission.
     pub(super) fn charge(&self, tat: &mut Tat, now: Duration) {
+        self.take(tat, now, self.upfront);
+    }
+
+    /// Moves the TAT `cost × T` on: from the TAT, or from now if the bucket is full (a
+    /// full bucket does not save up beyond its capacity). Past the tolerance too: a
+    /// post-paid charge may leave the bucket in debt.
+    pub(super) fn take(&self, tat: &mut Tat, now: Duration, cost: u32) {
         let now = to_nanos(now);
-        let limit = u64::from(self.limit);
-        // The next charge starts from the TAT, or from now if the bucket is full (a
-        // full bucket does not save up beyond its capacity).
+        let limit = u128::from(self.limit);
         let (nanos, frac) = match tat.at(self.limit) {
-            (nanos, frac) if nanos >= now => (nanos, u64::from(frac)),
+            (nanos, frac) if nanos >= now => (nanos, u128::from(frac)),
             _ => (now, 0),
         };
-        // `T` is `interval` units: whole nanoseconds and a remainder below `limit`.
-        let frac = frac + self.interval % limit;
+        // `cost × T` units: whole nanoseconds and a remainder below `limit`.
+        let added = self.units(cost);
+        let frac = frac + added % limit;
         let (carry, frac) = if frac >= limit { (1, frac - limit) } else { (0, frac) };
+        let whole = u64::try_from(added / limit + carry).unwrap_or(u64::MAX);
         *tat = Tat {
-            nanos: nanos.saturating_add(self.interval / limit).saturating_add(carry),
+            nanos: nanos.saturating_add(whole),
             frac: u32::try_from(frac).unwrap_or_default(),
             scale: self.limit,
         };
     }
 
+    /// `cost` requests' intervals, in units.
+    fn units(&self, cost: u32) -> u128 {
+        u128::from(self.interval) * u128::from(cost)
+    }
+
     /// Gives back the charge made at `charged_at`, as of `now`: the TAT moves back
-    /// by one interval less the time since the charge, and not at all once the
-    /// interval has passed or if the TAT no longer holds the charge (it is less
-    /// than one interval past it: a bucket made again since) or was counted with
-    /// another limit (a reload changed it since).
+    /// by the cost's intervals less the time since the charge, and not at all once
+    /// they have passed or if the TAT no longer holds the charge (it is less than
+    /// that past it: a bucket made again since) or was counted with another limit (a
+    /// reload changed it since).
     ///
     /// Never more than undoing it would: the TAT without the request would be
     /// `max(TAT − T, m)`, `m` the TAT of the later charges alone, and `m` exceeds
@@ -128,10 +146,10 @@ impl Gcra {
             return;
         }
         let limit = u128::from(self.limit);
-        let interval = u128::from(self.interval);
+        let interval = self.units(self.upfront);
         let units = u128::from(tat.nanos) * limit + u128::from(tat.frac);
         let charged = u128::from(to_nanos(charged_at)) * limit;
-        if units.checked_sub(charged).is_none_or(|ahead| ahead < interval) {
+        if interval == 0 || units.checked_sub(charged).is_none_or(|ahead| ahead < interval) {
             return;
         }
         let late = u128::from(to_nanos(now).saturating_sub(to_nanos(charged_at))) * limit;

@@ -41,11 +41,16 @@ pub fn check(spec: &LimitSpec, state: &State, now: Duration) -> Outcome {
     outcome
 }
 
-/// Pours one unit in; call only for a request [`check`] admitted at `now`. Returns the
+/// Pours the cost's units in; call only for a request [`check`] admitted at `now`. Returns the
 /// instant it is counted at, `now`.
 pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) -> Duration {
     gcra(spec).charge(state, now);
     now
+}
+
+/// Charges a post-paid request's `units` at `now`, into debt if need be.
+pub fn debit(spec: &LimitSpec, state: &mut State, units: u32, now: Duration) {
+    gcra(spec).take(state, now, units);
 }
 
 /// Gives back the charge made at `charged_at`, as of `now` (see [`super::gcra`]).

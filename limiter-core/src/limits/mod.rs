@@ -9,6 +9,10 @@
 //!   until the bucket is back in full, which for the sliding window counter can reach
 //!   two windows.
 //! - A clock that steps back is read as standing still.
+//! - A request takes its cost's units (`LimitSpec::cost`, one by default) in one
+//!   step, or none if refused; a post-paid one takes none at admission and is charged
+//!   later ([`MemoryStore::debit`]), which may leave the bucket in debt: `remaining`
+//!   stays 0 until time has repaid it.
 //! - A charge can be given back ([`MemoryStore::refund`], for a request whose answer
 //!   a rule does not count): exactly for the windows and the log; for the GCRA
 //!   buckets exactly when given back at once, else at most the time since the
@@ -30,5 +34,5 @@ mod tests;
 
 pub use self::{
     outcome::{Outcome, Quota},
-    store::{Bucket, Charge, MemoryStore, Outcomes, Refund},
+    store::{Bucket, Charge, Debit, MemoryStore, Outcomes, Refund},
 };

@@ -1,10 +1,12 @@
 //! What an algorithm says about one request against one bucket.
 //!
 //! Every algorithm keeps one invariant, which is what makes the headers exact:
-//! `remaining` is the number of requests the bucket would admit back to back at this
-//! instant. So a request is admitted exactly when `before.remaining >= 1`, and each
-//! admitted request lowers `remaining` by exactly one; between requests it can only
-//! rise, as capacity returns.
+//! `remaining` is the number of units the bucket would give out back to back at this
+//! instant (a request of one unit each: requests). So a request is admitted exactly
+//! when `before.remaining` is at least its cost's [`needed`](crate::Cost::needed)
+//! units, and each admitted request lowers `remaining` by exactly the units it takes
+//! ([`upfront`](crate::Cost::upfront)); between requests it can only rise, as
+//! capacity returns, and it falls again only by a post-paid request's charge.
 
 use std::time::Duration;
 
@@ -41,9 +43,10 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// An admitted request: `before.remaining` must be at least 1.
-    pub(super) fn admitted(capacity: u64, before: Quota, reset_after: Duration) -> Self {
-        let remaining = before.remaining.saturating_sub(1);
+    /// An admitted request taking `units`: `before.remaining` must be at least its
+    /// cost's needed units.
+    pub(super) fn admitted(capacity: u64, before: Quota, units: u32, reset_after: Duration) -> Self {
+        let remaining = before.remaining.saturating_sub(u64::from(units));
         Self {
             admitted: true,
             before,
@@ -55,7 +58,7 @@ impl Outcome {
         }
     }
 
-    /// A rejected request: `before.remaining` is 0.
+    /// A rejected request: `before.remaining` is below its cost's needed units.
     pub(super) fn rejected(capacity: u64, before: Quota, retry_after: Duration) -> Self {
         Self {
             admitted: false,

@@ -8,9 +8,12 @@
 //! estimate = previous × (window − elapsed) / window + current
 //! ```
 //!
-//! - A request is admitted if `estimate + 1 ≤ limit`, tested exactly in integers
-//!   (`previous × (window − elapsed) + (current + 1) × window ≤ limit × window`), so
-//!   there is no rounding in the decision. A rejected request is not counted.
+//! - A request of cost `c` (its needed units) is admitted if `estimate + c ≤ limit`,
+//!   tested exactly in integers
+//!   (`previous × (window − elapsed) + (current + c) × window ≤ limit × window`), so
+//!   there is no rounding in the decision. It counts its cost (a post-paid one:
+//!   nothing, then its charge, which may pass `limit`). A rejected request is not
+//!   counted.
 //! - `remaining = limit − current − ⌈previous × (window − elapsed) / window⌉`: the
 //!   previous window's share is rounded up to whole requests, which makes
 //!   `remaining` exactly the number of requests admitted back to back now. It drops
@@ -57,15 +60,16 @@ pub fn check(spec: &LimitSpec, state: &State, now: Duration) -> Outcome {
         Duration::ZERO
     };
     let before = Quota { remaining, reset_after };
-    if remaining > 0 {
-        return Outcome::admitted(limit.into(), before, window.until_end(1));
+    let needed = spec.cost.needed();
+    if remaining >= u64::from(needed) {
+        return Outcome::admitted(limit.into(), before, spec.cost.upfront(), window.until_end(1));
     }
     // Admission only gets easier as time passes, so the first fit is the answer: later
     // in this window, else in the next (where `current` becomes the previous count),
     // else at the start of the one after, when nothing weighs any more.
-    let retry_after = match first_fit(limit, previous, current, window.length) {
+    let retry_after = match first_fit(limit, needed, previous, current, window.length) {
         Some(offset) => Duration::from_nanos(offset.saturating_sub(window.elapsed)),
-        None => match first_fit(limit, current, 0, window.length) {
+        None => match first_fit(limit, needed, current, 0, window.length) {
             Some(offset) => window.until_end(0) + Duration::from_nanos(offset),
             None => window.until_end(1),
         },
@@ -73,23 +77,29 @@ pub fn check(spec: &LimitSpec, state: &State, now: Duration) -> Outcome {
     Outcome::rejected(limit.into(), before, retry_after)
 }
 
-/// Counts one request; call only for a request [`check`] admitted at `now`. Returns
-/// the instant it is counted at: `now`, or the start of the window counted in if the
-/// clock stepped back before it.
+/// Counts one request's cost; call only for a request [`check`] admitted at `now`.
+/// Returns the instant it is counted at: `now`, or the start of the window counted
+/// in if the clock stepped back before it.
 pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) -> Duration {
+    debit(spec, state, spec.cost.upfront(), now)
+}
+
+/// Counts a post-paid request's `units` in the window of `now`, past `limit` if need be.
+pub fn debit(spec: &LimitSpec, state: &mut State, units: u32, now: Duration) -> Duration {
     let (window, previous, current) = counts(spec, state, now);
-    *state = State { window: window.index, current: current.saturating_add(1), previous };
+    *state = State { window: window.index, current: current.saturating_add(units), previous };
     window.instant()
 }
 
-/// Gives back the request counted at `charged_at`: one less in its window's count,
-/// current or previous; nothing once that window no longer weighs.
+/// Gives back the request counted at `charged_at`: its cost less in its window's
+/// count, current or previous; nothing once that window no longer weighs.
 pub fn refund(spec: &LimitSpec, state: &mut State, charged_at: Duration, _now: Duration) {
     let charged = Window::index_of(spec, charged_at);
+    let units = spec.cost.upfront();
     if state.window == charged {
-        state.current = state.current.saturating_sub(1);
+        state.current = state.current.saturating_sub(units);
     } else if state.window == charged.saturating_add(1) {
-        state.previous = state.previous.saturating_sub(1);
+        state.previous = state.previous.saturating_sub(units);
     }
 }
 
@@ -111,10 +121,11 @@ fn carried(previous: u32, length: u64, elapsed: u64) -> u64 {
     u64::try_from(weighted.div_ceil(u128::from(length))).unwrap_or(u64::MAX)
 }
 
-/// The first offset into a window with these counts at which one more request fits,
-/// if any: the least `e` with `previous × (length − e) ≤ (limit − current − 1) × length`.
-fn first_fit(limit: u32, previous: u32, current: u32, length: u64) -> Option<u64> {
-    let room = u128::from(limit.checked_sub(current)?.checked_sub(1)?) * u128::from(length);
+/// The first offset into a window with these counts at which `needed` more units
+/// fit, if any: the least `e` with
+/// `previous × (length − e) ≤ (limit − current − needed) × length`.
+fn first_fit(limit: u32, needed: u32, previous: u32, current: u32, length: u64) -> Option<u64> {
+    let room = u128::from(limit.checked_sub(current)?.checked_sub(needed)?) * u128::from(length);
     if previous == 0 {
         return Some(0);
     }

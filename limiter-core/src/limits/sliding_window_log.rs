@@ -57,7 +57,7 @@ pub fn check(spec: &LimitSpec, state: &State, now: Duration) -> Outcome {
         let blocking = state.times.get(first + (count - limit) as usize).copied().unwrap_or(now);
         Outcome::rejected(limit, before, until_gone(blocking))
     } else {
-        Outcome::admitted(limit, before, until_gone(logged_time(state, now)))
+        Outcome::admitted(limit, before, 1, until_gone(logged_time(state, now)))
     }
 }
 
@@ -70,6 +70,20 @@ pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) -> Duration {
     let time = logged_time(state, now);
     state.times.push_back(time);
     Duration::from_nanos(time)
+}
+
+/// Logs `units` requests at `now`, as many as the log has room for: it never holds
+/// more than `limit`, so this never leaves a debt. `LimitSpec::new` refuses a
+/// post-paid cost on the log; what charges it so is the fallback's seeding of a
+/// share with what the fleet had spent, which never passes empty.
+pub fn debit(spec: &LimitSpec, state: &mut State, units: u32, now: Duration) {
+    let now = to_nanos(now);
+    let first = first_live(state, window::length(spec), now);
+    state.times.drain(..first);
+    let time = logged_time(state, now);
+    let room = usize::try_from(spec.limit.get()).unwrap_or(usize::MAX).saturating_sub(state.times.len());
+    let units = usize::try_from(units).unwrap_or(usize::MAX);
+    state.times.extend(std::iter::repeat_n(time, room.min(units)));
 }
 
 /// Gives back the request logged at `charged_at`: its entry leaves the log (one of

@@ -43,6 +43,13 @@ pub struct Refund<'a> {
     pub charged_at: Duration,
 }
 
+/// A post-paid charge: its bucket, and the units its answer cost.
+#[derive(Clone, Copy, Debug)]
+pub struct Debit<'a> {
+    pub bucket: Bucket<'a>,
+    pub units: u32,
+}
+
 /// Which of the checked buckets a step charges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Charge {
@@ -410,6 +417,24 @@ impl MemoryStore {
         }
     }
 
+    /// Charges each post-paid request's units at `now`, into debt if need be, and
+    /// returns each bucket's quota once charged; a bucket evicted since its admission
+    /// is tracked again for it (unless exhausted buckets hold its shard: then the
+    /// charge is lost, `None`, as its key's next request is refused anyway).
+    pub fn debit(&self, debits: &[Debit<'_>], now: Duration) -> Vec<Option<Quota>> {
+        debits
+            .iter()
+            .map(|debit| {
+                let (fingerprint, shard) = self.locate(&debit.bucket);
+                let mut shard = lock(&self.shards[shard]);
+                let change = shard.track(&debit.bucket, fingerprint, now, &[]);
+                self.count(&change);
+                let place = shard.find(debit.bucket.policy, fingerprint)?;
+                shard.debit_at(place, debit, now)
+            })
+            .collect()
+    }
+
     /// Drops the state of every policy whose identity `keep` refuses.
     pub fn retain_policies(&self, keep: &dyn Fn(&str) -> bool) {
         for shard in &self.shards {
@@ -506,6 +531,18 @@ impl Shard {
             let exhausted = outcome.after.remaining == 0 || slot.idle.held(to_nanos(now));
             slot.idle = Idle::new(idle_at(outcome.after, now), exhausted);
         }
+    }
+
+    /// Charges a post-paid request's units to the bucket at `place`: held from
+    /// eviction once they empty it, as a charge that empties it is.
+    fn debit_at(&mut self, (table, slot): Place, debit: &Debit<'_>, now: Duration) -> Option<Quota> {
+        let spec = debit.bucket.spec;
+        let slot = self.tables[table].slots[slot].as_mut()?;
+        bucket::debit(spec, &mut slot.state, debit.units, now);
+        let quota = bucket::check(spec, Some(&slot.state), now).before;
+        let exhausted = quota.remaining == 0 || slot.idle.held(to_nanos(now));
+        slot.idle = Idle::new(idle_at(quota, now), exhausted);
+        Some(quota)
     }
 
     /// Gives back a charge to the bucket at `place`, which is then full sooner; one

@@ -2,7 +2,8 @@
 //!
 //! - A new bucket is full. Tokens return continuously, one every `window / limit`
 //!   (exactly, without rounding), and never beyond `burst`.
-//! - A request takes one token; with none left it is rejected and takes nothing.
+//! - A request takes its cost in tokens (one by default); without as many left it is
+//!   rejected and takes nothing.
 //! - `remaining` is the whole tokens left; `reset_after` the time until the bucket is
 //!   full again; `retry_after` the time until the next whole token; `used` is
 //!   `burst − remaining`, what a throttle band is compared with.
@@ -26,11 +27,16 @@ pub fn check(spec: &LimitSpec, state: &State, now: Duration) -> Outcome {
     gcra(spec).check(state, now)
 }
 
-/// Takes one token; call only for a request [`check`] admitted at `now`. Returns the
+/// Takes the cost's tokens; call only for a request [`check`] admitted at `now`. Returns the
 /// instant it is counted at, `now`.
 pub fn charge(spec: &LimitSpec, state: &mut State, now: Duration) -> Duration {
     gcra(spec).charge(state, now);
     now
+}
+
+/// Charges a post-paid request's `units` at `now`, into debt if need be.
+pub fn debit(spec: &LimitSpec, state: &mut State, units: u32, now: Duration) {
+    gcra(spec).take(state, now, units);
 }
 
 /// Gives back the charge made at `charged_at`, as of `now` (see [`super::gcra`]).

@@ -118,8 +118,8 @@ impl Drop for Answering<'_> {
 /// A test upstream on 127.0.0.1. Answers 200 with body `ok`; `…/hold` waits for
 /// [`Upstream::release`]; `/hop` answers with hop-by-hop headers to be removed;
 /// `/big` answers with a 100 KiB body. On any path, `?status=N` answers with status
-/// `N` and `?delay_ms=N` that many milliseconds after the request arrived (a login
-/// failing, a slow upstream). `/loaded` answers after [`loaded_latency`] of the
+/// `N`, `?delay_ms=N` that many milliseconds after the request arrived (a login
+/// failing, a slow upstream) and `?cost=N` with `X-Request-Cost: N` (a metered call). `/loaded` answers after [`loaded_latency`] of the
 /// `/loaded` requests in flight when it arrived (an upstream with a knee). It counts the requests it is answering at once per
 /// `X-API-Key` ([`Upstream::peak`]), and [`Upstream::seen`] is its arrival order.
 #[derive(Debug)]
@@ -205,7 +205,7 @@ async fn respond(recorder: Arc<Recorder>, request: Request<Incoming>) -> Result<
         let query = parts.uri.query().unwrap_or_default();
         query.split('&').find_map(|pair| pair.strip_prefix(name)?.strip_prefix('=')?.parse::<u64>().ok())
     };
-    let (status, delay) = (asked("status"), asked("delay_ms"));
+    let (status, delay, cost) = (asked("status"), asked("delay_ms"), asked("cost"));
     recorder.seen.lock().unwrap_or_else(PoisonError::into_inner).push(Seen {
         method: parts.method,
         uri: parts.uri,
@@ -216,6 +216,9 @@ async fn respond(recorder: Arc<Recorder>, request: Request<Incoming>) -> Result<
     if let Some(status) = status {
         *response.status_mut() =
             u16::try_from(status).ok().and_then(|s| StatusCode::from_u16(s).ok()).expect("a status");
+    }
+    if let Some(cost) = cost {
+        response.headers_mut().insert("x-request-cost", HeaderValue::from(cost));
     }
     if let Some(ms) = delay {
         tokio::time::sleep(Duration::from_millis(ms)).await;

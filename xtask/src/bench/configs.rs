@@ -6,14 +6,33 @@ use std::path::Path;
 pub const KEY_ID: &str = "bench-key";
 pub const SECRET: &str = "bench-secret-0123456789abcdef";
 
-/// The plan of the bench key, which every rule set below uses. Limits far above the
-/// load, so that every request is decided and forwarded: the bench measures what
-/// deciding costs, not how cheap a 429 is.
-const PLAN: &str = r#"
+/// The plan of the bench key, which every rule set below starts with. Limits far
+/// above the load, so that every request is decided and forwarded: the bench measures
+/// what deciding costs, not how cheap a 429 is.
+macro_rules! plan {
+    () => {
+        r#"
 [proxy.plans.bench]
 limit = 1000000000
 window = "1s"
-"#;
+"#
+    };
+}
+
+/// The bench plan as an API product sells one: a burst, a minute and a calendar month,
+/// each far above the load.
+macro_rules! three_quota_plan {
+    () => {
+        r#"
+[proxy.plans.bench]
+limits = [
+  { name = "burst", limit = 1000000000, window = "1s", algorithm = "token_bucket", burst = 1000000000 },
+  { name = "minute", limit = 1000000000, window = "1m" },
+  { name = "monthly", limit = 4000000000, window = "month" },
+]
+"#
+    };
+}
 
 /// The per-IP rule of the rule sets below, the same in each.
 macro_rules! per_ip_rule {
@@ -43,15 +62,20 @@ window = "1s"
     };
 }
 
-pub const LIMITER_RULES: &str = concat!(per_ip_rule!(), per_key_rule!());
+pub const LIMITER_RULES: &str = concat!(plan!(), per_ip_rule!(), per_key_rule!());
+
+/// [`LIMITER_RULES`] with the plan of three quotas: what a plan's further quotas cost.
+pub const LIMITER_RULES_THREE_QUOTAS: &str = concat!(three_quota_plan!(), per_ip_rule!(), per_key_rule!());
 
 /// [`LIMITER_RULES`] with a `concurrency` on the per-IP rule far above the load, so
 /// that nothing ever queues: what holding a place in flight costs a request.
-pub const LIMITER_RULES_CONCURRENCY: &str = concat!(per_ip_rule!(), "concurrency = 1000000\n", per_key_rule!());
+pub const LIMITER_RULES_CONCURRENCY: &str =
+    concat!(plan!(), per_ip_rule!(), "concurrency = 1000000\n", per_key_rule!());
 
 /// A rule keyed on a JSON body's member beside the per-IP one: what reading a body
 /// for its key costs. The bench's logins all name one user, far below the limit.
 pub const LIMITER_BODY_KEY: &str = concat!(
+    plan!(),
     per_ip_rule!(),
     r#"
 [[proxy.rules]]
@@ -69,7 +93,9 @@ window = "1s"
 /// The login the body-key scenario posts.
 pub const LOGIN_BODY: &str = r#"{"username":"alice","password":"correct horse battery staple"}"#;
 
-pub const LIMITER_SIGNED: &str = r#"
+pub const LIMITER_SIGNED: &str = concat!(
+    plan!(),
+    r#"
 [[proxy.rules]]
 name = "signed"
 path = "/signed"
@@ -78,7 +104,8 @@ key = "api_key"
 algorithm = "token_bucket"
 limit = 1000000000
 window = "1s"
-"#;
+"#
+);
 
 pub const WRK_DONE: &str = r#"
 function done(summary, latency, requests)
@@ -161,8 +188,8 @@ pub fn nginx_limit_req_conf(port: u16, upstream: u16, listener: Listener) -> Str
     )
 }
 
-/// limiter in front of `upstream` with `rules` (none: a bare proxy, without the
-/// bench plan and key either).
+/// limiter in front of `upstream` with `rules`, which define the bench plan (none: a
+/// bare proxy, without the bench key either).
 pub fn limiter_conf(
     dir: &Path,
     name: &str,
@@ -179,7 +206,7 @@ pub fn limiter_conf(
         // The bench's unsigned requests name the key: a bearer key, so that its plan
         // and per-key rule count them.
         format!(
-            "{PLAN}{rules}\n[[proxy.keys]]\nid = \"{KEY_ID}\"\nplan = \"bench\"\nsecrets = [\"file:{}\"]\n\
+            "{rules}\n[[proxy.keys]]\nid = \"{KEY_ID}\"\nplan = \"bench\"\nsecrets = [\"file:{}\"]\n\
              auth = \"bearer\"\n",
             secret.display()
         )

@@ -18,8 +18,8 @@ use serde_json::Value;
 use super::{
     Bench,
     configs::{
-        KEY_ID, LIMITER_BODY_KEY, LIMITER_RULES, LIMITER_RULES_CONCURRENCY, LIMITER_SIGNED, LOGIN_BODY, Listener,
-        SECRET, WRK_DONE, limiter_conf, nginx_limit_req_conf, slug, upstream_conf,
+        KEY_ID, LIMITER_BODY_KEY, LIMITER_RULES, LIMITER_RULES_CONCURRENCY, LIMITER_RULES_THREE_QUOTAS, LIMITER_SIGNED,
+        LOGIN_BODY, Listener, SECRET, WRK_DONE, limiter_conf, nginx_limit_req_conf, slug, upstream_conf,
     },
     format::num,
     process::{Server, answers_http1, free_port},
@@ -81,6 +81,7 @@ pub fn run(bench: &mut Bench) -> Result<Http> {
     };
     start_limiter(bench, "limiter, no rules", "", "/")?;
     start_limiter(bench, "limiter, per-IP + per-key + plan", LIMITER_RULES, "/")?;
+    start_limiter(bench, "limiter, per-IP + per-key + 3-quota plan", LIMITER_RULES_THREE_QUOTAS, "/")?;
     start_limiter(bench, "limiter, per-IP + per-key + plan + concurrency", LIMITER_RULES_CONCURRENCY, "/")?;
     start_limiter(bench, "limiter, per-IP + per-username (json:/username)", LIMITER_BODY_KEY, LOGIN)?;
     start_limiter(bench, "limiter, signed route", LIMITER_SIGNED, "/signed")?;

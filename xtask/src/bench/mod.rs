@@ -347,7 +347,7 @@ mod tests {
         assert_eq!(report.flood.measured().map(|f| f.rows.len()), Some(6));
         assert_eq!(report.random_flood.measured().map(|f| f.spoofed_sources), Some(0));
         let http = report.http.measured().expect("http group");
-        assert_eq!(http.rows.len(), 7);
+        assert_eq!(http.rows.len(), 8);
         let logins = http.rows.iter().find(|r| r.scenario.contains("json:/username")).expect("the body-key row");
         assert!(logins.closed_loop.requests > 0 && logins.closed_loop.errors == 0, "{logins:?}");
         assert_eq!(report.http2.measured().map(|h| h.rows.len()), Some(5));
@@ -356,7 +356,7 @@ mod tests {
         assert_eq!(stores, ["memory", "redis", "redis cluster"]);
         let upgrade = http.upgrade.as_ref().expect("the upgrade row");
         assert!(upgrade.requests > 0 && upgrade.dropped == 0, "{upgrade:?}");
-        assert_eq!(report.targets.len(), 15);
+        assert_eq!(report.targets.len(), 16);
         // The report reads back as what was written.
         let written = fs::read_to_string(out.join("report.json")).expect("report.json");
         let read: Report = serde_json::from_str(&written).expect("report.json parses as a Report");

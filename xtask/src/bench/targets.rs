@@ -129,6 +129,13 @@ pub fn targets(report: &Report) -> Vec<Target> {
         body_key.zip(rps(limiter)).map_or("—".into(), |(b, l)| format!("{b:.0} vs {l:.0} ({:.2} ×)", b / l)),
         body_key.zip(rps(limiter)).map(|(b, l)| b >= 0.9 * l),
     ));
+    let quotas = rps(http("limiter, per-IP + per-key + 3-quota plan"));
+    list.push(target(
+        "Proxy, a plan of three quotas (a burst, a minute, a calendar month): requests per second",
+        "≥ 0.9 × the plan of one",
+        quotas.zip(rps(limiter)).map_or("—".into(), |(q, l)| format!("{q:.0} vs {l:.0} ({:.2} ×)", q / l)),
+        quotas.zip(rps(limiter)).map(|(q, l)| q >= 0.9 * l),
+    ));
     let gated = rps(http("limiter, per-IP + per-key + plan + concurrency"));
     list.push(target(
         "Proxy, a concurrency rule with nothing queued: requests per second",

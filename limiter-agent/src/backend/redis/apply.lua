@@ -4,7 +4,7 @@
 --
 -- KEYS: the buckets. ARGV[1]: "all" | "each" | "none"; ARGV[2]: now in us, or "" for the
 -- server's clock; then per bucket: algorithm, limit, window (us), capacity, shaper
--- (1 | 0). Reply: per bucket, admitted, before remaining, before reset (ns), after
+-- (1 | 0), calendar boundaries (see spec_at), units taken at admission, units needed. Reply: per bucket, admitted, before remaining, before reset (ns), after
 -- remaining, after reset (ns), retry after (ns), used, wait (ns), and the time (us)
 -- the charge counted the request at, which `refund.lua` takes (-1: not charged).
 
@@ -12,7 +12,7 @@ local now = step_time(ARGV[2])
 
 local buckets, all_admit = {}, true
 for i = 1, #KEYS do
-  local spec = spec_at(2 + (i - 1) * 5)
+  local spec = spec_at(2 + (i - 1) * SPEC_ARGS)
   local algorithm = ALGORITHMS[spec.algorithm]
   local state = algorithm.load(KEYS[i])
   local outcome = algorithm.check(spec, state, now)

@@ -22,22 +22,28 @@ ALGORITHMS.fixed_window = {
     if count > 0 then
       reset_after = to_end
     end
-    if remaining == 0 then
+    if remaining < spec.needed then
       return rejected(spec.limit, remaining, reset_after, to_end)
     end
-    return admitted(spec.limit, remaining, reset_after, to_end)
+    return admitted(spec.limit, remaining, reset_after, to_end, spec.upfront)
   end,
   charge = function(key, spec, state, now, _, ttl_ms)
     local w, count = fixed_window_current(spec, state, now)
-    redis.call('SET', key, int(w.index) .. ' ' .. int(count + 1), 'PX', ttl_ms)
-    return w.index * w.length + w.elapsed
+    redis.call('SET', key, int(w.index) .. ' ' .. int(count + spec.upfront), 'PX', ttl_ms)
+    return w.start + w.elapsed
   end,
-  -- One less in the window the request was counted in, while it lasts (its key
+  -- Past the limit if need be, until the window ends.
+  debit = function(key, spec, state, now, units)
+    local w, count = fixed_window_current(spec, state, now)
+    local ttl_ms = math.max(ceil_div(until_end(w, 0), 1000000), 1)
+    redis.call('SET', key, int(w.index) .. ' ' .. int(count + units), 'PX', ttl_ms)
+  end,
+  -- The cost less in the window the request was counted in, while it lasts (its key
   -- expires with it).
   refund = function(key, spec, charged_at)
     local state = load_numbers(key)
-    if state and state[1] == floor_div(charged_at, spec.window_us) and state[2] > 0 then
-      redis.call('SET', key, int(state[1]) .. ' ' .. int(state[2] - 1), 'KEEPTTL')
+    if state and state[1] == window_at(spec, 0, charged_at).index and state[2] > 0 then
+      redis.call('SET', key, int(state[1]) .. ' ' .. int(math.max(state[2] - spec.upfront, 0)), 'KEEPTTL')
     end
   end,
 }

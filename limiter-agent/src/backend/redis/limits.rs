@@ -11,15 +11,20 @@
 //! - Time is the server's (`TIME`), so hosts with skewed clocks agree; it has
 //!   microsecond resolution, which every configurable window (whole milliseconds)
 //!   divides.
-//! - A bucket's key expires when the bucket is back to full, as a missing bucket is
-//!   full: Redis holds only live state, and `max_tracked_keys` does not apply.
+//! - A bucket's key expires when the bucket is back to full (after a refund, when it
+//!   would have been without it), as a missing bucket is full: Redis holds only live
+//!   state, and `max_tracked_keys` does not apply.
 //! - Lua counts in doubles, so the config refuses a redis-stored limit whose
 //!   `limit × window` or `capacity × window` would pass 2^53 units
 //!   (`LimitSpec::check_exact_in_doubles`); below that the arithmetic is exact.
 //!
+//! - A calendar window (`window = "month"`) is found among the boundaries the agent
+//!   works out in its zone around its own clock (the script has no tz database); its
+//!   state's window is its start, in µs.
 //! - A refund is a second script (`refund.lua`, after the same parts), one round trip
 //!   for all of a request's buckets, with the time each charge counted at from the
-//!   step's reply (the server's clock again).
+//!   step's reply (the server's clock again); a post-paid charge is a third
+//!   (`debit.lua`).
 //! - The sliding window log is a sorted set, so that a step costs O(log limit), not a
 //!   read of the whole log (see `sliding_window_log.lua`).
 //!
@@ -31,7 +36,7 @@ use std::time::Duration;
 
 use limiter_core::{
     Algorithm,
-    limits::{Bucket, Charge, Outcome, Outcomes, Quota, Refund},
+    limits::{Bucket, Charge, Debit, Outcome, Outcomes, Quota, Refund},
 };
 use redis::{Script, ScriptInvocation};
 
@@ -69,6 +74,7 @@ pub struct RedisStore {
     fleet: Fleet,
     script: Script,
     refund: Script,
+    debit: Script,
     time: TimeSource,
 }
 
@@ -81,7 +87,13 @@ impl std::fmt::Debug for RedisStore {
 impl RedisStore {
     #[must_use]
     pub fn new(fleet: Fleet, time: TimeSource) -> Self {
-        Self { fleet, script: Script::new(script!("apply.lua")), refund: Script::new(script!("refund.lua")), time }
+        Self {
+            fleet,
+            script: Script::new(script!("apply.lua")),
+            refund: Script::new(script!("refund.lua")),
+            debit: Script::new(script!("debit.lua")),
+            time,
+        }
     }
 
     /// [`MemoryStore::apply`](limiter_core::limits::MemoryStore::apply) in one round
@@ -98,7 +110,7 @@ impl RedisStore {
         });
         invocation.arg(self.time_arg(now));
         for bucket in buckets {
-            self.bucket_args(&mut invocation, bucket);
+            self.bucket_args(&mut invocation, bucket, now);
         }
         let reply: Vec<i64> =
             self.fleet.call(|mut connection| async move { invocation.invoke_async(&mut connection).await }).await?;
@@ -112,18 +124,46 @@ impl RedisStore {
     /// trip; `now` is used only with [`TimeSource::Caller`]. A bucket's key that expired
     /// meanwhile (it was full) has nothing to give back.
     pub async fn refund(&self, refunds: &[Refund<'_>], now: Duration) -> Result<(), FleetError> {
-        if refunds.is_empty() {
-            return Ok(());
-        }
-        let mut invocation = self.refund.prepare_invoke();
-        invocation.arg(self.time_arg(now));
-        for refund in refunds {
-            self.bucket_args(&mut invocation, &refund.bucket);
-            invocation.arg(refund.charged_at.as_micros().to_string());
-        }
-        let _buckets: i64 =
-            self.fleet.call(|mut connection| async move { invocation.invoke_async(&mut connection).await }).await?;
+        let each = refunds.iter().map(|refund| (&refund.bucket, refund.charged_at.as_micros().to_string()));
+        let _buckets: Option<i64> = self.each_bucket(&self.refund, each, now).await?;
         Ok(())
+    }
+
+    /// [`MemoryStore::debit`](limiter_core::limits::MemoryStore::debit) in one round
+    /// trip; `now` is used only with [`TimeSource::Caller`].
+    pub async fn debit(&self, debits: &[Debit<'_>], now: Duration) -> Result<Vec<Option<Quota>>, FleetError> {
+        let each = debits.iter().map(|debit| (&debit.bucket, debit.units.to_string()));
+        let reply: Vec<i64> = self.each_bucket(&self.debit, each, now).await?.unwrap_or_default();
+        if reply.len() != debits.len() * 2 {
+            return Err(FleetError::Reply(format!("{} numbers for {} debits", reply.len(), debits.len())));
+        }
+        let number = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(reply
+            .chunks_exact(2)
+            .map(|q| Some(Quota { remaining: number(q[0]), reset_after: Duration::from_nanos(number(q[1])) }))
+            .collect())
+    }
+
+    /// Calls `script` on each bucket with the argument beside it, in one round trip,
+    /// and returns its reply; `None` for no bucket, without a call.
+    async fn each_bucket<'b, T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        buckets: impl ExactSizeIterator<Item = (&'b Bucket<'b>, String)>,
+        now: Duration,
+    ) -> Result<Option<T>, FleetError> {
+        if buckets.len() == 0 {
+            return Ok(None);
+        }
+        let mut invocation = script.prepare_invoke();
+        invocation.arg(self.time_arg(now));
+        for (bucket, argument) in buckets {
+            self.bucket_args(&mut invocation, bucket, now);
+            invocation.arg(argument);
+        }
+        let reply: T =
+            self.fleet.call(|mut connection| async move { invocation.invoke_async(&mut connection).await }).await?;
+        Ok(Some(reply))
     }
 
     /// The time argument of a script: empty for the server's clock.
@@ -134,8 +174,9 @@ impl RedisStore {
         }
     }
 
-    /// A bucket's key, and its spec's arguments.
-    fn bucket_args(&self, invocation: &mut ScriptInvocation<'_>, bucket: &Bucket<'_>) {
+    /// A bucket's key, and its spec's arguments; a calendar window's boundaries are
+    /// those around `now`, this agent's time (the script finds the server's among them).
+    fn bucket_args(&self, invocation: &mut ScriptInvocation<'_>, bucket: &Bucket<'_>, now: Duration) {
         let spec = bucket.spec;
         invocation.key(self.fleet.key(&format!("{}:{}:{}", kind(spec.algorithm), bucket.policy, bucket.key)));
         let shaper = spec.algorithm == Algorithm::LeakyBucket && spec.queue.is_some();
@@ -144,7 +185,12 @@ impl RedisStore {
             .arg(spec.limit.get())
             .arg(spec.window_micros())
             .arg(spec.capacity().get())
-            .arg(u8::from(shaper));
+            .arg(u8::from(shaper))
+            .arg(spec.calendar.as_ref().map_or_else(String::new, |calendar| {
+                calendar.around(now).map(|bound| bound.as_micros().to_string()).join(" ")
+            }))
+            .arg(spec.cost.upfront())
+            .arg(spec.cost.needed());
     }
 }
 

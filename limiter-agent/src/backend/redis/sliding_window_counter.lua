@@ -15,10 +15,10 @@ local function swc_counts(spec, state, now)
   return w, previous, current
 end
 
--- The first offset (ns) into a window with these counts at which one more request
--- fits, or nil.
+-- The first offset (ns) into a window with these counts at which the units a
+-- request needs fit, or nil.
 local function swc_first_fit(spec, previous, current)
-  local room = spec.limit - current - 1
+  local room = spec.limit - current - spec.needed
   if room < 0 then
     return nil
   end
@@ -47,8 +47,8 @@ ALGORITHMS.sliding_window_counter = {
     elseif carried > 0 then
       reset_after = until_end(w, 0)
     end
-    if remaining > 0 then
-      return admitted(spec.limit, remaining, reset_after, until_end(w, 1))
+    if remaining >= spec.needed then
+      return admitted(spec.limit, remaining, reset_after, until_end(w, 1), spec.upfront)
     end
     local retry
     local offset = swc_first_fit(spec, previous, current)
@@ -66,8 +66,14 @@ ALGORITHMS.sliding_window_counter = {
   end,
   charge = function(key, spec, state, now, _, ttl_ms)
     local w, previous, current = swc_counts(spec, state, now)
-    redis.call('SET', key, int(w.index) .. ' ' .. int(current + 1) .. ' ' .. int(previous), 'PX', ttl_ms)
+    redis.call('SET', key, int(w.index) .. ' ' .. int(current + spec.upfront) .. ' ' .. int(previous), 'PX', ttl_ms)
     return w.index * w.length + w.elapsed
+  end,
+  -- Past the limit if need be; the count weighs until the next window ends.
+  debit = function(key, spec, state, now, units)
+    local w, previous, current = swc_counts(spec, state, now)
+    local ttl_ms = math.max(ceil_div(until_end(w, 1), 1000000), 1)
+    redis.call('SET', key, int(w.index) .. ' ' .. int(current + units) .. ' ' .. int(previous), 'PX', ttl_ms)
   end,
   -- One less in the count of the window the request was counted in, current or
   -- previous, while it weighs.
@@ -79,9 +85,9 @@ ALGORITHMS.sliding_window_counter = {
     local charged = floor_div(charged_at, spec.window_us)
     local window, current, previous = state[1], state[2], state[3]
     if window == charged then
-      current = math.max(current - 1, 0)
+      current = math.max(current - spec.upfront, 0)
     elseif window == charged + 1 then
-      previous = math.max(previous - 1, 0)
+      previous = math.max(previous - spec.upfront, 0)
     else
       return
     end

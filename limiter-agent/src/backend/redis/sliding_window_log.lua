@@ -44,7 +44,7 @@ ALGORITHMS.sliding_window_log = {
       local blocking = swl_score_at(log.key, log.total - spec.limit) or now
       return rejected(spec.limit, remaining, reset_after, until_gone(blocking))
     end
-    return admitted(spec.limit, remaining, reset_after, until_gone(swl_logged_time(log, now)))
+    return admitted(spec.limit, remaining, reset_after, until_gone(swl_logged_time(log, now)), 1)
   end,
   charge = function(key, spec, log, now, _, ttl_ms)
     local time = int(swl_logged_time(log, now))

@@ -1,6 +1,7 @@
 //! Fake-clock tests: each algorithm's exact sequences, properties every algorithm
 //! keeps, and the store's bound.
 
+mod costs;
 mod fixed_window;
 mod leaky_bucket;
 mod properties;
@@ -16,7 +17,7 @@ use super::{
     Outcome,
     bucket::{self, State},
 };
-use crate::{Algorithm, LimitSpec};
+use crate::{Algorithm, Cost, LimitSpec};
 
 /// On a minute boundary, as windows are aligned to the epoch.
 const T0: Duration = Duration::from_secs(1_700_000_040);
@@ -36,7 +37,16 @@ fn nz(n: u32) -> NonZeroU32 {
 }
 
 fn spec(algorithm: Algorithm, limit: u32, window: Duration) -> LimitSpec {
-    LimitSpec { algorithm, limit: nz(limit), window, burst: None, throttle: None, queue: None }
+    LimitSpec {
+        algorithm,
+        limit: nz(limit),
+        window,
+        burst: None,
+        throttle: None,
+        queue: None,
+        calendar: None,
+        cost: Cost::default(),
+    }
 }
 
 /// One bucket, checked then charged as the store does.
@@ -70,6 +80,11 @@ impl Meter {
     fn refund(&mut self, outcome: &Outcome, at: Duration) {
         let charged_at = outcome.charged_at.expect("a charged request");
         bucket::refund(&self.spec, &mut self.state, charged_at, at);
+    }
+
+    /// Charges a post-paid request's `units` at `at`.
+    fn debit(&mut self, units: u32, at: Duration) {
+        bucket::debit(&self.spec, &mut self.state, units, at);
     }
 
     /// How many of `n` requests at `at` are admitted.
