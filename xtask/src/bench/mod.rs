@@ -89,7 +89,8 @@ pub struct Sizes {
     pub store_decisions: u64,
     pub http_seconds: u32,
     pub http_connections: u32,
-    /// Signed requests pre-made for the signed route (each is used once).
+    /// Signed requests pre-made for the signed route (each is used once: more than a
+    /// run sends, or the rest are replays refused as errors).
     pub signed_requests: u32,
     /// Requests of each h2load run, over `http2_connections` connections with
     /// `http2_streams` streams open on each.
@@ -113,7 +114,7 @@ impl Sizes {
         store_decisions: 200_000,
         http_seconds: 10,
         http_connections: 32,
-        signed_requests: 400_000,
+        signed_requests: 800_000,
         http2_requests: 100_000,
         http2_connections: 10,
         http2_streams: 10,
