@@ -73,8 +73,9 @@ async fn a_response_header_cost_is_charged_into_debt_and_never_reaches_the_clien
     // number, costs `max`.
     let shown = client.get(&proxy.url("/shown?cost=5000"), &[]).await;
     assert_eq!((shown.status, shown.header("x-request-cost")), (StatusCode::OK, "5000"));
-    let stats = proxy.stats_until("4 post-paid charges", |stats| stats.post_paid_charges == 4).await;
-    assert_eq!(stats.rejected, 1);
+    proxy
+        .stats_until("4 post-paid charges and the refusal", |stats| stats.post_paid_charges == 4 && stats.rejected == 1)
+        .await;
     assert_eq!(client.get(&proxy.url("/shown"), &[]).await.status, StatusCode::TOO_MANY_REQUESTS, "1000 > 20");
 }
 
