@@ -715,10 +715,9 @@ impl Policies {
             let counting = counted.iter().find(|counting| std::ptr::eq(counting.policy, policy))?;
             Some(Ok(gated(rule, concurrency, (counting.key.clone(), counting.holder))))
         });
-        let seen = request.seen();
+        let (seen, plan) = (request.seen(), self.plan_of(request));
         let concurrent = self.concurrent.iter().filter_map(|(rule, _)| {
-            let concurrency =
-                rule.concurrency.filter(|_| rule.applies(&seen) && rule.counts_plan(self.plan_of(request)))?;
+            let concurrency = rule.concurrency.filter(|_| rule.applies(&seen) && rule.counts_plan(plan))?;
             Some(match (self.key(rule, request), self.missing_key) {
                 (Some(keyed), _) => Ok(gated(rule, concurrency, keyed)),
                 (None, MissingKey::Shared) => Ok(gated(rule, concurrency, (MISSING_KEY.to_owned(), Holder::Anyone))),
@@ -1040,14 +1039,12 @@ impl<C: Clock> Engine<C> {
     /// such bucket takes one unit if it has one left; a full bucket stays full.
     pub async fn penalize(&self, request: &RequestInfo<'_>) {
         let policies = self.snapshot();
-        let seen = request.seen();
+        let (seen, plan) = (request.seen(), policies.plan_of(request));
         let now = self.clock.now();
         let counted: Vec<Counting<'_>> = policies
             .rules
             .iter()
-            .filter(|(rule, _)| {
-                rule.key.is(&KeyKind::Ip) && rule.applies(&seen) && rule.counts_plan(policies.plan_of(request))
-            })
+            .filter(|(rule, _)| rule.key.is(&KeyKind::Ip) && rule.applies(&seen) && rule.counts_plan(plan))
             .filter_map(|(rule, policy)| {
                 let (key, holder) = policies.key(rule, request)?;
                 Some(Counting { policy, key, holder })
@@ -1238,7 +1235,11 @@ impl<C: Clock> Engine<C> {
                     let refundable: Vec<bool> = counted.iter().map(|c| c.policy.count_when.is_some()).collect();
                     tier.note(&buckets, &outcomes, &refundable, now);
                 }
-                if let Some(known) = self.stores.last_known() {
+                // Only a fallback of its own reads it: no lock and no copy of each key
+                // for the decisions of a fleet that denies or allows without Redis.
+                if let Some(known) = self.stores.last_known()
+                    && self.snapshot().store_failure == StoreFailure::Local
+                {
                     known.note(&buckets, &outcomes, now);
                 }
                 Some(Applied { outcomes, local: None })
