@@ -335,6 +335,7 @@ fn main() -> anyhow::Result<()> {
                     aggregate: Default::default(),
                     verified: Default::default(),
                     syn: None,
+                    services: None,
                 };
                 let attached = spawn_in_namespace(RX_NS, {
                     let pin_dir = pin_dir.clone();

@@ -1,7 +1,8 @@
 //! What `cargo xtask demo` runs: a small lab of namespaces, the agent on
 //! `config/demo.toml`, a flood plus a well-behaved flow at the kernel layer with a
 //! reload halfway, a flood from random (spoofed) sources before and after a
-//! new-source budget is reloaded in, then well- and badly-behaved clients at the
+//! new-source budget is reloaded in, a reflection flood to closed ports once
+//! `[xdp.services]` is reloaded in, then well- and badly-behaved clients at the
 //! proxy, and pro's requests served ahead of free ones while the upstream is slow.
 //! Cleans up on exit and on Ctrl-C.
 //!
@@ -124,7 +125,8 @@ fn run(limiter: &Path, config_source: &Path, dir: &Path) -> anyhow::Result<()> {
         println!("{label:<24} {:>10} {:>10} {:>10} {:>11}/{POLITE_PACKETS}", FLOOD, row.0, FLOOD - row.0, row.1);
     }
 
-    spoofed_phases(limiter, &config_path, &reloaded)?;
+    let budgeted = spoofed_phases(limiter, &config_path, &reloaded)?;
+    reflection_phase(limiter, &config_path, &budgeted)?;
 
     println!("\n== application layer: proxy 127.0.0.1:18080 -> upstream {upstream}");
     proxy_phase()?;
@@ -198,8 +200,9 @@ fn kernel_phase() -> anyhow::Result<(u64, u64)> {
     Ok((receiver.from(FLOODER).len() as u64, receiver.from(POLITE).len() as u64))
 }
 
-/// A random-source flood without, then with, a new-source budget.
-fn spoofed_phases(limiter: &Path, config_path: &Path, config_text: &str) -> anyhow::Result<()> {
+/// A random-source flood without, then with, a new-source budget; the config text
+/// reloaded.
+fn spoofed_phases(limiter: &Path, config_path: &Path, config_text: &str) -> anyhow::Result<String> {
     // Replies to spoofed sources would leave by the host's default route: strict
     // reverse-path filtering on the lab's link drops what the program passes from
     // sources not routed back through it, before the stack answers.
@@ -214,7 +217,7 @@ fn spoofed_phases(limiter: &Path, config_path: &Path, config_text: &str) -> anyh
     // A new file, which the agent adopts: an edit of the watched one could be picked
     // up by its watcher first, leaving this reload "no changes" to print.
     let budget_path = config_path.with_file_name("limiter-budget.toml");
-    std::fs::write(&budget_path, reloaded)?;
+    std::fs::write(&budget_path, &reloaded)?;
     let output = Command::new(limiter).args(["reload", "-c"]).arg(&budget_path).output()?;
     println!("\n$ limiter reload   # [xdp.new_sources] 100 packets/s, burst 100");
     print!("{}", String::from_utf8_lossy(&output.stdout));
@@ -226,6 +229,56 @@ fn spoofed_phases(limiter: &Path, config_path: &Path, config_text: &str) -> anyh
             row.admitted, row.new, row.refused, row.polite
         );
     }
+    Ok(reloaded)
+}
+
+const REFLECTED: u64 = 20_000;
+
+/// A DNS reflection (UDP from port 53 to one closed port after another, hping3) once
+/// `[xdp.services]` serves only the polite flow's UDP port, with the polite flow
+/// beside it.
+fn reflection_phase(limiter: &Path, config_path: &Path, config_text: &str) -> anyhow::Result<()> {
+    use limiter_common::counters::Counter;
+    let receiver = traffic::Receiver::bind(HOST_IP)?;
+    let services = format!("\n[xdp.services]\ntcp = [22, 18080]\nudp = [{}]\n", receiver.addr.port());
+    let reloaded = config_text.replace("[proxy]\n", &format!("{services}\n[proxy]\n"));
+    let services_path = config_path.with_file_name("limiter-services.toml");
+    std::fs::write(&services_path, reloaded)?;
+    println!(
+        "\n== reflection flood: {REFLECTED} UDP packets from {FLOODER} port 53 to closed ports 33000 and up \
+         (hping3 -s 53 -p ++33000), {POLITE_PACKETS} at 50/s from {POLITE} to port {}",
+        receiver.addr.port()
+    );
+    let output = Command::new(limiter).args(["reload", "-c"]).arg(&services_path).output()?;
+    println!("\n$ limiter reload   # [xdp.services] tcp = [22, 18080], udp = [{}]", receiver.addr.port());
+    print!("{}", String::from_utf8_lossy(&output.stdout));
+    let pin_dir = CLEANUP.lock().ok().and_then(|c| c.as_ref().map(|c| c.pin_dir.clone())).context("pin dir")?;
+    let counters = || limiter::xdp::KernelMaps::open_pinned(&pin_dir).and_then(|m| m.counter_snapshot());
+    let start = counters()?;
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let polite = scope.spawn(|| traffic::send(NS, POLITE, receiver.addr, POLITE_PACKETS, 1));
+        let count = REFLECTED.to_string();
+        let flood = Command::new("ip")
+            .args(["netns", "exec", NS, "timeout", "30", "hping3", "-q", "--udp", "-s", "53", "-k", "-p", "++33000"])
+            .args(["-a", &FLOODER.to_string(), "-c", &count, "-i", "u20", &HOST_IP.to_string()])
+            .output()
+            .context("hping3 (cargo xtask setup installs it)")?;
+        anyhow::ensure!(
+            flood.status.code().is_some_and(|c| c <= 1),
+            "hping3: {}",
+            String::from_utf8_lossy(&flood.stderr)
+        );
+        polite.join().map_err(|_| anyhow::anyhow!("polite thread"))??;
+        Ok(())
+    })?;
+    receiver.settle(Duration::from_millis(200));
+    let dropped = counters()?.get(Counter::DroppedService) - start.get(Counter::DroppedService);
+    println!("\n{:<24} {:>10} {:>30} {:>14}", "", "sent", "dropped at the NIC (service)", "polite passed");
+    println!(
+        "{:<24} {REFLECTED:>10} {dropped:>30} {:>11}/{POLITE_PACKETS}",
+        "reflection to closed ports",
+        receiver.from(POLITE).len()
+    );
     Ok(())
 }
 

@@ -1,7 +1,8 @@
 //! Cost per packet of the XDP program, from BPF_PROG_TEST_RUN: the do-nothing floor,
 //! a known source, a new source with the sources map full, an unknown source refused
 //! by an empty new-source budget (`[xdp.new_sources]`), a known source charged to its
-//! /24's aggregate too, and a known source with 10 000 CIDR rules; and the floor and
+//! /24's aggregate too, a known source's packet to a port `[xdp.services]` does not
+//! serve, and a known source with 10 000 CIDR rules; and the floor and
 //! a known source as bpf_stats counts them, hot and cold. Prints one JSON object;
 //! `cargo xtask bench` runs it.
 //!
@@ -11,12 +12,15 @@ use std::{net::Ipv4Addr, num::NonZeroU32, path::PathBuf};
 
 use aya::programs::{TestRun as _, TestRunOptions, Xdp};
 use limiter::{
-    config::xdp::{AttachMode, CidrAction, CidrRule, Ipv6Prefix, MalformedAction, PacketLimit, XdpConfig},
-    xdp::{Floor, Kernel, LoadOptions},
+    config::xdp::{
+        AttachMode, CidrAction, CidrRule, Ipv6Prefix, MalformedAction, PacketLimit, Port, ReplySource, ServicesConfig,
+        Verdict, XdpConfig,
+    },
+    xdp::{Floor, Kernel, LoadOptions, ephemeral_ports},
 };
 use limiter_lab::{
     report::{XdpCost, XdpStatsCost},
-    support::frames::udp4 as frame,
+    support::frames::{udp4 as frame, udp4_to},
 };
 
 /// Sources the cold bpf_stats case cycles through, as many as the flood bench's.
@@ -65,6 +69,30 @@ fn cost(program: &Xdp, data: &[u8], repeat: u32) -> f64 {
     result.duration.as_nanos() as f64
 }
 
+/// A DNS reflection's packet from the known source under `[xdp.services]` (UDP from
+/// port 53 to an ephemeral port), the costliest drop of the policy: the port is
+/// looked up, then every one of the 16 `udp_replies_from` networks checked.
+fn not_served_port(kernel: &mut Kernel, config: &mut XdpConfig, repeat: u32) -> anyhow::Result<f64> {
+    let reply_sources = (0..16u32).map(|i| {
+        let network = ipnet::IpNet::new(Ipv4Addr::from(0x0a00_0000 + (i << 8)).into(), 24).unwrap_or_default();
+        ReplySource(network)
+    });
+    let port = |port: u16| std::num::NonZeroU16::new(port).map(Port);
+    config.services = Some(ServicesConfig {
+        tcp: port(443).into_iter().collect(),
+        udp: port(443).into_iter().collect(),
+        icmp: Verdict::Pass,
+        other: Verdict::Drop,
+        udp_replies_from: reply_sources.collect(),
+    });
+    kernel.maps_mut().apply(config, None)?;
+    let reflection = udp4_to(Ipv4Addr::new(192, 0, 2, 7), 53, ephemeral_ports()[0]);
+    let ns = cost(kernel.program()?, &reflection, repeat);
+    config.services = None;
+    kernel.maps_mut().apply(config, None)?;
+    Ok(ns)
+}
+
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let repeat: u32 = args.next().map_or(Ok(1_000_000), |a| a.parse())?;
@@ -83,6 +111,7 @@ fn main() -> anyhow::Result<()> {
         aggregate: Default::default(),
         verified: Default::default(),
         syn: None,
+        services: None,
     };
     let pin_dir = PathBuf::from(format!("/sys/fs/bpf/limiter-bench-{}", std::process::id()));
     let mut kernel = Kernel::load(&LoadOptions::with_sources(pin_dir.clone(), capacity))?;
@@ -102,6 +131,7 @@ fn main() -> anyhow::Result<()> {
     let known_source_precise_clock = cost(kernel.program()?, &known, repeat);
     config.limit.burst = nonzero(u32::MAX);
     kernel.maps_mut().apply(&config, None)?;
+    let not_served_port = not_served_port(&mut kernel, &mut config, repeat)?;
     let sources: Vec<Vec<u8>> = (0..COLD_SOURCES).map(|i| frame(Ipv4Addr::from(0xc633_6400 + i))).collect();
     for source in &sources {
         cost(kernel.program()?, source, 1);
@@ -171,6 +201,7 @@ fn main() -> anyhow::Result<()> {
         known_source_with_budget_ns: known_source_with_budget,
         known_source_with_aggregate_ns: known_source_with_aggregate,
         known_source_precise_clock_ns: Some(known_source_precise_clock),
+        not_served_port_ns: Some(not_served_port),
         bpf_stats: Some(bpf_stats),
     };
     println!("{}", serde_json::to_string(&report)?);

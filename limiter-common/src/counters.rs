@@ -40,11 +40,15 @@ pub enum Counter {
     /// Dropped: an IPv6 packet from an IPv4-mapped address (`::ffff:0:0/96`), which no
     /// IPv6 host sends and the stack refuses: it must not pass as the IPv4 source.
     DroppedV4Mapped = 13,
+    /// Dropped by `[xdp.services]`: TCP or UDP to a port the host does not serve
+    /// (and no reply to its own connection), ICMP under `icmp = "drop"`, another IP
+    /// protocol under `other = "drop"`.
+    DroppedService = 14,
 }
 
 impl Counter {
     /// Every counter in index order.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::Passed,
         Self::DroppedRateLimit,
         Self::DroppedDeny,
@@ -59,6 +63,7 @@ impl Counter {
         Self::DroppedSyn,
         Self::DroppedSynShare,
         Self::DroppedV4Mapped,
+        Self::DroppedService,
     ];
 
     /// Size of the counters array.
@@ -82,6 +87,7 @@ impl Counter {
             Self::DroppedSyn => "dropped_syn",
             Self::DroppedSynShare => "dropped_syn_share",
             Self::DroppedV4Mapped => "dropped_v4_mapped",
+            Self::DroppedService => "dropped_service",
         }
     }
 }

@@ -9,7 +9,7 @@ use core::mem::size_of;
 use crate::bucket::Rate;
 
 /// Bumped on every change of a map's key, value or meaning.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// LRU hash of [`SourceKey`] → [`SourceState`]; sized from `xdp.max_sources`.
 pub const SOURCES: &str = "SOURCES";
@@ -194,6 +194,9 @@ pub const MAX_SYN_SHARES: u32 = 65_536;
 /// Most ports [`Settings::syn_ports`] holds.
 pub const MAX_SYN_PORTS: usize = 16;
 
+/// Most networks [`Settings::udp_replies_from`] holds.
+pub const MAX_UDP_REPLY_SOURCES: usize = 16;
+
 /// Capacity of each CIDR trie.
 pub const MAX_CIDRS: u32 = 65_536;
 /// Capacity of each runtime-block trie.
@@ -293,6 +296,24 @@ pub const FEATURE_SYN: u8 = 4;
 /// [`Settings::syn_ports`] do; without it, SYNs to every port.
 pub const FEATURE_SYN_PORTS: u8 = 16;
 
+/// [`Settings::features`] bit: `[xdp.services]` is in force: a packet must be to a
+/// port the host serves, a reply to its own traffic, or of a protocol the policy
+/// passes ([`Settings::serves`]).
+pub const FEATURE_SERVICES: u8 = 32;
+
+/// [`Settings::service_flags`] bit: ICMP (but neighbour discovery, which always
+/// passes) goes on to the buckets; without it, dropped.
+pub const SERVICE_ICMP_PASS: u8 = 1;
+/// [`Settings::service_flags`] bit: IP protocols other than TCP, UDP and ICMP go on
+/// to the buckets; without it, dropped.
+pub const SERVICE_OTHER_PASS: u8 = 2;
+
+/// IP protocol numbers the service policy tells apart.
+pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_ICMPV6: u8 = 58;
+
 /// [`Settings::features`] bit: buckets read `bpf_ktime_get_coarse_ns` (the time of
 /// the last tick) instead of `bpf_ktime_get_ns`; set by the agent only when every
 /// rate in force passes `crate::bucket::coarse_clock_fits`.
@@ -329,8 +350,92 @@ pub struct Settings {
     pub aggregate_ipv4_prefix: u8,
     /// IPv6 sources share an aggregate per prefix of this length.
     pub aggregate_ipv6_prefix: u8,
-    /// Keeps the record's size a multiple of 8.
-    pub reserved: [u8; 6],
+    /// `SERVICE_*` bits (with [`FEATURE_SERVICES`]).
+    pub service_flags: u8,
+    /// Entries of [`Self::udp_replies_from`] in use.
+    pub udp_replies: u8,
+    /// The host's ephemeral ports, first and last (`net.ipv4.ip_local_port_range`,
+    /// which IPv6 shares): replies to its own connections arrive on them.
+    pub ephemeral_ports: [u16; 2],
+    /// Sources whose UDP may reach an ephemeral port (resolvers, NTP servers): a
+    /// bounded list scanned in place, which costs a reflection flood aimed at
+    /// ephemeral ports a few compares per entry and nothing else, where a trie
+    /// would cost every such packet a lookup; unused places are never read.
+    pub udp_replies_from: [Network; MAX_UDP_REPLY_SOURCES],
+    /// The TCP ports the host serves (with [`FEATURE_SERVICES`]).
+    pub tcp_ports: PortSet,
+    /// The UDP ports the host serves.
+    pub udp_ports: PortSet,
+}
+
+/// A set of ports as one bit each: a port's lookup is one load from the settings
+/// record the program already holds, with no helper call and no loop.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct PortSet(pub [u64; 1024]);
+
+impl PortSet {
+    pub const EMPTY: Self = Self([0; 1024]);
+
+    /// Whether `port` is in the set (0 never is: no packet is to port 0).
+    #[inline(always)]
+    #[must_use]
+    pub const fn contains(&self, port: u16) -> bool {
+        // `port >> 6` is below 1024: no bounds check is left for the verifier.
+        (self.0[(port >> 6) as usize] >> (port & 63)) & 1 != 0
+    }
+
+    pub fn insert(&mut self, port: u16) {
+        if port != 0 {
+            self.0[usize::from(port >> 6)] |= 1 << (port & 63);
+        }
+    }
+}
+
+impl Default for PortSet {
+    fn default() -> Self {
+        Self::EMPTY
+    }
+}
+
+impl core::fmt::Debug for PortSet {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_set().entries((1..=u16::MAX).filter(|port| self.contains(*port))).finish()
+    }
+}
+
+/// A network of [`Settings::udp_replies_from`]: the 16-byte form of its first
+/// address (`crate::addr`, IPv4 as `::ffff:a.b.c.d`) and of its mask, as two
+/// native-endian halves each so that a match is two ANDs and two compares.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Network {
+    pub addr: [u64; 2],
+    pub mask: [u64; 2],
+}
+
+impl Network {
+    /// The network of `addr` (16-byte form) with the first `prefix_len` bits of it.
+    #[must_use]
+    pub fn new(addr: [u8; 16], prefix_len: u8) -> Self {
+        let mask = crate::addr::mask_v6([0xff; 16], prefix_len);
+        let addr = crate::addr::mask_v6(addr, prefix_len);
+        Self { addr: halves(&addr), mask: halves(&mask) }
+    }
+
+    /// Whether the 16-byte `addr` is inside.
+    #[inline(always)]
+    #[must_use]
+    pub fn contains(&self, addr: &[u8; 16]) -> bool {
+        let [high, low] = halves(addr);
+        high & self.mask[0] == self.addr[0] && low & self.mask[1] == self.addr[1]
+    }
+}
+
+#[inline(always)]
+fn halves(addr: &[u8; 16]) -> [u64; 2] {
+    let [a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p] = *addr;
+    [u64::from_ne_bytes([a, b, c, d, e, f, g, h]), u64::from_ne_bytes([i, j, k, l, m, n, o, p])]
 }
 
 impl Settings {
@@ -357,6 +462,41 @@ impl Settings {
         }
         false
     }
+
+    /// Whether `[xdp.services]` lets the first (or only) fragment of a packet go on
+    /// to the buckets: `protocol` its IP protocol, `port` its TCP or UDP destination
+    /// port (0 where the header is too short to show it: a tiny first fragment, RFC
+    /// 1858, is no service's), `reply` whether TCP has ACK or RST set, `source` the
+    /// 16-byte form of its source address.
+    ///
+    /// TCP and UDP to a served port pass. TCP with ACK or RST to an ephemeral port is
+    /// taken for a reply to the host's own connection (a SYN-ACK, data, a reset),
+    /// which the stack checks against its sockets; RST too, since a reset answering
+    /// a segment that carried ACK carries none itself. UDP has no handshake, so
+    /// UDP to an ephemeral port passes only from [`Self::udp_replies_from`].
+    #[inline(always)]
+    #[must_use]
+    pub fn serves(&self, protocol: u8, port: u16, reply: bool, source: &[u8; 16]) -> bool {
+        let ephemeral = port != 0 && self.ephemeral_ports[0] <= port && port <= self.ephemeral_ports[1];
+        match protocol {
+            IPPROTO_TCP => self.tcp_ports.contains(port) || (reply && ephemeral),
+            IPPROTO_UDP => self.udp_ports.contains(port) || (ephemeral && self.udp_reply_from(source)),
+            IPPROTO_ICMP | IPPROTO_ICMPV6 => self.service_flags & SERVICE_ICMP_PASS != 0,
+            _ => self.service_flags & SERVICE_OTHER_PASS != 0,
+        }
+    }
+
+    #[inline(always)]
+    fn udp_reply_from(&self, source: &[u8; 16]) -> bool {
+        let mut i = 0;
+        while i < MAX_UDP_REPLY_SOURCES && i < self.udp_replies as usize {
+            if self.udp_replies_from[i].contains(source) {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
 }
 
 #[cfg(feature = "user")]
@@ -367,13 +507,19 @@ mod pod {
     unsafe impl aya::Pod for super::CidrPolicy {}
     unsafe impl aya::Pod for super::Expiry {}
     unsafe impl aya::Pod for super::Settings {}
+    unsafe impl aya::Pod for super::PortSet {}
+    unsafe impl aya::Pod for super::Network {}
 }
 
 #[cfg(test)]
 mod tests {
     use core::mem::size_of;
 
-    use super::{Block, CidrPolicy, Settings, Sizing, SourceKey, SourceState};
+    use super::{
+        Block, CidrPolicy, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, Network, PortSet, SERVICE_ICMP_PASS,
+        Settings, Sizing, SourceKey, SourceState,
+    };
+    use crate::addr::v4_mapped;
 
     /// The kernel and user space agree on these sizes; a change here is a layout change.
     #[test]
@@ -382,7 +528,7 @@ mod tests {
         assert_eq!(size_of::<SourceState>(), 24);
         assert_eq!(size_of::<CidrPolicy>(), 40);
         assert_eq!(size_of::<Block>(), 8);
-        assert_eq!(size_of::<Settings>(), 128);
+        assert_eq!(size_of::<Settings>(), 128 + 16 * 32 + 2 * 8192);
     }
 
     /// The bounds README and config/limiter.toml state, and what they cost.
@@ -395,5 +541,55 @@ mod tests {
         for sizing in Sizing::ALL {
             assert!(sizing.max_entries() as usize * sizing.entry_bytes() <= sizing.budget_bytes(), "{sizing:?}");
         }
+    }
+
+    #[test]
+    fn port_sets_hold_every_port_but_zero() {
+        let mut set = PortSet::EMPTY;
+        for port in [0, 1, 63, 64, 443, u16::MAX] {
+            set.insert(port);
+        }
+        let mut held = (0..=u16::MAX).filter(|port| set.contains(*port));
+        assert!(held.by_ref().eq([1, 63, 64, 443, u16::MAX]));
+    }
+
+    /// The service policy's table: served ports, replies to the host's connections,
+    /// UDP replies only from the listed networks, ICMP and other protocols by flag.
+    #[test]
+    fn the_service_policy_serves_listed_ports_and_replies() {
+        let mut settings = Settings { ephemeral_ports: [32_768, 60_999], ..Settings::default() };
+        settings.tcp_ports.insert(443);
+        settings.udp_ports.insert(443);
+        settings.udp_replies_from[0] = Network::new(v4_mapped([10, 0, 0, 0]), 96 + 24);
+        let mut v6 = [0u8; 16];
+        v6[..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+        settings.udp_replies_from[1] = Network::new(v6, 32);
+        settings.udp_replies = 2;
+        let (resolver, stranger) = (v4_mapped([10, 0, 0, 53]), v4_mapped([192, 0, 2, 1]));
+        let tcp = |port, reply| settings.serves(IPPROTO_TCP, port, reply, &stranger);
+        assert!(tcp(443, false) && tcp(443, true));
+        assert!(!tcp(22, false) && !tcp(22, true), "not served, not ephemeral");
+        assert!(tcp(40_000, true) && !tcp(40_000, false), "a reply, or a SYN to an ephemeral port");
+        assert!(!tcp(0, true), "a header too short to show its port");
+        assert!(!tcp(60_999 + 1, true) && tcp(60_999, true) && tcp(32_768, true) && !tcp(32_767, true));
+        let udp = |port, source: &[u8; 16]| settings.serves(IPPROTO_UDP, port, false, source);
+        assert!(udp(443, &stranger));
+        assert!(!udp(40_000, &stranger) && udp(40_000, &resolver), "replies only from udp_replies_from");
+        assert!(
+            udp(40_000, &{
+                v6[15] = 1;
+                v6
+            }),
+            "an IPv6 network"
+        );
+        assert!(!udp(53, &resolver), "not ephemeral");
+        assert!(!settings.serves(IPPROTO_ICMP, 0, false, &stranger));
+        assert!(!settings.serves(47, 0, false, &stranger), "GRE under other = drop");
+        let mut settings = Settings { service_flags: SERVICE_ICMP_PASS, udp_replies: 1, ..settings };
+        assert!(settings.serves(IPPROTO_ICMP, 0, false, &stranger));
+        assert!(settings.serves(IPPROTO_ICMPV6, 0, false, &stranger));
+        assert!(!settings.serves(IPPROTO_UDP, 40_000, false, &v6), "entries past udp_replies are not read");
+        settings.udp_replies = 2;
+        assert!(settings.serves(IPPROTO_UDP, 40_000, false, &v6));
     }
 }

@@ -7,7 +7,7 @@ use std::{
     collections::BTreeMap,
     fmt,
     net::SocketAddr,
-    num::{NonZeroU32, NonZeroUsize},
+    num::{NonZeroU16, NonZeroU32, NonZeroUsize},
     path::PathBuf,
 };
 
@@ -258,6 +258,7 @@ shown_by_display!(
     usize,
     f64,
     String,
+    NonZeroU16,
     NonZeroU32,
     NonZeroUsize,
     SocketAddr,

@@ -4,7 +4,7 @@ use limiter_core::{Algorithm, path::EscapedSlashes};
 
 use super::{
     Config, ConfigError,
-    xdp::{CidrAction, SynPorts},
+    xdp::{CidrAction, Port, SynPorts, Verdict},
 };
 
 const EXAMPLE: &str = include_str!("../../config/limiter.toml");
@@ -307,6 +307,59 @@ fn bad_spoofing_settings_name_key_and_line() {
         "{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\naggregate_packets_per_second = 5\naggregate_burst = 5\n"
     );
     assert!(refusal(&text).2.contains("an aggregate only goes with action = \"limit\""));
+}
+
+#[test]
+fn the_service_policy_parses_with_its_defaults() {
+    let xdp = parse(XDP).expect("no services").xdp.expect("xdp");
+    assert_eq!(xdp.services, None, "absent: every packet goes on to the buckets");
+    let text = format!(
+        "{XDP}[xdp.services]\ntcp = [22, 443]\nudp = [443]\nudp_replies_from = [\"10.0.0.2/32\", \"2001:db8::53\"]\n"
+    );
+    let services = parse(&text).expect("services").xdp.expect("xdp").services.expect("services");
+    let ports = |ports: &[Port]| ports.iter().map(|port| port.0.get()).collect::<Vec<_>>();
+    assert_eq!((ports(&services.tcp), ports(&services.udp)), (vec![22, 443], vec![443]));
+    assert_eq!((services.icmp, services.other), (Verdict::Pass, Verdict::Drop));
+    let sources: Vec<String> = services.udp_replies_from.iter().map(|source| source.0.to_string()).collect();
+    assert_eq!(sources, ["10.0.0.2/32", "2001:db8::53/128"]);
+    let text = format!("{XDP}[xdp.services]\ntcp = []\nicmp = \"drop\"\nother = \"pass\"\n");
+    let services = parse(&text).expect("services").xdp.expect("xdp").services.expect("services");
+    assert_eq!(
+        (services.tcp.len(), services.udp.len(), services.icmp, services.other),
+        (0, 0, Verdict::Drop, Verdict::Pass)
+    );
+}
+
+#[test]
+fn bad_service_policies_name_key_and_line() {
+    let services = |body: &str| refusal(&format!("{XDP}[xdp.services]\ntcp = [22]\n{body}"));
+    let (line, key, message) = services("udp = [53, 0]\n");
+    assert_eq!((line, key.as_str(), message.as_str()), (8, "xdp.services.udp", "0 is not a port from 1 to 65535"));
+    let (line, key, message) = services("udp = [65536]\n");
+    assert_eq!((line, key.as_str(), message.as_str()), (8, "xdp.services.udp", "65536 is not a port from 1 to 65535"));
+    let (line, key, message) = services("udp = [443, 123, 443]\n");
+    assert_eq!((line, key.as_str(), message.as_str()), (8, "xdp.services.udp", "443 appears twice"));
+    let (line, key, message) = refusal(&format!("{XDP}[xdp.services]\nudp = [443]\ntcp = [22, 22]\n"));
+    assert_eq!((line, key.as_str(), message.as_str()), (8, "xdp.services.tcp", "22 appears twice"));
+    let (line, key, message) = refusal(&format!("{XDP}[xdp.services]\nudp = [443]\n"));
+    assert_eq!((line, key.as_str()), (6, "xdp.services"), "{message}");
+    assert!(message.contains("missing field `tcp`"), "{message}");
+    let (line, key, message) = services("icmp = \"reject\"\n");
+    assert_eq!((line, key.as_str()), (8, "xdp.services.icmp"), "{message}");
+    assert!(message.contains("expected `pass` or `drop`"), "{message}");
+    let (line, key, message) = services("udp_replies_from = [\"10.0.0.1/8\"]\n");
+    assert_eq!((line, key.as_str()), (8, "xdp.services.udp_replies_from"), "{message}");
+    assert!(message.contains("host bits set"), "{message}");
+    let (_, key, message) = services("udp_replies_from = [\"10.0.0.2\", \"10.0.0.2/32\"]\n");
+    assert_eq!((key.as_str(), message.as_str()), ("xdp.services.udp_replies_from", "10.0.0.2/32 appears twice"));
+    let many: Vec<String> = (1..=17).map(|i| format!("\"10.0.0.{i}\"")).collect();
+    let (line, key, message) = services(&format!("udp_replies_from = [{}]\n", many.join(", ")));
+    assert_eq!((line, key.as_str()), (8, "xdp.services.udp_replies_from"), "{message}");
+    assert!(message.starts_with("17 networks, more than the 16"), "{message}");
+    let (_, _, message) = services("udp_replies_from = [\"::/0\"]\n");
+    assert!(message.contains("::ffff:0:0/96"), "{message}");
+    let (_, key, _) = services("ports = [1]\n");
+    assert_eq!(key, "xdp.services.ports");
 }
 
 /// Aggregate buckets are keyed by prefix: a rule's own aggregate on less than a whole

@@ -1,5 +1,6 @@
 //! `[xdp]`: the kernel layer's interfaces, default bucket and CIDR rules, and what
-//! holds against spoofed sources (`new_sources`, `aggregate`, `verified`, `syn`).
+//! holds against spoofed sources (`new_sources`, `aggregate`, `verified`, `syn`), and
+//! the ports the host serves (`services`).
 
 use std::{
     num::{NonZeroU16, NonZeroU32},
@@ -9,7 +10,7 @@ use std::{
 use ipnet::IpNet;
 use limiter_common::{
     bucket::{MAX_PER_SECOND, Rate},
-    maps::{MAX_SYN_PORTS, Sizing},
+    maps::{MAX_SYN_PORTS, MAX_UDP_REPLY_SOURCES, Sizing},
 };
 use serde::Deserialize;
 
@@ -55,6 +56,117 @@ pub struct XdpConfig {
     pub verified: VerifiedConfig,
     /// The budget of TCP SYNs from unverified sources; `None`: off.
     pub syn: Option<SynConfig>,
+    /// The ports and protocols the host serves; `None`: every packet goes on to the
+    /// buckets.
+    pub services: Option<ServicesConfig>,
+}
+
+/// `[xdp.services]`: what reaches the host past the CIDR rules. TCP and UDP to a port
+/// not listed is dropped, but for replies to the host's own traffic (TCP with ACK or
+/// RST to an ephemeral port; UDP to one from `udp_replies_from`).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(deny_unknown_fields)]
+pub struct ServicesConfig {
+    /// Required: a section that forgot it would cut the host off SSH.
+    pub tcp: Vec<Port>,
+    #[serde(default)]
+    pub udp: Vec<Port>,
+    /// ICMP and ICMPv6, but neighbour discovery (which always passes).
+    #[serde(default)]
+    pub icmp: Verdict,
+    /// IP protocols other than TCP, UDP and ICMP.
+    #[serde(default = "drop")]
+    pub other: Verdict,
+    /// Sources whose UDP may reach the host's ephemeral ports: its resolvers and NTP
+    /// servers, whose answers come back there.
+    #[serde(default)]
+    pub udp_replies_from: Vec<ReplySource>,
+}
+
+/// A TCP or UDP port, 1 to 65535.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(try_from = "i64")]
+pub struct Port(pub NonZeroU16);
+
+impl TryFrom<i64> for Port {
+    type Error = String;
+
+    fn try_from(port: i64) -> Result<Self, String> {
+        u16::try_from(port)
+            .ok()
+            .and_then(NonZeroU16::new)
+            .map(Self)
+            .ok_or_else(|| format!("{port} is not a port from 1 to 65535"))
+    }
+}
+
+impl std::fmt::Display for Port {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// One network of `udp_replies_from`: a CIDR or a single address.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(try_from = "String")]
+pub struct ReplySource(pub IpNet);
+
+impl TryFrom<String> for ReplySource {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        parse_cidr(&text).map(Self)
+    }
+}
+
+/// What the service policy does with a kind of packet.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, Changes)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Go on to the buckets, as every packet does without the policy.
+    #[default]
+    Pass,
+    Drop,
+}
+
+fn drop() -> Verdict {
+    Verdict::Drop
+}
+
+impl ServicesConfig {
+    /// Lists that serde reads one element at a time: duplicates and bounds.
+    fn validate(&self) -> Result<(), (String, String)> {
+        for (key, ports) in [("tcp", &self.tcp), ("udp", &self.udp)] {
+            if let Some(twice) = ports.iter().enumerate().find(|(i, port)| ports[..*i].contains(port)) {
+                return Err((format!("xdp.services.{key}"), format!("{} appears twice", twice.1)));
+            }
+        }
+        let sources = &self.udp_replies_from;
+        if sources.len() > MAX_UDP_REPLY_SOURCES {
+            return Err((
+                "xdp.services.udp_replies_from".to_owned(),
+                format!(
+                    "{} networks, more than the {MAX_UDP_REPLY_SOURCES} the kernel checks each packet against;                      list the resolvers' and NTP servers' networks",
+                    sources.len()
+                ),
+            ));
+        }
+        if let Some(twice) = sources.iter().enumerate().find(|(i, source)| sources[..*i].contains(source)) {
+            return Err(("xdp.services.udp_replies_from".to_owned(), format!("{} appears twice", twice.1.0)));
+        }
+        // IPv4 sources are keyed as `::ffff:a.b.c.d` (and IPv4-mapped IPv6 sources
+        // dropped): an IPv6 network over that range would take in IPv4 ones.
+        let mapped = IpNet::V6(
+            ipnet::Ipv6Net::new(std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96).unwrap_or_default(),
+        );
+        if let Some(wide) = sources.iter().find(|source| source.0.contains(&mapped)) {
+            return Err((
+                "xdp.services.udp_replies_from".to_owned(),
+                format!("{} takes in ::ffff:0:0/96, where IPv4 sources are kept: list IPv4 networks as IPv4", wide.0),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `[xdp.syn]`: the budget of TCP SYNs from unverified sources, each source's share
@@ -644,6 +756,9 @@ impl XdpConfig {
                 return Err((format!("xdp.cidr[{i}].cidr"), format!("{} appears twice", rule.cidr)));
             }
             self.check_aggregate_prefixes(rule).map_err(|message| (format!("xdp.cidr[{i}].cidr"), message))?;
+        }
+        if let Some(services) = &self.services {
+            services.validate()?;
         }
         for (i, interface) in self.interfaces.iter().enumerate() {
             let problem = if interface.is_empty() || interface.len() > 15 {

@@ -2,7 +2,8 @@
 //! and what holds against spoofed sources: a budget for new sources, prefix
 //! aggregates and a SYN budget, all skipped by verified sources.
 //!
-//! A frame goes `parse` → blocks → CIDR policy → the source's bucket (or, for a
+//! A frame goes `parse` → blocks → CIDR policy → the service policy (with
+//! `[xdp.services]`: the ports the host serves) → the source's bucket (or, for a
 //! source without one, the new-source budget) → its prefix's aggregate → for a SYN
 //! to a served port, the source's share of the SYN budget, then the budget
 //! (`limiter_common::bucket`, `bucket.rs`) → one verdict counter. The shared buckets
@@ -35,7 +36,8 @@ use limiter_common::{
     counters::Counter,
     maps::{
         Action, BUDGET_NEW_SOURCES, BUDGET_SYN, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK, FEATURE_NEW_SOURCES,
-        FEATURE_SYN, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, Settings, SourceKey,
+        FEATURE_SERVICES, FEATURE_SYN, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6,
+        Settings, SourceKey,
     },
 };
 
@@ -93,6 +95,16 @@ pub fn limiter(ctx: XdpContext) -> u32 {
         Some((Action::Limit, rate, aggregate)) => (rate, aggregate),
         None => (settings.default_rate, Rate { interval_ns: 0, tolerance_ns: 0 }),
     };
+    // Before the buckets, so that a flood to ports nobody serves (a reflection's)
+    // neither spends its sources' tokens nor makes buckets for them. A fragment
+    // after the first shows no port: it follows its source's buckets, and the stack
+    // cannot reassemble it without the first, which was checked.
+    if settings.has(FEATURE_SERVICES)
+        && !packet.later_fragment
+        && !settings.serves(packet.protocol, packet.port, packet.reply, &packet.v6)
+    {
+        return refuse(enforce, Counter::DroppedService);
+    }
     // Read the clock only once a bucket needs it: it is the costliest helper here.
     let now = bucket_clock(settings);
     let key = SourceKey { addr: packet.source };

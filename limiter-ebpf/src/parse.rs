@@ -1,9 +1,13 @@
 //! From raw frame to source: Ethernet, up to two VLAN tags, IPv4 (with options) or
-//! IPv6 (with a bounded walk of extension headers), and the TCP flags and port of a
-//! first fragment. Every read is checked against `data_end` first.
+//! IPv6 (with a bounded walk of extension headers), the upper layer's protocol, and
+//! the TCP flags and the TCP or UDP destination port of a first fragment. Every read
+//! is checked against `data_end` first.
 
 use aya_ebpf::{helpers::bpf_xdp_get_buff_len, programs::XdpContext};
-use limiter_common::addr::{as_v4, mask_v6, v4_mapped};
+use limiter_common::{
+    addr::{as_v4, mask_v6, v4_mapped},
+    maps::{IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP},
+};
 
 const ETH_HLEN: usize = 14;
 const VLAN_HLEN: usize = 4;
@@ -20,11 +24,9 @@ pub const MAX_IPV6_EXT_HEADERS: usize = 8;
 const OFFSET_MASK: usize = 0x3fff;
 
 const IPPROTO_HOPOPTS: u8 = 0;
-const IPPROTO_TCP: u8 = 6;
 const IPPROTO_ROUTING: u8 = 43;
 const IPPROTO_FRAGMENT: u8 = 44;
 const IPPROTO_AH: u8 = 51;
-const IPPROTO_ICMPV6: u8 = 58;
 const IPPROTO_DSTOPTS: u8 = 60;
 const IPPROTO_MOBILITY: u8 = 135;
 const ICMPV6_ROUTER_SOLICIT: u8 = 133;
@@ -32,8 +34,8 @@ const ICMPV6_REDIRECT: u8 = 137;
 /// RFC 4861: neighbour discovery is only valid with hop limit 255, which no routed
 /// packet can carry, so the exemption cannot be used from off-link.
 const ND_HOP_LIMIT: u8 = 255;
-/// Offset of the destination port in a TCP header.
-const TCP_DEST_PORT: usize = 2;
+/// Offset of the destination port in a TCP or UDP header.
+const DEST_PORT: usize = 2;
 /// Offset of the data-offset byte in a TCP header; the flags byte follows it.
 const TCP_DATA_OFFSET: usize = 12;
 /// A TCP header up to its flags.
@@ -42,6 +44,7 @@ const TCP_HEAD: usize = TCP_DATA_OFFSET + 2;
 const IPV4_MORE_FRAGMENTS: u8 = 0x20;
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
+const TCP_RST: u8 = 0x04;
 
 /// What kind of frame it is; for [`Frame::Ip`], [`parse`] wrote the [`Packet`].
 ///
@@ -88,14 +91,31 @@ pub struct Packet {
     pub link_control: bool,
     /// Whether it opens a TCP handshake.
     pub syn: Syn,
-    /// The TCP destination port where the header shows one (else 0).
+    /// The TCP or UDP destination port where the header shows one (else 0).
     pub port: u16,
+    /// The upper layer's IP protocol (after IPv6's extension headers; where the walk
+    /// gave up, the header it stopped at).
+    pub protocol: u8,
+    /// A fragment after the first: its upper-layer header is in another packet.
+    pub later_fragment: bool,
+    /// TCP with ACK or RST: what answers a connection rather than opens one.
+    pub reply: bool,
 }
 
 impl Packet {
     /// What [`parse`] writes into.
-    pub const EMPTY: Self =
-        Self { source: [0; 16], v4: None, v6: [0; 16], malformed: false, link_control: false, syn: Syn::No, port: 0 };
+    pub const EMPTY: Self = Self {
+        source: [0; 16],
+        v4: None,
+        v6: [0; 16],
+        malformed: false,
+        link_control: false,
+        syn: Syn::No,
+        port: 0,
+        protocol: 0,
+        later_fragment: false,
+        reply: false,
+    };
 }
 
 #[inline(always)]
@@ -124,10 +144,11 @@ fn fits(ctx: &XdpContext, end: usize) -> bool {
 }
 
 /// What the TCP header at `offset` of a packet ending `end` bytes into the frame
-/// says of a handshake, and its destination port (0 where it does not show it);
-/// `fragmented`: the packet is the first fragment of more.
+/// says of a handshake, its destination port (0 where it does not show it) and
+/// whether it is a reply (ACK or RST); `fragmented`: the packet is the first
+/// fragment of more.
 #[inline(always)]
-fn tcp_syn(ctx: &XdpContext, offset: usize, end: usize, fragmented: bool) -> (Syn, u16) {
+fn tcp_syn(ctx: &XdpContext, offset: usize, end: usize, fragmented: bool) -> (Syn, u16, bool) {
     // Against the packet's own length too: bytes past it (Ethernet padding) are no
     // flags, and would show a tiny fragment's zero padding as "no SYN". One load
     // for port and flags: a second one's check, which LLVM folds into the first,
@@ -137,11 +158,20 @@ fn tcp_syn(ctx: &XdpContext, offset: usize, end: usize, fragmented: bool) -> (Sy
         // Reassembly may complete a SYN the first fragment hides. A whole segment
         // too short for its flags is the stack's to refuse: it cannot open a
         // connection, so it is no SYN and nothing malformed here.
-        return (if fragmented { Syn::Hidden } else { Syn::No }, 0);
+        return (if fragmented { Syn::Hidden } else { Syn::No }, 0, false);
     };
-    let port = u16::from_be_bytes([head[TCP_DEST_PORT], head[TCP_DEST_PORT + 1]]);
-    let syn = head[TCP_DATA_OFFSET + 1] & (TCP_SYN | TCP_ACK) == TCP_SYN;
-    (if syn { Syn::Open } else { Syn::No }, port)
+    let port = u16::from_be_bytes([head[DEST_PORT], head[DEST_PORT + 1]]);
+    let flags = head[TCP_DATA_OFFSET + 1];
+    let syn = flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    (if syn { Syn::Open } else { Syn::No }, port, flags & (TCP_ACK | TCP_RST) != 0)
+}
+
+/// The destination port of the UDP header at `offset` of a packet ending `end`
+/// bytes into the frame; 0 where the packet is too short to show it.
+#[inline(always)]
+fn udp_port(ctx: &XdpContext, offset: usize, end: usize) -> u16 {
+    let head = if offset + DEST_PORT + 2 <= end { load::<{ DEST_PORT + 2 }>(ctx, offset) } else { None };
+    head.map_or(0, |head| u16::from_be_bytes([head[DEST_PORT], head[DEST_PORT + 1]]))
 }
 
 #[inline(always)]
@@ -184,10 +214,12 @@ fn parse_v4(ctx: &XdpContext, offset: usize, packet: &mut Packet) -> Frame {
     let malformed = total_len < header_len || !fits(ctx, offset + total_len);
     let first_fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff == 0;
     let fragmented = ip[6] & IPV4_MORE_FRAGMENTS != 0;
-    let (syn, port) = if ip[9] == IPPROTO_TCP && first_fragment {
-        tcp_syn(ctx, offset + header_len, offset + total_len, fragmented)
-    } else {
-        (Syn::No, 0)
+    let protocol = ip[9];
+    let (upper, end) = (offset + header_len, offset + total_len);
+    let (syn, port, reply) = match protocol {
+        IPPROTO_TCP if first_fragment => tcp_syn(ctx, upper, end, fragmented),
+        IPPROTO_UDP if first_fragment => (Syn::No, udp_port(ctx, upper, end), false),
+        _ => (Syn::No, 0, false),
     };
     *packet = Packet {
         source: v4_mapped(source),
@@ -197,6 +229,9 @@ fn parse_v4(ctx: &XdpContext, offset: usize, packet: &mut Packet) -> Frame {
         link_control: false,
         syn,
         port,
+        protocol,
+        later_fragment: !first_fragment,
+        reply,
     };
     Frame::Ip
 }
@@ -224,12 +259,24 @@ fn parse_v6(ctx: &XdpContext, offset: usize, ipv6_prefix: u8, packet: &mut Packe
     }
     match upper_layer(ctx, offset + IPV6_HLEN, ip[6]) {
         UpperLayer::Icmpv6(icmp_type) => {
+            packet.protocol = IPPROTO_ICMPV6;
             packet.link_control =
                 ip[7] == ND_HOP_LIMIT && (ICMPV6_ROUTER_SOLICIT..=ICMPV6_REDIRECT).contains(&icmp_type);
         }
-        UpperLayer::Tcp { offset, fragmented } => (packet.syn, packet.port) = tcp_syn(ctx, offset, end, fragmented),
-        UpperLayer::Other => {}
-        UpperLayer::Broken => packet.malformed = true,
+        UpperLayer::Tcp { offset, fragmented } => {
+            packet.protocol = IPPROTO_TCP;
+            (packet.syn, packet.port, packet.reply) = tcp_syn(ctx, offset, end, fragmented);
+        }
+        UpperLayer::Udp { offset } => {
+            packet.protocol = IPPROTO_UDP;
+            packet.port = udp_port(ctx, offset, end);
+        }
+        UpperLayer::Other(protocol) => packet.protocol = protocol,
+        UpperLayer::LaterFragment => packet.later_fragment = true,
+        UpperLayer::Broken(protocol) => {
+            packet.protocol = protocol;
+            packet.malformed = true;
+        }
     }
     Frame::Ip
 }
@@ -241,10 +288,17 @@ enum UpperLayer {
         offset: usize,
         fragmented: bool,
     },
-    /// Any other protocol, or a non-first fragment whose upper layer is elsewhere.
-    Other,
-    /// Truncated extension header, or a chain longer than the walk bound.
-    Broken,
+    /// UDP, its header at `offset`.
+    Udp {
+        offset: usize,
+    },
+    /// Any other protocol.
+    Other(u8),
+    /// A fragment after the first, whose upper layer is elsewhere.
+    LaterFragment,
+    /// Truncated extension header, or a chain longer than the walk bound; the
+    /// header the walk stopped at.
+    Broken(u8),
 }
 
 #[inline(always)]
@@ -257,17 +311,18 @@ fn upper_layer(ctx: &XdpContext, mut offset: usize, mut next: u8) -> UpperLayer 
                 // verifier cannot read as a bound, and no ICMPv6 message is shorter.
                 return match load::<2>(ctx, offset) {
                     Some([icmp_type, _code]) => UpperLayer::Icmpv6(icmp_type),
-                    None => UpperLayer::Broken,
+                    None => UpperLayer::Broken(IPPROTO_ICMPV6),
                 };
             }
             IPPROTO_TCP => return UpperLayer::Tcp { offset, fragmented },
+            IPPROTO_UDP => return UpperLayer::Udp { offset },
             IPPROTO_FRAGMENT => {
                 let Some(frag) = load::<8>(ctx, offset) else {
-                    return UpperLayer::Broken;
+                    return UpperLayer::Broken(next);
                 };
                 let field = u16::from_be_bytes([frag[2], frag[3]]);
                 if field & 0xfff8 != 0 {
-                    return UpperLayer::Other;
+                    return UpperLayer::LaterFragment;
                 }
                 // The M flag.
                 fragmented = field & 1 != 0;
@@ -276,20 +331,20 @@ fn upper_layer(ctx: &XdpContext, mut offset: usize, mut next: u8) -> UpperLayer 
             }
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_MOBILITY => {
                 let Some(ext) = load::<2>(ctx, offset) else {
-                    return UpperLayer::Broken;
+                    return UpperLayer::Broken(next);
                 };
                 next = ext[0];
                 offset += (usize::from(ext[1]) + 1) * 8;
             }
             IPPROTO_AH => {
                 let Some(ext) = load::<2>(ctx, offset) else {
-                    return UpperLayer::Broken;
+                    return UpperLayer::Broken(next);
                 };
                 next = ext[0];
                 offset += (usize::from(ext[1]) + 2) * 4;
             }
-            _ => return UpperLayer::Other,
+            _ => return UpperLayer::Other(next),
         }
     }
-    UpperLayer::Broken
+    UpperLayer::Broken(next)
 }

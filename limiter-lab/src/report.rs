@@ -102,6 +102,11 @@ pub struct XdpCost {
     pub known_source_with_budget_ns: f64,
     /// A known source also charged to its /24's aggregate.
     pub known_source_with_aggregate_ns: f64,
+    /// A known source's packet to a port `[xdp.services]` does not serve: a DNS
+    /// reflection's (UDP from port 53 to an ephemeral port) with all 16
+    /// `udp_replies_from` networks checked; absent from reports written before.
+    #[serde(default)]
+    pub not_served_port_ns: Option<f64>,
     /// A known source whose burst is below the coarse clock's bound, so that its
     /// bucket reads the precise clock; absent from reports written before.
     #[serde(default)]

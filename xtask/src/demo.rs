@@ -44,12 +44,16 @@ mod tests {
         let shown = String::from_utf8_lossy(&output.stdout);
         assert!(output.status.success(), "{shown}{}", String::from_utf8_lossy(&output.stderr));
         assert!(shown.contains("xdp.limit: 1000 pps, burst 200 -> 250 pps, burst 200"), "{shown}");
-        assert_eq!(shown.matches("50/50").count(), 4, "the polite flow lost packets:\n{shown}");
+        assert_eq!(shown.matches("50/50").count(), 5, "the polite flow lost packets:\n{shown}");
         assert!(shown.contains("xdp.new_sources: off -> 100 pps, burst 100"), "{shown}");
         let budget_row = shown.lines().find(|l| l.starts_with("new-source budget 100/s")).expect("budget row");
         let admitted: u64 = budget_row.split_whitespace().nth(3).and_then(|n| n.parse().ok()).expect("admitted");
         // The burst plus 100 a second over a flood of well under 10 s.
         assert!(admitted <= 1_100, "the budget let {admitted} spoofed packets through:\n{shown}");
+        let reflection = shown.lines().find(|l| l.starts_with("reflection to closed ports")).expect("reflection row");
+        let cells: Vec<&str> = reflection.split_whitespace().collect();
+        // Every packet of the flood dropped by the service policy, none by a bucket.
+        assert_eq!(cells[4..], ["20000", "20000", "50/50"], "{reflection}");
         assert!(
             shown.contains("80 forwarded at once, 20 forwarded after the 50 ms throttle delay, 5 rejected"),
             "{shown}"

@@ -30,6 +30,20 @@ pub fn coarse_tick_ns() -> u64 {
     }
 }
 
+/// The host's ephemeral ports (`net.ipv4.ip_local_port_range`, which IPv6 shares):
+/// where the replies to its own connections arrive. Linux's default range if the
+/// file cannot be read or says something else than two ports.
+#[must_use]
+pub fn ephemeral_ports() -> [u16; 2] {
+    const LINUX_DEFAULT: [u16; 2] = [32_768, 60_999];
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let mut ports = text.split_whitespace().map(str::parse::<u16>);
+    match (ports.next(), ports.next()) {
+        (Some(Ok(first)), Some(Ok(last))) if first <= last => [first, last],
+        _ => LINUX_DEFAULT,
+    }
+}
+
 pub(super) fn map_error(name: &'static str) -> impl Fn(aya::maps::MapError) -> XdpError {
     move |source| XdpError::Map { name, source }
 }

@@ -7,24 +7,26 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use ipnet::IpNet;
 use limiter_common::{
+    addr::{V4_MAPPED_BITS, v4_mapped},
     bucket::coarse_clock_fits,
     counters::Counter,
     maps::{
         self as names, Action, Block, CidrPolicy, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK, FEATURE_NEW_SOURCES,
-        FEATURE_SYN, FEATURE_SYN_PORTS, LAYOUT_VERSION, MAX_SYN_PORTS, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6,
-        OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, SETTINGS_SLOTS, Settings, SourceKey, SourceState,
+        FEATURE_SERVICES, FEATURE_SYN, FEATURE_SYN_PORTS, LAYOUT_VERSION, MAX_SYN_PORTS, Network, OCCUPIED_BLOCK_V4,
+        OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, SERVICE_ICMP_PASS, SERVICE_OTHER_PASS, SETTINGS_SLOTS,
+        Settings, SourceKey, SourceState,
     },
 };
 
 use super::{
     XdpError,
-    map_access::{capacity, coarse_tick_ns, map_error, monotonic_now_ns},
+    map_access::{capacity, coarse_tick_ns, ephemeral_ports, map_error, monotonic_now_ns},
     tries::CidrTries,
     verified::VerifiedMap,
 };
 use crate::config::{
     ProxyConfig,
-    xdp::{CidrAction, CidrRule, MalformedAction, PacketLimit, SynPorts, XdpConfig},
+    xdp::{CidrAction, CidrRule, MalformedAction, PacketLimit, ServicesConfig, SynPorts, Verdict, XdpConfig},
 };
 
 /// The shortest time between two walks of a full block trie for room.
@@ -145,6 +147,8 @@ impl KernelMaps {
         tighten: Option<f64>,
     ) -> Result<(), XdpError> {
         let mut settings = settings_for(config, &config.syn_ports(proxy), coarse_tick_ns());
+        // Read again on every reload: an operator may have widened the range.
+        settings.ephemeral_ports = ephemeral_ports();
         if let (Some(factor), Some(budget)) = (tighten, config.new_sources) {
             settings.new_source_rate = budget.scaled(factor).rate();
         }
@@ -359,7 +363,7 @@ pub(crate) fn settings_for(config: &XdpConfig, syn_ports: &SynPorts, tick_ns: u6
             *slot = port.get();
         }
     }
-    Settings {
+    let mut settings = Settings {
         default_rate: config.limit.rate(),
         new_source_rate: rate(config.new_sources),
         aggregate_rate: rate(config.aggregate.limit),
@@ -374,11 +378,36 @@ pub(crate) fn settings_for(config: &XdpConfig, syn_ports: &SynPorts, tick_ns: u6
             | feature(config.aggregate.limit.is_some(), FEATURE_AGGREGATE)
             | feature(config.syn.is_some(), FEATURE_SYN)
             | feature(matches!(syn_ports, SynPorts::Only(_)), FEATURE_SYN_PORTS)
-            | feature(config.rates_in_force().all(|rate| coarse_clock_fits(rate, tick_ns)), FEATURE_COARSE_CLOCK),
+            | feature(config.rates_in_force().all(|rate| coarse_clock_fits(rate, tick_ns)), FEATURE_COARSE_CLOCK)
+            | feature(config.services.is_some(), FEATURE_SERVICES),
         aggregate_ipv4_prefix: config.aggregate.ipv4_prefix.0,
         aggregate_ipv6_prefix: config.aggregate.ipv6_prefix.0,
-        reserved: [0; 6],
+        ..Settings::default()
+    };
+    if let Some(services) = &config.services {
+        write_services(&mut settings, services);
     }
+    settings
+}
+
+/// `[xdp.services]` into the settings record; the ephemeral ports are the host's.
+fn write_services(settings: &mut Settings, services: &ServicesConfig) {
+    for port in &services.tcp {
+        settings.tcp_ports.insert(port.0.get());
+    }
+    for port in &services.udp {
+        settings.udp_ports.insert(port.0.get());
+    }
+    let passes = |verdict: Verdict, bit: u8| if verdict == Verdict::Pass { bit } else { 0 };
+    settings.service_flags = passes(services.icmp, SERVICE_ICMP_PASS) | passes(services.other, SERVICE_OTHER_PASS);
+    // Validation bounds the list to the record's places.
+    for (slot, source) in settings.udp_replies_from.iter_mut().zip(&services.udp_replies_from) {
+        *slot = match source.0 {
+            IpNet::V4(net) => Network::new(v4_mapped(net.addr().octets()), V4_MAPPED_BITS + net.prefix_len()),
+            IpNet::V6(net) => Network::new(net.addr().octets(), net.prefix_len()),
+        };
+    }
+    settings.udp_replies = u8::try_from(services.udp_replies_from.len()).unwrap_or(u8::MAX);
 }
 
 /// Whether an insert failed because its LPM trie is at capacity (the kernel's ENOSPC).

@@ -18,7 +18,7 @@ pub use self::{
     attach::{AttachedMode, Attachment, attach, attached, detach, detach_all},
     explain::Limit,
     load::{Floor, Kernel, LoadOptions},
-    map_access::{coarse_tick_ns, monotonic_now_ns},
+    map_access::{coarse_tick_ns, ephemeral_ports, monotonic_now_ns},
     maps::{BlockEntry, KernelMaps},
     stats::CounterSnapshot,
     verified::{Verifier, source_key},

@@ -36,6 +36,8 @@ mod proxy_signature;
 mod proxy_tls;
 mod proxy_upgrade;
 mod security_log;
+mod services;
+mod services_e2e;
 mod spoof_e2e;
 mod spoofing;
 mod top_screen;

@@ -215,6 +215,7 @@ fn verdicts(counters: &CounterSnapshot) -> u64 {
         Counter::DroppedSyn,
         Counter::DroppedSynShare,
         Counter::DroppedV4Mapped,
+        Counter::DroppedService,
     ]
     .iter()
     .map(|c| counters.get(*c))

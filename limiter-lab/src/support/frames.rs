@@ -7,8 +7,13 @@ pub const ETH_P_IPV6: u16 = 0x86dd;
 pub const ETH_P_ARP: u16 = 0x0806;
 pub const ETH_P_8021Q: u16 = 0x8100;
 pub const ETH_P_8021AD: u16 = 0x88a8;
+pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_ICMPV6: u8 = 58;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_ACK: u8 = 0x10;
 
 /// Ethernet header (no VLAN) followed by `payload`.
 pub fn ethernet(ether_type: u16, payload: &[u8]) -> Vec<u8> {
@@ -69,4 +74,65 @@ pub fn udp6(source: Ipv6Addr) -> Vec<u8> {
 /// An IPv6 extension header of 8 bytes announcing `next`.
 pub fn extension(next: u8) -> [u8; 8] {
     [next, 0, 0, 0, 0, 0, 0, 0]
+}
+
+/// An IPv4 packet from `source` with protocol `protocol` and `payload`; total length
+/// consistent.
+pub fn ipv4_carrying(source: Ipv4Addr, protocol: u8, payload: &[u8]) -> Vec<u8> {
+    let mut packet = ipv4(source, 0);
+    packet.truncate(20);
+    packet[9] = protocol;
+    packet.extend_from_slice(payload);
+    let total = u16::try_from(packet.len()).expect("length");
+    packet[2..4].copy_from_slice(&total.to_be_bytes());
+    packet
+}
+
+/// A TCP header from port 40 000 to `port` with `flags`, no options.
+pub fn tcp_header(flags: u8, port: u16) -> [u8; 20] {
+    let mut header = [0u8; 20];
+    header[..2].copy_from_slice(&40_000u16.to_be_bytes());
+    header[2..4].copy_from_slice(&port.to_be_bytes());
+    header[12] = 5 << 4;
+    header[13] = flags;
+    header
+}
+
+/// A UDP header with 8 bytes of payload, from `source_port` to `port`.
+pub fn udp_header(source_port: u16, port: u16) -> [u8; 16] {
+    let mut header = [0u8; 16];
+    header[..2].copy_from_slice(&source_port.to_be_bytes());
+    header[2..4].copy_from_slice(&port.to_be_bytes());
+    header[4..6].copy_from_slice(&16u16.to_be_bytes());
+    header
+}
+
+/// A TCP-over-IPv4 frame from `source` with `flags`, to `port`.
+pub fn tcp4(source: Ipv4Addr, flags: u8, port: u16) -> Vec<u8> {
+    ethernet(ETH_P_IPV4, &ipv4_carrying(source, IPPROTO_TCP, &tcp_header(flags, port)))
+}
+
+/// A TCP-over-IPv6 frame from `source` with `flags`, to `port`.
+pub fn tcp6(source: Ipv6Addr, flags: u8, port: u16) -> Vec<u8> {
+    ethernet(ETH_P_IPV6, &ipv6(source, IPPROTO_TCP, 64, &tcp_header(flags, port)))
+}
+
+/// A UDP-over-IPv4 frame from `source`, `source_port` to `port`.
+pub fn udp4_to(source: Ipv4Addr, source_port: u16, port: u16) -> Vec<u8> {
+    ethernet(ETH_P_IPV4, &ipv4_carrying(source, IPPROTO_UDP, &udp_header(source_port, port)))
+}
+
+/// A UDP-over-IPv6 frame from `source`, `source_port` to `port`.
+pub fn udp6_to(source: Ipv6Addr, source_port: u16, port: u16) -> Vec<u8> {
+    ethernet(ETH_P_IPV6, &ipv6(source, IPPROTO_UDP, 64, &udp_header(source_port, port)))
+}
+
+/// An ICMP echo request from `source`.
+pub fn icmp4(source: Ipv4Addr) -> Vec<u8> {
+    ethernet(ETH_P_IPV4, &ipv4_carrying(source, IPPROTO_ICMP, &[8, 0, 0, 0, 0, 0, 0, 0]))
+}
+
+/// An ICMPv6 message of `icmp_type` from `source` with `hop_limit`.
+pub fn icmp6(source: Ipv6Addr, icmp_type: u8, hop_limit: u8) -> Vec<u8> {
+    ethernet(ETH_P_IPV6, &ipv6(source, IPPROTO_ICMPV6, hop_limit, &[icmp_type, 0, 0, 0, 0, 0, 0, 0]))
 }
