@@ -245,8 +245,8 @@ fn reflection_phase(limiter: &Path, config_path: &Path, config_text: &str) -> an
     let services_path = config_path.with_file_name("limiter-services.toml");
     std::fs::write(&services_path, reloaded)?;
     println!(
-        "\n== reflection flood: {REFLECTED} UDP packets from {FLOODER} port 53 to closed ports 33000 and up \
-         (hping3 -s 53 -p ++33000), {POLITE_PACKETS} at 50/s from {POLITE} to port {}",
+        "\n== reflection flood: {REFLECTED} UDP packets from {FLOODER} port 53 to closed ports 1024 and up \
+         (hping3 -s 53 -p ++1024), {POLITE_PACKETS} at 50/s from {POLITE} to port {}",
         receiver.addr.port()
     );
     let output = Command::new(limiter).args(["reload", "-c"]).arg(&services_path).output()?;
@@ -258,8 +258,10 @@ fn reflection_phase(limiter: &Path, config_path: &Path, config_text: &str) -> an
     std::thread::scope(|scope| -> anyhow::Result<()> {
         let polite = scope.spawn(|| traffic::send(NS, POLITE, receiver.addr, POLITE_PACKETS, 1));
         let count = REFLECTED.to_string();
+        // Ports 1024 to 21023: below the ephemeral range the polite flow's served port
+        // is taken from, so that no packet of the flood is to a port served.
         let flood = Command::new("ip")
-            .args(["netns", "exec", NS, "timeout", "30", "hping3", "-q", "--udp", "-s", "53", "-k", "-p", "++33000"])
+            .args(["netns", "exec", NS, "timeout", "30", "hping3", "-q", "--udp", "-s", "53", "-k", "-p", "++1024"])
             .args(["-a", &FLOODER.to_string(), "-c", &count, "-i", "u20", &HOST_IP.to_string()])
             .output()
             .context("hping3 (cargo xtask setup installs it)")?;
