@@ -2,7 +2,8 @@
 //! arbitrary frame (and an arbitrary amount of it in fragments): never a panic or an
 //! overflow, never a read past `data_end` (the frame ends at an unreadable page), and
 //! a verdict that agrees with the bytes it came from: the source, no IPv4-mapped
-//! IPv6 source taken for IPv4, and a SYN's port.
+//! IPv6 source taken for IPv4, and (IPv4) the protocol, a SYN's, a reply's and a
+//! UDP datagram's port.
 
 #![no_main]
 
@@ -61,7 +62,7 @@ fn check_packet(frame: &[u8], ipv6_prefix: u8, packet: &Packet) {
             assert_eq!(packet.v4, Some(source));
             assert_eq!(packet.source, v4_mapped(source));
             assert!(!packet.link_control, "neighbour discovery is IPv6 only");
-            check_syn4(ip, packet);
+            check_transport4(ip, packet);
         }
         [0x86, 0xdd] => {
             assert_eq!(ip[0] >> 4, 6);
@@ -75,26 +76,34 @@ fn check_packet(frame: &[u8], ipv6_prefix: u8, packet: &Packet) {
     }
 }
 
-/// What an IPv4 header (and the frame after it) says of a SYN: the port of a SYN
-/// whose flags lie inside the packet's length, `Hidden` only for the first of
-/// several fragments too short to show them.
-fn check_syn4(ip: &[u8], packet: &Packet) {
+/// What an IPv4 header (and the frame after it) says of its upper layer: the port of
+/// a TCP segment whose flags lie inside the packet's length, whether it is a SYN or
+/// a reply (ACK or RST), `Hidden` only for the first of several fragments too short
+/// to show them; a UDP datagram's port where it lies inside the packet; nothing of
+/// a fragment after the first.
+fn check_transport4(ip: &[u8], packet: &Packet) {
     let header_len = usize::from(ip[0] & 0x0f) * 4;
     let total_len = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
     let first_fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff == 0;
     let more_fragments = ip[6] & 0x20 != 0;
-    let expected = if ip[9] != 6 || !first_fragment {
-        (Syn::No, 0)
-    } else {
-        let tcp = ip.get(header_len..).unwrap_or_default();
-        match tcp.get(13).filter(|_| header_len + 14 <= total_len) {
+    let upper = ip.get(header_len..).unwrap_or_default();
+    let port = |end: usize| match upper.get(end - 1).filter(|_| header_len + end <= total_len) {
+        Some(_) => u16::from_be_bytes([upper[2], upper[3]]),
+        None => 0,
+    };
+    let expected = match ip[9] {
+        _ if !first_fragment => (Syn::No, 0, false),
+        6 => match upper.get(13).filter(|_| header_len + 14 <= total_len) {
             Some(flags) => {
                 let syn = if flags & 0x12 == 0x02 { Syn::Open } else { Syn::No };
-                (syn, u16::from_be_bytes([tcp[2], tcp[3]]))
+                (syn, port(14), flags & 0x14 != 0)
             }
-            None if more_fragments => (Syn::Hidden, 0),
-            None => (Syn::No, 0),
-        }
+            None if more_fragments => (Syn::Hidden, 0, false),
+            None => (Syn::No, 0, false),
+        },
+        17 => (Syn::No, port(4), false),
+        _ => (Syn::No, 0, false),
     };
-    assert_eq!((packet.syn, packet.port), expected, "the SYN verdict disagrees with the TCP header");
+    assert_eq!((packet.syn, packet.port, packet.reply), expected, "the verdict disagrees with the upper header");
+    assert_eq!((packet.protocol, packet.later_fragment), (ip[9], !first_fragment), "the protocol or fragment");
 }

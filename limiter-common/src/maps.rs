@@ -549,8 +549,7 @@ mod tests {
         for port in [0, 1, 63, 64, 443, u16::MAX] {
             set.insert(port);
         }
-        let mut held = (0..=u16::MAX).filter(|port| set.contains(*port));
-        assert!(held.by_ref().eq([1, 63, 64, 443, u16::MAX]));
+        assert!((0..=u16::MAX).filter(|port| set.contains(*port)).eq([1, 63, 64, 443, u16::MAX]));
     }
 
     /// The service policy's table: served ports, replies to the host's connections,
@@ -575,13 +574,9 @@ mod tests {
         let udp = |port, source: &[u8; 16]| settings.serves(IPPROTO_UDP, port, false, source);
         assert!(udp(443, &stranger));
         assert!(!udp(40_000, &stranger) && udp(40_000, &resolver), "replies only from udp_replies_from");
-        assert!(
-            udp(40_000, &{
-                v6[15] = 1;
-                v6
-            }),
-            "an IPv6 network"
-        );
+        let mut inside = v6;
+        inside[15] = 1;
+        assert!(udp(40_000, &inside), "an IPv6 network");
         assert!(!udp(53, &resolver), "not ephemeral");
         assert!(!settings.serves(IPPROTO_ICMP, 0, false, &stranger));
         assert!(!settings.serves(47, 0, false, &stranger), "GRE under other = drop");

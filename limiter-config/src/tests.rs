@@ -331,6 +331,19 @@ fn the_service_policy_parses_with_its_defaults() {
 }
 
 #[test]
+fn check_warns_of_a_service_policy_without_the_proxys_port() {
+    let proxy = |listen: &str| format!("[proxy]\nlisten = \"{listen}\"\nupstream = \"http://127.0.0.1:3000\"\n");
+    let warning = |services: &str, listen: &str| {
+        let config = parse(&format!("{XDP}[xdp.services]\n{services}\n{}", proxy(listen))).expect("valid");
+        config.xdp.as_ref().expect("xdp").services_warning(config.proxy.as_ref())
+    };
+    let missing = warning("tcp = [22]", "0.0.0.0:443").expect("a warning");
+    assert!(missing.starts_with("xdp.services.tcp does not list the proxy's port 443: "), "{missing}");
+    assert_eq!(warning("tcp = [22, 443]", "0.0.0.0:443"), None);
+    assert_eq!(warning("tcp = [22]", "127.0.0.1:8080"), None, "a loopback listener is not behind the NIC");
+}
+
+#[test]
 fn bad_service_policies_name_key_and_line() {
     let services = |body: &str| refusal(&format!("{XDP}[xdp.services]\ntcp = [22]\n{body}"));
     let (line, key, message) = services("udp = [53, 0]\n");
@@ -1404,4 +1417,20 @@ fn the_readmes_three_tiers_parse() {
     let proxy = parse(&format!("{PROXY}{toml}")).expect("the README's example").proxy.expect("proxy");
     let quotas: Vec<usize> = ["free", "pro", "enterprise"].map(|plan| proxy.plans[plan].limits.len()).into();
     assert_eq!(quotas, [2, 3, 2]);
+}
+
+/// The README's worked edge host serving 443 only is a config `limiter check` takes
+/// without a warning of its service policy.
+#[test]
+fn the_readmes_edge_host_serving_443_parses() {
+    let readme = include_str!("../../README.md");
+    let example = readme.split("A worked config for an edge host serving 443 only").nth(1).expect("the example");
+    let toml = example.split("```toml\n").nth(1).and_then(|rest| rest.split("```").next()).expect("its config");
+    let config = parse(toml).expect("the README's example");
+    let xdp = config.xdp.as_ref().expect("xdp");
+    let services = xdp.services.as_ref().expect("services");
+    let ports = |ports: &[Port]| ports.iter().map(|port| port.0.get()).collect::<Vec<_>>();
+    assert_eq!((ports(&services.tcp), ports(&services.udp)), (vec![443], vec![443]));
+    assert_eq!(services.udp_replies_from.len(), 2);
+    assert_eq!(xdp.services_warning(config.proxy.as_ref()), None);
 }

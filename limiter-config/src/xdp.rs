@@ -75,7 +75,7 @@ pub struct ServicesConfig {
     #[serde(default)]
     pub icmp: Verdict,
     /// IP protocols other than TCP, UDP and ICMP.
-    #[serde(default = "drop")]
+    #[serde(default = "dropped")]
     pub other: Verdict,
     /// Sources whose UDP may reach the host's ephemeral ports: its resolvers and NTP
     /// servers, whose answers come back there.
@@ -129,7 +129,7 @@ pub enum Verdict {
     Drop,
 }
 
-fn drop() -> Verdict {
+fn dropped() -> Verdict {
     Verdict::Drop
 }
 
@@ -146,7 +146,8 @@ impl ServicesConfig {
             return Err((
                 "xdp.services.udp_replies_from".to_owned(),
                 format!(
-                    "{} networks, more than the {MAX_UDP_REPLY_SOURCES} the kernel checks each packet against;                      list the resolvers' and NTP servers' networks",
+                    "{} networks, more than the {MAX_UDP_REPLY_SOURCES} the kernel checks each packet against: \
+                     list the resolvers' and NTP servers' networks",
                     sources.len()
                 ),
             ));
@@ -672,6 +673,23 @@ impl XdpConfig {
             ));
         }
         warnings
+    }
+
+    /// What `limiter check` says of a service policy that leaves out the proxy's own
+    /// port: its clients' handshakes through the attached interfaces would be dropped.
+    /// A proxy on a loopback address is not reached through them.
+    #[must_use]
+    pub fn services_warning(&self, proxy: Option<&ProxyConfig>) -> Option<String> {
+        let (services, listen) = (self.services.as_ref()?, proxy?.listen);
+        let served = services.tcp.iter().any(|port| port.0.get() == listen.port());
+        (!served && !listen.ip().is_loopback()).then(|| {
+            format!(
+                "xdp.services.tcp does not list the proxy's port {}: its clients' connections through {} are \
+                 dropped (dropped_service) unless an allow rule covers them; add the port to tcp",
+                listen.port(),
+                self.interfaces.join(", ")
+            )
+        })
     }
 
     /// What `limiter check` says, with a proxy, of a config written when the proxy

@@ -40,10 +40,12 @@ pub fn run(path: &Path) -> Result<ExitCode, CliError> {
                     .chain(proxy.connection_bound_warnings())
                     .chain(proxy.unscoped_keys_warning())
             });
-            let xdp_warnings = config
-                .xdp
-                .iter()
-                .flat_map(|xdp| xdp.syn_warnings(proxy).into_iter().chain(xdp.verified_warning(proxy)));
+            let xdp_warnings = config.xdp.iter().flat_map(|xdp| {
+                xdp.syn_warnings(proxy)
+                    .into_iter()
+                    .chain(xdp.verified_warning(proxy))
+                    .chain(xdp.services_warning(proxy))
+            });
             for warning in proxy_warnings.chain(xdp_warnings) {
                 eprintln!("warning: {warning}");
             }
