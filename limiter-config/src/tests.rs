@@ -322,6 +322,15 @@ fn the_service_policy_parses_with_its_defaults() {
     assert_eq!((services.icmp, services.other), (Verdict::Pass, Verdict::Drop));
     let sources: Vec<String> = services.udp_replies_from.iter().map(|source| source.0.to_string()).collect();
     assert_eq!(sources, ["10.0.0.2/32", "2001:db8::53/128"]);
+    let xdp = parse(&text).expect("services").xdp.expect("xdp");
+    let summary = xdp.spoofing_summary(None);
+    assert_eq!(
+        summary.last().map(String::as_str),
+        Some(
+            "xdp.services: TCP to port 22, 443, UDP to port 443 (and to the ephemeral ports from 2 udp_replies_from \
+             networks), ICMP passed, other protocols dropped: every other packet is dropped before the buckets"
+        )
+    );
     let text = format!("{XDP}[xdp.services]\ntcp = []\nicmp = \"drop\"\nother = \"pass\"\n");
     let services = parse(&text).expect("services").xdp.expect("xdp").services.expect("services");
     assert_eq!(

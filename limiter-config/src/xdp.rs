@@ -616,6 +616,30 @@ impl XdpConfig {
             } else {
                 "xdp.verified: no [proxy], so only `limiter verify` marks sources verified".to_owned()
             },
+            match &self.services {
+                Some(services) => {
+                    let ports = |ports: &[Port]| match ports {
+                        [] => "no port".to_owned(),
+                        ports => format!("port {}", ports.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
+                    };
+                    let verdict = |verdict: Verdict| match verdict {
+                        Verdict::Pass => "passed",
+                        Verdict::Drop => "dropped",
+                    };
+                    format!(
+                        "xdp.services: TCP to {}, UDP to {} (and to the ephemeral ports from {} udp_replies_from \
+                         networks), ICMP {}, other protocols {}: every other packet is dropped before the buckets",
+                        ports(&services.tcp),
+                        ports(&services.udp),
+                        services.udp_replies_from.len(),
+                        verdict(services.icmp),
+                        verdict(services.other)
+                    )
+                }
+                None => "xdp.services: off: a reflection flood to ports the host does not serve is charged to its \
+                         sources' buckets; list the served ports to drop it at the NIC"
+                    .to_owned(),
+            },
         ]
     }
 
