@@ -18,7 +18,10 @@ use limiter_common::{
     maps::{BUDGET_NEW_SOURCES, BUDGET_SYN, SourceKey},
 };
 use limiter_lab::support::{
-    frames::{ETH_P_IPV4, ETH_P_IPV6, IPPROTO_UDP, ethernet, extension, ipv4, ipv6, udp4, udp6},
+    frames::{
+        self, ETH_P_IPV4, ETH_P_IPV6, IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_SYN, ethernet, extension, ipv6,
+        tcp4 as tcp4_to, udp4, udp6,
+    },
     kernel::{TestKernel, xdp_config},
 };
 
@@ -27,9 +30,6 @@ const XDP_PASS: u32 = 2;
 
 /// Rates of 1 per second: nothing refills while a test runs, so counts are exact.
 const SLOW: &str = "[xdp.limit]\npackets_per_second = 1\nburst = 3\n";
-
-const TCP_SYN: u8 = 0x02;
-const TCP_ACK: u8 = 0x10;
 
 fn v4(last: u8) -> Ipv4Addr {
     Ipv4Addr::new(192, 0, 2, last)
@@ -47,32 +47,17 @@ fn tcp4(source: Ipv4Addr, flags: u8) -> Vec<u8> {
     tcp4_to(source, flags, SERVED)
 }
 
-/// A TCP-over-IPv4 frame from `source` with `flags`, to `port`.
-fn tcp4_to(source: Ipv4Addr, flags: u8, port: u16) -> Vec<u8> {
-    let mut header = tcp_header(flags);
-    header[2..4].copy_from_slice(&port.to_be_bytes());
-    ethernet(ETH_P_IPV4, &ipv4_carrying(source, &header, 0))
-}
-
 /// An IPv4 packet from `source` carrying `tcp` (all of it, or the first fragment
 /// of more when `fragment_field` sets "more fragments").
 fn ipv4_carrying(source: Ipv4Addr, tcp: &[u8], fragment_field: u16) -> Vec<u8> {
-    let mut packet = ipv4(source, 0);
-    packet[9] = 6;
-    packet.truncate(20);
-    packet.extend_from_slice(tcp);
-    let total = u16::try_from(packet.len()).expect("length");
-    packet[2..4].copy_from_slice(&total.to_be_bytes());
+    let mut packet = frames::ipv4_carrying(source, IPPROTO_TCP, tcp);
     packet[6..8].copy_from_slice(&fragment_field.to_be_bytes());
     packet
 }
 
-/// A TCP segment header with `flags`, no options.
+/// A TCP segment header with `flags`, no options, to port 0.
 fn tcp_header(flags: u8) -> [u8; 20] {
-    let mut header = [0u8; 20];
-    header[12] = 5 << 4;
-    header[13] = flags;
-    header
+    frames::tcp_header(flags, 0)
 }
 
 /// The SYN budget of `burst` (1 per second), each source's share of it far larger:
