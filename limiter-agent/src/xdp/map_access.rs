@@ -37,10 +37,15 @@ pub fn coarse_tick_ns() -> u64 {
 pub fn ephemeral_ports() -> [u16; 2] {
     const LINUX_DEFAULT: [u16; 2] = [32_768, 60_999];
     let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    port_range(&text).unwrap_or(LINUX_DEFAULT)
+}
+
+/// `ip_local_port_range`'s two ports (`32768\t60999\n`), first and last.
+fn port_range(text: &str) -> Option<[u16; 2]> {
     let mut ports = text.split_whitespace().map(str::parse::<u16>);
-    match (ports.next(), ports.next()) {
-        (Some(Ok(first)), Some(Ok(last))) if first <= last => [first, last],
-        _ => LINUX_DEFAULT,
+    match (ports.next(), ports.next(), ports.next()) {
+        (Some(Ok(first)), Some(Ok(last)), None) if first <= last => Some([first, last]),
+        _ => None,
     }
 }
 
@@ -53,5 +58,19 @@ pub(super) fn capacity(map: &Map, name: &'static str) -> Result<u32, XdpError> {
     match map {
         Map::LruHashMap(data) => Ok(data.info().map_err(map_error(name))?.max_entries()),
         _ => Ok(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::port_range;
+
+    #[test]
+    fn the_ephemeral_range_is_two_ports_in_order() {
+        assert_eq!(port_range("32768\t60999\n"), Some([32_768, 60_999]));
+        assert_eq!(port_range("1024 1024"), Some([1_024, 1_024]));
+        for bad in ["", "60999 32768", "32768", "1 2 3", "0x10 20", "70000 80000"] {
+            assert_eq!(port_range(bad), None, "{bad:?}");
+        }
     }
 }
