@@ -23,6 +23,55 @@ pub struct EscalationConfig {
     /// The upstream's own answers with these statuses count as refusals too (a
     /// login's 401): the upstream judged what the client sent.
     pub upstream_statuses: Vec<StatusCode>,
+    /// `[escalation.fingerprint]`; `None`: fingerprints are not escalated.
+    pub fingerprint: Option<FingerprintEscalation>,
+}
+
+/// `[escalation.fingerprint]`: a TLS fingerprint whose requests collect `threshold`
+/// refusals within `window` has every source that presented it within `window` (the
+/// latest `max_sources` of them) blocked, each as `[escalation]` blocks one source.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(deny_unknown_fields, try_from = "RawFingerprintEscalation")]
+pub struct FingerprintEscalation {
+    pub threshold: NonZeroU32,
+    pub window: Duration,
+    pub max_sources: NonZeroU32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFingerprintEscalation {
+    #[serde(default = "default_fingerprint_threshold")]
+    threshold: NonZeroU32,
+    #[serde(default = "default_window")]
+    window: HumanDuration,
+    #[serde(default = "default_max_sources")]
+    max_sources: NonZeroU32,
+}
+
+/// The most sources one fingerprint's escalation blocks: the agent's queue of blocks to put in place holds as many.
+pub const MAX_FINGERPRINT_SOURCES: u32 = 1024;
+
+impl TryFrom<RawFingerprintEscalation> for FingerprintEscalation {
+    type Error = String;
+
+    fn try_from(raw: RawFingerprintEscalation) -> Result<Self, String> {
+        if raw.window.0.is_zero() {
+            return Err("window must be longer than 0".to_owned());
+        }
+        if raw.max_sources.get() > MAX_FINGERPRINT_SOURCES {
+            return Err(format!("max_sources is at most {MAX_FINGERPRINT_SOURCES}"));
+        }
+        Ok(Self { threshold: raw.threshold, window: raw.window.0, max_sources: raw.max_sources })
+    }
+}
+
+fn default_fingerprint_threshold() -> NonZeroU32 {
+    NonZeroU32::new(500).unwrap_or(NonZeroU32::MIN)
+}
+
+fn default_max_sources() -> NonZeroU32 {
+    NonZeroU32::new(256).unwrap_or(NonZeroU32::MIN)
 }
 
 #[derive(Deserialize)]
@@ -38,6 +87,7 @@ struct RawEscalation {
     block_ttl: HumanDuration,
     #[serde(default)]
     upstream_statuses: Vec<u16>,
+    fingerprint: Option<FingerprintEscalation>,
 }
 
 impl TryFrom<RawEscalation> for EscalationConfig {
@@ -67,6 +117,7 @@ impl TryFrom<RawEscalation> for EscalationConfig {
             window: raw.window.0,
             block_ttl: raw.block_ttl.0,
             upstream_statuses,
+            fingerprint: raw.fingerprint,
         })
     }
 }

@@ -693,6 +693,7 @@ fn body_larger_than_counts_a_body_of_unknown_length_as_larger() {
             client: std::net::IpAddr::from([192, 0, 2, 1]),
             headers: &headers,
             body_length,
+            ja4: None,
         };
         proxy.rules[0].applies(&seen)
     };
@@ -820,6 +821,7 @@ fn scope_missing(
         client: std::net::IpAddr::from([192, 0, 2, 1]),
         headers: &headers,
         body_length: Some(0),
+        ja4: None,
     };
     proxy.scope_missing(&seen, key).map(|scope| scope.name.clone())
 }
@@ -1351,4 +1353,75 @@ fn the_readmes_three_tiers_parse() {
     let proxy = parse(&format!("{PROXY}{toml}")).expect("the README's example").proxy.expect("proxy");
     let quotas: Vec<usize> = ["free", "pro", "enterprise"].map(|plan| proxy.plans[plan].limits.len()).into();
     assert_eq!(quotas, [2, 3, 2]);
+}
+
+/// A TLS section for the fingerprint tests (the files are read by the agent, not here).
+const TLS: &str = "[proxy.tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\nfingerprint = \"ja4\"\n";
+
+#[test]
+fn ja4_keys_and_conditions_parse_and_match() {
+    let text = format!(
+        "{PROXY}{TLS}[[proxy.rules]]\nname = \"per-stack\"\nkey = [\"ja4\", \"ip\"]\nlimit = 10\nwindow = \"1m\"\n\
+         [[proxy.rules]]\nname = \"curl\"\naction = \"deny\"\nwhen.ja4 = [\"t13d3112h2_e8f1e7e78f70_6bebaf5329ac\"]\n\
+         [[proxy.rules]]\nname = \"old\"\naction = \"tag\"\nwhen.ja4_matches = '^t1[01]'\n"
+    );
+    let proxy = parse(&text).expect("valid").proxy.expect("proxy");
+    assert_eq!(proxy.tls.as_ref().and_then(|tls| tls.fingerprint), Some(crate::proxy::Fingerprint::Ja4));
+    assert_eq!(proxy.rules[0].key.to_string(), "[ja4, ip]");
+    assert!(proxy.rules[0].key.needs_fingerprint() && proxy.fingerprints());
+    let headers = http::HeaderMap::new();
+    let applies = |rule: usize, ja4: Option<&str>| {
+        let seen = super::conditions::Seen {
+            method: &http::Method::GET,
+            path: "/",
+            query: None,
+            client: std::net::IpAddr::from([192, 0, 2, 1]),
+            headers: &headers,
+            body_length: Some(0),
+            ja4: ja4.map(|text| text.parse().expect("a fingerprint")),
+        };
+        proxy.rules[rule].applies(&seen)
+    };
+    assert!(applies(1, Some("t13d3112h2_e8f1e7e78f70_6bebaf5329ac")));
+    assert!(!applies(1, Some("t13d1516h2_8daaf6152771_e5627efa2ab1")));
+    assert!(applies(2, Some("t10d1516h2_8daaf6152771_e5627efa2ab1")));
+    assert!(!applies(2, Some("t13d1516h2_8daaf6152771_e5627efa2ab1")));
+    // A request without a fingerprint meets neither condition.
+    assert!(!applies(1, None) && !applies(2, None));
+}
+
+#[test]
+fn ja4_mistakes_are_named() {
+    let rule = "[[proxy.rules]]\nname = \"r\"\naction = \"deny\"\n";
+    let (_, key, message) = refusal(&format!("{PROXY}{TLS}{rule}when.ja4 = [\"chrome\"]\n"));
+    assert_eq!(key, "proxy.rules[0]", "{message}");
+    assert!(message.contains("`chrome` is not a JA4 fingerprint"), "{message}");
+    // Nothing gives requests a fingerprint: the rule could never apply.
+    let (_, key, message) = refusal(&format!("{PROXY}{rule}when.ja4_matches = \"^t13\"\n"));
+    assert_eq!(key, "proxy.rules[0]", "{message}");
+    assert!(message.contains("neither [proxy.tls] fingerprint nor ja4_header"), "{message}");
+    let limited = "[[proxy.rules]]\nname = \"r\"\nkey = \"ja4\"\nlimit = 1\nwindow = \"1s\"\n";
+    assert!(refusal(&format!("{PROXY}{limited}")).2.contains("ja4_header"));
+    assert!(parse(&format!("{PROXY}ja4_header = \"x-ja4\"\n{limited}")).is_ok());
+    let (_, key, _) = refusal(&format!("{PROXY}ja4_header = \"not a header\"\n"));
+    assert_eq!(key, "proxy.ja4_header");
+    let (_, key, _) = refusal(&format!("{PROXY}{}", TLS.replace("\"ja4\"", "\"ja3\"")));
+    assert_eq!(key, "proxy.tls.fingerprint");
+}
+
+#[test]
+fn fingerprint_escalation_has_defaults_and_bounds() {
+    let config =
+        parse(&format!("{XDP}{PROXY}[escalation]\n[escalation.fingerprint]\nthreshold = 20\n")).expect("valid");
+    let fingerprint = config.escalation.and_then(|e| e.fingerprint).expect("the section");
+    assert_eq!(
+        (fingerprint.threshold.get(), fingerprint.window, fingerprint.max_sources.get()),
+        (20, Duration::from_secs(10), 256)
+    );
+    let (_, key, message) =
+        refusal(&format!("{XDP}{PROXY}[escalation]\n[escalation.fingerprint]\nmax_sources = 100000\n"));
+    assert_eq!(key, "escalation.fingerprint", "{message}");
+    assert!(message.contains("max_sources is at most 1024"), "{message}");
+    let (_, key, _) = refusal(&format!("{XDP}{PROXY}[escalation]\n[escalation.fingerprint]\nwindow = \"0s\"\n"));
+    assert_eq!(key, "escalation.fingerprint");
 }

@@ -28,8 +28,13 @@
 //! ([`Escalator::blocked`]): a client behind a PROXY protocol balancer reaches the
 //! kernel layer as the balancer, so its block there does nothing, and the proxy
 //! closes its connections itself once the balancer's header names it.
+//!
+//! `[escalation.fingerprint]` counts refusals per TLS fingerprint too, and blocks
+//! every source that presented a fingerprint past its threshold (`fingerprint.rs`),
+//! each through the same channel and the same [`Escalator::admit`].
 
 mod counts;
+mod fingerprint;
 
 use std::{
     collections::HashMap,
@@ -46,12 +51,12 @@ use ipnet::IpNet;
 use redis::Script;
 use tokio::sync::mpsc;
 
-use limiter_core::{Algorithm, Clock, LimitSpec, SystemClock, limits::Bucket};
+use limiter_core::{Algorithm, Clock, LimitSpec, SystemClock, ja4::Ja4, limits::Bucket};
 
-use self::counts::Counts;
+use self::{counts::Counts, fingerprint::Fingerprints};
 use crate::{
     backend::Backend,
-    config::{Config, xdp::CidrAction},
+    config::{Config, escalation::FingerprintEscalation, xdp::CidrAction},
     fleet::{Fleet, FleetError, MAX_BACKOFF, MIN_BACKOFF},
 };
 
@@ -73,6 +78,7 @@ pub struct Escalator<C: Clock = SystemClock> {
     clock: C,
     sender: mpsc::Sender<Escalation>,
     blocked: Arc<Blocked>,
+    fingerprints: Fingerprints,
 }
 
 /// The blocks in force, until when (by the escalator's clock).
@@ -123,6 +129,9 @@ struct Settings {
     ipv6_prefix: u8,
     /// The upstream's answers that count as refusals.
     upstream_statuses: Vec<http::StatusCode>,
+    /// `[escalation.fingerprint]`, with its counting policy and that policy's
+    /// identity; `None`: off.
+    fingerprint: Option<(FingerprintEscalation, LimitSpec, Arc<str>)>,
 }
 
 /// Why a block was not put in place.
@@ -171,6 +180,10 @@ impl Settings {
                 .collect(),
             ipv6_prefix: xdp.map_or(64, |x| x.ipv6_prefix.0),
             upstream_statuses: escalation.map(|e| e.upstream_statuses.clone()).unwrap_or_default(),
+            fingerprint: escalation.and_then(|e| e.fingerprint).map(|settings| {
+                let (spec, identity) = fingerprint::policy(&settings);
+                (settings, spec, identity.into())
+            }),
         }
     }
 
@@ -211,6 +224,7 @@ impl<C: Clock> Escalator<C> {
             clock,
             sender,
             blocked: Arc::default(),
+            fingerprints: Fingerprints::default(),
         }
     }
 
@@ -275,6 +289,46 @@ impl<C: Clock> Escalator<C> {
                 });
             }
         }
+    }
+}
+
+impl<C: Clock> Escalator<C> {
+    /// Whether `[escalation.fingerprint]` is on: only then are sources noted.
+    pub fn counts_fingerprints(&self) -> bool {
+        self.settings.read().unwrap_or_else(PoisonError::into_inner).fingerprint.is_some()
+    }
+
+    /// Notes that `source`, connected directly, presented `ja4` in its handshake.
+    pub fn presented(&self, ja4: Ja4, source: IpAddr) {
+        let settings = Arc::clone(&self.settings.read().unwrap_or_else(PoisonError::into_inner));
+        let Some((fingerprint, ..)) = &settings.fingerprint else { return };
+        let max_sources = usize::try_from(fingerprint.max_sources.get()).unwrap_or(usize::MAX);
+        self.fingerprints.presented(ja4, source.to_canonical(), self.clock.now(), max_sources);
+    }
+
+    /// Counts one refusal of a request presenting `ja4` (from a source connected
+    /// directly); the one past `threshold` within `window` blocks each source that
+    /// presented it within `window`, as [`Self::record`] blocks one: one source
+    /// wide, never an `allow` CIDR or a trusted proxy.
+    pub fn record_fingerprint(&self, ja4: Ja4) {
+        let settings = Arc::clone(&self.settings.read().unwrap_or_else(PoisonError::into_inner));
+        let Some((fingerprint, spec, identity)) = &settings.fingerprint else { return };
+        let key = ja4.to_string();
+        let now = self.clock.now();
+        let bucket = Bucket { policy: identity, key: &key, spec };
+        let sources = self.fingerprints.refused(bucket, ja4, now, now.saturating_sub(fingerprint.window));
+        if sources.is_empty() {
+            return;
+        }
+        let mut blocked = 0_usize;
+        for source in sources {
+            let cidr = settings.cidr(source);
+            if settings.check(cidr).is_ok() {
+                escalate(&self.sender, &self.blocked, Escalation { cidr, ttl: settings.block_ttl, local: true }, now);
+                blocked += 1;
+            }
+        }
+        tracing::warn!(%ja4, sources = blocked, "TLS fingerprint escalated: its recent sources blocked");
     }
 }
 

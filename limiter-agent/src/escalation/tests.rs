@@ -182,3 +182,61 @@ fn a_source_is_blocked_for_the_proxy_from_its_escalation_or_a_fleet_block_until_
     clock.advance(BLOCK_TTL);
     assert!(!escalator.blocked(ip(SOURCE)));
 }
+
+/// [`CONFIG`] with `[escalation.fingerprint]`: past three refusals within ten
+/// seconds, at most three sources.
+fn fingerprint_escalator() -> (Escalator<FakeClock>, FakeClock, mpsc::Receiver<Escalation>) {
+    let text = format!("{CONFIG}[escalation.fingerprint]\nthreshold = 3\nwindow = \"10s\"\nmax_sources = 3\n");
+    let config = Config::parse(&text, Path::new("test.toml")).expect("config");
+    let (sender, receiver) = mpsc::channel(16);
+    let clock = FakeClock::new(Duration::from_secs(1_700_000_000));
+    (Escalator::new(&config, sender, clock.clone(), None), clock, receiver)
+}
+
+fn ja4(text: &str) -> limiter_core::ja4::Ja4 {
+    text.parse().expect("a fingerprint")
+}
+
+#[test]
+fn a_fingerprint_past_its_threshold_blocks_its_latest_sources_one_each_never_a_protected_one() {
+    let (escalator, clock, mut receiver) = fingerprint_escalator();
+    let (bot, browser) = (ja4("t13d1516h2_8daaf6152771_e5627efa2ab1"), ja4("t13d1715h2_5b57614c22b0_3d5424432f57"));
+    assert!(escalator.counts_fingerprints());
+    let ip = |text: &str| -> IpAddr { text.parse().expect("address") };
+    // Seen too long ago, then pushed out by three later ones (max_sources = 3), one of
+    // them an allowed address and one a trusted proxy's.
+    escalator.presented(bot, ip("192.0.2.1"));
+    clock.advance(Duration::from_secs(11));
+    escalator.presented(bot, ip("192.0.2.2"));
+    escalator.presented(bot, ip("2001:db8:1::5"));
+    escalator.presented(bot, ip("198.51.100.7"));
+    escalator.presented(bot, ip("::ffff:192.0.2.3"));
+    escalator.presented(bot, ip("2001:db8:9::1"));
+    escalator.presented(browser, ip("192.0.2.4"));
+    for _ in 0..THRESHOLD {
+        escalator.record_fingerprint(bot);
+    }
+    assert!(sent(&mut receiver).is_empty(), "three refusals are not past the threshold of three");
+    escalator.record_fingerprint(bot);
+    let blocked: Vec<String> = sent(&mut receiver).iter().map(|e| e.cidr.to_string()).collect();
+    assert_eq!(blocked, ["192.0.2.3/32", "2001:db8:9::/64"]);
+    assert!(escalator.blocked(ip("192.0.2.3")) && !escalator.blocked(ip("192.0.2.4")));
+    // Its sources were taken: the next refusal blocks none again.
+    escalator.record_fingerprint(bot);
+    assert!(sent(&mut receiver).is_empty());
+    // Each fingerprint counts on its own.
+    escalator.record_fingerprint(browser);
+    assert!(sent(&mut receiver).is_empty());
+}
+
+#[test]
+fn without_its_section_no_fingerprint_is_counted() {
+    let (escalator, _clock, mut receiver) = escalator(None);
+    let bot = ja4("t13d1516h2_8daaf6152771_e5627efa2ab1");
+    assert!(!escalator.counts_fingerprints());
+    escalator.presented(bot, "192.0.2.1".parse().expect("address"));
+    for _ in 0..10 {
+        escalator.record_fingerprint(bot);
+    }
+    assert!(sent(&mut receiver).is_empty());
+}

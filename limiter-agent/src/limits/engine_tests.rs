@@ -141,6 +141,7 @@ impl Req {
             query: self.query,
             body_length: Some(0),
             body: None,
+            ja4: None,
         }
     }
 

@@ -148,6 +148,7 @@ pub async fn explain<C: Clock>(
         query,
         body_length,
         body,
+        ja4: None,
     };
     let Screened { denied_by, tagged, .. } = engine.would_screen(&info);
     let scopes = (!config.scopes.is_empty()).then(|| {
