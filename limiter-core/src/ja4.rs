@@ -291,7 +291,9 @@ impl<'a> Hello<'a> {
             }
             hello.extensions.push(kind);
             match kind {
-                EXT_ALPN => hello.alpn = data.vector16().and_then(|list| Reader(list).vector8()).filter(|p| !p.is_empty()),
+                EXT_ALPN => {
+                    hello.alpn = data.vector16().and_then(|list| Reader(list).vector8()).filter(|p| !p.is_empty())
+                }
                 EXT_SIGNATURE_ALGORITHMS => hello.signature_algorithms = data.vector16().unwrap_or_default(),
                 EXT_SUPPORTED_VERSIONS => supported = data.vector8().and_then(|versions| values(versions).max()),
                 _ => {}

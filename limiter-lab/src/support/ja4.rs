@@ -17,12 +17,14 @@ pub struct Capture {
 }
 
 impl Capture {
-    /// Started once tcpdump says it is listening.
+    /// Started once tcpdump says it is listening; each packet written as it comes
+    /// (`--immediate-mode`: else the kernel's buffer may still hold the handshake
+    /// when the capture is stopped).
     #[must_use]
     pub fn start(port: u16) -> Self {
         let file = std::env::temp_dir().join(format!("{}.pcap", super::unique("limiter-ja4-")));
         let mut tcpdump = Command::new("tcpdump")
-            .args(["-i", "lo", "-U", "-s", "0", "-Z", "root", "-w"])
+            .args(["-i", "lo", "--immediate-mode", "-U", "-s", "0", "-Z", "root", "-w"])
             .arg(&file)
             .args(["tcp", "port", &port.to_string()])
             .stdout(Stdio::null())
