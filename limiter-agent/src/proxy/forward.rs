@@ -92,7 +92,7 @@ impl Origin {
 
 /// The request's TLS fingerprint, as the upstream is told it: whatever a client sent
 /// under this name is removed first.
-pub(super) const X_JA4: &str = "x-ja4";
+const X_JA4: &str = "x-ja4";
 
 impl Upstream {
     /// A pool whose connections each hold one of `permits` (shared by every worker).

@@ -384,7 +384,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             http2: config.http2.clone(),
             proxy_protocol,
             peer_trusted: keys::is_trusted(peer.to_canonical(), &config.trusted_proxies),
-            fingerprint: snapshot.tls.is_some() && config.tls.as_ref().is_some_and(|tls| tls.fingerprint.is_some()),
+            fingerprint: config.tls.as_ref().is_some_and(|tls| tls.fingerprint.is_some()),
         }
     }
 
@@ -992,28 +992,27 @@ impl<C: Clock + Clone> Pipeline<C> {
         let sent = tokio::time::Instant::now();
         let mut metering = Metering::new(&self.engine, owed, sent);
         // Bounds the wait for the response head; a streaming body may take longer.
-        let head = tokio::time::timeout(
-            config.upstream_timeout.0,
-            upstream.send(config, path.forward(), parts, body, (origin, ja4)),
-        )
-        .await
-        .map_err(|_| Refusal::UpstreamTimeout)
-        .and_then(|sent| {
-            sent.map_err(|error| {
-                if error.never_sent()
-                    && let Some(claim) = &mut claim
-                {
-                    claim.not_sent();
-                }
-                if error.all_in_use() {
-                    Refusal::UpstreamBusy
-                } else if body::timed_out(&error) {
-                    Refusal::BodyTimeout
-                } else {
-                    Refusal::Upstream(error.into())
-                }
-            })
-        });
+        let from = (origin, ja4);
+        let head =
+            tokio::time::timeout(config.upstream_timeout.0, upstream.send(config, path.forward(), parts, body, from))
+                .await
+                .map_err(|_| Refusal::UpstreamTimeout)
+                .and_then(|sent| {
+                    sent.map_err(|error| {
+                        if error.never_sent()
+                            && let Some(claim) = &mut claim
+                        {
+                            claim.not_sent();
+                        }
+                        if error.all_in_use() {
+                            Refusal::UpstreamBusy
+                        } else if body::timed_out(&error) {
+                            Refusal::BodyTimeout
+                        } else {
+                            Refusal::Upstream(error.into())
+                        }
+                    })
+                });
         if let Some(depth) = upstream_depth
             && let Some(limit) = self.adaptive.record(depth, sent.elapsed(), answer_of(&head))
         {

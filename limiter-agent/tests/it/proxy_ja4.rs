@@ -8,7 +8,7 @@
 use std::{
     net::{Ipv4Addr, SocketAddr},
     process::Output,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use http::StatusCode;
@@ -17,10 +17,10 @@ use limiter_lab::{
     support::{
         agent::{AgentProcess, agent_section},
         ja4::Capture,
-        proxy::{PROXY_HEAD, RunningProxy, TestClient, Upstream},
+        proxy::{PROXY_HEAD, RunningProxy, TestClient, Upstream, raw_exchange},
         tls::TestTls,
         unique,
-        wait::until_async,
+        wait::{assert_about, until_async},
     },
 };
 
@@ -81,6 +81,33 @@ async fn the_upstream_is_told_the_fingerprint_a_capture_of_the_handshake_gives()
         .collect();
     assert_eq!(logged, captured.iter().map(|ja4| format!("{ja4:?}")).collect::<Vec<_>>());
     let _ = std::fs::remove_file(&log);
+}
+
+#[tokio::test]
+async fn a_stalled_or_malformed_client_hello_fails_its_handshake_as_without_fingerprints() {
+    let (upstream, tls) = (Upstream::start().await, TestTls::new());
+    let header_timeout = Duration::from_secs(1);
+    let config = tls.proxy_head().replace("[proxy.tls]", "header_timeout = \"1s\"\n[proxy.tls]");
+    let proxy = RunningProxy::start(&format!("{config}fingerprint = \"ja4\"\n"), upstream.addr).await;
+    // A record announcing a ClientHello of 512 bytes, then the first few of them:
+    // the capture waits for the rest until header_timeout, as rustls would.
+    let start = Instant::now();
+    let response = raw_exchange(proxy.addr, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03").await;
+    assert!(!response.contains("HTTP/"), "{response}");
+    assert_about("the stalled hello closed", start.elapsed(), header_timeout);
+    proxy.stats_until("the stalled handshake counted", |stats| stats.tls_handshake_failures == 1).await;
+    // Not TLS, a record too long for any hello, a ServerHello: settled at once, no
+    // fingerprint, and rustls refuses each.
+    let oversized: &[u8] = b"\x16\x03\x01\xff\xff\x01\xff\xff\xfb";
+    let server_hello: &[u8] = b"\x16\x03\x03\x00\x04\x02\x00\x00\x00";
+    for (failures, sent) in (2..).zip([&b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"[..], oversized, server_hello]) {
+        let start = Instant::now();
+        let response = raw_exchange(proxy.addr, sent).await;
+        assert!(!response.contains("HTTP/1.1 200"), "{response}");
+        assert!(start.elapsed() < header_timeout, "{} refused at once", sent.escape_ascii());
+        proxy.stats_until("the refused handshake counted", |stats| stats.tls_handshake_failures == failures).await;
+    }
+    assert_eq!(upstream.count(), 0);
 }
 
 #[tokio::test]
