@@ -78,6 +78,13 @@ impl serde::Serialize for Ja4 {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for Ja4 {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// Text that is not a JA4 fingerprint.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("`{0}` is not a JA4 fingerprint (e.g. t13d1516h2_8daaf6152771_e5627efa2ab1)")]

@@ -37,6 +37,10 @@ pub struct ExplainArgs {
     /// kernel layer.
     #[arg(long, default_value = "127.0.0.1")]
     pub ip: IpAddr,
+    /// The JA4 fingerprint of the client's TLS handshake, for the rules keyed on it
+    /// (`ja4`, `when.ja4`, `when.ja4_matches`).
+    #[arg(long, value_name = "FINGERPRINT")]
+    pub ja4: Option<limiter_core::ja4::Ja4>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -112,7 +116,14 @@ fn request(args: &ExplainArgs, path: &str) -> Result<ExplainRequest, CliError> {
         ),
         None => None,
     };
-    Ok(ExplainRequest { method: args.method.clone(), path: path.to_owned(), headers, peer: args.ip, body })
+    Ok(ExplainRequest {
+        method: args.method.clone(),
+        path: path.to_owned(),
+        headers,
+        peer: args.ip,
+        body,
+        ja4: args.ja4,
+    })
 }
 
 /// The running agent's explanation (with live quotas), or the config's alone when no

@@ -284,6 +284,12 @@ async fn clients_presenting_one_fingerprint_share_its_bucket_and_are_blocked_tog
         assert_eq!(lab.get(1), None, "dropped in the kernel");
         assert_eq!(lab.get(2), Some(429), "an allowed source is never blocked");
         assert!(!lab.blocks().contains(&cidr(2)));
+        // `limiter explain --ja4` names the bucket a fingerprint's request would meet.
+        let client = lab.clients[2].client.to_string();
+        let explained = lab.agent.cli_json(&["explain", "--path", "/", "--ip", &client, "--ja4", FORGED, "--json"]);
+        let policies = explained["proxy"]["policies"].as_array().cloned().unwrap_or_default();
+        assert_eq!(policies.len(), 1, "{explained:#}");
+        assert_eq!(policies[0]["key"], format!("ja4={FORGED}"), "{explained:#}");
     })
     .await
     .expect("the lab");
