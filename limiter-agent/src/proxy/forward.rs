@@ -123,6 +123,10 @@ impl Upstream {
         let chain = origin.peer_trusted.then(|| forwarded_chain(&parts.headers)).flatten();
         if !origin.peer_trusted {
             remove_forwarding_claims(&mut parts.headers);
+            // As a balancer's claim, the client's own would pass for ours.
+            if let Some(name) = &config.ja4_header {
+                parts.headers.remove(name);
+            }
         }
         let upgrade = requested_upgrade(&parts, &config.upgrade_protocols);
         remove_hop_by_hop(&mut parts.headers);

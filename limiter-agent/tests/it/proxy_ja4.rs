@@ -162,6 +162,9 @@ async fn ja4_header_is_believed_from_trusted_proxies_only() {
     // Both lack the key, and share the missing-key bucket.
     assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
     assert_eq!(told(&upstream), [Some(other.to_owned()), Some(FORGED.to_owned()), None, None]);
+    // The balancer's header reaches the upstream from the balancer only.
+    let passed: Vec<bool> = upstream.seen().iter().map(|seen| seen.headers.contains_key("x-edge-ja4")).collect();
+    assert_eq!(passed, [true, true, true, false]);
 }
 
 /// One agent with the kernel layer on three veth labs, its proxy ending TLS on every
