@@ -46,6 +46,8 @@ pub struct AgentGauges {
     /// Escalated blocks the kernel layer could not take (a runtime-block trie full of
     /// blocks in force).
     pub block_failures: AtomicU64,
+    /// Escalated demotions put in place (local or from the fleet).
+    pub demotions: AtomicU64,
     pub attached: Mutex<Vec<Attachment>>,
 }
 
@@ -113,6 +115,13 @@ pub(crate) fn render(sources: &MetricsSources) -> String {
         "Escalated blocks the kernel layer could not put in place: its block trie full of blocks in force.",
     );
     let _ = writeln!(out, "limiter_escalation_block_failures_total {}", agent.block_failures.load(Ordering::Relaxed));
+    family(
+        &mut out,
+        "limiter_escalation_demotions_total",
+        "counter",
+        "Escalated demotions put in place: first offences under [escalation] demote_first, here or in the fleet.",
+    );
+    let _ = writeln!(out, "limiter_escalation_demotions_total {}", agent.demotions.load(Ordering::Relaxed));
     family(
         &mut out,
         "limiter_security_log_total",
