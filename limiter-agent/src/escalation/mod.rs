@@ -174,7 +174,7 @@ impl BlockRefused {
 impl Settings {
     fn new(config: &Config) -> Self {
         let escalation = config.escalation.clone().filter(|e| e.enabled);
-        let limit = escalation.map(|e| LimitSpec {
+        let limit = escalation.as_ref().map(|e| LimitSpec {
             algorithm: Algorithm::SlidingWindowLog,
             limit: e.threshold,
             window: e.window,

@@ -287,10 +287,10 @@ fn a_fleet_penalty_lasts_no_longer_than_this_agents_ladder_gives() {
     let cidr = format!("{SOURCE}/32").parse().expect("cidr");
     let year = Duration::from_secs(365 * 24 * 3600);
     let admitted = |penalty| escalator.admit(Escalation { cidr, penalty, ttl: year, local: false }).expect("admitted");
-    assert_eq!(admitted(Penalty::Block).ttl, 60 * MINUTE, "block_ttl_max");
     let slow = crate::config::xdp::PacketLimit { packets_per_second: 1.try_into().expect("1"), burst: 1.try_into().expect("1") };
     assert_eq!(admitted(Penalty::Demote(slow)).ttl, 10 * MINUTE, "demote_first.ttl");
     assert!(!escalator.blocked(SOURCE.parse().expect("address")), "a demotion closes nothing");
+    assert_eq!(admitted(Penalty::Block).ttl, 60 * MINUTE, "block_ttl_max");
 }
 
 #[test]
