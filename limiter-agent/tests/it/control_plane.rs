@@ -973,17 +973,19 @@ fn demote_slows_a_source_to_its_demoted_bucket_and_undemote_restores_it() {
     assert_eq!(output.status.code(), Some(1), "no rate given and no demote_first");
     assert!(String::from_utf8_lossy(&output.stderr).contains("--packets-per-second"), "{output:?}");
     let output =
-        lab.agent.cli(&["demote", &source.to_string(), "--packets-per-second", "1", "--burst", "5", "--ttl", "1h"]);
+        lab.agent.cli(&["demote", &source.to_string(), "--packets-per-second", "5", "--burst", "5", "--ttl", "1h"]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let stats = lab.agent.cli_json(&["stats", "--json"]);
     let demoted = &stats["xdp"]["demoted"][0];
     assert_eq!(demoted["cidr"].as_str(), Some(format!("{source}/32").as_str()), "{stats}");
-    assert_eq!((demoted["packets_per_second"].as_u64(), demoted["burst"].as_u64()), (Some(1), Some(5)), "{stats}");
+    assert_eq!((demoted["packets_per_second"].as_u64(), demoted["burst"].as_u64()), (Some(5), Some(5)), "{stats}");
     assert!(demoted["expires_in_secs"].as_u64().is_some_and(|secs| secs > 3_500 && secs <= 3_600), "{stats}");
     let table = String::from_utf8_lossy(&lab.agent.cli(&["stats"]).stdout).into_owned();
-    assert!(table.contains(&format!("demoted {source}/32 to 1 pps, burst 5")), "{table}");
+    assert!(table.contains(&format!("demoted {source}/32 to 5 pps, burst 5")), "{table}");
 
-    // 50 at once: the burst of 5, and at most one more refilled meanwhile.
+    // 50 at once: the burst of 5, and at most one more refilled meanwhile. (A second
+    // of refill, as the normal bucket's: undemoted, the source is not held back by
+    // what it spent while demoted.)
     traffic::send(&lab.net.ns, source, receiver.addr, 50, 50).expect("send");
     seen_all(&lab.agent, source, 50);
     let passed = receiver.from(source).len();
@@ -1005,7 +1007,7 @@ fn demote_slows_a_source_to_its_demoted_bucket_and_undemote_restores_it() {
     assert_eq!(
         shown,
         [
-            (Some("kernel_demote"), Some("cli"), Some("1 pps, burst 5"), Some(3_600)),
+            (Some("kernel_demote"), Some("cli"), Some("5 pps, burst 5"), Some(3_600)),
             (Some("kernel_undemote"), Some("cli"), None, None)
         ]
     );

@@ -359,7 +359,8 @@ async fn a_demoted_client_floods_at_its_demoted_rate_and_its_next_offence_blocks
         assert!(!site.blocks(&cidr), "demoted, not blocked");
 
         // A flood of about 1 000 packets a second: its burst of 40, then 20 a second.
-        let receiver = limiter_lab::traffic::Receiver::bind(site.proxy.ip()).expect("receiver");
+        let IpAddr::V4(host) = site.proxy.ip() else { unreachable!("an IPv4 lab") };
+        let receiver = limiter_lab::traffic::Receiver::bind(host).expect("receiver");
         let took = limiter_lab::traffic::send(&site.lab.ns, site.client, receiver.addr, 3_000, 10).expect("flood");
         std::thread::sleep(Duration::from_millis(200));
         let passed = receiver.from(site.client).len() as f64;
