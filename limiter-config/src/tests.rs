@@ -188,7 +188,8 @@ fn the_penalty_ladder_climbs_by_its_factor_up_to_its_cap_and_checks_its_keys() {
     let rungs: Vec<_> = (1..=6).map(|offence| escalation.rung(offence)).collect();
     assert_eq!(rungs, [minutes(10), minutes(20), minutes(40), minutes(60), minutes(60), minutes(60)]);
 
-    let demoting = format!("{XDP}{PROXY}{ladder}demote_first = {{ packets_per_second = 20, burst = 40, ttl = \"5m\" }}\n");
+    let demoting =
+        format!("{XDP}{PROXY}{ladder}demote_first = {{ packets_per_second = 20, burst = 40, ttl = \"5m\" }}\n");
     let escalation = parse(&demoting).expect("demote_first").escalation.expect("section");
     let Rung::Demote(demotion) = escalation.rung(1) else { panic!("the first offence demotes") };
     assert_eq!((demotion.limit.packets_per_second.get(), demotion.limit.burst.get()), (20, 40));
@@ -204,7 +205,12 @@ fn the_penalty_ladder_climbs_by_its_factor_up_to_its_cap_and_checks_its_keys() {
         ("block_ttl_factor = 0\n", 9, "escalation", "block_ttl_factor"),
         ("block_ttl_max = \"5m\"\n", 9, "escalation", "block_ttl_max"),
         ("offence_memory = \"0s\"\n", 9, "escalation", "offence_memory"),
-        ("demote_first = { packets_per_second = 20, burst = 40, ttl = \"0s\" }\n", 10, "escalation.demote_first", "ttl"),
+        (
+            "demote_first = { packets_per_second = 20, burst = 40, ttl = \"0s\" }\n",
+            10,
+            "escalation.demote_first",
+            "ttl",
+        ),
         (
             "demote_first = { packets_per_second = 2_000_000_000, burst = 40, ttl = \"1m\" }\n",
             10,

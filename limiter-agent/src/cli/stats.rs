@@ -171,7 +171,8 @@ fn render_xdp(out: &mut String, xdp: &XdpStats, previous: Option<&XdpStats>, sec
         }
     }
     for demoted in &xdp.demoted {
-        let left = demoted.expires_in_secs.map_or_else(|| "until undemoted".to_owned(), |secs| format!("{secs} s left"));
+        let left =
+            demoted.expires_in_secs.map_or_else(|| "until undemoted".to_owned(), |secs| format!("{secs} s left"));
         *out += &format!(
             "  demoted {} to {} pps, burst {} ({left})\n",
             demoted.cidr, demoted.packets_per_second, demoted.burst

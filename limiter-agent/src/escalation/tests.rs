@@ -43,10 +43,7 @@ fn escalator(fleet: Option<Fleet>) -> (Escalator<FakeClock>, FakeClock, mpsc::Re
     escalator_on(CONFIG, fleet)
 }
 
-fn escalator_on(
-    config: &str,
-    fleet: Option<Fleet>,
-) -> (Escalator<FakeClock>, FakeClock, mpsc::Receiver<Escalation>) {
+fn escalator_on(config: &str, fleet: Option<Fleet>) -> (Escalator<FakeClock>, FakeClock, mpsc::Receiver<Escalation>) {
     let config = Config::parse(config, Path::new("test.toml")).expect("config");
     let (sender, receiver) = mpsc::channel(16);
     let clock = FakeClock::new(Duration::from_secs(1_700_000_000));
@@ -287,7 +284,10 @@ fn a_fleet_penalty_lasts_no_longer_than_this_agents_ladder_gives() {
     let cidr = format!("{SOURCE}/32").parse().expect("cidr");
     let year = Duration::from_secs(365 * 24 * 3600);
     let admitted = |penalty| escalator.admit(Escalation { cidr, penalty, ttl: year, local: false }).expect("admitted");
-    let slow = crate::config::xdp::PacketLimit { packets_per_second: 1.try_into().expect("1"), burst: 1.try_into().expect("1") };
+    let slow = crate::config::xdp::PacketLimit {
+        packets_per_second: 1.try_into().expect("1"),
+        burst: 1.try_into().expect("1"),
+    };
     assert_eq!(admitted(Penalty::Demote(slow)).ttl, 10 * MINUTE, "demote_first.ttl");
     assert!(!escalator.blocked(SOURCE.parse().expect("address")), "a demotion closes nothing");
     assert_eq!(admitted(Penalty::Block).ttl, 60 * MINUTE, "block_ttl_max");
@@ -297,9 +297,13 @@ fn a_fleet_penalty_lasts_no_longer_than_this_agents_ladder_gives() {
 fn fleet_messages_of_either_penalty_parse_and_malformed_ones_do_not() {
     let demote = super::parse("demote 203.0.113.9/32 20 40 600000").expect("a demotion");
     assert_eq!((demote.ttl, demote.local), (10 * MINUTE, false));
-    assert!(matches!(demote.penalty, Penalty::Demote(limit) if limit.packets_per_second.get() == 20 && limit.burst.get() == 40));
+    assert!(
+        matches!(demote.penalty, Penalty::Demote(limit) if limit.packets_per_second.get() == 20 && limit.burst.get() == 40)
+    );
     assert_eq!(super::parse("203.0.113.9/32 600000").map(|e| e.penalty), Some(Penalty::Block));
-    for bad in ["demote 203.0.113.9/32 0 40 600000", "demote 203.0.113.9/32 20 600000", "demote x 20 40 1", "203.0.113.9/32 0"] {
+    for bad in
+        ["demote 203.0.113.9/32 0 40 600000", "demote 203.0.113.9/32 20 600000", "demote x 20 40 1", "203.0.113.9/32 0"]
+    {
         assert_eq!(super::parse(bad), None, "{bad}");
     }
 }

@@ -10,9 +10,10 @@ use limiter_common::{
     bucket::{Rate, coarse_clock_fits},
     counters::Counter,
     maps::{
-        self as names, Action, Block, CidrPolicy, Demotion, Expiry, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK, FEATURE_NEW_SOURCES,
-        FEATURE_SYN, FEATURE_SYN_PORTS, LAYOUT_VERSION, MAX_SYN_PORTS, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6,
-        OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, OCCUPIED_DEMOTE_V4, OCCUPIED_DEMOTE_V6, SETTINGS_SLOTS, Settings, SourceKey, SourceState,
+        self as names, Action, Block, CidrPolicy, Demotion, Expiry, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK,
+        FEATURE_NEW_SOURCES, FEATURE_SYN, FEATURE_SYN_PORTS, LAYOUT_VERSION, MAX_SYN_PORTS, OCCUPIED_BLOCK_V4,
+        OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, OCCUPIED_DEMOTE_V4, OCCUPIED_DEMOTE_V6, SETTINGS_SLOTS,
+        Settings, SourceKey, SourceState,
     },
 };
 
@@ -237,7 +238,11 @@ impl KernelMaps {
         let active = self.demotions.in_force(&mut self.occupancy, now)?;
         Ok(active
             .into_iter()
-            .map(|(cidr, demotion)| DemotionEntry { cidr, rate: demotion.rate, expires_in: expires_in(demotion.expiry, now) })
+            .map(|(cidr, demotion)| DemotionEntry {
+                cidr,
+                rate: demotion.rate,
+                expires_in: expires_in(demotion.expiry, now),
+            })
             .collect())
     }
 
@@ -367,9 +372,8 @@ pub(crate) fn settings_for(config: &XdpConfig, syn_ports: &SynPorts, tick_ns: u6
 
 /// An entry lapsing `ttl` from now, or never.
 fn expiry_after(ttl: Option<Duration>) -> Expiry {
-    let expires_at_ns = ttl.map_or(0, |ttl| {
-        monotonic_now_ns().saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX)).max(1)
-    });
+    let expires_at_ns = ttl
+        .map_or(0, |ttl| monotonic_now_ns().saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX)).max(1));
     Expiry { expires_at_ns }
 }
 

@@ -151,7 +151,12 @@ impl<V: Lapses> LapsingTries<V> {
     }
 
     /// Adds or replaces the entry of `cidr`.
-    pub(super) fn insert(&mut self, occupancy: &mut Array<MapData, u32>, cidr: IpNet, value: V) -> Result<(), XdpError> {
+    pub(super) fn insert(
+        &mut self,
+        occupancy: &mut Array<MapData, u32>,
+        cidr: IpNet,
+        value: V,
+    ) -> Result<(), XdpError> {
         let slot = self.tries.slot(cidr);
         set_occupied(occupancy, slot, true)?;
         if let Err(error) = self.tries.insert(cidr, value) {
@@ -197,7 +202,11 @@ impl<V: Lapses> LapsingTries<V> {
     }
 
     /// The entries in force at `now`; lapsed ones are removed on the way.
-    pub(super) fn in_force(&mut self, occupancy: &mut Array<MapData, u32>, now: u64) -> Result<Vec<(IpNet, V)>, XdpError> {
+    pub(super) fn in_force(
+        &mut self,
+        occupancy: &mut Array<MapData, u32>,
+        now: u64,
+    ) -> Result<Vec<(IpNet, V)>, XdpError> {
         let mut active = Vec::new();
         for (cidr, entry) in self.tries.entries()? {
             if entry.expiry().active(now) {

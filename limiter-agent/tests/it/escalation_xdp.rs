@@ -373,10 +373,14 @@ async fn a_demoted_client_floods_at_its_demoted_rate_and_its_next_offence_blocks
         // Its bucket refills (two seconds hold its burst), and its next 429s are its
         // second offence: a block.
         std::thread::sleep(Duration::from_secs(2));
-        site.agent.until("the client blocked", || {
-            site.get();
-            site.blocks(&cidr)
-        }, |blocked| *blocked);
+        site.agent.until(
+            "the client blocked",
+            || {
+                site.get();
+                site.blocks(&cidr)
+            },
+            |blocked| *blocked,
+        );
         let event = |event: &str, reason: &str| [event.to_owned(), reason.to_owned(), site.client.to_string()];
         let ladder = [event("kernel_demote", "escalation"), event("kernel_block", "escalation")];
         site.security_events(|events| ladder.iter().all(|e| events.contains(e)));

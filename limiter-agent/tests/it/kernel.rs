@@ -402,7 +402,11 @@ fn a_demoted_source_is_limited_at_its_demoted_rate_until_undemoted_or_lapsed() {
     // A lapsed demotion no longer applies, and is cleaned up.
     let ttl = Duration::from_millis(200);
     let c = Ipv4Addr::new(192, 0, 2, 9);
-    kernel.kernel.maps_mut().demote(cidr("192.0.2.9/32"), limiter_common::bucket::Rate::new(1, 1), Some(ttl)).expect("demote");
+    kernel
+        .kernel
+        .maps_mut()
+        .demote(cidr("192.0.2.9/32"), limiter_common::bucket::Rate::new(1, 1), Some(ttl))
+        .expect("demote");
     let expires = monotonic_now_ns() + u64::try_from(ttl.as_nanos()).expect("ns");
     assert_eq!(verdicts(&kernel, &udp4(c), 2), [XDP_PASS, XDP_DROP]);
     while monotonic_now_ns() <= expires {
