@@ -307,3 +307,16 @@ fn fleet_messages_of_either_penalty_parse_and_malformed_ones_do_not() {
         assert_eq!(super::parse(bad), None, "{bad}");
     }
 }
+
+#[test]
+fn a_reload_puts_a_new_ladder_in_force_at_once() {
+    let (escalator, clock, mut receiver) = escalator(None);
+    // One rung: each rejection past the threshold is a block of block_ttl, as before.
+    assert_eq!(offend(&escalator, &mut receiver), [(Penalty::Block, BLOCK_TTL); 5]);
+    clock.advance(BLOCK_TTL);
+    escalator.reconfigure(&Config::parse(&ladder(""), Path::new("test.toml")).expect("config"));
+    // Nothing was remembered under a ladder of one rung: this is a first offence.
+    assert_eq!(offend(&escalator, &mut receiver), [(Penalty::Block, 10 * MINUTE)]);
+    clock.advance(10 * MINUTE);
+    assert_eq!(offend(&escalator, &mut receiver), [(Penalty::Block, 20 * MINUTE)]);
+}
