@@ -16,7 +16,7 @@ use std::{
 use ipnet::IpNet;
 use redis::Script;
 
-use crate::{backend::Backend, fleet::Fleet};
+use crate::fleet::Fleet;
 
 /// Sources whose offences are remembered in memory at once. Past it, histories
 /// older than the memory go first, then the one whose last offence is oldest: that
@@ -31,16 +31,6 @@ const MAX_REMEMBERED: usize = 64;
 pub(super) struct Memory {
     pub window: Duration,
     pub offence_memory: Duration,
-}
-
-/// Offence histories; shared with the tasks that record in Redis.
-pub(super) type Offences = Backend<Histories, std::sync::Arc<RedisOffences>>;
-
-pub(super) fn new(fleet: Option<Fleet>) -> Offences {
-    match fleet {
-        None => Backend::Memory(Histories::default()),
-        Some(fleet) => Backend::Redis(std::sync::Arc::new(RedisOffences { fleet, fallback: Histories::default() })),
-    }
 }
 
 /// Offence times per source, by the escalator's clock.
@@ -97,6 +87,10 @@ fn script() -> Script {
 }
 
 impl RedisOffences {
+    pub(super) fn new(fleet: Fleet) -> Self {
+        Self { fleet, fallback: Histories::default() }
+    }
+
     fn key(&self, cidr: IpNet) -> String {
         self.fleet.key(&format!("offences:{cidr}"))
     }

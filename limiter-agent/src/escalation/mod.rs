@@ -52,9 +52,15 @@ use ipnet::IpNet;
 use redis::Script;
 use tokio::sync::mpsc;
 
-use limiter_core::{Algorithm, Clock, LimitSpec, SystemClock, limits::Bucket};
+use limiter_core::{
+    Algorithm, Clock, LimitSpec, SystemClock,
+    limits::{Bucket, MemoryStore},
+};
 
-use self::{counts::Counts, ladder::Offences};
+use self::{
+    counts::RedisCounts,
+    ladder::{Histories, RedisOffences},
+};
 use crate::{
     backend::Backend,
     config::{
@@ -89,11 +95,24 @@ pub enum Penalty {
 #[derive(Debug)]
 pub struct Escalator<C: Clock = SystemClock> {
     settings: RwLock<Arc<Settings>>,
-    counts: Counts,
-    offences: Offences,
+    store: Backend<Local, Arc<Fleetwide>>,
     clock: C,
     sender: mpsc::Sender<Escalation>,
     blocked: Arc<Blocked>,
+}
+
+/// Rejections and offences per source, counted by this agent alone.
+#[derive(Debug)]
+struct Local {
+    counts: MemoryStore,
+    histories: Histories,
+}
+
+/// Rejections and offences per source, counted in the fleet's Redis.
+#[derive(Debug)]
+struct Fleetwide {
+    counts: RedisCounts,
+    offences: RedisOffences,
 }
 
 /// The blocks in force, until when (by the escalator's clock).
@@ -243,8 +262,13 @@ impl<C: Clock> Escalator<C> {
     pub fn new(config: &Config, sender: mpsc::Sender<Escalation>, clock: C, fleet: Option<Fleet>) -> Self {
         Self {
             settings: RwLock::new(Arc::new(Settings::new(config))),
-            counts: counts::new(fleet.clone()),
-            offences: ladder::new(fleet),
+            store: match fleet {
+                None => Backend::Memory(Local { counts: counts::memory(), histories: Histories::default() }),
+                Some(fleet) => Backend::Redis(Arc::new(Fleetwide {
+                    counts: RedisCounts::new(fleet.clone()),
+                    offences: RedisOffences::new(fleet),
+                })),
+            },
             clock,
             sender,
             blocked: Arc::default(),
@@ -279,12 +303,12 @@ impl<C: Clock> Escalator<C> {
         if keep_history {
             return Ok(());
         }
-        match &self.offences {
-            Backend::Memory(histories) => {
-                histories.forget(cidr);
+        match &self.store {
+            Backend::Memory(local) => {
+                local.histories.forget(cidr);
                 Ok(())
             }
-            Backend::Redis(offences) => offences.forget(cidr).await,
+            Backend::Redis(fleetwide) => fleetwide.offences.forget(cidr).await,
         }
     }
 
@@ -314,25 +338,25 @@ impl<C: Clock> Escalator<C> {
         // Read at the rejection: a count that falls back after Redis failed to answer
         // is still of its time.
         let (key, now) = (cidr.to_string(), self.clock.now());
-        match (&self.counts, &self.offences) {
-            (Backend::Memory(counts), Backend::Memory(histories)) => {
-                if settings.bucket(&key).is_some_and(|bucket| counts::crossed(counts, bucket, now)) {
-                    let penalty = self.penalty(&settings, cidr, now, |memory| histories.offend(cidr, now, memory));
+        match &self.store {
+            Backend::Memory(local) => {
+                if settings.bucket(&key).is_some_and(|bucket| counts::crossed(&local.counts, bucket, now)) {
+                    let penalty =
+                        self.penalty(&settings, cidr, now, |memory| local.histories.offend(cidr, now, memory));
                     escalate(&self.sender, &self.blocked, penalty, now);
                 }
             }
-            (Backend::Redis(counts), Backend::Redis(offences)) => {
-                let (counts, offences) = (Arc::clone(counts), Arc::clone(offences));
+            Backend::Redis(fleetwide) => {
+                let fleetwide = Arc::clone(fleetwide);
                 let (sender, blocked) = (self.sender.clone(), Arc::clone(&self.blocked));
                 tokio::spawn(async move {
                     let Some(bucket) = settings.bucket(&key) else { return };
-                    if counts.crossed(bucket, now).await {
-                        let penalty = redis_penalty(&settings, &blocked, &offences, cidr, now).await;
+                    if fleetwide.counts.crossed(bucket, now).await {
+                        let penalty = redis_penalty(&settings, &blocked, &fleetwide.offences, cidr, now).await;
                         escalate(&sender, &blocked, penalty, now);
                     }
                 });
             }
-            _ => unreachable!("counts and offences are made from the same fleet"),
         }
     }
 
@@ -347,16 +371,16 @@ impl<C: Clock> Escalator<C> {
             return;
         }
         let now = self.clock.now();
-        match &self.offences {
-            Backend::Memory(histories) => {
-                let penalty = self.penalty(&settings, cidr, now, |memory| histories.offend(cidr, now, memory));
+        match &self.store {
+            Backend::Memory(local) => {
+                let penalty = self.penalty(&settings, cidr, now, |memory| local.histories.offend(cidr, now, memory));
                 escalate(&self.sender, &self.blocked, penalty, now);
             }
-            Backend::Redis(offences) => {
-                let offences = Arc::clone(offences);
+            Backend::Redis(fleetwide) => {
+                let fleetwide = Arc::clone(fleetwide);
                 let (sender, blocked) = (self.sender.clone(), Arc::clone(&self.blocked));
                 tokio::spawn(async move {
-                    let penalty = redis_penalty(&settings, &blocked, &offences, cidr, now).await;
+                    let penalty = redis_penalty(&settings, &blocked, &fleetwide.offences, cidr, now).await;
                     escalate(&sender, &blocked, penalty, now);
                 });
             }
@@ -404,7 +428,7 @@ fn ladder_of<'a>(
 async fn redis_penalty(
     settings: &Settings,
     blocked: &Blocked,
-    offences: &ladder::RedisOffences,
+    offences: &RedisOffences,
     cidr: IpNet,
     now: Duration,
 ) -> Option<Escalation> {

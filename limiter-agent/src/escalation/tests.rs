@@ -125,8 +125,8 @@ async fn with_the_fleets_redis_unreachable_this_agents_own_count_decides() {
     let escalation = tokio::time::timeout(Duration::from_secs(30), receiver.recv()).await.expect("escalated in time");
     assert_eq!(escalation, Some(block("203.0.113.9/32")));
     // Refused because the first three filled this agent's own window.
-    let Backend::Redis(counts) = &escalator.counts else { panic!("counted in memory alone") };
-    assert_eq!(remaining(&escalator, counts.fallback(), "203.0.113.9/32"), 0);
+    let Backend::Redis(fleetwide) = &escalator.store else { panic!("counted in memory alone") };
+    assert_eq!(remaining(&escalator, fleetwide.counts.fallback(), "203.0.113.9/32"), 0);
 }
 
 #[test]
