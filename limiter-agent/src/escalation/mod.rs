@@ -341,9 +341,7 @@ impl<C: Clock> Escalator<C> {
         match &self.store {
             Backend::Memory(local) => {
                 if settings.bucket(&key).is_some_and(|bucket| counts::crossed(&local.counts, bucket, now)) {
-                    let penalty =
-                        self.penalty(&settings, cidr, now, |memory| local.histories.offend(cidr, now, memory));
-                    escalate(&self.sender, &self.blocked, penalty, now);
+                    self.punish(&settings, cidr, now);
                 }
             }
             Backend::Redis(fleetwide) => {
@@ -352,8 +350,7 @@ impl<C: Clock> Escalator<C> {
                 tokio::spawn(async move {
                     let Some(bucket) = settings.bucket(&key) else { return };
                     if fleetwide.counts.crossed(bucket, now).await {
-                        let penalty = redis_penalty(&settings, &blocked, &fleetwide.offences, cidr, now).await;
-                        escalate(&sender, &blocked, penalty, now);
+                        punish_in_fleet(&settings, &fleetwide, &sender, &blocked, cidr, now).await;
                     }
                 });
             }
@@ -370,38 +367,48 @@ impl<C: Clock> Escalator<C> {
         if settings.escalation.is_none() || settings.check(cidr).is_err() {
             return;
         }
-        let now = self.clock.now();
+        self.punish(&settings, cidr, self.clock.now());
+    }
+
+    /// Records an offence of `cidr` (a source already checked) at `now` and sends
+    /// the penalty its ladder gives.
+    fn punish(&self, settings: &Arc<Settings>, cidr: IpNet, now: Duration) {
         match &self.store {
             Backend::Memory(local) => {
-                let penalty = self.penalty(&settings, cidr, now, |memory| local.histories.offend(cidr, now, memory));
+                let penalty = ladder_of(settings, &self.blocked, cidr, now).and_then(|(escalation, memory)| {
+                    let offence = match memory {
+                        Some(memory) => local.histories.offend(cidr, now, memory)?,
+                        None => 1,
+                    };
+                    Some(escalation_of(escalation, cidr, offence))
+                });
                 escalate(&self.sender, &self.blocked, penalty, now);
             }
             Backend::Redis(fleetwide) => {
-                let fleetwide = Arc::clone(fleetwide);
+                let (settings, fleetwide) = (Arc::clone(settings), Arc::clone(fleetwide));
                 let (sender, blocked) = (self.sender.clone(), Arc::clone(&self.blocked));
-                tokio::spawn(async move {
-                    let penalty = redis_penalty(&settings, &blocked, &fleetwide.offences, cidr, now).await;
-                    escalate(&sender, &blocked, penalty, now);
-                });
+                tokio::spawn(async move { punish_in_fleet(&settings, &fleetwide, &sender, &blocked, cidr, now).await });
             }
         }
     }
+}
 
-    /// The penalty of `cidr`'s offence at `now`, its history recorded by `offend`.
-    fn penalty(
-        &self,
-        settings: &Settings,
-        cidr: IpNet,
-        now: Duration,
-        offend: impl FnOnce(ladder::Memory) -> Option<u32>,
-    ) -> Option<Escalation> {
-        let (escalation, memory) = ladder_of(settings, &self.blocked, cidr, now)?;
-        let offence = match memory {
-            Some(memory) => offend(memory)?,
-            None => 1,
-        };
-        Some(escalation_of(escalation, cidr, offence))
-    }
+/// [`Escalator::punish`], the history in the fleet's Redis.
+async fn punish_in_fleet(
+    settings: &Settings,
+    fleetwide: &Fleetwide,
+    sender: &mpsc::Sender<Escalation>,
+    blocked: &Blocked,
+    cidr: IpNet,
+    now: Duration,
+) {
+    let Some((escalation, memory)) = ladder_of(settings, blocked, cidr, now) else { return };
+    let offence = match memory {
+        Some(memory) => fleetwide.offences.offend(cidr, now, memory).await,
+        None => Some(1),
+    };
+    let penalty = offence.map(|offence| escalation_of(escalation, cidr, offence));
+    escalate(sender, blocked, penalty, now);
 }
 
 /// The ladder that applies to an offence of `cidr` at `now`: `None` while the source
@@ -422,22 +429,6 @@ fn ladder_of<'a>(
         return None;
     }
     Some((escalation, Some(ladder::Memory { window: escalation.window, offence_memory: escalation.offence_memory })))
-}
-
-/// [`Escalator::penalty`], the history in the fleet's Redis.
-async fn redis_penalty(
-    settings: &Settings,
-    blocked: &Blocked,
-    offences: &RedisOffences,
-    cidr: IpNet,
-    now: Duration,
-) -> Option<Escalation> {
-    let (escalation, memory) = ladder_of(settings, blocked, cidr, now)?;
-    let offence = match memory {
-        Some(memory) => offences.offend(cidr, now, memory).await?,
-        None => 1,
-    };
-    Some(escalation_of(escalation, cidr, offence))
 }
 
 /// The penalty of `cidr`'s `offence`-th offence.
