@@ -162,6 +162,10 @@ fn render_xdp(out: &mut String, maps: &mut KernelMaps) {
         family(out, "limiter_xdp_blocks_active", "gauge", "Runtime blocks in force.");
         let _ = writeln!(out, "limiter_xdp_blocks_active {}", blocks.len());
     }
+    if let Ok(demoted) = maps.demotions() {
+        family(out, "limiter_xdp_demotions_active", "gauge", "Demotions in force (sources limited at a demoted rate).");
+        let _ = writeln!(out, "limiter_xdp_demotions_active {}", demoted.len());
+    }
     family(out, "limiter_xdp_prefixes_tracked", "gauge", "Prefixes with an aggregate bucket in the kernel map.");
     let _ = writeln!(out, "limiter_xdp_prefixes_tracked {}", maps.aggregates().count());
     if let Ok(verified) = maps.verified_count() {
