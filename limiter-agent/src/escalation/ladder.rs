@@ -8,7 +8,7 @@
 //! first ones, do not climb the ladder on their own.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{BTreeSet, HashMap, VecDeque},
     sync::{Mutex, PoisonError},
     time::Duration,
 };
@@ -18,8 +18,8 @@ use redis::Script;
 
 use crate::fleet::Fleet;
 
-/// Sources whose offences are remembered in memory at once. Past it, histories
-/// older than the memory go first, then the one whose last offence is oldest: that
+/// Sources whose offences are remembered in memory at once. Past it, the one whose
+/// last offence is oldest is forgotten (its history lapsed first, if any did): that
 /// source's next offence starts the ladder again, a shorter penalty at worst.
 const MAX_OFFENDERS: usize = 65_536;
 /// Offences kept per source: enough rungs to reach any `block_ttl_max` from any
@@ -35,31 +35,34 @@ pub(super) struct Memory {
 
 /// Offence times per source, by the escalator's clock.
 #[derive(Debug, Default)]
-pub(super) struct Histories(Mutex<HashMap<IpNet, VecDeque<Duration>>>);
+pub(super) struct Histories(Mutex<Offenders>);
+
+#[derive(Debug, Default)]
+struct Offenders {
+    histories: HashMap<IpNet, VecDeque<Duration>>,
+    /// Each source by its last offence, so that the one to forget at the bound is
+    /// found without a walk: a botnet's sources offending at once must not make
+    /// each offence cost the whole map.
+    by_last: BTreeSet<(Duration, IpNet)>,
+}
 
 impl Histories {
     /// Records an offence of `cidr` at `now`; how many it has within the memory,
     /// this one included, or `None` if it is its last one still.
     pub(super) fn offend(&self, cidr: IpNet, now: Duration, memory: Memory) -> Option<u32> {
-        let mut histories = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let forget = |history: &mut VecDeque<Duration>| {
-            while history.front().is_some_and(|at| now.saturating_sub(*at) >= memory.offence_memory) {
-                history.pop_front();
-            }
-        };
-        if histories.len() >= MAX_OFFENDERS && !histories.contains_key(&cidr) {
-            histories.retain(|_, history| {
-                forget(history);
-                !history.is_empty()
-            });
-            if histories.len() >= MAX_OFFENDERS
-                && let Some(oldest) = histories.iter().min_by_key(|(_, h)| h.back().copied()).map(|(cidr, _)| *cidr)
-            {
-                histories.remove(&oldest);
-            }
+        let mut offenders = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let Offenders { histories, by_last } = &mut *offenders;
+        if histories.len() >= MAX_OFFENDERS
+            && !histories.contains_key(&cidr)
+            && let Some((_, oldest)) = by_last.pop_first()
+        {
+            histories.remove(&oldest);
         }
         let history = histories.entry(cidr).or_default();
-        forget(history);
+        let last = history.back().copied();
+        while history.front().is_some_and(|at| now.saturating_sub(*at) >= memory.offence_memory) {
+            history.pop_front();
+        }
         if history.back().is_some_and(|last| now.saturating_sub(*last) < memory.window) {
             return None;
         }
@@ -67,11 +70,27 @@ impl Histories {
         if history.len() > MAX_REMEMBERED {
             history.pop_front();
         }
+        if let Some(last) = last {
+            by_last.remove(&(last, cidr));
+        }
+        by_last.insert((now, cidr));
         Some(u32::try_from(history.len()).unwrap_or(u32::MAX))
     }
 
     pub(super) fn forget(&self, cidr: IpNet) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&cidr);
+        let mut offenders = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(last) = offenders.histories.remove(&cidr).and_then(|history| history.back().copied()) {
+            offenders.by_last.remove(&(last, cidr));
+        }
+    }
+}
+
+#[cfg(test)]
+impl Histories {
+    /// Sources remembered, and whether the index agrees.
+    pub(super) fn len(&self) -> (usize, bool) {
+        let offenders = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        (offenders.histories.len(), offenders.histories.len() == offenders.by_last.len())
     }
 }
 

@@ -1,5 +1,7 @@
 use std::{net::IpAddr, path::Path, sync::PoisonError, time::Duration};
 
+use ipnet::IpNet;
+
 use limiter_core::{
     Clock as _, FakeClock,
     limits::{Charge, MemoryStore},
@@ -319,4 +321,26 @@ fn a_reload_puts_a_new_ladder_in_force_at_once() {
     assert_eq!(offend(&escalator, &mut receiver), [(Penalty::Block, 10 * MINUTE)]);
     clock.advance(10 * MINUTE);
     assert_eq!(offend(&escalator, &mut receiver), [(Penalty::Block, 20 * MINUTE)]);
+}
+
+#[test]
+fn past_its_bound_the_memory_forgets_the_source_whose_last_offence_is_oldest() {
+    use super::ladder::{Histories, Memory};
+    let histories = Histories::default();
+    let memory = Memory { window: WINDOW, offence_memory: Duration::from_secs(86_400) };
+    let source = |i: u32| IpNet::from(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i)));
+    let at = |second: u64| Duration::from_secs(second);
+    for i in 0..65_536 {
+        assert_eq!(histories.offend(source(i), at(u64::from(i)), memory), Some(1));
+    }
+    // The first offends again: it is now the newest.
+    assert_eq!(histories.offend(source(0), at(65_536), memory), Some(2));
+    assert_eq!(histories.len(), (65_536, true));
+    // A new source takes the place of the one whose last offence is oldest: the second.
+    assert_eq!(histories.offend(source(70_000), at(65_636), memory), Some(1));
+    assert_eq!(histories.len(), (65_536, true));
+    assert_eq!(histories.offend(source(1), at(65_736), memory), Some(1), "forgotten");
+    assert_eq!(histories.offend(source(0), at(65_836), memory), Some(3), "remembered");
+    histories.forget(source(0));
+    assert_eq!(histories.len(), (65_535, true));
 }
