@@ -336,17 +336,20 @@ async fn an_escalation_that_finds_the_block_trie_full_of_blocks_in_force_is_coun
 }
 
 /// The penalty ladder on a veth: the first offence demotes the client to a slow
-/// kernel bucket, a flood from it then passes at about that rate, and its next
-/// offence blocks it.
+/// kernel bucket (on every agent of the fleet), a flood from it then passes at about
+/// that rate, and its next offence blocks it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_demoted_client_floods_at_its_demoted_rate_and_its_next_offence_blocks_it() {
+    let redis = TestRedis::shared();
+    let keys = redis_keys(&redis, &unique_prefix("ladder"), "allow");
     let upstream = Upstream::start().await;
     let upstream_addr = upstream.addr;
     tokio::task::spawn_blocking(move || {
         // A window of a second: the next offence may come a second after the first.
         let escalation = "[escalation]\nthreshold = 3\nwindow = \"1s\"\nblock_ttl = \"1m\"\nblock_ttl_factor = 2\n\
                           demote_first = { packets_per_second = 20, burst = 40, ttl = \"1m\" }\n";
-        let site = Site::start_escalating(17, "", upstream_addr, "", escalation);
+        let site = Site::start_escalating(17, &keys, upstream_addr, "", escalation);
+        let there = Site::start_escalating(18, &keys, upstream_addr, "", escalation);
         let cidr = format!("{}/32", site.client);
         let demoted = |site: &Site| {
             let stats = site.agent.cli_json(&["stats", "--json"]);
@@ -357,6 +360,7 @@ async fn a_demoted_client_floods_at_its_demoted_rate_and_its_next_offence_blocks
         let row = site.agent.until("the client demoted", || demoted(&site), Option::is_some).expect("demoted");
         assert_eq!((row["packets_per_second"].as_u64(), row["burst"].as_u64()), (Some(20), Some(40)), "{row}");
         assert!(!site.blocks(&cidr), "demoted, not blocked");
+        there.agent.until("the other agent to demote it too", || demoted(&there), Option::is_some);
 
         // A flood of about 1 000 packets a second: its burst of 40, then 20 a second.
         let IpAddr::V4(host) = site.proxy.ip() else { unreachable!("an IPv4 lab") };
@@ -384,6 +388,8 @@ async fn a_demoted_client_floods_at_its_demoted_rate_and_its_next_offence_blocks
         let event = |event: &str, reason: &str| [event.to_owned(), reason.to_owned(), site.client.to_string()];
         let ladder = [event("kernel_demote", "escalation"), event("kernel_block", "escalation")];
         site.security_events(|events| ladder.iter().all(|e| events.contains(e)));
+        let learnt = [event("kernel_demote", "fleet"), event("kernel_block", "fleet")];
+        there.security_events(|events| learnt.iter().all(|e| events.contains(e)));
     })
     .await
     .expect("test thread");
