@@ -6,11 +6,9 @@ use std::net::IpAddr;
 
 use aya::{
     Pod,
-    maps::{LpmTrie, Map, MapData, MapError, lpm_trie::Key},
+    maps::{Array, LpmTrie, Map, MapData, MapError, lpm_trie::Key},
 };
 use ipnet::IpNet;
-
-use aya::maps::Array;
 use limiter_common::maps::{Demotion, Expiry};
 
 use super::{XdpError, map_access::monotonic_now_ns, maps::set_occupied};
