@@ -390,6 +390,25 @@ async fn a_demoted_client_floods_at_its_demoted_rate_and_its_next_offence_blocks
         site.security_events(|events| ladder.iter().all(|e| events.contains(e)));
         let learnt = [event("kernel_demote", "fleet"), event("kernel_block", "fleet")];
         there.security_events(|events| learnt.iter().all(|e| events.contains(e)));
+
+        // `limiter unblock` forgets its offences (in the fleet's Redis): its next one
+        // is a first one again, a demotion.
+        let output = site.agent.cli(&["unblock", &cidr]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert!(String::from_utf8_lossy(&output.stdout).contains(&format!("offence history of {cidr} cleared")));
+        std::thread::sleep(Duration::from_secs(1));
+        let demoted_again = |events: &Vec<[String; 3]>| {
+            events.iter().filter(|e| **e == event("kernel_demote", "escalation")).count() == 2
+        };
+        site.agent.until(
+            "its next offence to demote it again",
+            || {
+                site.get();
+                demoted_again(&site.security_events(|_| true))
+            },
+            |again| *again,
+        );
+        assert!(!site.blocks(&cidr), "demoted, not blocked");
     })
     .await
     .expect("test thread");
