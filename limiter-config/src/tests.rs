@@ -179,6 +179,53 @@ fn escalation_has_defaults_and_names_its_mistakes() {
 }
 
 #[test]
+fn the_penalty_ladder_climbs_by_its_factor_up_to_its_cap_and_checks_its_keys() {
+    use crate::escalation::Rung;
+    let minutes = |m: u64| Rung::Block(Duration::from_secs(60 * m));
+    let ladder = "[escalation]\nblock_ttl = \"10m\"\nblock_ttl_factor = 2\nblock_ttl_max = \"1h\"\n";
+    let escalation = parse(&format!("{XDP}{PROXY}{ladder}")).expect("ladder").escalation.expect("section");
+    assert_eq!(escalation.offence_memory, Duration::from_secs(7 * 86_400), "a week by default");
+    let rungs: Vec<_> = (1..=6).map(|offence| escalation.rung(offence)).collect();
+    assert_eq!(rungs, [minutes(10), minutes(20), minutes(40), minutes(60), minutes(60), minutes(60)]);
+
+    let demoting =
+        format!("{XDP}{PROXY}{ladder}demote_first = {{ packets_per_second = 20, burst = 40, ttl = \"5m\" }}\n");
+    let escalation = parse(&demoting).expect("demote_first").escalation.expect("section");
+    let Rung::Demote(demotion) = escalation.rung(1) else { panic!("the first offence demotes") };
+    assert_eq!((demotion.limit.packets_per_second.get(), demotion.limit.burst.get()), (20, 40));
+    assert_eq!(demotion.ttl, Duration::from_secs(300));
+    assert_eq!((escalation.rung(2), escalation.rung(3)), (minutes(10), minutes(20)));
+
+    let fixed = parse(&format!("{XDP}{PROXY}[escalation]\nblock_ttl = \"2d\"\n")).expect("a long block_ttl alone");
+    let fixed = fixed.escalation.expect("section");
+    assert!(!fixed.ladder(), "factor 1 without demote_first remembers nothing");
+    assert_eq!((fixed.block_ttl_max, fixed.rung(5)), (Duration::from_secs(2 * 86_400), Rung::Block(fixed.block_ttl)));
+
+    for (bad, line, key, says) in [
+        ("block_ttl_factor = 0\n", 9, "escalation", "block_ttl_factor"),
+        ("block_ttl_max = \"5m\"\n", 9, "escalation", "block_ttl_max"),
+        ("offence_memory = \"0s\"\n", 9, "escalation", "offence_memory"),
+        (
+            "demote_first = { packets_per_second = 20, burst = 40, ttl = \"0s\" }\n",
+            10,
+            "escalation.demote_first",
+            "ttl",
+        ),
+        (
+            "demote_first = { packets_per_second = 2_000_000_000, burst = 40, ttl = \"1m\" }\n",
+            10,
+            "escalation.demote_first",
+            "packets_per_second",
+        ),
+        ("demote_first = { packets_per_second = 20, ttl = \"1m\" }\n", 10, "escalation.demote_first", "burst"),
+    ] {
+        let (at, named, message) = refusal(&format!("{XDP}{PROXY}[escalation]\n{bad}"));
+        assert_eq!((at, named.as_str()), (line, key), "{bad}: {message}");
+        assert!(message.contains(says), "{bad}: {message}");
+    }
+}
+
+#[test]
 fn a_redis_store_refuses_limits_beyond_exact_lua_arithmetic() {
     let redis = "store = \"redis\"\n";
     let plan = "[proxy.plans.huge]\nlimit = 4_000_000_000\nwindow = \"30d\"\n";

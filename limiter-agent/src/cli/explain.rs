@@ -285,6 +285,10 @@ fn render_kernel(out: &mut String, kernel: &SourceExplanation) {
     if let Some(rule) = &kernel.rule {
         *out += &format!("  rule {} {}\n", rule.cidr, rule.action);
     }
+    if let Some((cidr, left)) = &kernel.demoted {
+        let left = left.map_or("until undemoted".to_owned(), |s| format!("{s} s left"));
+        *out += &format!("  demoted by {cidr} ({left})\n");
+    }
     if let Some(limit) = &kernel.limit {
         *out += &format!("  bucket {} pps, burst {}\n", limit.packets_per_second, limit.burst);
     }
