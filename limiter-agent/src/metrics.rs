@@ -46,6 +46,8 @@ pub struct AgentGauges {
     /// Escalated blocks the kernel layer could not take (a runtime-block trie full of
     /// blocks in force).
     pub block_failures: AtomicU64,
+    /// Escalated demotions put in place (local or from the fleet).
+    pub demotions: AtomicU64,
     pub attached: Mutex<Vec<Attachment>>,
 }
 
@@ -115,6 +117,13 @@ pub(crate) fn render(sources: &MetricsSources) -> String {
     let _ = writeln!(out, "limiter_escalation_block_failures_total {}", agent.block_failures.load(Ordering::Relaxed));
     family(
         &mut out,
+        "limiter_escalation_demotions_total",
+        "counter",
+        "Escalated demotions put in place: first offences under [escalation] demote_first, here or in the fleet.",
+    );
+    let _ = writeln!(out, "limiter_escalation_demotions_total {}", agent.demotions.load(Ordering::Relaxed));
+    family(
+        &mut out,
         "limiter_security_log_total",
         "counter",
         "agent.security_log: lines written or dropped, and events suppressed (counted in a summary line instead).",
@@ -152,6 +161,10 @@ fn render_xdp(out: &mut String, maps: &mut KernelMaps) {
     if let Ok(blocks) = maps.blocks() {
         family(out, "limiter_xdp_blocks_active", "gauge", "Runtime blocks in force.");
         let _ = writeln!(out, "limiter_xdp_blocks_active {}", blocks.len());
+    }
+    if let Ok(demoted) = maps.demotions() {
+        family(out, "limiter_xdp_demotions_active", "gauge", "Demotions in force (sources limited at a demoted rate).");
+        let _ = writeln!(out, "limiter_xdp_demotions_active {}", demoted.len());
     }
     family(out, "limiter_xdp_prefixes_tracked", "gauge", "Prefixes with an aggregate bucket in the kernel map.");
     let _ = writeln!(out, "limiter_xdp_prefixes_tracked {}", maps.aggregates().count());

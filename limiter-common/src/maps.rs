@@ -21,6 +21,11 @@ pub const CIDR_V6: &str = "CIDR_V6";
 pub const BLOCK_V4: &str = "BLOCK_V4";
 /// LPM trie of runtime-blocked IPv6 CIDRs → [`Block`].
 pub const BLOCK_V6: &str = "BLOCK_V6";
+/// LPM trie of demoted IPv4 sources → [`Demotion`]: their bucket's rate in place of
+/// the one their CIDR rule or `[xdp.limit]` gives.
+pub const DEMOTE_V4: &str = "DEMOTE_V4";
+/// LPM trie of demoted IPv6 sources → [`Demotion`].
+pub const DEMOTE_V6: &str = "DEMOTE_V6";
 /// Array of [`SETTINGS_SLOTS`] [`Settings`] records; the active one is named by
 /// [`SETTINGS_ACTIVE`].
 pub const SETTINGS: &str = "SETTINGS";
@@ -60,8 +65,12 @@ pub const OCCUPIED_BLOCK_V6: u32 = 1;
 pub const OCCUPIED_CIDR_V4: u32 = 2;
 /// [`OCCUPANCY`] slot of [`CIDR_V6`].
 pub const OCCUPIED_CIDR_V6: u32 = 3;
+/// [`OCCUPANCY`] slot of [`DEMOTE_V4`].
+pub const OCCUPIED_DEMOTE_V4: u32 = 4;
+/// [`OCCUPANCY`] slot of [`DEMOTE_V6`].
+pub const OCCUPIED_DEMOTE_V6: u32 = 5;
 /// Entries of [`OCCUPANCY`].
-pub const OCCUPANCY_SLOTS: u32 = 4;
+pub const OCCUPANCY_SLOTS: u32 = 6;
 
 /// How many entries a pinned map holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,7 +167,7 @@ const fn lpm_key<const N: usize>() -> usize {
 
 /// Every pinned map: the one list the loader, the layout check and `limiter detach`
 /// walk.
-pub const ALL: [PinnedMap; 13] = [
+pub const ALL: [PinnedMap; 15] = [
     PinnedMap::new(SOURCES, size_of::<SourceKey>(), size_of::<SourceState>(), Entries::Configured(Sizing::MaxSources)),
     PinnedMap::new(
         AGGREGATES,
@@ -173,6 +182,8 @@ pub const ALL: [PinnedMap; 13] = [
     PinnedMap::new(CIDR_V6, lpm_key::<16>(), size_of::<CidrPolicy>(), Entries::Fixed(MAX_CIDRS)),
     PinnedMap::new(BLOCK_V4, lpm_key::<4>(), size_of::<Block>(), Entries::Fixed(MAX_BLOCKS)),
     PinnedMap::new(BLOCK_V6, lpm_key::<16>(), size_of::<Block>(), Entries::Fixed(MAX_BLOCKS)),
+    PinnedMap::new(DEMOTE_V4, lpm_key::<4>(), size_of::<Demotion>(), Entries::Fixed(MAX_DEMOTIONS)),
+    PinnedMap::new(DEMOTE_V6, lpm_key::<16>(), size_of::<Demotion>(), Entries::Fixed(MAX_DEMOTIONS)),
     PinnedMap::new(SETTINGS, size_of::<u32>(), size_of::<Settings>(), Entries::Fixed(SETTINGS_SLOTS)),
     PinnedMap::new(SETTINGS_ACTIVE, size_of::<u32>(), size_of::<u32>(), Entries::Fixed(1)),
     PinnedMap::new(COUNTERS, size_of::<u32>(), size_of::<u64>(), Entries::Fixed(crate::counters::Counter::COUNT)),
@@ -201,6 +212,8 @@ pub const MAX_UDP_REPLY_SOURCES: usize = 16;
 pub const MAX_CIDRS: u32 = 65_536;
 /// Capacity of each runtime-block trie.
 pub const MAX_BLOCKS: u32 = 65_536;
+/// Capacity of each demotion trie.
+pub const MAX_DEMOTIONS: u32 = 65_536;
 /// Settings are double-buffered: user space fills the inactive slot, then flips
 /// [`SETTINGS_ACTIVE`] with one 4-byte write, so the program never reads a record
 /// that is half old and half new.
@@ -283,6 +296,17 @@ impl Expiry {
     pub const fn active(&self, now_ns: u64) -> bool {
         self.expires_at_ns == 0 || now_ns < self.expires_at_ns
     }
+}
+
+/// Value of the demotion tries: a source's bucket rate while it is demoted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Demotion {
+    /// Replaces the source's rate; its bucket's TAT is kept, so the switch refills
+    /// nothing.
+    pub rate: Rate,
+    /// When the demotion lapses.
+    pub expiry: Expiry,
 }
 
 /// [`Settings::features`] bit: new sources take a token from [`BUDGET_NEW_SOURCES`].
@@ -506,6 +530,7 @@ mod pod {
     unsafe impl aya::Pod for super::SourceState {}
     unsafe impl aya::Pod for super::CidrPolicy {}
     unsafe impl aya::Pod for super::Expiry {}
+    unsafe impl aya::Pod for super::Demotion {}
     unsafe impl aya::Pod for super::Settings {}
     unsafe impl aya::Pod for super::PortSet {}
     unsafe impl aya::Pod for super::Network {}
@@ -516,8 +541,8 @@ mod tests {
     use core::mem::size_of;
 
     use super::{
-        Block, CidrPolicy, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, Network, PortSet, SERVICE_ICMP_PASS,
-        Settings, Sizing, SourceKey, SourceState,
+        Block, CidrPolicy, Demotion, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, Network, PortSet,
+        SERVICE_ICMP_PASS, Settings, Sizing, SourceKey, SourceState,
     };
     use crate::addr::v4_mapped;
 
@@ -528,6 +553,7 @@ mod tests {
         assert_eq!(size_of::<SourceState>(), 24);
         assert_eq!(size_of::<CidrPolicy>(), 40);
         assert_eq!(size_of::<Block>(), 8);
+        assert_eq!(size_of::<Demotion>(), 24);
         assert_eq!(size_of::<Settings>(), 128 + 16 * 32 + 2 * 8192);
     }
 

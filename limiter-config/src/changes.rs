@@ -268,6 +268,7 @@ shown_by_display!(
     http::HeaderName,
     limiter_core::Algorithm,
     limiter_core::path::EscapedSlashes,
+    limiter_core::ja4::Ja4,
 );
 
 shown!(

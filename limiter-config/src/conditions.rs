@@ -1,5 +1,6 @@
 //! A rule's request conditions beyond its path and methods: headers present, absent
-//! or matching a pattern, query parameters, the announced body size, the client.
+//! or matching a pattern, query parameters, the announced body size, the client, its
+//! TLS fingerprint.
 //!
 //! Patterns are the `regex` crate's, over bytes: matching takes time linear in the
 //! input whatever the pattern (no backtracking, so no input an attacker chooses can
@@ -13,6 +14,7 @@ use http::{
     header::{CONTENT_LENGTH, TRANSFER_ENCODING},
 };
 use ipnet::IpNet;
+use limiter_core::ja4::{Ja4, NotJa4};
 use regex::bytes::{Regex, RegexBuilder};
 
 use crate::changes::shown;
@@ -75,6 +77,8 @@ pub struct Seen<'a> {
     /// head ended the request; `None` when only reading it tells (chunked, or HTTP/2
     /// DATA frames without `content-length`).
     pub body_length: Option<u64>,
+    /// The JA4 fingerprint of the client's TLS handshake, if it has one.
+    pub ja4: Option<Ja4>,
 }
 
 /// Every condition must hold for the rule to apply; none set: any request.
@@ -96,6 +100,10 @@ pub struct Conditions {
     pub body_larger_than: Option<u64>,
     /// The client is in one of these.
     pub clients: Vec<IpNet>,
+    /// The client's TLS fingerprint is one of these; a request without one is in none.
+    pub ja4: Vec<Ja4>,
+    /// The client's TLS fingerprint matches; a request without one does not.
+    pub ja4_matches: Option<Pattern>,
 }
 
 /// A rule's `when` table as written.
@@ -110,6 +118,8 @@ pub(super) struct RawConditions {
     header_matches: BTreeMap<String, String>,
     body_larger_than: Option<u64>,
     clients: Vec<String>,
+    ja4: Vec<String>,
+    ja4_matches: Option<String>,
 }
 
 impl TryFrom<RawConditions> for Conditions {
@@ -132,6 +142,12 @@ impl TryFrom<RawConditions> for Conditions {
                 .collect::<Result<_, String>>()?,
             body_larger_than: raw.body_larger_than,
             clients: raw.clients.iter().map(|cidr| super::xdp::parse_cidr(cidr)).collect::<Result<_, _>>()?,
+            ja4: raw
+                .ja4
+                .iter()
+                .map(|text| text.parse().map_err(|error: NotJa4| error.to_string()))
+                .collect::<Result<_, _>>()?,
+            ja4_matches: raw.ja4_matches.as_deref().map(Pattern::new).transpose()?,
         })
     }
 }
@@ -151,6 +167,14 @@ impl Conditions {
             })
             && self.body_larger_than.is_none_or(|bound| seen.body_length.is_none_or(|n| n > bound))
             && (self.clients.is_empty() || self.clients.iter().any(|net| net.contains(&seen.client.to_canonical())))
+            && (self.ja4.is_empty() || seen.ja4.is_some_and(|ja4| self.ja4.contains(&ja4)))
+            && self.ja4_matches.as_ref().is_none_or(|p| seen.ja4.is_some_and(|ja4| p.is_match(ja4.as_str().as_bytes())))
+    }
+
+    /// Whether a condition reads the client's TLS fingerprint.
+    #[must_use]
+    pub fn needs_fingerprint(&self) -> bool {
+        !self.ja4.is_empty() || self.ja4_matches.is_some()
     }
 
     #[must_use]

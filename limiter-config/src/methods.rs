@@ -60,6 +60,7 @@ mod tests {
             client: IpAddr::from([192, 0, 2, 1]),
             headers: &map,
             body_length: Some(0),
+            ja4: None,
         };
         served_as_any(&seen, rule)
     }

@@ -43,6 +43,11 @@ pub struct ProxyConfig {
     /// Peers whose `X-Forwarded-For` is believed.
     #[serde(default, deserialize_with = "cidrs")]
     pub trusted_proxies: Vec<IpNet>,
+    /// The header in which a peer of `trusted_proxies` (a balancer that ends TLS
+    /// itself) names the JA4 fingerprint of its client's handshake; `None`: only
+    /// `[proxy.tls] fingerprint` gives requests one.
+    #[serde(default, deserialize_with = "some_header_name")]
+    pub ja4_header: Option<http::HeaderName>,
     /// `false`: shadow mode, decide and count but never reject or delay.
     #[serde(default = "yes")]
     pub enforce: bool,
@@ -208,6 +213,16 @@ pub struct TlsConfig {
     #[serde(default)]
     #[changes(keyed)]
     pub sni: Vec<SniCertificate>,
+    /// The fingerprint taken of every handshake's ClientHello; `None`: none.
+    pub fingerprint: Option<Fingerprint>,
+}
+
+/// `[proxy.tls] fingerprint`: which fingerprint of a ClientHello is taken.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(rename_all = "lowercase")]
+pub enum Fingerprint {
+    /// FoxIO's JA4 ([`limiter_core::ja4`]).
+    Ja4,
 }
 
 /// `[[proxy.tls.sni]]`.
@@ -848,6 +863,12 @@ impl KeySpec {
         self.parts.iter().any(|part| matches!(part, KeyKind::Jwt(_)))
     }
 
+    /// Whether some part is the client's TLS fingerprint (`ja4`).
+    #[must_use]
+    pub fn needs_fingerprint(&self) -> bool {
+        self.parts.contains(&KeyKind::Ja4)
+    }
+
     /// Whether some part is read from the body (`json:`, `form:`).
     #[must_use]
     pub fn needs_body(&self) -> bool {
@@ -885,6 +906,9 @@ pub enum KeyKind {
     Form(String),
     /// A claim of the request's JWT, if it verified (`[proxy.jwt]`).
     Jwt(String),
+    /// The JA4 fingerprint of the client's TLS handshake (`[proxy.tls] fingerprint`,
+    /// or `ja4_header` from a trusted proxy).
+    Ja4,
 }
 
 impl KeyKind {
@@ -915,6 +939,7 @@ impl fmt::Display for KeyKind {
             Self::Json(pointer) => write!(f, "json:{pointer}"),
             Self::Form(name) => write!(f, "form:{name}"),
             Self::Jwt(claim) => write!(f, "jwt:{claim}"),
+            Self::Ja4 => f.write_str("ja4"),
         }
     }
 }
@@ -923,8 +948,8 @@ impl fmt::Display for KeyKind {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
     #[error(
-        "`{0}` is not a key: use ip, api_key, header:NAME, query:NAME, cookie:NAME, json:/POINTER, form:NAME or \
-         jwt:CLAIM, optionally with +route"
+        "`{0}` is not a key: use ip, api_key, ja4, header:NAME, query:NAME, cookie:NAME, json:/POINTER, form:NAME \
+         or jwt:CLAIM, optionally with +route"
     )]
     Unknown(String),
     #[error("`{text}`: {error} (RFC 6901)")]
@@ -944,6 +969,7 @@ impl FromStr for KeyKind {
         match text.split_once(':') {
             None if text == "ip" => Ok(Self::Ip),
             None if text == "api_key" => Ok(Self::ApiKey),
+            None if text == "ja4" => Ok(Self::Ja4),
             Some(("header", name)) => http::HeaderName::try_from(name).map(Self::Header).map_err(|_| unknown()),
             Some(("query", name)) => named(name).map(Self::Query),
             Some(("cookie", name)) => named(name).map(Self::Cookie),
@@ -1566,11 +1592,22 @@ fn header_name<'de, D: Deserializer<'de>>(deserializer: D) -> Result<http::Heade
     http::HeaderName::try_from(text.as_str()).map_err(|_| de::Error::custom(format!("`{text}` is not a header name")))
 }
 
+fn some_header_name<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<http::HeaderName>, D::Error> {
+    header_name(deserializer).map(Some)
+}
+
 fn default_jwt_leeway() -> HumanDuration {
     HumanDuration(Duration::from_secs(30))
 }
 
 impl ProxyConfig {
+    /// Whether requests may carry a TLS fingerprint: their handshake's, or a trusted
+    /// proxy's `ja4_header`.
+    #[must_use]
+    pub fn fingerprints(&self) -> bool {
+        self.ja4_header.is_some() || self.tls.as_ref().is_some_and(|tls| tls.fingerprint.is_some())
+    }
+
     /// How request paths are canonicalised (see [`limiter_core::path`]).
     #[must_use]
     pub fn path_options(&self) -> PathOptions {
@@ -1780,6 +1817,16 @@ impl ProxyConfig {
                 return Err((
                     format!("proxy.rules[{i}].plans"),
                     format!("rule `{}` counts plan `{unknown}`, which [proxy.plans] does not define", rule.name),
+                ));
+            }
+            if (rule.key.needs_fingerprint() || rule.when.needs_fingerprint()) && !self.fingerprints() {
+                return Err((
+                    format!("proxy.rules[{i}]"),
+                    format!(
+                        "rule `{}` reads the client's JA4 fingerprint, but neither [proxy.tls] fingerprint nor \
+                         ja4_header gives requests one, so no request would have it",
+                        rule.name
+                    ),
                 ));
             }
             if rule.key.needs_token() && self.jwt.is_none() {

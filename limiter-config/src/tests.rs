@@ -179,6 +179,53 @@ fn escalation_has_defaults_and_names_its_mistakes() {
 }
 
 #[test]
+fn the_penalty_ladder_climbs_by_its_factor_up_to_its_cap_and_checks_its_keys() {
+    use crate::escalation::Rung;
+    let minutes = |m: u64| Rung::Block(Duration::from_secs(60 * m));
+    let ladder = "[escalation]\nblock_ttl = \"10m\"\nblock_ttl_factor = 2\nblock_ttl_max = \"1h\"\n";
+    let escalation = parse(&format!("{XDP}{PROXY}{ladder}")).expect("ladder").escalation.expect("section");
+    assert_eq!(escalation.offence_memory, Duration::from_secs(7 * 86_400), "a week by default");
+    let rungs: Vec<_> = (1..=6).map(|offence| escalation.rung(offence)).collect();
+    assert_eq!(rungs, [minutes(10), minutes(20), minutes(40), minutes(60), minutes(60), minutes(60)]);
+
+    let demoting =
+        format!("{XDP}{PROXY}{ladder}demote_first = {{ packets_per_second = 20, burst = 40, ttl = \"5m\" }}\n");
+    let escalation = parse(&demoting).expect("demote_first").escalation.expect("section");
+    let Rung::Demote(demotion) = escalation.rung(1) else { panic!("the first offence demotes") };
+    assert_eq!((demotion.limit.packets_per_second.get(), demotion.limit.burst.get()), (20, 40));
+    assert_eq!(demotion.ttl, Duration::from_secs(300));
+    assert_eq!((escalation.rung(2), escalation.rung(3)), (minutes(10), minutes(20)));
+
+    let fixed = parse(&format!("{XDP}{PROXY}[escalation]\nblock_ttl = \"2d\"\n")).expect("a long block_ttl alone");
+    let fixed = fixed.escalation.expect("section");
+    assert!(!fixed.ladder(), "factor 1 without demote_first remembers nothing");
+    assert_eq!((fixed.block_ttl_max, fixed.rung(5)), (Duration::from_secs(2 * 86_400), Rung::Block(fixed.block_ttl)));
+
+    for (bad, line, key, says) in [
+        ("block_ttl_factor = 0\n", 9, "escalation", "block_ttl_factor"),
+        ("block_ttl_max = \"5m\"\n", 9, "escalation", "block_ttl_max"),
+        ("offence_memory = \"0s\"\n", 9, "escalation", "offence_memory"),
+        (
+            "demote_first = { packets_per_second = 20, burst = 40, ttl = \"0s\" }\n",
+            10,
+            "escalation.demote_first",
+            "ttl",
+        ),
+        (
+            "demote_first = { packets_per_second = 2_000_000_000, burst = 40, ttl = \"1m\" }\n",
+            10,
+            "escalation.demote_first",
+            "packets_per_second",
+        ),
+        ("demote_first = { packets_per_second = 20, ttl = \"1m\" }\n", 10, "escalation.demote_first", "burst"),
+    ] {
+        let (at, named, message) = refusal(&format!("{XDP}{PROXY}[escalation]\n{bad}"));
+        assert_eq!((at, named.as_str()), (line, key), "{bad}: {message}");
+        assert!(message.contains(says), "{bad}: {message}");
+    }
+}
+
+#[test]
 fn a_redis_store_refuses_limits_beyond_exact_lua_arithmetic() {
     let redis = "store = \"redis\"\n";
     let plan = "[proxy.plans.huge]\nlimit = 4_000_000_000\nwindow = \"30d\"\n";
@@ -768,6 +815,7 @@ fn body_larger_than_counts_a_body_of_unknown_length_as_larger() {
             client: std::net::IpAddr::from([192, 0, 2, 1]),
             headers: &headers,
             body_length,
+            ja4: None,
         };
         proxy.rules[0].applies(&seen)
     };
@@ -895,6 +943,7 @@ fn scope_missing(
         client: std::net::IpAddr::from([192, 0, 2, 1]),
         headers: &headers,
         body_length: Some(0),
+        ja4: None,
     };
     proxy.scope_missing(&seen, key).map(|scope| scope.name.clone())
 }
@@ -1442,4 +1491,75 @@ fn the_readmes_edge_host_serving_443_parses() {
     assert_eq!((ports(&services.tcp), ports(&services.udp)), (vec![443], vec![443]));
     assert_eq!(services.udp_replies_from.len(), 2);
     assert_eq!(xdp.services_warning(config.proxy.as_ref()), None);
+}
+
+/// A TLS section for the fingerprint tests (the files are read by the agent, not here).
+const TLS: &str = "[proxy.tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\nfingerprint = \"ja4\"\n";
+
+#[test]
+fn ja4_keys_and_conditions_parse_and_match() {
+    let text = format!(
+        "{PROXY}{TLS}[[proxy.rules]]\nname = \"per-stack\"\nkey = [\"ja4\", \"ip\"]\nlimit = 10\nwindow = \"1m\"\n\
+         [[proxy.rules]]\nname = \"curl\"\naction = \"deny\"\nwhen.ja4 = [\"t13d3112h2_e8f1e7e78f70_6bebaf5329ac\"]\n\
+         [[proxy.rules]]\nname = \"old\"\naction = \"tag\"\nwhen.ja4_matches = '^t1[01]'\n"
+    );
+    let proxy = parse(&text).expect("valid").proxy.expect("proxy");
+    assert_eq!(proxy.tls.as_ref().and_then(|tls| tls.fingerprint), Some(crate::proxy::Fingerprint::Ja4));
+    assert_eq!(proxy.rules[0].key.to_string(), "[ja4, ip]");
+    assert!(proxy.rules[0].key.needs_fingerprint() && proxy.fingerprints());
+    let headers = http::HeaderMap::new();
+    let applies = |rule: usize, ja4: Option<&str>| {
+        let seen = super::conditions::Seen {
+            method: &http::Method::GET,
+            path: "/",
+            query: None,
+            client: std::net::IpAddr::from([192, 0, 2, 1]),
+            headers: &headers,
+            body_length: Some(0),
+            ja4: ja4.map(|text| text.parse().expect("a fingerprint")),
+        };
+        proxy.rules[rule].applies(&seen)
+    };
+    assert!(applies(1, Some("t13d3112h2_e8f1e7e78f70_6bebaf5329ac")));
+    assert!(!applies(1, Some("t13d1516h2_8daaf6152771_e5627efa2ab1")));
+    assert!(applies(2, Some("t10d1516h2_8daaf6152771_e5627efa2ab1")));
+    assert!(!applies(2, Some("t13d1516h2_8daaf6152771_e5627efa2ab1")));
+    // A request without a fingerprint meets neither condition.
+    assert!(!applies(1, None) && !applies(2, None));
+}
+
+#[test]
+fn ja4_mistakes_are_named() {
+    let rule = "[[proxy.rules]]\nname = \"r\"\naction = \"deny\"\n";
+    let (_, key, message) = refusal(&format!("{PROXY}{TLS}{rule}when.ja4 = [\"chrome\"]\n"));
+    assert_eq!(key, "proxy.rules[0]", "{message}");
+    assert!(message.contains("`chrome` is not a JA4 fingerprint"), "{message}");
+    // Nothing gives requests a fingerprint: the rule could never apply.
+    let (_, key, message) = refusal(&format!("{PROXY}{rule}when.ja4_matches = \"^t13\"\n"));
+    assert_eq!(key, "proxy.rules[0]", "{message}");
+    assert!(message.contains("neither [proxy.tls] fingerprint nor ja4_header"), "{message}");
+    let limited = "[[proxy.rules]]\nname = \"r\"\nkey = \"ja4\"\nlimit = 1\nwindow = \"1s\"\n";
+    assert!(refusal(&format!("{PROXY}{limited}")).2.contains("ja4_header"));
+    assert!(parse(&format!("{PROXY}ja4_header = \"x-ja4\"\n{limited}")).is_ok());
+    let (_, key, _) = refusal(&format!("{PROXY}ja4_header = \"not a header\"\n"));
+    assert_eq!(key, "proxy.ja4_header");
+    let (_, key, _) = refusal(&format!("{PROXY}{}", TLS.replace("\"ja4\"", "\"ja3\"")));
+    assert_eq!(key, "proxy.tls.fingerprint");
+}
+
+#[test]
+fn fingerprint_escalation_has_defaults_and_bounds() {
+    let config =
+        parse(&format!("{XDP}{PROXY}[escalation]\n[escalation.fingerprint]\nthreshold = 20\n")).expect("valid");
+    let fingerprint = config.escalation.and_then(|e| e.fingerprint).expect("the section");
+    assert_eq!(
+        (fingerprint.threshold.get(), fingerprint.window, fingerprint.max_sources.get()),
+        (20, Duration::from_secs(10), 256)
+    );
+    let (_, key, message) =
+        refusal(&format!("{XDP}{PROXY}[escalation]\n[escalation.fingerprint]\nmax_sources = 100000\n"));
+    assert_eq!(key, "escalation.fingerprint", "{message}");
+    assert!(message.contains("max_sources is at most 1024"), "{message}");
+    let (_, key, _) = refusal(&format!("{XDP}{PROXY}[escalation]\n[escalation.fingerprint]\nwindow = \"0s\"\n"));
+    assert_eq!(key, "escalation.fingerprint");
 }

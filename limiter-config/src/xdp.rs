@@ -429,7 +429,8 @@ impl PacketLimit {
         Self { packets_per_second: scale(self.packets_per_second), burst: scale(self.burst) }
     }
 
-    fn new(packets_per_second: NonZeroU32, burst: NonZeroU32) -> Result<Self, String> {
+    /// Checked as `[xdp.limit]`'s: at most `MAX_PER_SECOND`.
+    pub fn new(packets_per_second: NonZeroU32, burst: NonZeroU32) -> Result<Self, String> {
         if packets_per_second.get() > MAX_PER_SECOND {
             return Err(format!("packets_per_second = {packets_per_second} is above the maximum of {MAX_PER_SECOND}"));
         }

@@ -7,7 +7,8 @@
 //! of a request path ([`path`]), and the PROXY protocol header a balancer sends
 //! ([`proxy_protocol`]), the values a rule's key reads from a request's body,
 //! query and cookies ([`carried`]), and the descriptors a process was started with
-//! ([`inherited`]: socket activation and `limiter upgrade`).
+//! ([`inherited`]: socket activation and `limiter upgrade`), and the JA4
+//! fingerprint of a TLS ClientHello ([`ja4`]).
 //!
 //! Nothing here reads a file, a socket or a BPF map: the agent parses the config
 //! into these types, and keeps the state that lives elsewhere (Redis, the kernel).
@@ -17,6 +18,7 @@ pub mod calendar;
 pub mod carried;
 pub mod clock;
 pub mod inherited;
+pub mod ja4;
 pub mod jwt;
 pub mod limits;
 pub mod path;

@@ -3,7 +3,8 @@
 //! aggregates and a SYN budget, all skipped by verified sources.
 //!
 //! A frame goes `parse` → blocks → CIDR policy → the service policy (with
-//! `[xdp.services]`: the ports the host serves) → the source's bucket (or, for a
+//! `[xdp.services]`: the ports the host serves) → demotion (a demoted source's
+//! bucket takes the demoted rate) → the source's bucket (or, for a
 //! source without one, the new-source budget) → its prefix's aggregate → for a SYN
 //! to a served port, the source's share of the SYN budget, then the budget
 //! (`limiter_common::bucket`, `bucket.rs`) → one verdict counter. The shared buckets
@@ -37,15 +38,15 @@ use limiter_common::{
     maps::{
         Action, BUDGET_NEW_SOURCES, BUDGET_SYN, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK, FEATURE_NEW_SOURCES,
         FEATURE_SERVICES, FEATURE_SYN, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6,
-        Settings, SourceKey,
+        OCCUPIED_DEMOTE_V4, OCCUPIED_DEMOTE_V6, Settings, SourceKey,
     },
 };
 
 use crate::{
     bucket::{Charged, charge, take_budget},
     maps::{
-        AGGREGATES, BLOCK_V4, BLOCK_V6, BUDGETS, CIDR_V4, CIDR_V6, SOURCES, SYN_SHARES, count, may_hold, settings,
-        verified,
+        AGGREGATES, BLOCK_V4, BLOCK_V6, BUDGETS, CIDR_V4, CIDR_V6, DEMOTE_V4, DEMOTE_V6, SOURCES, SYN_SHARES, count,
+        may_hold, settings, verified,
     },
     parse::{Frame, Packet, Syn, parse},
 };
@@ -105,6 +106,9 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     {
         return refuse(enforce, Counter::DroppedService);
     }
+    // After the CIDR rules, so that an allow rule is never demoted; the source keeps
+    // its bucket (its TAT), only the rate it refills at changes.
+    let rate = demoted(&packet).unwrap_or(rate);
     // Read the clock only once a bucket needs it: it is the costliest helper here.
     let now = bucket_clock(settings);
     let key = SourceKey { addr: packet.source };
@@ -271,6 +275,19 @@ fn blocked(packet: &Packet) -> bool {
     };
     // A block without expiry needs no clock.
     block.is_some_and(|block| block.expires_at_ns == 0 || block.active(unsafe { bpf_ktime_get_ns() }))
+}
+
+/// The demoted rate of the packet's source, if a demotion in force covers it.
+#[inline(always)]
+fn demoted(packet: &Packet) -> Option<Rate> {
+    let demotion = match packet.v4 {
+        Some(v4) if may_hold(OCCUPIED_DEMOTE_V4) => DEMOTE_V4.get(Key::new(32, v4)),
+        None if may_hold(OCCUPIED_DEMOTE_V6) => DEMOTE_V6.get(Key::new(128, packet.v6)),
+        _ => None,
+    }?;
+    // A demotion without expiry needs no clock.
+    let expiry = demotion.expiry;
+    (expiry.expires_at_ns == 0 || expiry.active(unsafe { bpf_ktime_get_ns() })).then_some(demotion.rate)
 }
 
 #[inline(always)]

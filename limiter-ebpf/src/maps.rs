@@ -7,8 +7,8 @@ use aya_ebpf::{
 use limiter_common::{
     counters::Counter,
     maps::{
-        BUDGET_SLOTS, Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, MAX_SYN_SHARES, OCCUPANCY_SLOTS, SETTINGS_SLOTS,
-        Settings, SourceKey, SourceState, Verified,
+        BUDGET_SLOTS, Block, CidrPolicy, Demotion, MAX_BLOCKS, MAX_CIDRS, MAX_DEMOTIONS, MAX_SYN_SHARES,
+        OCCUPANCY_SLOTS, SETTINGS_SLOTS, Settings, SourceKey, SourceState, Verified,
     },
 };
 
@@ -41,6 +41,12 @@ pub static BLOCK_V4: LpmTrie<[u8; 4], Block> = LpmTrie::pinned(MAX_BLOCKS, 0);
 
 #[map]
 pub static BLOCK_V6: LpmTrie<[u8; 16], Block> = LpmTrie::pinned(MAX_BLOCKS, 0);
+
+#[map]
+pub static DEMOTE_V4: LpmTrie<[u8; 4], Demotion> = LpmTrie::pinned(MAX_DEMOTIONS, 0);
+
+#[map]
+pub static DEMOTE_V6: LpmTrie<[u8; 16], Demotion> = LpmTrie::pinned(MAX_DEMOTIONS, 0);
 
 #[map]
 pub static SETTINGS: Array<Settings> = Array::pinned(SETTINGS_SLOTS, 0);

@@ -16,8 +16,8 @@ use crate::{
 pub const NEEDS: Needs = Needs { steps: &[Step::Nightly], debian: &[], cargo: &[CARGO_FUZZ] };
 
 /// Every target in `fuzz/fuzz_targets`, by name.
-pub const TARGETS: [&str; 8] =
-    ["config", "signature", "path", "packet", "proxy_header", "body_keys", "jwt", "inherited"];
+pub const TARGETS: [&str; 9] =
+    ["config", "signature", "path", "packet", "proxy_header", "body_keys", "jwt", "inherited", "ja4"];
 
 /// Per target in `cargo xtask test`, all at once: long enough to pass the easy
 /// inputs, short enough that they add a quarter of a minute.
@@ -25,7 +25,7 @@ pub const TEST_SECONDS: u32 = 15;
 
 #[derive(Debug, clap::Args)]
 pub struct Opts {
-    /// One target (config, signature, path, packet, proxy_header, body_keys, jwt, inherited); all when absent.
+    /// One target (config, signature, path, packet, proxy_header, body_keys, jwt, inherited, ja4); all when absent.
     target: Option<String>,
     /// How long each target runs.
     #[arg(long, default_value_t = 60)]

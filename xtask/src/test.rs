@@ -18,7 +18,7 @@ use crate::{
     fuzz,
     setup::{
         BPFTOOL, CARGO_FUZZ, CURL, GROFF, H2LOAD, HAPROXY, HPING3, IP, NFT, NGINX, Needs, OPENSSL, PROMTOOL,
-        PYTHON_WEBSOCKETS, Pending, REDIS_SENTINEL, REDIS_SERVER, ROOT_AND_BUILD, TASKSET, TMUX, TRAFGEN, WRK,
+        PYTHON_WEBSOCKETS, Pending, REDIS_SENTINEL, REDIS_SERVER, ROOT_AND_BUILD, TASKSET, TCPDUMP, TMUX, TRAFGEN, WRK,
         debian_python,
     },
     util::{cmd, find_program, run as run_cmd, show, target_dir},
@@ -45,6 +45,7 @@ pub const NEEDS: Needs = Needs {
         TMUX,
         HAPROXY,
         H2LOAD,
+        TCPDUMP,
         GROFF,
         PYTHON_WEBSOCKETS,
     ],

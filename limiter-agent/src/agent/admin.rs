@@ -28,6 +28,9 @@ pub enum Request {
     Suggest { headroom: f64 },
     /// Start the binary on disk on this agent's sockets, then drain and exit.
     Upgrade,
+    /// `limiter unblock` lifted `cidr`'s block: the proxy lets it in again, and its
+    /// offence history is forgotten unless `keep_history`.
+    Unblocked { cidr: ipnet::IpNet, keep_history: bool },
 }
 
 /// The agent's answer.
@@ -57,6 +60,11 @@ pub enum Response {
     /// `None`: the agent runs without `[proxy]`.
     Suggested {
         suggestions: Option<Vec<crate::limits::Suggestion>>,
+    },
+    /// The escalation took note of an unblock; `history_cleared`: the source's
+    /// offences were forgotten.
+    Forgotten {
+        history_cleared: bool,
     },
     /// The new agent (pid `new`) serves; the old one (`old`) drains and exits.
     Upgraded {
@@ -94,9 +102,13 @@ pub struct EscalationStats {
     /// Escalated blocks (local or from the fleet) refused as malformed, too wide or
     /// protected.
     pub blocks_refused: u64,
-    /// Escalated blocks the kernel layer could not put in place (a runtime-block trie
-    /// full of blocks in force).
+    /// Escalated blocks or demotions the kernel layer could not put in place (a
+    /// trie full of entries in force).
     pub block_failures: u64,
+    /// Escalated demotions put in place (the penalty ladder's `demote_first`, local
+    /// or from the fleet).
+    #[serde(default)]
+    pub demotions: u64,
 }
 
 /// Why the agent could not be asked.

@@ -35,7 +35,7 @@ use limiter_core::{Clock as _, SystemClock};
 
 use crate::{
     config::{self, Config, ConfigError, changes::Change},
-    escalation::{self, Escalation, Escalator},
+    escalation::{self, Escalation, Escalator, Penalty},
     fleet::Fleet,
     metrics::{AgentGauges, MetricsSources},
     proxy::{Proxy, Serving},
@@ -420,14 +420,14 @@ impl Agent {
         }
     }
 
-    /// Puts an escalation's block in the kernel layer and, if it was crossed here,
-    /// tells the fleet.
+    /// Puts an escalation's block (or demotion) in the kernel layer and, if it was
+    /// crossed here, tells the fleet.
     fn escalate(&mut self, escalation: Escalation) {
         let Some(xdp) = &mut self.xdp else { return };
         let escalation = match self.escalation.as_ref().map(|e| e.escalator.admit(escalation)) {
             Some(Err(refused)) => {
                 self.gauges.blocks_refused.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%refused, local = escalation.local, "escalated block refused");
+                tracing::warn!(%refused, local = escalation.local, "escalated penalty refused");
                 if !escalation.local {
                     self.security.record(&SecurityEvent::fleet_block_refused(escalation.cidr, refused.reason()));
                 }
@@ -436,24 +436,40 @@ impl Agent {
             Some(Ok(admitted)) => admitted,
             None => escalation,
         };
-        let Escalation { cidr, ttl, local } = escalation;
-        if local {
-            self.security.record(&SecurityEvent::escalation_block(cidr, ttl));
-        }
-        match xdp.kernel.maps_mut().block(cidr, Some(ttl)) {
-            Ok(()) => {
+        let Escalation { cidr, penalty, ttl, local } = escalation;
+        let by = if local { "escalation" } else { "fleet" };
+        let maps = xdp.kernel.maps_mut();
+        match penalty {
+            Penalty::Block => {
                 if local {
-                    tracing::warn!(%cidr, ?ttl, "source blocked: too many rejections");
-                } else {
-                    tracing::info!(%cidr, ?ttl, "source blocked: escalated by another agent");
+                    self.security.record(&SecurityEvent::escalation_block(cidr, ttl));
                 }
-                let by = if local { "escalation" } else { "fleet" };
-                self.security.record(&SecurityEvent::kernel_block(cidr, Some(ttl), by));
+                match maps.block(cidr, Some(ttl)) {
+                    Ok(()) => {
+                        if local {
+                            tracing::warn!(%cidr, ?ttl, "source blocked: too many rejections");
+                        } else {
+                            tracing::info!(%cidr, ?ttl, "source blocked: escalated by another agent");
+                        }
+                        self.security.record(&SecurityEvent::kernel_block(cidr, Some(ttl), by));
+                    }
+                    Err(error) => {
+                        self.gauges.block_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(%cidr, %error, "cannot block an escalated source");
+                    }
+                }
             }
-            Err(error) => {
-                self.gauges.block_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(%cidr, %error, "cannot block an escalated source");
-            }
+            Penalty::Demote(limit) => match maps.demote(cidr, limit.rate(), Some(ttl)) {
+                Ok(()) => {
+                    self.gauges.demotions.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%cidr, ?ttl, %limit, local, "source demoted: its first offence");
+                    self.security.record(&SecurityEvent::kernel_demote(cidr, limit, Some(ttl), by));
+                }
+                Err(error) => {
+                    self.gauges.block_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(%cidr, %error, "cannot demote an escalated source");
+                }
+            },
         }
         if local && let Some(fleet) = self.escalation.as_ref().and_then(|e| e.fleet.clone()) {
             tokio::spawn(async move {
@@ -486,10 +502,27 @@ impl Agent {
             escalation: EscalationStats {
                 blocks_refused: gauges.blocks_refused.load(Ordering::Relaxed),
                 block_failures: gauges.block_failures.load(Ordering::Relaxed),
+                demotions: gauges.demotions.load(Ordering::Relaxed),
             },
             security_log: self.security.stats(),
             proxy: self.proxy.as_ref().map(|p| p.proxy.stats()),
         }
+    }
+
+    /// Answers `limiter unblock`'s note: off the loop, as forgetting a history in
+    /// Redis waits for it.
+    fn unblocked(&self, cidr: ipnet::IpNet, keep_history: bool, reply: oneshot::Sender<Response>) {
+        let Some(escalator) = self.escalation.as_ref().map(|e| Arc::clone(&e.escalator)) else {
+            let _ = reply.send(Response::Forgotten { history_cleared: false });
+            return;
+        };
+        tokio::spawn(async move {
+            let response = match escalator.unblocked(cidr, keep_history).await {
+                Ok(()) => Response::Forgotten { history_cleared: !keep_history },
+                Err(error) => Response::Rejected { error: format!("the offence history is kept: {error}") },
+            };
+            let _ = reply.send(response);
+        });
     }
 
     /// Answers `limiter explain` for the proxy.
@@ -764,6 +797,10 @@ impl Running {
                         Request::Explain { request } => {
                             // Off the loop: with Redis, the look-up waits up to redis_timeout.
                             agent.explain(request, reply);
+                            continue;
+                        }
+                        Request::Unblocked { cidr, keep_history } => {
+                            agent.unblocked(cidr, keep_history, reply);
                             continue;
                         }
                     };

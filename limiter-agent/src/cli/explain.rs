@@ -37,6 +37,10 @@ pub struct ExplainArgs {
     /// kernel layer.
     #[arg(long, default_value = "127.0.0.1")]
     pub ip: IpAddr,
+    /// The JA4 fingerprint of the client's TLS handshake, for the rules keyed on it
+    /// (`ja4`, `when.ja4`, `when.ja4_matches`).
+    #[arg(long, value_name = "FINGERPRINT")]
+    pub ja4: Option<limiter_core::ja4::Ja4>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -112,7 +116,14 @@ fn request(args: &ExplainArgs, path: &str) -> Result<ExplainRequest, CliError> {
         ),
         None => None,
     };
-    Ok(ExplainRequest { method: args.method.clone(), path: path.to_owned(), headers, peer: args.ip, body })
+    Ok(ExplainRequest {
+        method: args.method.clone(),
+        path: path.to_owned(),
+        headers,
+        peer: args.ip,
+        body,
+        ja4: args.ja4,
+    })
 }
 
 /// The running agent's explanation (with live quotas), or the config's alone when no
@@ -273,6 +284,10 @@ fn render_kernel(out: &mut String, kernel: &SourceExplanation) {
     }
     if let Some(rule) = &kernel.rule {
         *out += &format!("  rule {} {}\n", rule.cidr, rule.action);
+    }
+    if let Some((cidr, left)) = &kernel.demoted {
+        let left = left.map_or("until undemoted".to_owned(), |s| format!("{s} s left"));
+        *out += &format!("  demoted by {cidr} ({left})\n");
     }
     if let Some(limit) = &kernel.limit {
         *out += &format!("  bucket {} pps, burst {}\n", limit.packets_per_second, limit.burst);

@@ -58,8 +58,12 @@ pub enum Command {
     Suggest(suggest::SuggestArgs),
     /// Block a CIDR in the kernel layer.
     Block(block::BlockArgs),
-    /// Remove a runtime block.
+    /// Remove a runtime block (and, unless --keep-history, the source's offences).
     Unblock(block::UnblockArgs),
+    /// Limit a CIDR's sources at a slower kernel bucket.
+    Demote(block::DemoteArgs),
+    /// Remove a demotion.
+    Undemote(block::UndemoteArgs),
     /// Mark sources verified: they skip the new-source budget, aggregates and SYN budget.
     Verify(verify::VerifyArgs),
     /// Remove verified sources.
@@ -126,6 +130,8 @@ fn dispatch(cli: Cli) -> Result<std::process::ExitCode, CliError> {
         Command::Explain(args) => explain::run(&cli.config, &args),
         Command::Block(args) => block::block(&cli.config, &args),
         Command::Unblock(args) => block::unblock(&cli.config, &args),
+        Command::Demote(args) => block::demote(&cli.config, &args),
+        Command::Undemote(args) => block::undemote(&cli.config, &args),
         Command::Verify(args) => verify::verify(&cli.config, &args),
         Command::Unverify(args) => verify::unverify(&cli.config, &args),
         Command::Detach => detach::run(&cli.config),

@@ -170,6 +170,14 @@ fn render_xdp(out: &mut String, xdp: &XdpStats, previous: Option<&XdpStats>, sec
             None => *out += &format!("  blocked {} (until unblocked)\n", block.cidr),
         }
     }
+    for demoted in &xdp.demoted {
+        let left =
+            demoted.expires_in_secs.map_or_else(|| "until undemoted".to_owned(), |secs| format!("{secs} s left"));
+        *out += &format!(
+            "  demoted {} to {} pps, burst {} ({left})\n",
+            demoted.cidr, demoted.packets_per_second, demoted.burst
+        );
+    }
 }
 
 fn render_proxy(out: &mut String, proxy: &ProxyStats) {
@@ -226,7 +234,7 @@ mod tests {
         security_log::{LogCount, SecurityLogStats},
         xdp::{
             AttachedMode, Attachment, CounterSnapshot, XdpStats,
-            stats::{BlockRow, BudgetRow, SourceCount},
+            stats::{BlockRow, BudgetRow, DemotedRow, SourceCount},
         },
     };
 
@@ -247,6 +255,12 @@ mod tests {
                     BlockRow { cidr: "192.0.2.7/32".to_owned(), expires_in_secs: Some(30) },
                     BlockRow { cidr: "2001:db8::/48".to_owned(), expires_in_secs: None },
                 ],
+                demoted: vec![DemotedRow {
+                    cidr: "198.51.100.9/32".to_owned(),
+                    packets_per_second: 20,
+                    burst: 40,
+                    expires_in_secs: Some(600),
+                }],
                 new_sources: Some(BudgetRow {
                     packets_per_second: 100,
                     burst: 200,
@@ -297,6 +311,7 @@ mod tests {
         assert!(table.contains("passed                           10          0.0/s"), "{table}");
         assert!(table.contains("blocked 192.0.2.7/32 (30 s left)"), "{table}");
         assert!(table.contains("blocked 2001:db8::/48 (until unblocked)"), "{table}");
+        assert!(table.contains("demoted 198.51.100.9/32 to 20 pps, burst 40 (600 s left)"), "{table}");
         assert!(table.ends_with("proxy: agent not reachable\n"), "{table}");
         let once = render(&report(5), None, 0.0);
         assert!(once.contains("dropped_rate_limit                5\n"), "{once}");
@@ -357,7 +372,9 @@ mod tests {
                 r#"{"agent":{"running":false},"proxy":null,"xdp":{"aggregates":{"capacity":65536,"tracked":3},"#,
                 r#""attached":[{"fallback":false,"interface":"eth0","mode":"native"},"#,
                 r#"{"fallback":true,"interface":"eth1","mode":"generic"}],"#,
-                r#""blocks":[{"cidr":"192.0.2.7/32","expires_in_secs":30}],"coarse_clock":true,"enforce":true,"#,
+                r#""blocks":[{"cidr":"192.0.2.7/32","expires_in_secs":30}],"coarse_clock":true,"#,
+                r#""demoted":[{"burst":40,"cidr":"198.51.100.9/32","expires_in_secs":600,"packets_per_second":20}],"#,
+                r#""enforce":true,"#,
                 r#""new_sources":{"burst":200,"dropped":700,"packets":900,"packets_per_second":100,"tokens":5},"#,
                 r#""packets":{"dropped_rate_limit":5,"passed":10},"sources":{"capacity":100,"tracked":2},"#,
                 r#""syn":null,"verified":{"capacity":65536,"tracked":1}}}"#
@@ -369,7 +386,7 @@ mod tests {
             agent: AgentStatus {
                 running: true,
                 reloads: Some(Reloads { ok: 2, rejected: 1, last_unix: 1_700_000_000 }),
-                escalation: Some(EscalationStats { blocks_refused: 0, block_failures: 0 }),
+                escalation: Some(EscalationStats { blocks_refused: 0, block_failures: 0, demotions: 0 }),
                 security_log: Some(SecurityLogStats(
                     LogCount::ALL.iter().zip([7, 1, 40]).map(|(c, n)| (c.name().to_owned(), n)).collect(),
                 )),
@@ -378,7 +395,7 @@ mod tests {
         assert_eq!(
             json(&running, false).expect("json"),
             concat!(
-                r#"{"agent":{"escalation":{"block_failures":0,"blocks_refused":0},"reloads":{"last_unix":1700000000,"ok":2,"rejected":1},"running":true,"#,
+                r#"{"agent":{"escalation":{"block_failures":0,"blocks_refused":0,"demotions":0},"reloads":{"last_unix":1700000000,"ok":2,"rejected":1},"running":true,"#,
                 r#""security_log":{"dropped":1,"suppressed":40,"written":7}},"proxy":null,"xdp":null}"#
             )
         );

@@ -1,10 +1,12 @@
--- Active escalation blocks of a fleet: a sorted set of CIDRs by expiry (ms, server
--- clock), trimmed of lapsed ones on every call.
+-- Active escalation penalties of a fleet: a sorted set by expiry (ms, server
+-- clock), trimmed of lapsed ones on every call. One set holds the blocks (members
+-- "CIDR"), another the demotions ("demote CIDR PPS BURST").
 --
 -- KEYS[1]: the set. ARGV[1]: add | list.
---   add ARGV[2]: CIDR, ARGV[3]: TTL (ms), ARGV[4]: channel. Records the block (a
---     later expiry wins) and publishes "CIDR TTL" on the channel. Reply: receivers.
---   list: Reply: {CIDR, ms left, ...}.
+--   add ARGV[2]: member, ARGV[3]: TTL (ms), ARGV[4]: channel. Records the penalty
+--     (a later expiry wins) and publishes "MEMBER TTL" on the channel. Reply:
+--     receivers.
+--   list: Reply: {member, ms left, ...}.
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)

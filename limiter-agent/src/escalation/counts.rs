@@ -3,12 +3,12 @@
 //! client spreading its abuse over the agents is blocked as soon as one hitting one
 //! agent would be. Either way the counting is the limits' own sliding window log.
 
-use std::{num::NonZeroUsize, sync::Arc, time::Duration};
+use std::{num::NonZeroUsize, time::Duration};
 
 use limiter_core::limits::{Bucket, Charge, MemoryStore, Outcomes};
 
 use crate::{
-    backend::{Backend, RedisStore, TimeSource},
+    backend::{RedisStore, TimeSource},
     fleet::Fleet,
 };
 
@@ -18,27 +18,23 @@ use crate::{
 /// which here would escalate it.
 const MAX_COUNTED_SOURCES: usize = 100_000;
 
-/// Rejections per source; shared with the tasks that count in Redis.
-pub(super) type Counts = Backend<MemoryStore, Arc<RedisCounts>>;
-
-/// The fleet's counts, and this agent's own to decide by while Redis is away.
+/// The fleet's counts, and this agent's own to decide by while Redis is away;
+/// shared with the tasks that count in Redis.
 #[derive(Debug)]
 pub(super) struct RedisCounts {
     fleet: RedisStore,
     fallback: MemoryStore,
 }
 
-/// In memory without a fleet, else in its Redis. Counting in Redis needs a tokio
-/// runtime.
-pub(super) fn new(fleet: Option<Fleet>) -> Counts {
-    let local =
-        || MemoryStore::new(NonZeroUsize::new(MAX_COUNTED_SOURCES).unwrap_or(NonZeroUsize::MIN)).admitting_untracked();
-    match fleet {
-        None => Backend::Memory(local()),
-        Some(fleet) => Backend::Redis(Arc::new(RedisCounts {
-            fleet: RedisStore::new(fleet, TimeSource::Server),
-            fallback: local(),
-        })),
+/// This agent's own counts.
+pub(super) fn memory() -> MemoryStore {
+    MemoryStore::new(NonZeroUsize::new(MAX_COUNTED_SOURCES).unwrap_or(NonZeroUsize::MIN)).admitting_untracked()
+}
+
+impl RedisCounts {
+    /// Counts in `fleet`'s Redis, which needs a tokio runtime.
+    pub(super) fn new(fleet: Fleet) -> Self {
+        Self { fleet: RedisStore::new(fleet, TimeSource::Server), fallback: memory() }
     }
 }
 

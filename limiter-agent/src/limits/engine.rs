@@ -38,7 +38,10 @@
 //! proved or a claim of the token it proved as a part (its plan too); the missing-key bucket and the values a client
 //! chooses are anyone's who sends the same ([`Holder`]): a username's bucket is
 //! filled by whoever tries that username. [`Decision::own_bucket_refused`] says
-//! whether a refusal is the client's doing, which is what escalation counts.
+//! whether a refusal is the client's doing, which is what escalation counts. A `ja4`
+//! bucket is its TLS fingerprint's ([`Holder::Fingerprint`]): shared by every client
+//! presenting it, and what `[escalation.fingerprint]` counts besides. A request
+//! without a fingerprint lacks a `ja4` key, as one without a header lacks that.
 //!
 //! The strictest verdict wins: a rejection by any bucket rejects (with the longest
 //! `retry_after` of the rejecting ones) and charges no bucket; otherwise the request
@@ -67,6 +70,7 @@ use sha2::{Digest, Sha256};
 use limiter_core::{
     Clock, CostFrom, LimitSpec,
     carried::{self, BodyFormat},
+    ja4::Ja4,
     jwt::Claims,
     limits::{Bucket, Charge, Debit, MemoryStore, Outcome, Outcomes, Quota, Refund},
 };
@@ -110,6 +114,8 @@ pub struct RequestInfo<'a> {
     /// The body, when a rule keyed on it matched and it was read whole within
     /// `[proxy.body_keys] max_bytes`.
     pub body: Option<&'a [u8]>,
+    /// The JA4 fingerprint of the client's TLS handshake, if it has one.
+    pub ja4: Option<Ja4>,
 }
 
 impl RequestInfo<'_> {
@@ -136,6 +142,7 @@ impl RequestInfo<'_> {
             client: self.client,
             headers: self.headers,
             body_length: self.body_length,
+            ja4: self.ja4,
         }
     }
 }
@@ -187,6 +194,8 @@ pub struct Decision {
     pub require_signature: bool,
     /// A bucket of the client's own ([`Holder::Client`]) refused the request.
     pub own_bucket_refused: bool,
+    /// A bucket of the client's TLS fingerprint ([`Holder::Fingerprint`]) refused it.
+    pub fingerprint_bucket_refused: bool,
     /// The charges of the `count_when` rules, to give back ([`Engine::refund`]) once
     /// the upstream's answer is known.
     pub refundable: Vec<Refundable>,
@@ -282,6 +291,7 @@ impl Decision {
             violated: Vec::new(),
             require_signature,
             own_bucket_refused: false,
+            fingerprint_bucket_refused: false,
             refundable: Vec::new(),
             owed: Vec::new(),
             gates: Vec::new(),
@@ -299,6 +309,9 @@ pub enum Holder {
     /// Anyone who sends the same: the missing-key bucket, or a header's value (which
     /// any client may send, or a third party make a browser send).
     Anyone,
+    /// Every client presenting one TLS fingerprint (`ja4`, with no part of the
+    /// client's own): its refusals count towards `[escalation.fingerprint]`.
+    Fingerprint,
 }
 
 /// One bucket a request is counted in.
@@ -800,9 +813,10 @@ impl Policies {
                     key.push(':');
                     key.push_str(&part);
                     // Only this client's requests reach a bucket that its address or
-                    // proven key is a part of.
-                    if whose == Holder::Client {
-                        holder = Holder::Client;
+                    // proven key is a part of, and only its fingerprint's one that the
+                    // fingerprint is.
+                    if whose == Holder::Client || (whose == Holder::Fingerprint && holder == Holder::Anyone) {
+                        holder = whose;
                     }
                 }
                 (key, holder)
@@ -853,6 +867,7 @@ impl Policies {
                 let value = request.jwt?.key_value(claim)?;
                 Some((chosen_key(kind, value.as_bytes(), KeyFold::None)?, Holder::Client))
             }
+            KeyKind::Ja4 => Some((format!("ja4={}", request.ja4?), Holder::Fingerprint)),
         }
     }
 }
@@ -1390,6 +1405,7 @@ pub(super) fn decision(counted: &[Counting<'_>], outcomes: &[Outcome], require_s
             violated: rejecting().map(|(counting, _)| counting.policy.name.clone()).collect(),
             require_signature,
             own_bucket_refused: rejecting().any(|(counting, _)| counting.holder == Holder::Client),
+            fingerprint_bucket_refused: rejecting().any(|(counting, _)| counting.holder == Holder::Fingerprint),
             refundable: Vec::new(),
             owed: Vec::new(),
             gates: Vec::new(),
@@ -1406,6 +1422,7 @@ pub(super) fn decision(counted: &[Counting<'_>], outcomes: &[Outcome], require_s
         violated: Vec::new(),
         require_signature,
         own_bucket_refused: false,
+        fingerprint_bucket_refused: false,
         refundable: Vec::new(),
         owed: Vec::new(),
         gates: Vec::new(),

@@ -86,6 +86,7 @@ struct Req {
     headers: HeaderMap,
     jwt: Option<Claims>,
     query: Option<&'static str>,
+    ja4: Option<limiter_core::ja4::Ja4>,
 }
 
 fn get(path: &'static str) -> Req {
@@ -97,6 +98,7 @@ fn get(path: &'static str) -> Req {
         headers: HeaderMap::new(),
         jwt: None,
         query: None,
+        ja4: None,
     }
 }
 
@@ -130,6 +132,11 @@ impl Req {
         Self { query: Some(query), ..self }
     }
 
+    /// Presenting the TLS fingerprint `text`.
+    fn ja4(self, text: &str) -> Self {
+        Self { ja4: Some(text.parse().expect("a fingerprint")), ..self }
+    }
+
     fn info(&self) -> RequestInfo<'_> {
         RequestInfo {
             method: &self.method,
@@ -141,6 +148,7 @@ impl Req {
             query: self.query,
             body_length: Some(0),
             body: None,
+            ja4: self.ja4,
         }
     }
 
@@ -1053,4 +1061,44 @@ window = "1m"
     assert!(is_forward(&pro) && pro.policies.iter().all(|p| p.name != "free-exports"));
     let keyless = get("/api/export").to(&engine);
     assert!(is_forward(&keyless) && keyless.policies.is_empty());
+}
+
+#[test]
+fn a_ja4_bucket_is_its_fingerprints_whoever_presents_it() {
+    let rules = r#"
+[[proxy.rules]]
+name = "per-stack"
+path = "/stack"
+key = "ja4"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+
+[[proxy.rules]]
+name = "per-stack-and-ip"
+path = "/both"
+key = ["ja4", "ip"]
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+"#;
+    let engine = in_memory(&config_with("ja4_header = \"x-ja4\"", rules), FakeClock::new(T0));
+    let (bot, other) = ("t13d1516h2_8daaf6152771_e5627efa2ab1", "t12i0601h1_2c9a3d3a8c57_0e5d25d7bb07");
+    assert!(is_forward(&get("/stack").from("192.0.2.1").ja4(bot).to(&engine)));
+    let refused = get("/stack").from("198.51.100.9").ja4(bot).to(&engine);
+    assert!(is_reject(&refused), "another address, the same stack: {refused:?}");
+    assert!(refused.fingerprint_bucket_refused && !refused.own_bucket_refused, "{refused:?}");
+    assert!(is_forward(&get("/stack").from("198.51.100.9").ja4(other).to(&engine)), "another stack");
+    // Without a fingerprint the key is missing: the shared missing-key bucket.
+    let missing: Vec<u64> = [get("/stack"), get("/stack").from("198.51.100.9")]
+        .iter()
+        .map(|request| status(&request.to(&engine), "per-stack").remaining)
+        .collect();
+    assert_eq!(missing, [0, 0]);
+    assert!(!get("/stack").to(&engine).fingerprint_bucket_refused, "the missing-key bucket is anyone's");
+    // With the address a part, the bucket is the client's own.
+    assert!(is_forward(&get("/both").from("192.0.2.1").ja4(bot).to(&engine)));
+    assert!(is_forward(&get("/both").from("198.51.100.9").ja4(bot).to(&engine)));
+    let own = get("/both").from("192.0.2.1").ja4(bot).to(&engine);
+    assert!(is_reject(&own) && own.own_bucket_refused && !own.fingerprint_bucket_refused, "{own:?}");
 }

@@ -12,6 +12,10 @@
 //! meets every limit. The same goes for an answer of the upstream that
 //! `[escalation] upstream_statuses` names: a page can post a login form to the API. The 429s, 401s and 403s spared are counted
 //! (`refusals_not_escalated`), so an operator sees how much escalation left alone.
+//!
+//! A client's TLS fingerprint is held to the same, and besides to the 429s of the
+//! buckets its fingerprint shares with every client presenting it
+//! ([`Refusal::fingerprint_blame`]).
 
 use http::HeaderMap;
 use limiter_core::signature::verify::{API_KEY_HEADER, SIGNATURE_HEADER};
@@ -102,6 +106,17 @@ impl Refusal {
         };
         for_what_was_sent(client_caused, initiator)
     }
+
+    /// Whom this refusal is held against for the TLS fingerprint the client presented
+    /// (`[escalation.fingerprint]`): what the client caused itself, and a 429 of a
+    /// bucket every client presenting the fingerprint shares (`key = "ja4"`), unless
+    /// a page of another site made the request.
+    pub(super) fn fingerprint_blame(&self, initiator: Initiator) -> Blame {
+        match self {
+            Self::QuotaExceeded { fingerprint_bucket: true, .. } => for_what_was_sent(true, initiator),
+            _ => self.blame(initiator),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -121,7 +136,13 @@ mod tests {
     }
 
     fn over_limit(own_bucket: bool) -> Refusal {
-        Refusal::QuotaExceeded { violated: Vec::new(), retry_after: Duration::from_secs(1), own_bucket, advice: None }
+        Refusal::QuotaExceeded {
+            violated: Vec::new(),
+            retry_after: Duration::from_secs(1),
+            own_bucket,
+            fingerprint_bucket: false,
+            advice: None,
+        }
     }
 
     fn concurrency(own_bucket: bool) -> Refusal {

@@ -7,7 +7,8 @@
 //! A line names the client address, the method, the canonical path, the verdict, the
 //! rules and plan that counted the request and what each rule keys by (`json:/username`),
 //! never a key's value or any other header: a bearer key's id is its secret, a username
-//! is personal data.
+//! is personal data. It names the client's TLS fingerprint (`ja4`), which says which
+//! TLS stack connected, not who.
 
 use std::{
     collections::BTreeMap,
@@ -20,6 +21,7 @@ use std::{
     time::Duration,
 };
 
+use limiter_core::ja4::Ja4;
 use serde::Serialize;
 
 use crate::{
@@ -68,6 +70,9 @@ pub(super) struct Entry<'a> {
     pub(super) tagged: &'a [String],
     /// `false` in shadow mode: the verdict was counted, not carried out.
     pub(super) enforced: bool,
+    /// The client's TLS fingerprint, if it has one: a stack's, not a person's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) ja4: Option<Ja4>,
 }
 
 impl<'a> Entry<'a> {
@@ -87,6 +92,7 @@ impl<'a> Entry<'a> {
             violated: &[],
             tagged: &[],
             enforced,
+            ja4: request.ja4,
         }
     }
 }

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use bytes::Bytes;
 use http::{HeaderValue, header, request};
 use hyper::body::{Body as _, Incoming};
-use limiter_core::{jwt::Claims, path::CanonicalPath, signature::Authenticated};
+use limiter_core::{ja4::Ja4, jwt::Claims, path::CanonicalPath, signature::Authenticated};
 
 use super::{
     forward::{Origin, Upstream},
@@ -70,6 +70,9 @@ pub(super) struct Exchange<'s> {
     pub claim: Option<Claim>,
     /// The body, once read for a rule keyed on it.
     pub body: Option<Bytes>,
+    /// The client's TLS fingerprint: its handshake's, or, from a trusted proxy, the
+    /// one `ja4_header` names (the handshake is then the proxy's own).
+    pub ja4: Option<Ja4>,
 }
 
 impl<'s> Exchange<'s> {
@@ -106,6 +109,11 @@ impl<'s> Exchange<'s> {
         // request, over either protocol; an HTTP/2 body without `content-length` is
         // as unknown as a chunked one.
         let body_length = body.size_hint().exact();
+        let ja4 = if origin.peer_trusted {
+            config.ja4_header.as_ref().and_then(|name| keys::believed_ja4(&parts.headers, name))
+        } else {
+            origin.handshake
+        };
         Ok(Self {
             snapshot,
             upstream,
@@ -118,6 +126,7 @@ impl<'s> Exchange<'s> {
             jwt: None,
             claim: None,
             body: None,
+            ja4,
         })
     }
 
@@ -143,6 +152,7 @@ impl<'s> Exchange<'s> {
             query: self.parts.uri.query(),
             body_length: self.body_length,
             body: self.body.as_deref(),
+            ja4: self.ja4,
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
-use limiter_core::{Clock, jwt::Claims, path::CanonicalPath, signature::verify::API_KEY_HEADER};
+use limiter_core::{Clock, ja4::Ja4, jwt::Claims, path::CanonicalPath, signature::verify::API_KEY_HEADER};
 use serde::{Deserialize, Serialize};
 
 use super::keys;
@@ -30,6 +30,9 @@ pub(crate) struct ExplainRequest {
     /// Its body, for the rules keyed on it.
     #[serde(default)]
     pub body: Option<Vec<u8>>,
+    /// The JA4 fingerprint of the peer's TLS handshake.
+    #[serde(default)]
+    pub ja4: Option<Ja4>,
 }
 
 /// How a request proves its key.
@@ -148,6 +151,12 @@ pub async fn explain<C: Clock>(
         query,
         body_length,
         body,
+        // As a request's: from a trusted proxy, what its `ja4_header` names.
+        ja4: if keys::is_trusted(request.peer.to_canonical(), &config.trusted_proxies) {
+            config.ja4_header.as_ref().and_then(|name| keys::believed_ja4(&headers, name))
+        } else {
+            request.ja4
+        },
     };
     let Screened { denied_by, tagged, .. } = engine.would_screen(&info);
     let scopes = (!config.scopes.is_empty()).then(|| {

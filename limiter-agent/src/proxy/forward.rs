@@ -1,5 +1,6 @@
 //! Sending a request to the upstream and bringing its response back, as a proxy
-//! should: hop-by-hop headers stay on their hop, `X-Forwarded-For` records the peer.
+//! should: hop-by-hop headers stay on their hop, `X-Forwarded-For` records the peer,
+//! `X-JA4` the client's TLS fingerprint.
 
 use std::{net::IpAddr, sync::Arc, time::Duration};
 
@@ -18,6 +19,7 @@ use super::{
     keys::X_FORWARDED_FOR,
 };
 use crate::config::ProxyConfig;
+use limiter_core::ja4::Ja4;
 
 /// A dead upstream host must give a quick 502, not hang the client; a refused
 /// connection fails at once anyway. Generous enough for a loaded local network.
@@ -77,14 +79,20 @@ pub(super) struct Origin {
     pub peer: IpAddr,
     /// The peer is a trusted proxy, so the chain it sent is kept.
     pub peer_trusted: bool,
+    /// The JA4 fingerprint of the peer's TLS handshake (`[proxy.tls] fingerprint`).
+    pub handshake: Option<Ja4>,
 }
 
 impl Origin {
-    pub(super) fn of(peer: IpAddr, trusted_proxies: &[ipnet::IpNet]) -> Self {
+    pub(super) fn of(peer: IpAddr, trusted_proxies: &[ipnet::IpNet], handshake: Option<Ja4>) -> Self {
         let peer = peer.to_canonical();
-        Self { peer, peer_trusted: super::keys::is_trusted(peer, trusted_proxies) }
+        Self { peer, peer_trusted: super::keys::is_trusted(peer, trusted_proxies), handshake }
     }
 }
+
+/// The request's TLS fingerprint, as the upstream is told it: whatever a client sent
+/// under this name is removed first.
+const X_JA4: &str = "x-ja4";
 
 impl Upstream {
     /// A pool whose connections each hold one of `permits` (shared by every worker).
@@ -98,18 +106,27 @@ impl Upstream {
     }
 
     /// Sends the request to `config.upstream`, for `path` (the canonical path) and the
-    /// query as received, asking for an upgrade only to `config.upgrade_protocols`.
+    /// query as received, asking for an upgrade only to `config.upgrade_protocols`,
+    /// with its TLS fingerprint `ja4` in `X-JA4`.
     pub(super) async fn send(
         &self,
         config: &ProxyConfig,
         path: &str,
         mut parts: request::Parts,
         body: ProxyBody,
-        origin: Origin,
+        (origin, ja4): (Origin, Option<Ja4>),
     ) -> Result<Response<ProxyBody>, ForwardError> {
+        parts.headers.remove(X_JA4);
+        if let Some(value) = ja4.and_then(|ja4| HeaderValue::from_str(ja4.as_str()).ok()) {
+            parts.headers.insert(X_JA4, value);
+        }
         let chain = origin.peer_trusted.then(|| forwarded_chain(&parts.headers)).flatten();
         if !origin.peer_trusted {
             remove_forwarding_claims(&mut parts.headers);
+            // As a balancer's claim, the client's own would pass for ours.
+            if let Some(name) = &config.ja4_header {
+                parts.headers.remove(name);
+            }
         }
         let upgrade = requested_upgrade(&parts, &config.upgrade_protocols);
         remove_hop_by_hop(&mut parts.headers);

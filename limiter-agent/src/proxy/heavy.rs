@@ -1,5 +1,6 @@
 //! The proxy's heaviest clients for `limiter top --watch`: requests and refusals per
-//! proven key, or per address for keyless requests, in a bounded table.
+//! proven key, or per address for keyless requests, and per TLS fingerprint, in
+//! bounded tables.
 //!
 //! The table keeps [`CAPACITY`] clients of each kind. A new client that finds it full
 //! takes the place of the lightest one and inherits its count plus one (the
@@ -15,9 +16,10 @@ use std::{
     sync::{Mutex, PoisonError},
 };
 
+use limiter_core::ja4::Ja4;
 use serde::{Deserialize, Serialize};
 
-/// Clients tracked of each kind (keys, addresses).
+/// Clients tracked of each kind (keys, addresses, fingerprints).
 pub(super) const CAPACITY: usize = 128;
 
 /// Who a request was counted for.
@@ -40,10 +42,22 @@ struct Counts {
     bearer: bool,
 }
 
+impl Counts {
+    fn count(&mut self, refused_by: Option<&str>) {
+        self.requests += 1;
+        if let Some(policy) = refused_by {
+            self.refused += 1;
+            if self.refused_by.as_deref() != Some(policy) {
+                self.refused_by = Some(policy.to_owned());
+            }
+        }
+    }
+}
+
 /// One client as `limiter top` shows it: counts since it entered the table.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ClientRow {
-    /// `key ID`, `key ABCD…` (a bearer key) or `ip ADDRESS`.
+    /// `key ID`, `key ABCD…` (a bearer key), `ip ADDRESS` or `ja4 FINGERPRINT`.
     pub client: String,
     pub requests: u64,
     pub refused: u64,
@@ -60,11 +74,13 @@ pub(super) struct HeavyClients {
 struct Tables {
     keys: HashMap<String, Counts>,
     addresses: HashMap<IpAddr, Counts>,
+    fingerprints: HashMap<Ja4, Counts>,
 }
 
 impl HeavyClients {
-    /// Counts one decided request; `refused_by` names the policy that refused it.
-    pub(super) fn record(&self, client: Client<'_>, refused_by: Option<&str>) {
+    /// Counts one decided request, for its client and for the TLS fingerprint `ja4`
+    /// it presented; `refused_by` names the policy that refused it.
+    pub(super) fn record(&self, client: Client<'_>, ja4: Option<Ja4>, refused_by: Option<&str>) {
         let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
         let counts = match client {
             Client::Signed(id) | Client::Bearer(id) => {
@@ -74,12 +90,9 @@ impl HeavyClients {
             }
             Client::Address(ip) => entry(&mut tables.addresses, &slash_64(ip), |ip: &IpAddr| *ip),
         };
-        counts.requests += 1;
-        if let Some(policy) = refused_by {
-            counts.refused += 1;
-            if counts.refused_by.as_deref() != Some(policy) {
-                counts.refused_by = Some(policy.to_owned());
-            }
+        counts.count(refused_by);
+        if let Some(ja4) = ja4 {
+            entry(&mut tables.fingerprints, &ja4, |ja4: &Ja4| *ja4).count(refused_by);
         }
     }
 
@@ -88,8 +101,10 @@ impl HeavyClients {
         let tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
         let keys = tables.keys.iter().map(|(id, counts)| (key_name(id, counts.bearer), counts));
         let addresses = tables.addresses.iter().map(|(ip, counts)| (format!("ip {ip}"), counts));
+        let fingerprints = tables.fingerprints.iter().map(|(ja4, counts)| (format!("ja4 {ja4}"), counts));
         let mut rows: Vec<ClientRow> = keys
             .chain(addresses)
+            .chain(fingerprints)
             .map(|(client, counts)| ClientRow {
                 client,
                 requests: counts.requests,
@@ -146,14 +161,15 @@ mod tests {
     #[test]
     fn counts_requests_refusals_and_the_last_refusing_policy_per_client() {
         let heavy = HeavyClients::default();
+        let ja4 = "t13d1516h2_8daaf6152771_e5627efa2ab1".parse().ok();
         for _ in 0..3 {
-            heavy.record(Client::Signed("k-pay"), None);
+            heavy.record(Client::Signed("k-pay"), None, None);
         }
-        heavy.record(Client::Signed("k-pay"), Some("per-key"));
-        heavy.record(Client::Bearer("bearer-secret"), Some("free"));
-        heavy.record(Client::Address("2001:db8::1".parse().expect("ip")), Some("login"));
-        heavy.record(Client::Address("2001:db8::2".parse().expect("ip")), Some("per-ip"));
-        heavy.record(Client::Address("::ffff:192.0.2.7".parse().expect("ip")), None);
+        heavy.record(Client::Signed("k-pay"), None, Some("per-key"));
+        heavy.record(Client::Bearer("bearer-secret"), None, Some("free"));
+        heavy.record(Client::Address("2001:db8::1".parse().expect("ip")), ja4, Some("login"));
+        heavy.record(Client::Address("2001:db8::2".parse().expect("ip")), ja4, Some("per-ip"));
+        heavy.record(Client::Address("::ffff:192.0.2.7".parse().expect("ip")), None, None);
         let row = |client: &str, requests, refused, by: Option<&str>| ClientRow {
             client: client.to_owned(),
             requests,
@@ -165,6 +181,7 @@ mod tests {
             [
                 row("key k-pay", 4, 1, Some("per-key")),
                 row("ip 2001:db8::", 2, 2, Some("per-ip")),
+                row("ja4 t13d1516h2_8daaf6152771_e5627efa2ab1", 2, 2, Some("per-ip")),
                 row("ip 192.0.2.7", 1, 0, None),
                 row("key bear…", 1, 1, Some("free")),
             ]
@@ -179,9 +196,9 @@ mod tests {
         let heavy = HeavyClients::default();
         let attacker = "192.0.2.7".parse().expect("ip");
         for i in 0..10_000_u32 {
-            heavy.record(Client::Address(std::net::Ipv4Addr::from(0x0a00_0000 + i).into()), None);
+            heavy.record(Client::Address(std::net::Ipv4Addr::from(0x0a00_0000 + i).into()), None, None);
             if i % 10 == 0 {
-                heavy.record(Client::Address(attacker), Some("per-ip"));
+                heavy.record(Client::Address(attacker), None, Some("per-ip"));
             }
         }
         let top = heavy.top(usize::MAX);

@@ -1,11 +1,13 @@
 //! Which client a request comes from: the peer address, or, when the peer is a
 //! trusted proxy, the rightmost address in `X-Forwarded-For` that no trusted proxy
-//! added. Everything left of that is whatever the client chose to write.
+//! added. Everything left of that is whatever the client chose to write. The same
+//! goes for the TLS fingerprint a trusted proxy names (`ja4_header`).
 
 use std::net::{IpAddr, SocketAddr};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
+use limiter_core::ja4::Ja4;
 
 pub(super) const X_FORWARDED_FOR: &str = "x-forwarded-for";
 
@@ -31,6 +33,17 @@ pub(super) fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) ->
         }
     }
     client
+}
+
+/// The fingerprint a trusted proxy names in `header`: its one value, if that is a
+/// well-formed JA4; `None` for none, two, or another text.
+pub(super) fn believed_ja4(headers: &HeaderMap, header: &HeaderName) -> Option<Ja4> {
+    let mut values = headers.get_all(header).iter();
+    let (value, another) = (values.next()?, values.next());
+    if another.is_some() {
+        return None;
+    }
+    value.to_str().ok()?.trim().parse().ok()
 }
 
 /// The `X-Forwarded-For` entries in order, across repeated header lines; `None` for
@@ -96,6 +109,25 @@ mod tests {
         let nets = trusted(&["10.0.0.0/8"]);
         assert_eq!(client_ip(ip("10.0.0.1"), &xff(&["203.0.113.9, nonsense, 10.0.0.2"]), &nets), ip("10.0.0.2"));
         assert_eq!(client_ip(ip("10.0.0.1"), &xff(&[""]), &nets), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn a_fingerprint_header_is_believed_only_well_formed_and_alone() {
+        let name = HeaderName::from_static("x-ja4");
+        let with = |values: &[&str]| {
+            let mut headers = HeaderMap::new();
+            for value in values {
+                headers.append(&name, value.parse().unwrap_or_else(|_| panic!("bad value {value}")));
+            }
+            believed_ja4(&headers, &name).map(|ja4| ja4.to_string())
+        };
+        let ja4 = "t13d1516h2_8daaf6152771_e5627efa2ab1";
+        assert_eq!(with(&[ja4]).as_deref(), Some(ja4));
+        assert_eq!(with(&[&format!(" {ja4} ")]).as_deref(), Some(ja4));
+        assert_eq!(with(&[]), None);
+        assert_eq!(with(&[ja4, ja4]), None);
+        assert_eq!(with(&["t13d1516h2_8daaf6152771"]), None);
+        assert_eq!(with(&["chrome"]), None);
     }
 
     #[test]

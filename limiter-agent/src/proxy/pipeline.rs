@@ -57,6 +57,7 @@ use super::{
 };
 use limiter_core::{
     Clock,
+    ja4::Ja4,
     jwt::{Claims, JwtFailure},
     signature::{
         Authenticated, Begin, Failure, SignedRequest,
@@ -142,6 +143,8 @@ pub(super) struct ConnectionSettings {
     pub proxy_protocol: Option<Accepted>,
     /// The TCP peer is in `trusted_proxies`.
     pub peer_trusted: bool,
+    /// `[proxy.tls] fingerprint`: the ClientHello is read first, for its JA4.
+    pub fingerprint: bool,
 }
 
 /// Everything requests share, across connections and reloads.
@@ -381,6 +384,20 @@ impl<C: Clock + Clone> Pipeline<C> {
             http2: config.http2.clone(),
             proxy_protocol,
             peer_trusted: keys::is_trusted(peer.to_canonical(), &config.trusted_proxies),
+            fingerprint: config.tls.as_ref().is_some_and(|tls| tls.fingerprint.is_some()),
+        }
+    }
+
+    /// Notes, for `[escalation.fingerprint]`, that `client` (the TCP peer, or whom its
+    /// PROXY header named) presented `ja4` in its handshake; a trusted proxy's own
+    /// handshake is never held against it.
+    pub(super) fn presented(&self, ja4: Ja4, client: IpAddr) {
+        let Some(escalator) = self.escalator.get().filter(|escalator| escalator.counts_fingerprints()) else {
+            return;
+        };
+        let client = client.to_canonical();
+        if !keys::is_trusted(client, &self.snapshot().config.trusted_proxies) {
+            escalator.presented(ja4, client);
         }
     }
 
@@ -459,19 +476,19 @@ impl<C: Clock + Clone> Pipeline<C> {
         self.counters.add(event);
     }
 
-    /// Answers `request` from `peer`, forwarding it (if it passes) through `upstream`,
-    /// the pool of the worker serving the connection; `buffered` is what the
-    /// connection's requests hold in memory.
+    /// Answers `request` from `peer`, whose handshake presented `handshake`,
+    /// forwarding it (if it passes) through `upstream`, the pool of the worker serving
+    /// the connection; `buffered` is what the connection's requests hold in memory.
     pub(super) async fn handle(
         &self,
         request: Request<Incoming>,
-        peer: IpAddr,
+        (peer, handshake): (IpAddr, Option<Ja4>),
         upstream: &Upstream,
         buffered: &ConnectionBuffered,
     ) -> Response<ProxyBody> {
         self.counters.add(Event::Request);
         let snapshot = self.snapshot();
-        let origin = Origin::of(peer, &snapshot.config.trusted_proxies);
+        let origin = Origin::of(peer, &snapshot.config.trusted_proxies, handshake);
         let initiator = Initiator::of(request.headers());
         match self.process(&snapshot, request, origin, initiator, upstream, buffered).await {
             Ok(response) => response,
@@ -483,7 +500,7 @@ impl<C: Clock + Clone> Pipeline<C> {
     /// [`Refusal::blame`]) counts towards its escalation, one it may not have is
     /// counted as such.
     fn refuse(&self, origin: Origin, initiator: Initiator, refusal: Refusal) -> Response<ProxyBody> {
-        self.hold_against(origin, refusal.blame(initiator));
+        self.hold_against(origin, (refusal.blame(initiator), refusal.fingerprint_blame(initiator)));
         let event = match &refusal {
             Refusal::QuotaExceeded { .. }
             | Refusal::ConcurrencyExceeded { .. }
@@ -508,8 +525,9 @@ impl<C: Clock + Clone> Pipeline<C> {
     }
 
     /// Counts what the client is to blame for towards its escalation, if it is
-    /// connected directly; what it may not be is counted as such.
-    fn hold_against(&self, origin: Origin, blame: Blame) {
+    /// connected directly; what it may not be is counted as such. What its TLS
+    /// fingerprint is to blame for counts towards the fingerprint's.
+    fn hold_against(&self, origin: Origin, (blame, fingerprint_blame): (Blame, Blame)) {
         if let Some(escalator) = self.escalator.get()
             && !origin.peer_trusted
         {
@@ -517,6 +535,9 @@ impl<C: Clock + Clone> Pipeline<C> {
                 Blame::Client => escalator.record(origin.peer),
                 Blame::Doubtful => self.counters.add(Event::NotEscalated),
                 Blame::Nobody => {}
+            }
+            if let (Some(ja4), Blame::Client) = (origin.handshake, fingerprint_blame) {
+                escalator.record_fingerprint(ja4);
             }
         }
     }
@@ -762,7 +783,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         let key = key_id.and_then(|id| snapshot.key(id));
         let Some(scope) = snapshot.config.scope_missing(&info.seen(), key) else { return Ok(()) };
         self.engine.penalize(&info).await;
-        self.heavy.record(exchange.proof.client(exchange.client), Some(&scope.name));
+        self.heavy.record(exchange.proof.client(exchange.client), exchange.ja4, Some(&scope.name));
         self.security_event(|| {
             let key_id = key.map(|key| shown_key_id(&key.id, key.auth == KeyAuth::Signature));
             SecurityEvent::scope_refused(exchange.client, &scope.name, key_id)
@@ -832,7 +853,7 @@ impl<C: Clock + Clone> Pipeline<C> {
             Verdict::MissingKey { rule } => Some(rule.as_str()),
             Verdict::Forward | Verdict::Delay(_) | Verdict::StoreUnavailable => None,
         };
-        self.heavy.record(exchange.proof.client(info.client), refused_by);
+        self.heavy.record(exchange.proof.client(info.client), info.ja4, refused_by);
     }
 
     /// Applies the `deny` and `tag` rules to a request: a denial is counted, logged and
@@ -849,7 +870,7 @@ impl<C: Clock + Clone> Pipeline<C> {
                 tagged: &screened.tagged,
                 ..Entry::new(self.clock.now(), request, config.enforce)
             });
-            self.heavy.record(Client::Address(request.client), Some(rule));
+            self.heavy.record(Client::Address(request.client), request.ja4, Some(rule));
             if config.enforce {
                 self.security_event(|| SecurityEvent::deny_rule(request.client, rule));
                 let named = exchange.snapshot.disclose(None) == Disclose::Full;
@@ -929,6 +950,7 @@ impl<C: Clock + Clone> Pipeline<C> {
                     violated,
                     retry_after: self.spread.retry_after(*retry_after, config.retry_after_jitter),
                     own_bucket: decision.own_bucket_refused,
+                    fingerprint_bucket: decision.fingerprint_bucket_refused,
                     advice: config.refusal_advice(&decision.violated, plan).cloned(),
                 })
             }
@@ -959,7 +981,7 @@ impl<C: Clock + Clone> Pipeline<C> {
         (refundable, owed): (&[Refundable], &[Owed]),
     ) -> Result<Response<ProxyBody>, Refusal> {
         let config = exchange.config();
-        let Exchange { upstream, origin, parts, path, mut claim, .. } = exchange;
+        let Exchange { upstream, origin, parts, path, mut claim, ja4, .. } = exchange;
         self.counters.add(Event::Forwarded);
         // From here on, whatever happens (timeout, the client leaving and dropping this
         // future, a broken response), dropping the claim records an unknown outcome
@@ -970,8 +992,9 @@ impl<C: Clock + Clone> Pipeline<C> {
         let sent = tokio::time::Instant::now();
         let mut metering = Metering::new(&self.engine, owed, sent);
         // Bounds the wait for the response head; a streaming body may take longer.
+        let from = (origin, ja4);
         let head =
-            tokio::time::timeout(config.upstream_timeout.0, upstream.send(config, path.forward(), parts, body, origin))
+            tokio::time::timeout(config.upstream_timeout.0, upstream.send(config, path.forward(), parts, body, from))
                 .await
                 .map_err(|_| Refusal::UpstreamTimeout)
                 .and_then(|sent| {
@@ -1048,7 +1071,8 @@ impl<C: Clock + Clone> Pipeline<C> {
         if let Ok(response) = head
             && self.escalator.get().is_some_and(|escalator| escalator.counts_upstream(response.status()))
         {
-            self.hold_against(origin, blame::upstream_answer(initiator));
+            let blame = blame::upstream_answer(initiator);
+            self.hold_against(origin, (blame, blame));
         }
     }
 

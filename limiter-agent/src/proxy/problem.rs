@@ -22,9 +22,16 @@ const TYPE_BASE: &str = "https://limiter.dev/problems#";
 #[derive(Debug, thiserror::Error)]
 pub(super) enum Refusal {
     /// `own_bucket`: a bucket of the client's own refused (see [`crate::limits::engine::Holder`]);
-    /// `advice`: the refusing policy's `refusal`.
+    /// `fingerprint_bucket`: one of its TLS fingerprint's did; `advice`: the refusing
+    /// policy's `refusal`.
     #[error("over the limit of {violated:?}")]
-    QuotaExceeded { violated: Vec<String>, retry_after: Duration, own_bucket: bool, advice: Option<RefusalAdvice> },
+    QuotaExceeded {
+        violated: Vec<String>,
+        retry_after: Duration,
+        own_bucket: bool,
+        fingerprint_bucket: bool,
+        advice: Option<RefusalAdvice>,
+    },
     /// A rule's `concurrency` for the request's key: its queue was full, or the request
     /// waited `queue_timeout`. `violated`: the rule, where `disclose = "full"`;
     /// `own_bucket`: the rule's key is the client's own.

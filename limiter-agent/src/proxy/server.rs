@@ -1,5 +1,6 @@
 //! Accepting connections within their bounds and serving them: the PROXY protocol
-//! header from a trusted load balancer, TLS, then HTTP/1.1 or HTTP/2 (by ALPN, or by
+//! header from a trusted load balancer, TLS (its ClientHello read first for its JA4
+//! fingerprint, with `[proxy.tls] fingerprint`), then HTTP/1.1 or HTTP/2 (by ALPN, or by
 //! the preface with `h2c`), the idle and header timeouts, upgraded connections, and
 //! graceful drain on shutdown. hyper refuses malformed and ambiguous requests (400)
 //! before the pipeline sees them.
@@ -21,7 +22,7 @@ use hyper::{
 };
 use hyper_util::rt::TokioIo;
 use tokio::{
-    io::{AsyncRead, AsyncWrite, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt},
     net::{TcpListener, TcpStream},
     sync::watch,
     task::JoinSet,
@@ -42,7 +43,10 @@ use super::{
     stats::Event,
     tunnel,
 };
-use limiter_core::Clock;
+use limiter_core::{
+    Clock,
+    ja4::{self, Ja4},
+};
 
 type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
 
@@ -106,6 +110,8 @@ struct Connection<C: Clock + Clone> {
     upstream: Arc<Upstream>,
     /// The client: the TCP peer, or whom a trusted peer's PROXY header names.
     client: SocketAddr,
+    /// The JA4 fingerprint of its TLS handshake.
+    ja4: Option<Ja4>,
     in_flight: Arc<InFlight>,
     /// What its requests hold in memory of their bodies.
     buffered: ConnectionBuffered,
@@ -134,8 +140,20 @@ async fn connection<C: Clock + Clone>(
     let Some(client) = preamble(&pipeline, &settings, &mut watched, &mut buffered, peer).await else {
         return;
     };
-    let connection =
-        Connection { pipeline, upstream, client, in_flight, buffered: ConnectionBuffered::default(), settings, stop };
+    let ja4 = if settings.fingerprint { client_hello(&mut watched, &mut buffered).await } else { None };
+    if let Some(ja4) = ja4 {
+        pipeline.presented(ja4, client.ip());
+    }
+    let connection = Connection {
+        pipeline,
+        upstream,
+        client,
+        ja4,
+        in_flight,
+        buffered: ConnectionBuffered::default(),
+        settings,
+        stop,
+    };
     match connection.settings.tls.clone() {
         Some(tls) => match tls.acceptor().accept(Prefixed::new(buffered, watched)).await {
             Ok(stream) => {
@@ -157,6 +175,22 @@ async fn connection<C: Clock + Clone>(
                 && buffered.starts_with(prefixed::H2_PREFACE);
             let stream: Plain = Prefixed::new(buffered, watched);
             if h2 { connection.http2(stream).await } else { connection.http1(stream).await }
+        }
+    }
+}
+
+/// Reads the ClientHello into `buffered` (after what the preamble left there), no
+/// further than it ends and at most [`ja4::MAX_CAPTURE_BYTES`], under the
+/// connection's header timeout, and takes its JA4. The bytes are the handshake's
+/// still: rustls reads them again. `None` for a start that is not a whole
+/// ClientHello, which rustls then refuses as it always has.
+async fn client_hello<R: AsyncRead + Unpin>(io: &mut R, buffered: &mut Vec<u8>) -> Option<Ja4> {
+    loop {
+        let ja4::Progress::More(wanted) = ja4::progress(buffered) else { return ja4::fingerprint(buffered) };
+        buffered.reserve(wanted);
+        match (&mut *io).take(u64::try_from(wanted).unwrap_or(u64::MAX)).read_buf(buffered).await {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => {}
         }
     }
 }
@@ -219,7 +253,7 @@ impl<C: Clock + Clone> Connection<C> {
         let upstream = Arc::clone(&self.upstream);
         let in_flight = Arc::clone(&self.in_flight);
         let buffered = Arc::clone(&self.buffered);
-        let client = self.client.ip();
+        let client = (self.client.ip(), self.ja4);
         move |request: Request<Incoming>| {
             let pipeline = Arc::clone(&pipeline);
             let upstream = Arc::clone(&upstream);

@@ -28,13 +28,18 @@ pub enum EventKind {
     KernelBlock,
     /// A block lifted from the kernel layer.
     KernelUnblock,
+    /// A source demoted to a slower kernel bucket (`reason`: who asked for it,
+    /// `plan`: its rate).
+    KernelDemote,
+    /// A demotion lifted.
+    KernelUndemote,
     /// The events of one client and reason the log left out in the last interval.
     Suppressed,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 12] = [
         Self::SignatureFailure,
         Self::Replay,
         Self::ScopeRefused,
@@ -44,6 +49,8 @@ impl EventKind {
         Self::FleetBlockRefused,
         Self::KernelBlock,
         Self::KernelUnblock,
+        Self::KernelDemote,
+        Self::KernelUndemote,
         Self::Suppressed,
     ];
 
@@ -60,6 +67,8 @@ impl EventKind {
             Self::FleetBlockRefused => "fleet_block_refused",
             Self::KernelBlock => "kernel_block",
             Self::KernelUnblock => "kernel_unblock",
+            Self::KernelDemote => "kernel_demote",
+            Self::KernelUndemote => "kernel_undemote",
             Self::Suppressed => "suppressed",
         }
     }
@@ -77,6 +86,8 @@ impl EventKind {
             Self::FleetBlockRefused => ("Fleet block refused", 7),
             Self::KernelBlock => ("Kernel block", 8),
             Self::KernelUnblock => ("Kernel unblock", 3),
+            Self::KernelDemote => ("Kernel demotion", 6),
+            Self::KernelUndemote => ("Kernel demotion lifted", 3),
             Self::Suppressed => ("Events suppressed", 3),
         }
     }
@@ -95,7 +106,7 @@ pub struct SecurityEvent {
     pub rule: Option<String>,
     /// A block's; `None` on a kernel block: until unblocked.
     pub ttl: Option<Duration>,
-    /// A demotion's new plan.
+    /// A demotion's new plan, or a kernel demotion's rate.
     pub plan: Option<String>,
 }
 
@@ -173,6 +184,24 @@ impl SecurityEvent {
     #[must_use]
     pub fn kernel_block(cidr: IpNet, ttl: Option<Duration>, by: &'static str) -> Self {
         Self { reason: Some(by), ttl, ..Self::new(EventKind::KernelBlock, cidr) }
+    }
+
+    /// `cidr` demoted in the kernel layer to `limit` for `ttl` (`None`: until
+    /// undemoted), asked for by `by`: `escalation`, `fleet` or `cli`.
+    #[must_use]
+    pub fn kernel_demote(
+        cidr: IpNet,
+        limit: crate::config::xdp::PacketLimit,
+        ttl: Option<Duration>,
+        by: &'static str,
+    ) -> Self {
+        Self { reason: Some(by), ttl, plan: Some(limit.to_string()), ..Self::new(EventKind::KernelDemote, cidr) }
+    }
+
+    /// `cidr`'s demotion lifted, by `by`.
+    #[must_use]
+    pub fn kernel_undemote(cidr: IpNet, by: &'static str) -> Self {
+        Self { reason: Some(by), ..Self::new(EventKind::KernelUndemote, cidr) }
     }
 
     /// `cidr`'s block lifted, by `by`.

@@ -1,6 +1,6 @@
 //! `limiter explain --ip`: what the kernel layer does with a source's packets, read
 //! from the pinned maps in the program's own order (runtime blocks, then the longest
-//! CIDR rule, then the source's bucket) without sending a packet.
+//! CIDR rule, then a demotion, then the source's bucket) without sending a packet.
 
 use std::net::IpAddr;
 
@@ -30,6 +30,9 @@ pub(crate) struct SourceExplanation {
     pub block: Option<(IpNet, Option<u64>)>,
     /// The longest CIDR rule covering it.
     pub rule: Option<RuleMatch>,
+    /// A demotion covering it (`limiter demote`, escalation's `demote_first`), with
+    /// seconds left: its rate is the bucket's unless an allow or deny rule decides.
+    pub demoted: Option<(IpNet, Option<u64>)>,
     /// The bucket that applies, unless a block or an allow/deny rule decides first.
     pub limit: Option<Limit>,
     /// Verified sources skip the new-source budget, the aggregates and the SYN budget.
@@ -76,13 +79,15 @@ impl KernelMaps {
             .map(|entry| (entry.cidr, entry.expires_in.map(|left| left.as_secs())));
         let rule =
             self.cidrs()?.into_iter().filter(|(net, _)| net.contains(&ip)).max_by_key(|(net, _)| net.prefix_len());
+        let demotion = self.demotions()?.into_iter().find(|entry| entry.cidr.contains(&ip));
         let now = monotonic_now_ns();
         let state = self.source(&key);
         let rate = match &rule {
             Some((_, policy)) if policy.action == Action::Limit as u32 => Some(policy.rate),
             Some(_) => None,
             None => Some(settings.default_rate),
-        };
+        }
+        .map(|rate| demotion.as_ref().map_or(rate, |demotion| demotion.rate));
         let limit = rate
             .filter(|_| block.is_none())
             .map(|rate| Limit { packets_per_second: rate.per_second(), burst: rate.burst() });
@@ -105,6 +110,7 @@ impl KernelMaps {
             enforce: settings.enforce != 0,
             block,
             rule: rule.map(|(cidr, policy)| RuleMatch { cidr, action: action_name(policy.action) }),
+            demoted: demotion.map(|entry| (entry.cidr, entry.expires_in.map(|left| left.as_secs()))),
             limit,
             verified: self.is_verified(&key),
             bucket,

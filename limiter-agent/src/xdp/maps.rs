@@ -8,20 +8,20 @@ use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use ipnet::IpNet;
 use limiter_common::{
     addr::{V4_MAPPED_BITS, v4_mapped},
-    bucket::coarse_clock_fits,
+    bucket::{Rate, coarse_clock_fits},
     counters::Counter,
     maps::{
-        self as names, Action, Block, CidrPolicy, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK, FEATURE_NEW_SOURCES,
-        FEATURE_SERVICES, FEATURE_SYN, FEATURE_SYN_PORTS, LAYOUT_VERSION, MAX_SYN_PORTS, Network, OCCUPIED_BLOCK_V4,
-        OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, SERVICE_ICMP_PASS, SERVICE_OTHER_PASS, SETTINGS_SLOTS,
-        Settings, SourceKey, SourceState,
+        self as names, Action, Block, CidrPolicy, Demotion, Expiry, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK,
+        FEATURE_NEW_SOURCES, FEATURE_SERVICES, FEATURE_SYN, FEATURE_SYN_PORTS, LAYOUT_VERSION, MAX_SYN_PORTS, Network,
+        OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, OCCUPIED_DEMOTE_V4,
+        OCCUPIED_DEMOTE_V6, SERVICE_ICMP_PASS, SERVICE_OTHER_PASS, SETTINGS_SLOTS, Settings, SourceKey, SourceState,
     },
 };
 
 use super::{
     XdpError,
     map_access::{capacity, coarse_tick_ns, ephemeral_ports, map_error, monotonic_now_ns},
-    tries::CidrTries,
+    tries::{CidrTries, LapsingTries},
     verified::VerifiedMap,
 };
 use crate::config::{
@@ -29,15 +29,13 @@ use crate::config::{
     xdp::{CidrAction, CidrRule, MalformedAction, PacketLimit, ServicesConfig, SynPorts, Verdict, XdpConfig},
 };
 
-/// The shortest time between two walks of a full block trie for room.
-const PRUNE_INTERVAL_NS: u64 = 1_000_000_000;
-
 /// The program's maps, opened from a loaded program or from their pins.
 pub struct KernelMaps {
     sources: HashMap<MapData, SourceKey, SourceState>,
     sources_capacity: u32,
     cidrs: CidrTries<CidrPolicy>,
-    blocks: CidrTries<Block>,
+    blocks: LapsingTries<Block>,
+    demotions: LapsingTries<Demotion>,
     settings: Array<MapData, Settings>,
     settings_active: Array<MapData, u32>,
     counters: PerCpuArray<MapData, u64>,
@@ -48,16 +46,21 @@ pub struct KernelMaps {
     aggregates: HashMap<MapData, SourceKey, SourceState>,
     aggregates_capacity: u32,
     pub(super) verified: VerifiedMap,
-    /// When an insert last found a block trie full and walked it for lapsed blocks
-    /// (monotonic ns): a trie full of blocks in force is walked once per
-    /// [`PRUNE_INTERVAL_NS`], not at each insert.
-    blocks_pruned_at_ns: Option<u64>,
 }
 
 impl std::fmt::Debug for KernelMaps {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KernelMaps").field("sources_capacity", &self.sources_capacity).finish_non_exhaustive()
     }
+}
+
+/// A demotion as `limiter stats` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DemotionEntry {
+    pub cidr: IpNet,
+    pub rate: Rate,
+    /// Time left; `None` for a demotion without expiry.
+    pub expires_in: Option<Duration>,
 }
 
 /// A runtime block as `limiter stats` shows it.
@@ -98,11 +101,16 @@ impl KernelMaps {
                 [names::CIDR_V4, names::CIDR_V6],
                 [OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6],
             )?,
-            blocks: CidrTries::new(
+            blocks: LapsingTries::new(CidrTries::new(
                 [map(names::BLOCK_V4)?, map(names::BLOCK_V6)?],
                 [names::BLOCK_V4, names::BLOCK_V6],
                 [OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6],
-            )?,
+            )?),
+            demotions: LapsingTries::new(CidrTries::new(
+                [map(names::DEMOTE_V4)?, map(names::DEMOTE_V6)?],
+                [names::DEMOTE_V4, names::DEMOTE_V6],
+                [OCCUPIED_DEMOTE_V4, OCCUPIED_DEMOTE_V6],
+            )?),
             settings: map(names::SETTINGS)?.try_into().map_err(map_error(names::SETTINGS))?,
             settings_active: map(names::SETTINGS_ACTIVE)?.try_into().map_err(map_error(names::SETTINGS_ACTIVE))?,
             counters: map(names::COUNTERS)?.try_into().map_err(map_error(names::COUNTERS))?,
@@ -112,7 +120,6 @@ impl KernelMaps {
             aggregates: aggregates.try_into().map_err(map_error(names::AGGREGATES))?,
             aggregates_capacity,
             verified: VerifiedMap::new(map(names::VERIFIED)?)?,
-            blocks_pruned_at_ns: None,
         })
     }
 
@@ -191,22 +198,7 @@ impl KernelMaps {
     }
 
     fn set_occupied(&mut self, slot: u32, occupied: bool) -> Result<(), XdpError> {
-        self.occupancy.set(slot, u32::from(occupied), 0).map_err(map_error(names::OCCUPANCY))
-    }
-
-    /// Clears the block flag of `slot` if its trie is empty. The CLI and the agent
-    /// write blocks concurrently, and every writer raises the flag before and after
-    /// its insert; so the flag is cleared only after the trie was seen empty, and
-    /// raised again if an insert landed meanwhile.
-    fn settle_block_flag(&mut self, slot: u32) -> Result<(), XdpError> {
-        if !self.blocks.is_empty(slot) {
-            return Ok(());
-        }
-        self.set_occupied(slot, false)?;
-        if !self.blocks.is_empty(slot) {
-            self.set_occupied(slot, true)?;
-        }
-        Ok(())
+        set_occupied(&mut self.occupancy, slot, occupied)
     }
 
     /// The CIDR rules the program applies now.
@@ -216,55 +208,51 @@ impl KernelMaps {
 
     /// Blocks `cidr` (for `ttl`, or until unblocked).
     pub fn block(&mut self, cidr: IpNet, ttl: Option<Duration>) -> Result<(), XdpError> {
-        let expires_at_ns = ttl.map_or(0, |ttl| {
-            monotonic_now_ns().saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX)).max(1)
-        });
-        let block = Block { expires_at_ns };
-        let slot = self.blocks.slot(cidr);
-        self.set_occupied(slot, true)?;
-        if let Err(error) = self.blocks.insert(cidr, block) {
-            // Lapsed blocks stay in the trie until someone reads it: a full one makes
-            // room with them first.
-            let now = monotonic_now_ns();
-            let pruned_lately = self.blocks_pruned_at_ns.is_some_and(|at| now.saturating_sub(at) < PRUNE_INTERVAL_NS);
-            if !is_full(&error) || pruned_lately {
-                return Err(error);
-            }
-            self.blocks_pruned_at_ns = Some(now);
-            self.blocks()?;
-            self.blocks.insert(cidr, block)?;
-        }
-        // Again after the insert: a concurrent `settle_block_flag` may have cleared
-        // the flag between ours and the insert.
-        self.set_occupied(slot, true)
+        self.blocks.insert(&mut self.occupancy, cidr, expiry_after(ttl))
     }
 
     /// Removes a block; `false` if there was none in force for exactly this CIDR
     /// (a lapsed entry is removed all the same).
     pub fn unblock(&mut self, cidr: IpNet) -> Result<bool, XdpError> {
-        let in_force = self.blocks.get(cidr).is_some_and(|block| block.active(monotonic_now_ns()));
-        Ok(self.remove_block(cidr)? && in_force)
-    }
-
-    fn remove_block(&mut self, cidr: IpNet) -> Result<bool, XdpError> {
-        let removed = self.blocks.remove(cidr);
-        self.settle_block_flag(self.blocks.slot(cidr))?;
-        removed
+        self.blocks.remove(&mut self.occupancy, cidr)
     }
 
     /// Active blocks; lapsed ones are removed on the way.
     pub fn blocks(&mut self) -> Result<Vec<BlockEntry>, XdpError> {
         let now = monotonic_now_ns();
-        let mut active = Vec::new();
-        for (cidr, block) in self.blocks.entries()? {
-            if block.active(now) {
-                let expires_in = (block.expires_at_ns != 0).then(|| Duration::from_nanos(block.expires_at_ns - now));
-                active.push(BlockEntry { cidr, expires_in });
-            } else {
-                self.remove_block(cidr)?;
-            }
-        }
-        Ok(active)
+        let active = self.blocks.in_force(&mut self.occupancy, now)?;
+        Ok(active.into_iter().map(|(cidr, block)| BlockEntry { cidr, expires_in: expires_in(block, now) }).collect())
+    }
+
+    /// Demotes `cidr`: its sources' buckets refill at `rate` (for `ttl`, or until
+    /// undemoted) in place of their own.
+    pub fn demote(&mut self, cidr: IpNet, rate: Rate, ttl: Option<Duration>) -> Result<(), XdpError> {
+        self.demotions.insert(&mut self.occupancy, cidr, Demotion { rate, expiry: expiry_after(ttl) })
+    }
+
+    /// Lifts a demotion; `false` if there was none in force for exactly this CIDR.
+    pub fn undemote(&mut self, cidr: IpNet) -> Result<bool, XdpError> {
+        self.demotions.remove(&mut self.occupancy, cidr)
+    }
+
+    /// Demotions in force; lapsed ones are removed on the way.
+    pub fn demotions(&mut self) -> Result<Vec<DemotionEntry>, XdpError> {
+        let now = monotonic_now_ns();
+        let active = self.demotions.in_force(&mut self.occupancy, now)?;
+        Ok(active
+            .into_iter()
+            .map(|(cidr, demotion)| DemotionEntry {
+                cidr,
+                rate: demotion.rate,
+                expires_in: expires_in(demotion.expiry, now),
+            })
+            .collect())
+    }
+
+    /// The demoted rates in force, for readers that write nothing.
+    pub(crate) fn demoted_rates(&self) -> Result<Vec<(IpNet, Rate)>, XdpError> {
+        let active = self.demotions.read(monotonic_now_ns())?;
+        Ok(active.into_iter().map(|(cidr, demotion)| (cidr, demotion.rate)).collect())
     }
 
     /// Every counter, summed over CPUs, in [`Counter`] order.
@@ -410,10 +398,20 @@ fn write_services(settings: &mut Settings, services: &ServicesConfig) {
     settings.udp_replies = u8::try_from(services.udp_replies_from.len()).unwrap_or(u8::MAX);
 }
 
-/// Whether an insert failed because its LPM trie is at capacity (the kernel's ENOSPC).
-fn is_full(error: &XdpError) -> bool {
-    matches!(error, XdpError::Map { source: aya::maps::MapError::SyscallError(call), .. }
-        if call.io_error.raw_os_error() == Some(libc::ENOSPC))
+/// An entry lapsing `ttl` from now, or never.
+fn expiry_after(ttl: Option<Duration>) -> Expiry {
+    let expires_at_ns = ttl
+        .map_or(0, |ttl| monotonic_now_ns().saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX)).max(1));
+    Expiry { expires_at_ns }
+}
+
+/// Time left at `now` of an entry in force; `None` for one without expiry.
+fn expires_in(expiry: Expiry, now: u64) -> Option<Duration> {
+    (expiry.expires_at_ns != 0).then(|| Duration::from_nanos(expiry.expires_at_ns.saturating_sub(now)))
+}
+
+pub(super) fn set_occupied(occupancy: &mut Array<MapData, u32>, slot: u32, occupied: bool) -> Result<(), XdpError> {
+    occupancy.set(slot, u32::from(occupied), 0).map_err(map_error(names::OCCUPANCY))
 }
 
 fn policy_of(rule: &CidrRule) -> CidrPolicy {

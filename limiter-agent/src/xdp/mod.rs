@@ -19,7 +19,7 @@ pub use self::{
     explain::Limit,
     load::{Floor, Kernel, LoadOptions},
     map_access::{coarse_tick_ns, ephemeral_ports, monotonic_now_ns},
-    maps::{BlockEntry, KernelMaps},
+    maps::{BlockEntry, DemotionEntry, KernelMaps},
     stats::CounterSnapshot,
     verified::{Verifier, source_key},
 };

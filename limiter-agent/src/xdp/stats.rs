@@ -14,7 +14,7 @@ use limiter_common::{
 };
 use serde::Serialize;
 
-use super::{Attachment, BlockEntry, KernelMaps, XdpError, monotonic_now_ns};
+use super::{Attachment, BlockEntry, DemotionEntry, KernelMaps, XdpError, monotonic_now_ns};
 
 /// `xdp` in `limiter stats --json`.
 #[derive(Clone, Debug, Serialize)]
@@ -26,6 +26,9 @@ pub(crate) struct XdpStats {
     pub packets: CounterSnapshot,
     pub sources: SourceCount,
     pub blocks: Vec<BlockRow>,
+    /// Sources limited at a demoted rate (`limiter demote`, `[escalation]
+    /// demote_first`).
+    pub demoted: Vec<DemotedRow>,
     /// `[xdp.new_sources]`; `null` when off.
     pub new_sources: Option<BudgetRow>,
     /// `[xdp.syn]`; `null` when off.
@@ -72,6 +75,15 @@ pub(crate) struct BlockRow {
     pub expires_in_secs: Option<u64>,
 }
 
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct DemotedRow {
+    pub cidr: String,
+    pub packets_per_second: u64,
+    pub burst: u64,
+    /// Seconds left; `null` for a demotion without expiry.
+    pub expires_in_secs: Option<u64>,
+}
+
 /// One row of `limiter top`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub(crate) struct SourceRow {
@@ -114,6 +126,16 @@ impl KernelMaps {
                 expires_in_secs: expires_in.map(|d| d.as_secs_f64().ceil() as u64),
             })
             .collect();
+        let demoted = self
+            .demotions()?
+            .into_iter()
+            .map(|DemotionEntry { cidr, rate, expires_in }| DemotedRow {
+                cidr: cidr.to_string(),
+                packets_per_second: rate.per_second(),
+                burst: rate.burst(),
+                expires_in_secs: expires_in.map(|d| d.as_secs_f64().ceil() as u64),
+            })
+            .collect();
         let settings = self.settings()?;
         Ok(XdpStats {
             attached,
@@ -122,6 +144,7 @@ impl KernelMaps {
             packets: self.counter_snapshot()?,
             sources: SourceCount { tracked: self.sources_tracked(), capacity: self.sources_capacity() },
             blocks,
+            demoted,
             new_sources: self.budget_row(
                 &settings,
                 FEATURE_NEW_SOURCES,
@@ -166,6 +189,7 @@ impl KernelMaps {
     pub(crate) fn source_rows(&self) -> Result<Vec<SourceRow>, XdpError> {
         let settings = self.settings()?;
         let cidrs = self.cidrs()?;
+        let demoted = self.demoted_rates()?;
         let now = monotonic_now_ns();
         let mut rows = Vec::new();
         for entry in self.sources() {
@@ -178,7 +202,7 @@ impl KernelMaps {
                 IpAddr::V4(_) => addr.to_string(),
                 IpAddr::V6(_) => format!("{addr}/{}", settings.ipv6_prefix),
             };
-            let rate = rate_for(addr, &cidrs, settings.default_rate);
+            let rate = rate_for(addr, &cidrs, &demoted, settings.default_rate);
             let tokens = tokens(state.tat_ns, now, rate);
             rows.push(SourceRow {
                 source,
@@ -197,9 +221,17 @@ pub(super) fn tokens(tat_ns: u64, now: u64, rate: Rate) -> u64 {
     if rate.interval_ns == 0 { 0 } else { bucket::tokens(tat_ns, now, rate) }
 }
 
-/// The bucket the program applies to `addr`: the longest matching limit rule's, or
-/// the default.
-fn rate_for(addr: IpAddr, cidrs: &std::collections::BTreeMap<IpNet, CidrPolicy>, default: Rate) -> Rate {
+/// The bucket the program applies to `addr`: a demotion's, else the longest
+/// matching limit rule's, else the default.
+fn rate_for(
+    addr: IpAddr,
+    cidrs: &std::collections::BTreeMap<IpNet, CidrPolicy>,
+    demoted: &[(IpNet, Rate)],
+    default: Rate,
+) -> Rate {
+    if let Some((_, rate)) = demoted.iter().find(|(cidr, _)| cidr.contains(&addr)) {
+        return *rate;
+    }
     cidrs
         .iter()
         .filter(|(net, _)| net.contains(&addr))

@@ -1,15 +1,20 @@
 //! An IPv4 and an IPv6 LPM trie holding the same kind of value, addressed by CIDR:
-//! the CIDR rules and the runtime blocks are each such a pair.
+//! the CIDR rules, the runtime blocks and the demotions are each such a pair (the
+//! last two of entries that lapse, [`LapsingTries`]).
 
 use std::net::IpAddr;
 
 use aya::{
     Pod,
-    maps::{LpmTrie, Map, MapData, MapError, lpm_trie::Key},
+    maps::{Array, LpmTrie, Map, MapData, MapError, lpm_trie::Key},
 };
 use ipnet::IpNet;
+use limiter_common::maps::{Demotion, Expiry};
 
-use super::XdpError;
+use super::{XdpError, map_access::monotonic_now_ns, maps::set_occupied};
+
+/// The shortest time between two walks of a full trie for room.
+const PRUNE_INTERVAL_NS: u64 = 1_000_000_000;
 
 /// Both tries of one kind, with their map names (for errors) and their slots in the
 /// occupancy flags.
@@ -106,4 +111,119 @@ fn family(cidr: IpNet) -> usize {
 fn net(addr: IpAddr, prefix_len: u32) -> IpNet {
     let prefix_len = u8::try_from(prefix_len).unwrap_or(u8::MAX);
     IpNet::new(addr, prefix_len).unwrap_or_else(|_| IpNet::from(addr))
+}
+
+/// A trie value that lapses.
+pub(super) trait Lapses: Pod {
+    fn expiry(&self) -> Expiry;
+}
+
+impl Lapses for Expiry {
+    fn expiry(&self) -> Expiry {
+        *self
+    }
+}
+
+impl Lapses for Demotion {
+    fn expiry(&self) -> Expiry {
+        self.expiry
+    }
+}
+
+/// Tries of entries that lapse (blocks, demotions), which the program skips while
+/// their occupancy flag is down. The CLI and the agent write them concurrently, and
+/// every writer raises the flag before and after its insert; so the flag is cleared
+/// only after the trie was seen empty, and raised again if an insert landed
+/// meanwhile.
+pub(super) struct LapsingTries<V: Lapses> {
+    tries: CidrTries<V>,
+    /// When an insert last found a trie full and walked it for lapsed entries
+    /// (monotonic ns): a trie full of entries in force is walked once per
+    /// [`PRUNE_INTERVAL_NS`], not at each insert.
+    pruned_at_ns: Option<u64>,
+}
+
+impl<V: Lapses> LapsingTries<V> {
+    pub(super) fn new(tries: CidrTries<V>) -> Self {
+        Self { tries, pruned_at_ns: None }
+    }
+
+    /// Adds or replaces the entry of `cidr`.
+    pub(super) fn insert(
+        &mut self,
+        occupancy: &mut Array<MapData, u32>,
+        cidr: IpNet,
+        value: V,
+    ) -> Result<(), XdpError> {
+        let slot = self.tries.slot(cidr);
+        set_occupied(occupancy, slot, true)?;
+        if let Err(error) = self.tries.insert(cidr, value) {
+            // Lapsed entries stay in the trie until someone reads it: a full one makes
+            // room with them first.
+            let now = monotonic_now_ns();
+            let pruned_lately = self.pruned_at_ns.is_some_and(|at| now.saturating_sub(at) < PRUNE_INTERVAL_NS);
+            if !is_full(&error) || pruned_lately {
+                return Err(error);
+            }
+            self.pruned_at_ns = Some(now);
+            self.in_force(occupancy, now)?;
+            self.tries.insert(cidr, value)?;
+        }
+        // Again after the insert: a concurrent `settle` may have cleared the flag
+        // between ours and the insert.
+        set_occupied(occupancy, slot, true)
+    }
+
+    /// Removes the entry of exactly `cidr`; `false` if there was none in force (a
+    /// lapsed one is removed all the same).
+    pub(super) fn remove(&mut self, occupancy: &mut Array<MapData, u32>, cidr: IpNet) -> Result<bool, XdpError> {
+        let in_force = self.tries.get(cidr).is_some_and(|entry| entry.expiry().active(monotonic_now_ns()));
+        Ok(self.remove_any(occupancy, cidr)? && in_force)
+    }
+
+    fn remove_any(&mut self, occupancy: &mut Array<MapData, u32>, cidr: IpNet) -> Result<bool, XdpError> {
+        let removed = self.tries.remove(cidr);
+        self.settle(occupancy, self.tries.slot(cidr))?;
+        removed
+    }
+
+    /// Clears the flag of `slot` if its trie is empty.
+    fn settle(&mut self, occupancy: &mut Array<MapData, u32>, slot: u32) -> Result<(), XdpError> {
+        if !self.tries.is_empty(slot) {
+            return Ok(());
+        }
+        set_occupied(occupancy, slot, false)?;
+        if !self.tries.is_empty(slot) {
+            set_occupied(occupancy, slot, true)?;
+        }
+        Ok(())
+    }
+
+    /// The entries in force at `now`; lapsed ones are removed on the way.
+    pub(super) fn in_force(
+        &mut self,
+        occupancy: &mut Array<MapData, u32>,
+        now: u64,
+    ) -> Result<Vec<(IpNet, V)>, XdpError> {
+        let mut active = Vec::new();
+        for (cidr, entry) in self.tries.entries()? {
+            if entry.expiry().active(now) {
+                active.push((cidr, entry));
+            } else {
+                self.remove_any(occupancy, cidr)?;
+            }
+        }
+        Ok(active)
+    }
+
+    /// The entries in force at `now`, lapsed ones left for a writer to remove.
+    pub(super) fn read(&self, now: u64) -> Result<Vec<(IpNet, V)>, XdpError> {
+        Ok(self.tries.entries()?.into_iter().filter(|(_, entry)| entry.expiry().active(now)).collect())
+    }
+}
+
+/// Whether an insert failed because its LPM trie is at capacity (the kernel's ENOSPC).
+fn is_full(error: &XdpError) -> bool {
+    matches!(error, XdpError::Map { source: MapError::SyscallError(call), .. }
+        if call.io_error.raw_os_error() == Some(libc::ENOSPC))
 }

@@ -5,7 +5,7 @@ use std::process::{Command, Output};
 
 use limiter_lab::support::{agent::limiter_bin, unique};
 
-const COMMANDS: [&str; 16] = [
+const COMMANDS: [&str; 18] = [
     "explain",
     "run",
     "check",
@@ -14,6 +14,8 @@ const COMMANDS: [&str; 16] = [
     "top",
     "block",
     "unblock",
+    "demote",
+    "undemote",
     "verify",
     "unverify",
     "detach",

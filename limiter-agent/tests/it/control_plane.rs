@@ -960,3 +960,56 @@ fn check_warns_about_secret_files_others_can_read_and_short_secrets() {
     assert_eq!(check_warnings(&text), "");
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+#[test]
+fn demote_slows_a_source_to_its_demoted_bucket_and_undemote_restores_it() {
+    let security_log = std::env::temp_dir().join(format!("{}.jsonl", unique("security-demote")));
+    let agent = format!("keep_attached_on_exit = false\n[agent.security_log]\npath = \"{}\"", security_log.display());
+    let lab = XdpLab::start(1, &agent, &limit(10_000, 10_000));
+    let source = lab.sources[0];
+    let receiver = traffic::Receiver::bind(lab.host_ip).expect("receiver");
+
+    let output = lab.agent.cli(&["demote", &source.to_string()]);
+    assert_eq!(output.status.code(), Some(1), "no rate given and no demote_first");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--packets-per-second"), "{output:?}");
+    let output =
+        lab.agent.cli(&["demote", &source.to_string(), "--packets-per-second", "5", "--burst", "5", "--ttl", "1h"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stats = lab.agent.cli_json(&["stats", "--json"]);
+    let demoted = &stats["xdp"]["demoted"][0];
+    assert_eq!(demoted["cidr"].as_str(), Some(format!("{source}/32").as_str()), "{stats}");
+    assert_eq!((demoted["packets_per_second"].as_u64(), demoted["burst"].as_u64()), (Some(5), Some(5)), "{stats}");
+    assert!(demoted["expires_in_secs"].as_u64().is_some_and(|secs| secs > 3_500 && secs <= 3_600), "{stats}");
+    let table = String::from_utf8_lossy(&lab.agent.cli(&["stats"]).stdout).into_owned();
+    assert!(table.contains(&format!("demoted {source}/32 to 5 pps, burst 5")), "{table}");
+
+    // 50 at once: the burst of 5, and at most one more refilled meanwhile. (A second
+    // of refill, as the normal bucket's: undemoted, the source is not held back by
+    // what it spent while demoted.)
+    traffic::send(&lab.net.ns, source, receiver.addr, 50, 50).expect("send");
+    seen_all(&lab.agent, source, 50);
+    let passed = receiver.from(source).len();
+    assert!((5..=6).contains(&passed), "{passed} of 50 passed a demoted bucket of 5");
+
+    assert!(lab.agent.cli(&["undemote", &source.to_string()]).status.success());
+    assert_eq!(lab.agent.cli(&["undemote", &source.to_string()]).status.code(), Some(1), "none left");
+    let stats = lab.agent.cli_json(&["stats", "--json"]);
+    assert_eq!(stats["xdp"]["demoted"], serde_json::json!([]), "{stats}");
+    traffic::send(&lab.net.ns, source, receiver.addr, 50, 50).expect("send");
+    lab.agent.until("all 50 to pass at the normal rate", || receiver.from(source).len(), |n| *n == passed + 50);
+
+    let text = std::fs::read_to_string(&security_log).unwrap_or_default();
+    let events: Vec<serde_json::Value> = text.lines().map(|line| serde_json::from_str(line).expect("JSON")).collect();
+    let shown: Vec<_> = events
+        .iter()
+        .map(|e| (e["event"].as_str(), e["reason"].as_str(), e["plan"].as_str(), e["ttl_s"].as_u64()))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (Some("kernel_demote"), Some("cli"), Some("5 pps, burst 5"), Some(3_600)),
+            (Some("kernel_undemote"), Some("cli"), None, None)
+        ]
+    );
+    let _ = std::fs::remove_file(&security_log);
+}

@@ -46,6 +46,13 @@ impl Site {
 
     /// With `xdp_rules` (`[[xdp.cidr]]` tables) in the config.
     fn start_with(subnet: u8, redis: &str, upstream: SocketAddr, xdp_rules: &str) -> Self {
+        let escalation =
+            format!("[escalation]\nthreshold = 3\nwindow = \"10s\"\nblock_ttl = \"{}ms\"\n", BLOCK_TTL.as_millis());
+        Self::start_escalating(subnet, redis, upstream, xdp_rules, &escalation)
+    }
+
+    /// With `escalation`, the whole `[escalation]` section.
+    fn start_escalating(subnet: u8, redis: &str, upstream: SocketAddr, xdp_rules: &str, escalation: &str) -> Self {
         let name = unique("esc");
         let host_lab = HostLab::new(&name, subnet);
         let xdp = host_lab.xdp_section();
@@ -68,13 +75,8 @@ algorithm = "fixed_window"
 limit = 2
 window = "1h"
 
-[escalation]
-threshold = 3
-window = "10s"
-block_ttl = "{ttl}ms"
-"#,
+{escalation}"#,
             agent = agent_section(&name, "keep_attached_on_exit = false"),
-            ttl = BLOCK_TTL.as_millis(),
             security_log = security_log.display(),
         );
         let agent = AgentProcess::start(&name, &config);
@@ -328,6 +330,85 @@ async fn an_escalation_that_finds_the_block_trie_full_of_blocks_in_force_is_coun
         site.agent.stats_until("the failed block counted", |stats| stats["agent"]["escalation"]["block_failures"] == 1);
         assert!(site.connects(), "the kernel layer lets the client through: {}", site.agent.log());
         assert_eq!(site.get(), None, "the proxy closes the blocked client's connections");
+    })
+    .await
+    .expect("test thread");
+}
+
+/// The penalty ladder on a veth: the first offence demotes the client to a slow
+/// kernel bucket (on every agent of the fleet), a flood from it then passes at about
+/// that rate, and its next offence blocks it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_demoted_client_floods_at_its_demoted_rate_and_its_next_offence_blocks_it() {
+    let redis = TestRedis::shared();
+    let keys = redis_keys(&redis, &unique_prefix("ladder"), "allow");
+    let upstream = Upstream::start().await;
+    let upstream_addr = upstream.addr;
+    tokio::task::spawn_blocking(move || {
+        // A window of a second: the next offence may come a second after the first.
+        let escalation = "[escalation]\nthreshold = 3\nwindow = \"1s\"\nblock_ttl = \"1m\"\nblock_ttl_factor = 2\n\
+                          demote_first = { packets_per_second = 20, burst = 40, ttl = \"1m\" }\n";
+        let site = Site::start_escalating(17, &keys, upstream_addr, "", escalation);
+        let there = Site::start_escalating(18, &keys, upstream_addr, "", escalation);
+        let cidr = format!("{}/32", site.client);
+        let demoted = |site: &Site| {
+            let stats = site.agent.cli_json(&["stats", "--json"]);
+            stats["xdp"]["demoted"].as_array().and_then(|all| all.iter().find(|d| d["cidr"] == cidr.as_str()).cloned())
+        };
+        let statuses: Vec<Option<u16>> = (0..6).map(|_| site.get()).collect();
+        assert_eq!(statuses, [Some(200), Some(200), Some(429), Some(429), Some(429), Some(429)]);
+        let row = site.agent.until("the client demoted", || demoted(&site), Option::is_some).expect("demoted");
+        assert_eq!((row["packets_per_second"].as_u64(), row["burst"].as_u64()), (Some(20), Some(40)), "{row}");
+        assert!(!site.blocks(&cidr), "demoted, not blocked");
+        there.agent.until("the other agent to demote it too", || demoted(&there), Option::is_some);
+
+        // A flood of about 1 000 packets a second: its burst of 40, then 20 a second.
+        let IpAddr::V4(host) = site.proxy.ip() else { unreachable!("an IPv4 lab") };
+        let receiver = limiter_lab::traffic::Receiver::bind(host).expect("receiver");
+        let took = limiter_lab::traffic::send(&site.lab.ns, site.client, receiver.addr, 3_000, 10).expect("flood");
+        std::thread::sleep(Duration::from_millis(200));
+        let passed = receiver.from(site.client).len() as f64;
+        let expected = 40.0 + 20.0 * took.as_secs_f64();
+        assert!(
+            passed <= expected + 5.0 && passed >= 20.0 * took.as_secs_f64(),
+            "{passed} of 3000 passed in {took:?}; a demoted bucket admits about {expected:.0}"
+        );
+
+        // Its bucket refills (two seconds hold its burst), and its next 429s are its
+        // second offence: a block.
+        std::thread::sleep(Duration::from_secs(2));
+        site.agent.until(
+            "the client blocked",
+            || {
+                site.get();
+                site.blocks(&cidr)
+            },
+            |blocked| *blocked,
+        );
+        let event = |event: &str, reason: &str| [event.to_owned(), reason.to_owned(), site.client.to_string()];
+        let ladder = [event("kernel_demote", "escalation"), event("kernel_block", "escalation")];
+        site.security_events(|events| ladder.iter().all(|e| events.contains(e)));
+        let learnt = [event("kernel_demote", "fleet"), event("kernel_block", "fleet")];
+        there.security_events(|events| learnt.iter().all(|e| events.contains(e)));
+
+        // `limiter unblock` forgets its offences (in the fleet's Redis): its next one
+        // is a first one again, a demotion.
+        let output = site.agent.cli(&["unblock", &cidr]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert!(String::from_utf8_lossy(&output.stdout).contains(&format!("offence history of {cidr} cleared")));
+        std::thread::sleep(Duration::from_secs(1));
+        let demoted_again = |events: &Vec<[String; 3]>| {
+            events.iter().filter(|e| **e == event("kernel_demote", "escalation")).count() == 2
+        };
+        site.agent.until(
+            "its next offence to demote it again",
+            || {
+                site.get();
+                demoted_again(&site.security_events(|_| true))
+            },
+            |again| *again,
+        );
+        assert!(!site.blocks(&cidr), "demoted, not blocked");
     })
     .await
     .expect("test thread");

@@ -119,6 +119,14 @@ auth = "bearer"
     let source = lab.sources[0].to_string();
     let fresh = kernel(&source);
     assert_eq!((fresh["verdict"].as_str(), fresh["limit"]["packets_per_second"].as_u64()), (Some("pass"), Some(1000)));
+    let demote = ["demote", &source, "--packets-per-second", "5", "--burst", "10", "--ttl", "1m"];
+    assert!(lab.agent.cli(&demote).status.success());
+    let demoted = kernel(&source);
+    assert_eq!(demoted["demoted"][0], format!("{source}/32"), "{demoted}");
+    assert_eq!(
+        (demoted["limit"]["packets_per_second"].as_u64(), demoted["limit"]["burst"].as_u64()),
+        (Some(5), Some(10))
+    );
     assert!(lab.agent.cli(&["block", &format!("{source}/32"), "--ttl", "1m"]).status.success());
     let blocked = kernel(&source);
     assert_eq!(blocked["verdict"], "drop: blocked", "{blocked}");

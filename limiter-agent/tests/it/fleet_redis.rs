@@ -689,6 +689,62 @@ async fn rejections_spread_over_two_agents_escalate_as_if_on_one() {
     }
 }
 
+/// The penalty ladder's offences are the fleet's: an offence on one agent and one on
+/// another give the second agent's block the second rung, and `limiter unblock` on
+/// one forgets the offences seen by all.
+#[tokio::test]
+async fn offences_on_two_agents_climb_one_ladder() {
+    use limiter::{
+        config::Config,
+        escalation::{Escalation, Escalator, Penalty},
+    };
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("ladder");
+    let config = Config::parse(
+        &format!(
+            "[xdp]\ninterfaces = [\"lo\"]\n[xdp.limit]\npackets_per_second = 10\nburst = 20\n\
+             {}[escalation]\nthreshold = 3\nwindow = \"200ms\"\nblock_ttl = \"10m\"\nblock_ttl_factor = 2\n",
+            PROXY_HEAD.replace("{upstream}", "127.0.0.1:1")
+        ),
+        std::path::Path::new("test.toml"),
+    )
+    .expect("ladder config");
+    let agent = || {
+        let fleet = Fleet::connect(redis.url(), &prefix, Duration::from_secs(2)).expect("fleet");
+        let (sender, receiver) = tokio::sync::mpsc::channel(8);
+        (Escalator::new(&config, sender, SystemClock, Some(fleet)), receiver)
+    };
+    let ((a, mut from_a), (b, mut from_b)) = (agent(), agent());
+    let source: std::net::IpAddr = "203.0.113.9".parse().expect("address");
+    async fn next(receiver: &mut tokio::sync::mpsc::Receiver<Escalation>) -> (Penalty, Duration) {
+        let escalation = tokio::time::timeout(PATIENCE, receiver.recv()).await.expect("in time").expect("sent");
+        (escalation.penalty, escalation.ttl)
+    }
+    let minutes = |m: u64| (Penalty::Block, Duration::from_secs(60 * m));
+    a.offend(source);
+    assert_eq!(next(&mut from_a).await, minutes(10));
+    // Past the window, so that it is an offence of its own (the server's clock).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.offend(source);
+    assert_eq!(next(&mut from_b).await, minutes(20), "A's offence counted on B");
+    let key = format!("{prefix}offences:203.0.113.9/32");
+    let query = |command: &mut redis::Cmd| -> i64 {
+        let mut connection = redis::Client::open(redis.url()).and_then(|c| c.get_connection()).expect("redis");
+        command.query(&mut connection).expect("redis answer")
+    };
+    assert_eq!(query(redis::cmd("ZCARD").arg(&key)), 2);
+    let ttl = query(redis::cmd("PTTL").arg(&key));
+    assert!(ttl > 0 && ttl <= 7 * 86_400_000, "kept for offence_memory: {ttl}");
+
+    b.unblocked("203.0.113.9/32".parse().expect("cidr"), false).await.expect("forgotten in Redis");
+    assert_eq!(query(redis::cmd("EXISTS").arg(&key)), 0);
+    // B's unblock lifted its own block (A's lasts): B's next offence is a first one,
+    // A's offence forgotten with B's.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.offend(source);
+    assert_eq!(next(&mut from_b).await, minutes(10), "the ladder starts again");
+}
+
 /// The heartbeat is the breaker's probe: Redis coming back ends the outage with no
 /// request to notice it, so the first request after it is decided in Redis again.
 /// `tracked_keys` and `evictions` are the server's figures.

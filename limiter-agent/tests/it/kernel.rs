@@ -365,3 +365,54 @@ fn a_new_config_keeps_every_bucket_where_it_was() {
     assert_eq!(kernel.run(&udp4(A)), XDP_DROP);
     assert_eq!(verdicts(&kernel, &udp4(B), 4), [XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP], "new rate applies");
 }
+
+/// A demotion replaces the source's rate and keeps its bucket: a TAT half a second
+/// ahead is not refilled by the switch, so a demoted bucket of 1 pps and burst 2
+/// admits one packet, where a fresh one would admit two.
+#[test]
+fn a_demoted_source_is_limited_at_its_demoted_rate_until_undemoted_or_lapsed() {
+    let mut kernel = TestKernel::new(&xdp_config(
+        "[xdp.limit]\npackets_per_second = 1000\nburst = 5000\n\
+         [[xdp.cidr]]\ncidr = \"192.0.2.128/25\"\naction = \"allow\"\n",
+    ));
+    let slow = limiter_common::bucket::Rate::new(1, 2);
+    let cidr = |text: &str| text.parse::<ipnet::IpNet>().expect("cidr");
+    assert_eq!(verdicts(&kernel, &udp4(A), 500), [XDP_PASS; 500], "half a second of the normal rate");
+    kernel.kernel.maps_mut().demote(cidr("192.0.2.7/32"), slow, None).expect("demote");
+    assert_eq!(verdicts(&kernel, &udp4(A), 3), [XDP_PASS, XDP_DROP, XDP_DROP], "its bucket kept, at 1 pps");
+    assert_eq!(verdicts(&kernel, &udp4(B), 5), [XDP_PASS; 5], "its neighbour keeps the normal rate");
+    let demoted = kernel.kernel.maps_mut().demotions().expect("demotions");
+    assert_eq!((demoted.len(), demoted[0].rate, demoted[0].expires_in), (1, slow, None));
+
+    assert!(kernel.kernel.maps_mut().undemote(cidr("192.0.2.7/32")).expect("undemote"));
+    assert_eq!(verdicts(&kernel, &udp4(A), 100), [XDP_PASS; 100], "the normal rate again");
+    assert!(!kernel.kernel.maps_mut().undemote(cidr("192.0.2.7/32")).expect("undemote"), "none left");
+
+    // An allow rule wins over a demotion.
+    let allowed = Ipv4Addr::new(192, 0, 2, 200);
+    kernel.kernel.maps_mut().demote(cidr("192.0.2.200/32"), slow, None).expect("demote");
+    assert_eq!(verdicts(&kernel, &udp4(allowed), 5), [XDP_PASS; 5], "allowed");
+
+    // IPv6: the source's /64, a fresh bucket at the demoted rate.
+    let v6 = |text: &str| udp6(text.parse().expect("address"));
+    kernel.kernel.maps_mut().demote(cidr("2001:db8:1:2::/64"), slow, None).expect("demote");
+    assert_eq!(verdicts(&kernel, &v6("2001:db8:1:2::9"), 3), [XDP_PASS, XDP_PASS, XDP_DROP]);
+    assert_eq!(verdicts(&kernel, &v6("2001:db8:1:3::9"), 3), [XDP_PASS; 3], "another /64");
+
+    // A lapsed demotion no longer applies, and is cleaned up.
+    let ttl = Duration::from_millis(200);
+    let c = Ipv4Addr::new(192, 0, 2, 9);
+    kernel
+        .kernel
+        .maps_mut()
+        .demote(cidr("192.0.2.9/32"), limiter_common::bucket::Rate::new(1, 1), Some(ttl))
+        .expect("demote");
+    let expires = monotonic_now_ns() + u64::try_from(ttl.as_nanos()).expect("ns");
+    assert_eq!(verdicts(&kernel, &udp4(c), 2), [XDP_PASS, XDP_DROP]);
+    while monotonic_now_ns() <= expires {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(verdicts(&kernel, &udp4(c), 5), [XDP_PASS; 5], "lapsed");
+    let left: Vec<_> = kernel.kernel.maps_mut().demotions().expect("demotions").into_iter().map(|d| d.cidr).collect();
+    assert_eq!(left, [cidr("192.0.2.200/32"), cidr("2001:db8:1:2::/64")], "the lapsed one is removed");
+}

@@ -22,6 +22,7 @@ mod proxy_decisions;
 mod proxy_disclose;
 mod proxy_escalation;
 mod proxy_http2;
+mod proxy_ja4;
 mod proxy_jwt;
 mod proxy_limits;
 mod proxy_paths;

@@ -7,6 +7,7 @@
 #[cfg(feature = "agent")]
 pub mod agent;
 pub mod frames;
+pub mod ja4;
 #[cfg(feature = "agent")]
 pub mod kernel;
 #[cfg(feature = "agent")]

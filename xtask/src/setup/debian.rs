@@ -53,6 +53,8 @@ pub const OPENSSL: Debian = program("openssl", "openssl");
 pub const CURL: Debian = program("curl", "curl");
 /// Drives `limiter top --watch`'s screen in the tests, as a terminal would.
 pub const TMUX: Debian = program("tmux", "tmux");
+/// Captures the TLS handshakes whose JA4 the fingerprint tests compute apart.
+pub const TCPDUMP: Debian = program("tcpdump", "tcpdump");
 /// The edge-protocol tests' load balancer, sending PROXY protocol v2.
 pub const HAPROXY: Debian = program("haproxy", "haproxy");
 /// An HTTP/2 load generator: the edge-protocol tests' and the bench's.
