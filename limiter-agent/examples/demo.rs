@@ -255,14 +255,30 @@ fn reflection_phase(limiter: &Path, config_path: &Path, config_text: &str) -> an
     let pin_dir = CLEANUP.lock().ok().and_then(|c| c.as_ref().map(|c| c.pin_dir.clone())).context("pin dir")?;
     let counters = || limiter::xdp::KernelMaps::open_pinned(&pin_dir).and_then(|m| m.counter_snapshot());
     let start = counters()?;
+    // Ports 1024 to 21023: below the ephemeral range the polite flow's served port is
+    // taken from, so that no packet of the flood is to a port served.
+    let flooder = FLOODER.to_string();
+    flood_beside_polite(&receiver, &["-s", "53", "-k", "-p", "++1024", "-a", &flooder], REFLECTED)?;
+    let dropped = counters()?.get(Counter::DroppedService) - start.get(Counter::DroppedService);
+    println!("\n{:<24} {:>10} {:>30} {:>14}", "", "sent", "dropped at the NIC (service)", "polite passed");
+    println!(
+        "{:<24} {REFLECTED:>10} {dropped:>30} {:>11}/{POLITE_PACKETS}",
+        "reflection to closed ports",
+        receiver.from(POLITE).len()
+    );
+    Ok(())
+}
+
+/// `count` UDP packets from hping3 in the namespace with `hping3_args`, one each
+/// 20 µs, while the polite flow sends its packets to `receiver`; returns once both are
+/// done and the receiver has settled.
+fn flood_beside_polite(receiver: &traffic::Receiver, hping3_args: &[&str], count: u64) -> anyhow::Result<()> {
     std::thread::scope(|scope| -> anyhow::Result<()> {
         let polite = scope.spawn(|| traffic::send(NS, POLITE, receiver.addr, POLITE_PACKETS, 1));
-        let count = REFLECTED.to_string();
-        // Ports 1024 to 21023: below the ephemeral range the polite flow's served port
-        // is taken from, so that no packet of the flood is to a port served.
         let flood = Command::new("ip")
-            .args(["netns", "exec", NS, "timeout", "30", "hping3", "-q", "--udp", "-s", "53", "-k", "-p", "++1024"])
-            .args(["-a", &FLOODER.to_string(), "-c", &count, "-i", "u20", &HOST_IP.to_string()])
+            .args(["netns", "exec", NS, "timeout", "30", "hping3", "-q", "--udp"])
+            .args(hping3_args)
+            .args(["-c", &count.to_string(), "-i", "u20", &HOST_IP.to_string()])
             .output()
             .context("hping3 (cargo xtask setup installs it)")?;
         anyhow::ensure!(
@@ -274,13 +290,6 @@ fn reflection_phase(limiter: &Path, config_path: &Path, config_text: &str) -> an
         Ok(())
     })?;
     receiver.settle(Duration::from_millis(200));
-    let dropped = counters()?.get(Counter::DroppedService) - start.get(Counter::DroppedService);
-    println!("\n{:<24} {:>10} {:>30} {:>14}", "", "sent", "dropped at the NIC (service)", "polite passed");
-    println!(
-        "{:<24} {REFLECTED:>10} {dropped:>30} {:>11}/{POLITE_PACKETS}",
-        "reflection to closed ports",
-        receiver.from(POLITE).len()
-    );
     Ok(())
 }
 
@@ -300,24 +309,7 @@ fn spoofed_phase() -> anyhow::Result<SpoofedRow> {
     let counters = || limiter::xdp::KernelMaps::open_pinned(&pin_dir).and_then(|m| m.counter_snapshot());
     let receiver = traffic::Receiver::bind(HOST_IP)?;
     let start = counters()?;
-    std::thread::scope(|scope| -> anyhow::Result<()> {
-        let polite = scope.spawn(|| traffic::send(NS, POLITE, receiver.addr, POLITE_PACKETS, 1));
-        let count = SPOOFED.to_string();
-        let host = HOST_IP.to_string();
-        let flood = Command::new("ip")
-            .args(["netns", "exec", NS, "timeout", "30", "hping3", "-q", "--udp", "-p", "9", "--rand-source"])
-            .args(["-c", &count, "-i", "u20", &host])
-            .output()
-            .context("hping3 (cargo xtask setup installs it)")?;
-        anyhow::ensure!(
-            flood.status.code().is_some_and(|c| c <= 1),
-            "hping3: {}",
-            String::from_utf8_lossy(&flood.stderr)
-        );
-        polite.join().map_err(|_| anyhow::anyhow!("polite thread"))??;
-        Ok(())
-    })?;
-    receiver.settle(Duration::from_millis(200));
+    flood_beside_polite(&receiver, &["-p", "9", "--rand-source"], SPOOFED)?;
     let end = counters()?;
     let delta = |c: Counter| end.get(c) - start.get(c);
     let polite = receiver.from(POLITE).len() as u64;
