@@ -40,11 +40,13 @@ pub enum Counter {
     /// Dropped: an IPv6 packet from an IPv4-mapped address (`::ffff:0:0/96`), which no
     /// IPv6 host sends and the stack refuses: it must not pass as the IPv4 source.
     DroppedV4Mapped = 13,
+    /// Dropped: the source's byte budget had too few bytes left for the frame.
+    DroppedBytes = 14,
 }
 
 impl Counter {
     /// Every counter in index order.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::Passed,
         Self::DroppedRateLimit,
         Self::DroppedDeny,
@@ -59,6 +61,7 @@ impl Counter {
         Self::DroppedSyn,
         Self::DroppedSynShare,
         Self::DroppedV4Mapped,
+        Self::DroppedBytes,
     ];
 
     /// Size of the counters array.
@@ -82,6 +85,7 @@ impl Counter {
             Self::DroppedSyn => "dropped_syn",
             Self::DroppedSynShare => "dropped_syn_share",
             Self::DroppedV4Mapped => "dropped_v4_mapped",
+            Self::DroppedBytes => "dropped_bytes",
         }
     }
 }

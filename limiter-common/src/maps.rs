@@ -6,10 +6,10 @@
 
 use core::mem::size_of;
 
-use crate::bucket::Rate;
+use crate::bucket::{ByteRate, Rate};
 
 /// Bumped on every change of a map's key, value or meaning.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// LRU hash of [`SourceKey`] → [`SourceState`]; sized from `xdp.max_sources`.
 pub const SOURCES: &str = "SOURCES";
@@ -219,9 +219,14 @@ pub struct SourceState {
     /// tick-grained variant under [`FEATURE_COARSE_CLOCK`]); only ever changed by
     /// compare-and-swap.
     pub tat_ns: u64,
+    /// TAT of the byte bucket, in ticks of `crate::bucket::BYTE_TICKS_PER_NS` on
+    /// the same clock; used only where a byte budget applies (in [`SOURCES`]), and
+    /// also only changed by compare-and-swap.
+    pub byte_tat: u64,
     /// Packets seen from this source.
     pub packets: u64,
-    /// Of those, dropped by the limit (or would-drop in dry run).
+    /// Of those, dropped by the limit, of packets or of bytes (or would-drop in dry
+    /// run).
     pub dropped: u64,
 }
 
@@ -247,6 +252,9 @@ pub struct CidrPolicy {
     pub reserved: u32,
     /// Used when `action` is [`Action::Limit`].
     pub rate: Rate,
+    /// The byte budget of each source under the rule, with [`Action::Limit`];
+    /// [`ByteRate::NONE`]: none (the default's does not apply either).
+    pub bytes: ByteRate,
     /// The prefix aggregate of sources under this rule; an `interval_ns` of 0 means
     /// the rule has none of its own and [`Settings::aggregate_rate`] applies.
     pub aggregate: Rate,
@@ -256,7 +264,13 @@ impl CidrPolicy {
     /// A rule with no aggregate of its own.
     #[must_use]
     pub const fn new(action: Action, rate: Rate) -> Self {
-        Self { action: action as u32, reserved: 0, rate, aggregate: Rate { interval_ns: 0, tolerance_ns: 0 } }
+        Self {
+            action: action as u32,
+            reserved: 0,
+            rate,
+            bytes: ByteRate::NONE,
+            aggregate: Rate { interval_ns: 0, tolerance_ns: 0 },
+        }
     }
 }
 
@@ -312,6 +326,9 @@ pub struct Settings {
     pub syn_rate: Rate,
     /// Each unverified source's share of it ([`SYN_SHARES`]).
     pub syn_source_rate: Rate,
+    /// Byte budget of every source no CIDR rule limits otherwise;
+    /// [`ByteRate::NONE`]: none, and the frame's length is not even read.
+    pub default_bytes: ByteRate,
     /// The ports whose SYNs take from the budget (with [`FEATURE_SYN_PORTS`]); 0
     /// fills the unused places.
     pub syn_ports: [u16; MAX_SYN_PORTS],
@@ -379,10 +396,10 @@ mod tests {
     #[test]
     fn record_sizes_are_stable() {
         assert_eq!(size_of::<SourceKey>(), 16);
-        assert_eq!(size_of::<SourceState>(), 24);
-        assert_eq!(size_of::<CidrPolicy>(), 40);
+        assert_eq!(size_of::<SourceState>(), 32);
+        assert_eq!(size_of::<CidrPolicy>(), 56);
         assert_eq!(size_of::<Block>(), 8);
-        assert_eq!(size_of::<Settings>(), 128);
+        assert_eq!(size_of::<Settings>(), 144);
     }
 
     /// The bounds README and config/limiter.toml state, and what they cost.
@@ -391,7 +408,7 @@ mod tests {
         assert_eq!(Sizing::MaxSources.max_entries(), 8_388_608);
         assert_eq!(Sizing::MaxPrefixes.max_entries(), 2_097_152);
         assert_eq!(Sizing::MaxVerified.max_entries(), 2_097_152);
-        assert_eq!((Sizing::MaxSources.entry_bytes(), Sizing::MaxVerified.entry_bytes()), (104, 88));
+        assert_eq!((Sizing::MaxSources.entry_bytes(), Sizing::MaxVerified.entry_bytes()), (112, 88));
         for sizing in Sizing::ALL {
             assert!(sizing.max_entries() as usize * sizing.entry_bytes() <= sizing.budget_bytes(), "{sizing:?}");
         }

@@ -2,8 +2,8 @@
 //! and what holds against spoofed sources: a budget for new sources, prefix
 //! aggregates and a SYN budget, all skipped by verified sources.
 //!
-//! A frame goes `parse` → blocks → CIDR policy → the source's bucket (or, for a
-//! source without one, the new-source budget) → its prefix's aggregate → for a SYN
+//! A frame goes `parse` → blocks → CIDR policy → the source's bucket and byte
+//! budget (or, for a source without them, the new-source budget) → its prefix's aggregate → for a SYN
 //! to a served port, the source's share of the SYN budget, then the budget
 //! (`limiter_common::bucket`, `bucket.rs`) → one verdict counter. The shared buckets
 //! come after the source's own, so that a source refused by its own limit does not
@@ -23,7 +23,7 @@ mod parse;
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS},
-    helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
+    helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns, bpf_xdp_get_buff_len},
     macros::xdp,
     maps::lpm_trie::Key,
     programs::XdpContext,
@@ -31,7 +31,7 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use limiter_common::{
     addr::{V4_MAPPED_BITS, mask_v6},
-    bucket::Rate,
+    bucket::{ByteRate, Rate, Taken},
     counters::Counter,
     maps::{
         Action, BUDGET_NEW_SOURCES, BUDGET_SYN, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK, FEATURE_NEW_SOURCES,
@@ -40,7 +40,7 @@ use limiter_common::{
 };
 
 use crate::{
-    bucket::{Charged, charge, take_budget},
+    bucket::{Bytes, Charged, charge, take_budget},
     maps::{
         AGGREGATES, BLOCK_V4, BLOCK_V6, BUDGETS, CIDR_V4, CIDR_V6, SOURCES, SYN_SHARES, count, may_hold, settings,
         verified,
@@ -84,15 +84,16 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     if blocked(&packet) {
         return refuse(enforce, Counter::DroppedDeny);
     }
-    let (rate, rule_aggregate) = match policy(&packet) {
-        Some((Action::Allow, _, _)) => {
+    let (rate, byte_rate, rule_aggregate) = match policy(&packet) {
+        Some((Action::Allow, ..)) => {
             count(Counter::Allowed);
             return XDP_PASS;
         }
-        Some((Action::Deny, _, _)) => return refuse(enforce, Counter::DroppedDeny),
-        Some((Action::Limit, rate, aggregate)) => (rate, aggregate),
-        None => (settings.default_rate, Rate { interval_ns: 0, tolerance_ns: 0 }),
+        Some((Action::Deny, ..)) => return refuse(enforce, Counter::DroppedDeny),
+        Some((Action::Limit, rate, bytes, aggregate)) => (rate, bytes, aggregate),
+        None => (settings.default_rate, settings.default_bytes, Rate { interval_ns: 0, tolerance_ns: 0 }),
     };
+    let bytes = frame_bytes(&ctx, byte_rate);
     // Read the clock only once a bucket needs it: it is the costliest helper here.
     let now = bucket_clock(settings);
     let key = SourceKey { addr: packet.source };
@@ -101,7 +102,7 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     // A source without a bucket is refused before the map is touched when the budget
     // is empty: a flood of spoofed sources neither pays for an insert nor evicts the
     // buckets of the sources already known.
-    let charged = charge(&ctx, &SOURCES, &key, now, rate, || {
+    let charged = charge(&ctx, &SOURCES, &key, now, rate, bytes, || {
         !settings.has(FEATURE_NEW_SOURCES)
             || proof.verified(&key, now)
             || take_budget(&ctx, &BUDGETS, BUDGET_NEW_SOURCES, now, settings.new_source_rate)
@@ -114,12 +115,14 @@ pub fn limiter(ctx: XdpContext) -> u32 {
         }
         Charged::Existing(_) | Charged::Raced(_) => {}
     }
-    if !charged.admitted() {
-        return refuse(enforce, Counter::DroppedRateLimit);
+    match charged.taken() {
+        Some(Taken::OverPackets) => return refuse(enforce, Counter::DroppedRateLimit),
+        Some(Taken::OverBytes) => return refuse(enforce, Counter::DroppedBytes),
+        Some(Taken::Admitted) | None => {}
     }
     if let Some(aggregate) = aggregate_rate(settings, rule_aggregate)
         && !proof.verified(&key, now)
-        && !charge(&ctx, &AGGREGATES, &prefix_key(&packet, settings), now, aggregate, || true).admitted()
+        && !charge(&ctx, &AGGREGATES, &prefix_key(&packet, settings), now, aggregate, Bytes::NONE, || true).admitted()
     {
         return refuse(enforce, Counter::DroppedAggregate);
     }
@@ -138,18 +141,30 @@ pub fn limiter(ctx: XdpContext) -> u32 {
 fn charge_syn(ctx: &XdpContext, key: &SourceKey, now: u64, settings: &Settings) -> Option<Counter> {
     // A source without a share takes the budget's token before one is made for it,
     // so that SYNs the empty budget refuses never churn the shares.
-    let share = charge(ctx, &SYN_SHARES, key, now, settings.syn_source_rate, || {
+    let share = charge(ctx, &SYN_SHARES, key, now, settings.syn_source_rate, Bytes::NONE, || {
         take_budget(ctx, &BUDGETS, BUDGET_SYN, now, settings.syn_rate)
     });
     match share {
         Charged::Refused => Some(Counter::DroppedSyn),
         // The budget's token was taken for the insert, whichever CPU's insert won.
-        Charged::Inserted(true) | Charged::Raced(true) => None,
-        Charged::Existing(true) => {
+        Charged::Inserted(Taken::Admitted) | Charged::Raced(Taken::Admitted) => None,
+        Charged::Existing(Taken::Admitted) => {
             (!take_budget(ctx, &BUDGETS, BUDGET_SYN, now, settings.syn_rate)).then_some(Counter::DroppedSyn)
         }
-        Charged::Existing(false) | Charged::Inserted(false) | Charged::Raced(false) => Some(Counter::DroppedSynShare),
+        Charged::Existing(_) | Charged::Inserted(_) | Charged::Raced(_) => Some(Counter::DroppedSynShare),
     }
+}
+
+/// The frame's byte budget, if `rate` is one: the frame's whole length, Ethernet
+/// header to its last byte (1 514 for a full frame on a 1 500-byte MTU), fragments
+/// of a multi-buffer frame included. Without a budget the length is not read.
+#[inline(always)]
+fn frame_bytes(ctx: &XdpContext, rate: ByteRate) -> Bytes {
+    if !rate.is_set() {
+        return Bytes::NONE;
+    }
+    // SAFETY: the helper only reads the context the kernel handed us.
+    Bytes { length: unsafe { bpf_xdp_get_buff_len(ctx.ctx) }, rate }
 }
 
 /// Whether the packet is a SYN that takes from the SYN budget: one to a port the
@@ -262,7 +277,7 @@ fn blocked(packet: &Packet) -> bool {
 }
 
 #[inline(always)]
-fn policy(packet: &Packet) -> Option<(Action, Rate, Rate)> {
+fn policy(packet: &Packet) -> Option<(Action, Rate, ByteRate, Rate)> {
     let policy = match packet.v4 {
         Some(v4) if may_hold(OCCUPIED_CIDR_V4) => CIDR_V4.get(Key::new(32, v4)),
         None if may_hold(OCCUPIED_CIDR_V6) => CIDR_V6.get(Key::new(128, packet.v6)),
@@ -273,7 +288,7 @@ fn policy(packet: &Packet) -> Option<(Action, Rate, Rate)> {
         1 => Action::Deny,
         _ => Action::Limit,
     };
-    Some((action, policy.rate, policy.aggregate))
+    Some((action, policy.rate, policy.bytes, policy.aggregate))
 }
 
 #[cfg(not(test))]

@@ -360,11 +360,12 @@ pub(crate) fn settings_for(config: &XdpConfig, syn_ports: &SynPorts, tick_ns: u6
         }
     }
     Settings {
-        default_rate: config.limit.rate(),
+        default_rate: config.limit.packets.rate(),
         new_source_rate: rate(config.new_sources),
         aggregate_rate: rate(config.aggregate.limit),
         syn_rate: rate(config.syn.as_ref().map(|syn| syn.limit)),
         syn_source_rate: rate(config.syn.as_ref().map(|syn| syn.per_source())),
+        default_bytes: config.limit.bytes.map(|bytes| bytes.rate()).unwrap_or_default(),
         syn_ports: ports,
         layout_version: LAYOUT_VERSION,
         enforce: u8::from(config.enforce),
@@ -374,7 +375,11 @@ pub(crate) fn settings_for(config: &XdpConfig, syn_ports: &SynPorts, tick_ns: u6
             | feature(config.aggregate.limit.is_some(), FEATURE_AGGREGATE)
             | feature(config.syn.is_some(), FEATURE_SYN)
             | feature(matches!(syn_ports, SynPorts::Only(_)), FEATURE_SYN_PORTS)
-            | feature(config.rates_in_force().all(|rate| coarse_clock_fits(rate, tick_ns)), FEATURE_COARSE_CLOCK),
+            | feature(
+                config.rates_in_force().all(|rate| coarse_clock_fits(rate, tick_ns))
+                    && config.byte_rates_in_force().all(|rate| rate.coarse_clock_fits(tick_ns)),
+                FEATURE_COARSE_CLOCK,
+            ),
         aggregate_ipv4_prefix: config.aggregate.ipv4_prefix.0,
         aggregate_ipv6_prefix: config.aggregate.ipv6_prefix.0,
         reserved: [0; 6],
@@ -391,7 +396,10 @@ fn policy_of(rule: &CidrRule) -> CidrPolicy {
     let policy = match rule.action {
         CidrAction::Allow => CidrPolicy::new(Action::Allow, Default::default()),
         CidrAction::Deny => CidrPolicy::new(Action::Deny, Default::default()),
-        CidrAction::Limit(limit) => CidrPolicy::new(Action::Limit, limit.rate()),
+        CidrAction::Limit(limit) => CidrPolicy {
+            bytes: limit.bytes.map(|bytes| bytes.rate()).unwrap_or_default(),
+            ..CidrPolicy::new(Action::Limit, limit.packets.rate())
+        },
     };
     CidrPolicy { aggregate: rule.aggregate.map(|a| a.rate()).unwrap_or(policy.aggregate), ..policy }
 }
@@ -426,6 +434,11 @@ mod tests {
         assert!(coarse(&rule(1_000, 400)));
         assert!(!coarse(&rule(1_000, 399)), "one rule below the bound keeps every bucket precise");
         assert!(!coarse(&format!("{XDP}[xdp.syn]\npackets_per_second = 1000\nburst = 10\n")));
+        let bytes = |burst: u32| {
+            XDP.replace("burst = 20", &format!("burst = 20\nbytes_per_second = 5_000_000\nbyte_burst = {burst}"))
+        };
+        assert!(coarse(&bytes(2_000_000)), "400 ms of refill in the byte burst");
+        assert!(!coarse(&bytes(1_999_999)), "a byte budget below the bound keeps every bucket precise");
         let xdp = parse(XDP).xdp.expect("xdp");
         assert!(
             !settings_for(&xdp, &SynPorts::Every, u64::MAX).has(FEATURE_COARSE_CLOCK),

@@ -70,3 +70,18 @@ pub fn udp6(source: Ipv6Addr) -> Vec<u8> {
 pub fn extension(next: u8) -> [u8; 8] {
     [next, 0, 0, 0, 0, 0, 0, 0]
 }
+
+/// A UDP-over-IPv4 frame from `source`, `length` bytes from its Ethernet header to
+/// its last byte (at least 42), its IP total length consistent.
+pub fn udp4_of_length(source: Ipv4Addr, length: usize) -> Vec<u8> {
+    let mut packet = ipv4(source, 0);
+    packet.resize(length - 14, 0);
+    let total = u16::try_from(packet.len()).expect("length");
+    packet[2..4].copy_from_slice(&total.to_be_bytes());
+    ethernet(ETH_P_IPV4, &packet)
+}
+
+/// A UDP-over-IPv6 frame from `source`, `length` bytes in all (at least 62).
+pub fn udp6_of_length(source: Ipv6Addr, length: usize) -> Vec<u8> {
+    ethernet(ETH_P_IPV6, &ipv6(source, IPPROTO_UDP, 64, &vec![0; length - 14 - 40]))
+}

@@ -1,0 +1,183 @@
+//! Byte budgets (`bytes_per_second`, `byte_burst`) through `BPF_PROG_TEST_RUN`: a
+//! second bucket per source, charged each frame's length. Needs root.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use limiter::xdp::monotonic_now_ns;
+use limiter_common::{
+    addr::{mask_v6, v4_mapped},
+    bucket::{ByteRate, admit_bytes},
+    maps::{FEATURE_COARSE_CLOCK, SourceKey, SourceState},
+};
+use limiter_lab::support::{
+    frames::{udp4_of_length, udp6_of_length},
+    kernel::{TestKernel, xdp_config},
+};
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+
+const A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 7);
+const B: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 8);
+
+/// The slowest byte budget the config takes, 1 000 bytes a second, with room for one
+/// full frame and 500 bytes: a 500-byte frame takes half a second to refill, so counts
+/// within a test are exact. The packet bucket admits 100 and refills one a second.
+const BYTES: &str = "bytes_per_second = 1_000\nbyte_burst = 2_000\n";
+const PACKETS: &str = "packets_per_second = 1\nburst = 100\n";
+
+fn limit_with_bytes() -> String {
+    format!("[xdp.limit]\n{PACKETS}{BYTES}")
+}
+
+fn verdicts(kernel: &TestKernel, frames: &[&[u8]]) -> Vec<u32> {
+    frames.iter().map(|frame| kernel.run(frame)).collect()
+}
+
+fn state_of(kernel: &TestKernel, addr: [u8; 16]) -> SourceState {
+    kernel.kernel.maps().source(&SourceKey { addr }).expect("tracked")
+}
+
+/// A full frame, another, a 500-byte one and another, from one source: the first
+/// fits, the second finds 500 bytes left, the third takes them, the fourth finds none.
+fn full_then_small(kernel: &TestKernel, full: &[u8], small: &[u8], addr: [u8; 16]) {
+    assert_eq!(kernel.run(full), XDP_PASS, "the burst holds one full frame");
+    let charged = state_of(kernel, addr);
+    assert_eq!(kernel.run(full), XDP_DROP, "500 bytes left");
+    let refused = state_of(kernel, addr);
+    assert_eq!(
+        (refused.tat_ns, refused.byte_tat),
+        (charged.tat_ns, charged.byte_tat),
+        "a frame over the byte budget spends no packet (and no bytes)"
+    );
+    assert_eq!(verdicts(kernel, &[small, small]), [XDP_PASS, XDP_DROP], "a 500-byte frame fits in what is left");
+    let state = state_of(kernel, addr);
+    assert_eq!((state.packets, state.dropped), (4, 2));
+}
+
+#[test]
+fn a_byte_budget_refuses_a_full_frame_the_packet_bucket_admits_and_passes_smaller_ones() {
+    let kernel = TestKernel::new(&xdp_config(&limit_with_bytes()));
+    full_then_small(&kernel, &udp4_of_length(A, 1_500), &udp4_of_length(A, 500), v4_mapped(A.octets()));
+    assert_eq!(kernel.counters(), [("passed", 2), ("new_sources", 1), ("dropped_bytes", 2)]);
+    // Another source has budgets of its own.
+    assert_eq!(kernel.run(&udp4_of_length(B, 1_500)), XDP_PASS);
+}
+
+#[test]
+fn ipv6_sources_have_a_byte_budget_per_prefix() {
+    let kernel = TestKernel::new(&xdp_config(&limit_with_bytes()));
+    let one: Ipv6Addr = "2001:db8:1:2::1".parse().expect("addr");
+    let same_64: Ipv6Addr = "2001:db8:1:2::2".parse().expect("addr");
+    let key = mask_v6(one.octets(), 64);
+    full_then_small(&kernel, &udp6_of_length(one, 1_500), &udp6_of_length(same_64, 500), key);
+    assert_eq!(kernel.counters(), [("passed", 2), ("new_sources", 1), ("dropped_bytes", 2)]);
+}
+
+#[test]
+fn a_frame_the_packet_bucket_refuses_costs_no_bytes() {
+    let kernel = TestKernel::new(&xdp_config(&format!("[xdp.limit]\npackets_per_second = 1\nburst = 2\n{BYTES}")));
+    let small = udp4_of_length(A, 500);
+    assert_eq!(verdicts(&kernel, &[&small, &small]), [XDP_PASS; 2]);
+    let charged = state_of(&kernel, v4_mapped(A.octets()));
+    assert_eq!(verdicts(&kernel, &[&small, &small]), [XDP_DROP; 2]);
+    let refused = state_of(&kernel, v4_mapped(A.octets()));
+    assert_eq!(refused.byte_tat, charged.byte_tat, "the byte bucket was not charged");
+    assert_eq!(kernel.counters(), [("passed", 2), ("dropped_rate_limit", 2), ("new_sources", 1)]);
+}
+
+#[test]
+fn a_limit_rule_has_its_own_byte_budget_or_none() {
+    let kernel = TestKernel::new(&xdp_config(&format!(
+        "{}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"limit\"\n{PACKETS}bytes_per_second = 1_000\nbyte_burst = 1_600\n\
+         [[xdp.cidr]]\ncidr = \"10.2.0.0/16\"\naction = \"limit\"\n{PACKETS}\
+         [[xdp.cidr]]\ncidr = \"2001:db8::/32\"\naction = \"limit\"\n{PACKETS}{BYTES}",
+        limit_with_bytes()
+    )));
+    let ruled = Ipv4Addr::new(10, 1, 2, 3);
+    let full = udp4_of_length(ruled, 1_500);
+    let small = udp4_of_length(ruled, 500);
+    assert_eq!(verdicts(&kernel, &[&full, &full, &small]), [XDP_PASS, XDP_DROP, XDP_DROP], "the rule's 1 600 bytes");
+    let unbudgeted = udp4_of_length(Ipv4Addr::new(10, 2, 0, 1), 1_500);
+    assert_eq!(verdicts(&kernel, &[unbudgeted.as_slice(); 5]), [XDP_PASS; 5], "a rule without one has no byte budget");
+    let v6: Ipv6Addr = "2001:db8:1:2::1".parse().expect("addr");
+    full_then_small(&kernel, &udp6_of_length(v6, 1_500), &udp6_of_length(v6, 500), mask_v6(v6.octets(), 64));
+    assert_eq!(kernel.counters(), [("passed", 8), ("new_sources", 3), ("dropped_bytes", 4)]);
+}
+
+#[test]
+fn dry_run_counts_byte_refusals_as_would_drops() {
+    let kernel = TestKernel::new(&xdp_config(&format!("enforce = false\n{}", limit_with_bytes())));
+    let full = udp4_of_length(A, 1_500);
+    assert_eq!(verdicts(&kernel, &[full.as_slice(); 3]), [XDP_PASS; 3]);
+    assert_eq!(kernel.counters(), [("passed", 3), ("would_drop", 2), ("new_sources", 1)]);
+    let state = state_of(&kernel, v4_mapped(A.octets()));
+    assert_eq!((state.packets, state.dropped), (3, 2), "would-drops show in `limiter top`");
+}
+
+#[test]
+fn a_reload_keeps_the_byte_bucket_where_it_was() {
+    let mut kernel = TestKernel::new(&xdp_config(&limit_with_bytes()));
+    let full = udp4_of_length(A, 1_500);
+    assert_eq!(verdicts(&kernel, &[&full, &full]), [XDP_PASS, XDP_DROP]);
+    // Twice the rate and burst: 1.5 s of debt plus 0.75 s for the next frame is past
+    // the new 2 s of burst, so the emptied bucket stays empty.
+    let wider = xdp_config(&format!("[xdp.limit]\n{PACKETS}bytes_per_second = 2_000\nbyte_burst = 4_000\n"));
+    kernel.kernel.maps_mut().apply(&wider, None).expect("apply");
+    assert_eq!(kernel.run(&full), XDP_DROP);
+    let other = udp4_of_length(B, 1_500);
+    assert_eq!(verdicts(&kernel, &[&other, &other, &other]), [XDP_PASS, XDP_PASS, XDP_DROP], "the new burst applies");
+    // And removing the budget lets the emptied source's full frames through.
+    kernel.kernel.maps_mut().apply(&xdp_config(&format!("[xdp.limit]\n{PACKETS}")), None).expect("apply");
+    assert_eq!(kernel.run(&full), XDP_PASS);
+}
+
+/// The issue's figure: 1 500-byte frames at 10 000 a second against 5 MB/s admit
+/// about 3 333 a second (one every 300 µs). The kernel's clock cannot be faked, so
+/// the frames are paced over a second of real time, each one's send time noted, and
+/// the count checked twice: within what a GCRA allows over the time that passed (the
+/// burst plus one frame per 300 µs), and against the host's byte GCRA
+/// (`limiter_common::bucket`) run on the noted times, which the kernel's count
+/// follows to within a frame or two even on a loaded machine (its clock reads lag
+/// ours by the syscall's entry). A pause of this thread delays frames, which the
+/// model sees too.
+#[test]
+fn full_frames_at_ten_thousand_a_second_against_five_megabytes_admit_a_third() {
+    const FRAMES: u64 = 10_000;
+    const GAP_NS: u64 = 100_000;
+    const COST_NS: u64 = 300_000;
+    const BURST_FRAMES: u64 = 200;
+    let kernel = TestKernel::new(&xdp_config(
+        "[xdp.limit]\npackets_per_second = 1_000_000\nburst = 1_000_000\n\
+         bytes_per_second = 5_000_000\nbyte_burst = 300_000\n",
+    ));
+    // 60 ms of burst is below 100 ticks: the precise clock, no tick of error.
+    assert!(!kernel.kernel.maps().settings().expect("settings").has(FEATURE_COARSE_CLOCK));
+    let frame = udp4_of_length(A, 1_500);
+    let mut sent_at = Vec::with_capacity(FRAMES as usize);
+    let start = monotonic_now_ns();
+    for i in 0..FRAMES {
+        while monotonic_now_ns() < start + i * GAP_NS {
+            std::hint::spin_loop();
+        }
+        sent_at.push(monotonic_now_ns());
+        kernel.run(&frame);
+    }
+    let end = monotonic_now_ns();
+    let state = state_of(&kernel, v4_mapped(A.octets()));
+    let admitted = state.packets - state.dropped;
+    assert_eq!(kernel.counters(), [("passed", admitted), ("new_sources", 1), ("dropped_bytes", state.dropped)]);
+
+    let elapsed = end - sent_at[0];
+    let most = BURST_FRAMES + elapsed.div_ceil(COST_NS) + 1;
+    let rate = ByteRate::new(5_000_000, 300_000);
+    let mut byte_tat = 0;
+    let model = sent_at
+        .iter()
+        .filter(|now| admit_bytes(byte_tat, **now, 1_500, rate).inspect(|next| byte_tat = *next).is_some())
+        .count() as u64;
+    let per_second = admitted.saturating_sub(BURST_FRAMES) as f64 * 1e9 / elapsed as f64;
+    eprintln!("admitted {admitted} of {FRAMES} in {elapsed} ns: {per_second:.0}/s past the burst; the model {model}");
+    assert!(admitted <= most, "admitted {admitted}, a GCRA allows at most {most} in {elapsed} ns");
+    assert!(admitted.abs_diff(model) <= 2 + model / 100, "admitted {admitted}, the model {model}");
+}
