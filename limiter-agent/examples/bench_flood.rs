@@ -334,6 +334,7 @@ fn main() -> anyhow::Result<()> {
                         bytes: None,
                     },
                     cidr: Vec::new(),
+                    port: Vec::new(),
                     new_sources: (filter == "limiter+budget").then_some(budget),
                     aggregate: Default::default(),
                     verified: Default::default(),

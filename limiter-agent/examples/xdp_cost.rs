@@ -89,6 +89,7 @@ fn main() -> anyhow::Result<()> {
             bytes: None,
         },
         cidr: Vec::new(),
+        port: Vec::new(),
         new_sources: None,
         aggregate: Default::default(),
         verified: Default::default(),

@@ -11,7 +11,16 @@ use crate::bucket::{ByteRate, Rate};
 /// Bumped on every change of a map's key, value or meaning.
 pub const LAYOUT_VERSION: u32 = 5;
 
-/// LRU hash of [`SourceKey`] → [`SourceState`]; sized from `xdp.max_sources`.
+/// LRU hash of [`BucketKey`] → [`SourceState`]: each source's bucket, and one more
+/// per `[[xdp.port]]` service it sends to; sized from `xdp.max_sources`.
+///
+/// The services' buckets share this map, under a key one service wider, rather than
+/// a map of their own: the program then charges one map at one place, and the
+/// verifier walks the inlined charge (two compare-and-swap loops, insert, race) once.
+/// With a second map it walked it twice and refused the program at its million
+/// instructions. The cost is 8 bytes a key for every source, and a source's
+/// services' buckets share `max_sources` with everyone's; the other maps, the CLI
+/// and the block and verified paths keep [`SourceKey`].
 pub const SOURCES: &str = "SOURCES";
 /// LPM trie of IPv4 CIDRs (`Key<[u8; 4]>`) → [`CidrPolicy`].
 pub const CIDR_V4: &str = "CIDR_V4";
@@ -117,11 +126,12 @@ impl Sizing {
     /// behind the element header, and its bucket.
     #[must_use]
     pub const fn entry_bytes(self) -> usize {
-        let value = match self {
-            Self::MaxSources | Self::MaxPrefixes => size_of::<SourceState>(),
-            Self::MaxVerified => size_of::<Verified>(),
+        let (key, value) = match self {
+            Self::MaxSources => (size_of::<BucketKey>(), size_of::<SourceState>()),
+            Self::MaxPrefixes => (size_of::<SourceKey>(), size_of::<SourceState>()),
+            Self::MaxVerified => (size_of::<SourceKey>(), size_of::<Verified>()),
         };
-        HTAB_ELEMENT_HEADER + size_of::<SourceKey>().next_multiple_of(8) + value.next_multiple_of(8) + HTAB_BUCKET
+        HTAB_ELEMENT_HEADER + key.next_multiple_of(8) + value.next_multiple_of(8) + HTAB_BUCKET
     }
 
     /// The most entries the key may ask for: as many as [`Self::budget_bytes`] holds
@@ -159,7 +169,7 @@ const fn lpm_key<const N: usize>() -> usize {
 /// Every pinned map: the one list the loader, the layout check and `limiter detach`
 /// walk.
 pub const ALL: [PinnedMap; 13] = [
-    PinnedMap::new(SOURCES, size_of::<SourceKey>(), size_of::<SourceState>(), Entries::Configured(Sizing::MaxSources)),
+    PinnedMap::new(SOURCES, size_of::<BucketKey>(), size_of::<SourceState>(), Entries::Configured(Sizing::MaxSources)),
     PinnedMap::new(
         AGGREGATES,
         size_of::<SourceKey>(),
@@ -193,6 +203,9 @@ pub const BUDGET_SLOTS: u32 = 2;
 pub const MAX_SYN_SHARES: u32 = 65_536;
 /// Most ports [`Settings::syn_ports`] holds.
 pub const MAX_SYN_PORTS: usize = 16;
+/// Most `[[xdp.port]]` entries [`Settings::port_keys`] holds: a host serves a
+/// handful of services, and the program scans them all for every packet to a port.
+pub const MAX_PORT_LIMITS: usize = 16;
 
 /// Capacity of each CIDR trie.
 pub const MAX_CIDRS: u32 = 65_536;
@@ -209,6 +222,34 @@ pub const SETTINGS_SLOTS: u32 = 2;
 pub struct SourceKey {
     /// See [`crate::addr`].
     pub addr: [u8; 16],
+}
+
+/// The key of a bucket in [`SOURCES`]: a source, and the `[[xdp.port]]` service
+/// the bucket is for, or none (0, 0) for its bucket of everything else.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BucketKey {
+    /// As [`SourceKey::addr`].
+    pub addr: [u8; 16],
+    /// The service's destination port, host order.
+    pub port: u16,
+    /// The service's `IPPROTO_TCP` or `IPPROTO_UDP`.
+    pub protocol: u8,
+    pub reserved: u8,
+}
+
+impl BucketKey {
+    /// The bucket of `source` for everything but the listed services.
+    #[must_use]
+    pub const fn source(source: &SourceKey) -> Self {
+        Self { addr: source.addr, port: 0, protocol: 0, reserved: 0 }
+    }
+
+    /// Whether this is a service's bucket.
+    #[must_use]
+    pub const fn is_service(&self) -> bool {
+        self.protocol != 0
+    }
 }
 
 /// A source's bucket and its totals.
@@ -312,6 +353,16 @@ pub const FEATURE_SYN_PORTS: u8 = 16;
 /// rate in force passes `crate::bucket::coarse_clock_fits`.
 pub const FEATURE_COARSE_CLOCK: u8 = 8;
 
+/// [`Settings::features`] bit: some `[[xdp.port]]` entries are in
+/// [`Settings::port_keys`]; without it the program does not look.
+pub const FEATURE_PORTS: u8 = 64;
+
+/// [`Settings::port_keys`]' entry for `protocol` and `port`.
+#[must_use]
+pub const fn port_key(protocol: u8, port: u16) -> u32 {
+    (protocol as u32) << 16 | port as u32
+}
+
 /// The program's tunables, read on every packet.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -332,6 +383,13 @@ pub struct Settings {
     /// The ports whose SYNs take from the budget (with [`FEATURE_SYN_PORTS`]); 0
     /// fills the unused places.
     pub syn_ports: [u16; MAX_SYN_PORTS],
+    /// The `[[xdp.port]]` services (with [`FEATURE_PORTS`]), as [`port_key`]; 0
+    /// fills the unused places.
+    pub port_keys: [u32; MAX_PORT_LIMITS],
+    /// The bucket of each source for the service in the same place of `port_keys`.
+    pub port_rates: [Rate; MAX_PORT_LIMITS],
+    /// Its byte budget ([`ByteRate::NONE`]: none).
+    pub port_bytes: [ByteRate; MAX_PORT_LIMITS],
     /// [`LAYOUT_VERSION`] of the agent that wrote this record.
     pub layout_version: u32,
     /// 1: drop; 0: dry run, count would-drops.
@@ -358,6 +416,22 @@ impl Settings {
         self.features & feature != 0
     }
 
+    /// The bucket and byte budget of the `[[xdp.port]]` service of `protocol` and
+    /// `port`, if one is listed.
+    #[inline(always)]
+    #[must_use]
+    pub fn port_limit(&self, protocol: u8, port: u16) -> Option<(Rate, ByteRate)> {
+        let key = port_key(protocol, port);
+        let mut i = 0;
+        while i < MAX_PORT_LIMITS {
+            if self.port_keys[i] == key {
+                return Some((self.port_rates[i], self.port_bytes[i]));
+            }
+            i += 1;
+        }
+        None
+    }
+
     /// Whether a SYN to `port` takes from the SYN budget.
     #[inline(always)]
     #[must_use]
@@ -380,6 +454,7 @@ impl Settings {
 mod pod {
     // SAFETY (all): `repr(C)` plain data without padding bytes or pointers.
     unsafe impl aya::Pod for super::SourceKey {}
+    unsafe impl aya::Pod for super::BucketKey {}
     unsafe impl aya::Pod for super::SourceState {}
     unsafe impl aya::Pod for super::CidrPolicy {}
     unsafe impl aya::Pod for super::Expiry {}
@@ -390,16 +465,17 @@ mod pod {
 mod tests {
     use core::mem::size_of;
 
-    use super::{Block, CidrPolicy, Settings, Sizing, SourceKey, SourceState};
+    use super::{Block, BucketKey, CidrPolicy, Settings, Sizing, SourceKey, SourceState};
 
     /// The kernel and user space agree on these sizes; a change here is a layout change.
     #[test]
     fn record_sizes_are_stable() {
         assert_eq!(size_of::<SourceKey>(), 16);
+        assert_eq!(size_of::<BucketKey>(), 20);
         assert_eq!(size_of::<SourceState>(), 32);
         assert_eq!(size_of::<CidrPolicy>(), 56);
         assert_eq!(size_of::<Block>(), 8);
-        assert_eq!(size_of::<Settings>(), 144);
+        assert_eq!(size_of::<Settings>(), 720);
     }
 
     /// The bounds README and config/limiter.toml state, and what they cost.
@@ -408,7 +484,7 @@ mod tests {
         assert_eq!(Sizing::MaxSources.max_entries(), 8_388_608);
         assert_eq!(Sizing::MaxPrefixes.max_entries(), 2_097_152);
         assert_eq!(Sizing::MaxVerified.max_entries(), 2_097_152);
-        assert_eq!((Sizing::MaxSources.entry_bytes(), Sizing::MaxVerified.entry_bytes()), (112, 88));
+        assert_eq!((Sizing::MaxSources.entry_bytes(), Sizing::MaxVerified.entry_bytes()), (120, 88));
         for sizing in Sizing::ALL {
             assert!(sizing.max_entries() as usize * sizing.entry_bytes() <= sizing.budget_bytes(), "{sizing:?}");
         }

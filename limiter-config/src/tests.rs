@@ -160,6 +160,36 @@ fn bad_byte_budgets_name_key_and_line() {
 }
 
 #[test]
+fn port_entries_parse_and_bad_ones_name_key_and_line() {
+    let entry = |protocol: &str, port: u32, extra: &str| {
+        format!("[[xdp.port]]\nprotocol = \"{protocol}\"\nport = {port}\npackets_per_second = 50\nburst = 100\n{extra}")
+    };
+    let text = format!(
+        "{XDP}{}{}",
+        entry("udp", 443, "bytes_per_second = 1_000_000\nbyte_burst = 30_000\n"),
+        entry("tcp", 443, "")
+    );
+    let xdp = parse(&text).expect("two services").xdp.expect("xdp");
+    let ports: Vec<String> = xdp.port.iter().map(ToString::to_string).collect();
+    assert_eq!(ports, ["udp/443: 50 pps, burst 100, 1000000 B/s, byte burst 30000", "tcp/443: 50 pps, burst 100"]);
+    assert_eq!(xdp.byte_rates_in_force().count(), 1);
+
+    let twice = format!("{XDP}{}{}", entry("udp", 53, ""), entry("udp", 53, ""));
+    assert_eq!(refusal(&twice), (13, "xdp.port[1].port".to_owned(), "udp/53 appears twice".to_owned()));
+    let many: String = (1..=17).map(|port| entry("tcp", port, "")).collect();
+    let (_, key, message) = refusal(&format!("{XDP}{many}"));
+    assert_eq!(key, "xdp.port[16]", "{message}");
+    assert!(message.contains("at most 16 [[xdp.port]] entries"), "{message}");
+    let (line, key, message) = refusal(&format!("{XDP}{}", entry("udp", 443, "byte_burst = 30_000\n")));
+    assert_eq!((line, key.as_str()), (6, "xdp.port[0]"), "{message}");
+    assert!(message.contains("port udp/443: bytes_per_second and byte_burst go together"), "{message}");
+    let (_, key, message) = refusal(&format!("{XDP}{}", entry("sctp", 443, "")));
+    assert_eq!(key, "xdp.port[0].protocol", "{message}");
+    let (_, key, _) = refusal(&format!("{XDP}{}", entry("udp", 0, "")));
+    assert_eq!(key, "xdp.port[0].port");
+}
+
+#[test]
 fn unknown_key_is_named() {
     let (line, key, message) = refusal(&XDP.replace("burst = 20", "burst = 20\nbrust = 3"));
     assert!(message.contains("brust"), "{message}");

@@ -9,7 +9,7 @@ use std::{
 use ipnet::IpNet;
 use limiter_common::{
     bucket::{ByteRate, MAX_BYTES_PER_SECOND, MAX_PER_SECOND, MIN_BYTES_PER_SECOND, Rate},
-    maps::{MAX_SYN_PORTS, Sizing},
+    maps::{MAX_PORT_LIMITS, MAX_SYN_PORTS, Sizing},
 };
 use serde::Deserialize;
 
@@ -44,6 +44,11 @@ pub struct XdpConfig {
     #[serde(default)]
     #[changes(keyed)]
     pub cidr: Vec<CidrRule>,
+    /// `[[xdp.port]]`: per-source buckets for one service each, in place of `limit`
+    /// for packets to its port.
+    #[serde(default)]
+    #[changes(keyed)]
+    pub port: Vec<PortLimit>,
     /// The budget a source without a bucket takes a token from; `None`: off, every
     /// new source gets a bucket.
     pub new_sources: Option<PacketLimit>,
@@ -440,6 +445,82 @@ impl std::fmt::Display for PacketLimit {
     }
 }
 
+/// One `[[xdp.port]]`: each source's bucket for one service.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(try_from = "RawPortLimit")]
+#[changes(display)]
+pub struct PortLimit {
+    pub protocol: PortProtocol,
+    pub port: NonZeroU16,
+    pub limit: SourceLimit,
+}
+
+/// The transport a `[[xdp.port]]` entry serves.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PortProtocol {
+    Tcp,
+    Udp,
+}
+
+impl PortProtocol {
+    /// The IP protocol number, as the program reads it.
+    #[must_use]
+    pub const fn number(self) -> u8 {
+        match self {
+            Self::Tcp => 6,
+            Self::Udp => 17,
+        }
+    }
+}
+
+impl std::fmt::Display for PortProtocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPortLimit {
+    protocol: PortProtocol,
+    port: NonZeroU16,
+    packets_per_second: NonZeroU32,
+    burst: NonZeroU32,
+    bytes_per_second: Option<NonZeroU64>,
+    byte_burst: Option<NonZeroU64>,
+}
+
+impl TryFrom<RawPortLimit> for PortLimit {
+    type Error = String;
+
+    fn try_from(raw: RawPortLimit) -> Result<Self, String> {
+        let limit = SourceLimit::try_from(RawSourceLimit {
+            packets_per_second: raw.packets_per_second,
+            burst: raw.burst,
+            bytes_per_second: raw.bytes_per_second,
+            byte_burst: raw.byte_burst,
+        })
+        .map_err(|e| format!("port {}/{}: {e}", raw.protocol, raw.port))?;
+        Ok(Self { protocol: raw.protocol, port: raw.port, limit })
+    }
+}
+
+impl Keyed for PortLimit {
+    fn id(&self) -> String {
+        format!("{}/{}", self.protocol, self.port)
+    }
+}
+
+impl std::fmt::Display for PortLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}: {}", self.protocol, self.port, self.limit)
+    }
+}
+
 /// One `[[xdp.cidr]]`.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
 #[serde(try_from = "RawCidrRule")]
@@ -604,13 +685,13 @@ impl XdpConfig {
         ]
     }
 
-    /// The source buckets of the default and of each limit rule.
+    /// The source buckets of the default, each limit rule and each service.
     fn source_limits(&self) -> impl Iterator<Item = SourceLimit> + '_ {
         let rules = self.cidr.iter().filter_map(|rule| match rule.action {
             CidrAction::Limit(limit) => Some(limit),
             CidrAction::Allow | CidrAction::Deny => None,
         });
-        std::iter::once(self.limit).chain(rules)
+        std::iter::once(self.limit).chain(rules).chain(self.port.iter().map(|port| port.limit))
     }
 
     /// Every byte budget the program may charge under this config.
@@ -753,6 +834,20 @@ impl XdpConfig {
                 return Err((format!("xdp.cidr[{i}].cidr"), format!("{} appears twice", rule.cidr)));
             }
             self.check_aggregate_prefixes(rule).map_err(|message| (format!("xdp.cidr[{i}].cidr"), message))?;
+        }
+        if self.port.len() > MAX_PORT_LIMITS {
+            return Err((
+                format!("xdp.port[{MAX_PORT_LIMITS}]"),
+                format!("at most {MAX_PORT_LIMITS} [[xdp.port]] entries: the program scans them for every packet"),
+            ));
+        }
+        for (i, entry) in self.port.iter().enumerate() {
+            if self.port[..i].iter().any(|other| (other.protocol, other.port) == (entry.protocol, entry.port)) {
+                return Err((
+                    format!("xdp.port[{i}].port"),
+                    format!("{}/{} appears twice", entry.protocol, entry.port),
+                ));
+            }
         }
         for (i, interface) in self.interfaces.iter().enumerate() {
             let problem = if interface.is_empty() || interface.len() > 15 {

@@ -6,7 +6,7 @@
 //! A source may also have a byte budget: a second TAT beside the first, charged the
 //! frame's length (`limiter_common::bucket::admit_frame`). The two cannot change
 //! in one compare-and-swap, so a frame first checks the byte bucket, without
-//! charging it, while it charges the packet bucket, then charges the bytes: a frame
+//! charging it, then charges the packet bucket, then the bytes: a frame
 //! the packet bucket refuses never costs bytes, and one the byte bucket refuses costs
 //! no packet, except when another CPU took the last bytes of the same source between
 //! the check and the charge. Then this frame is refused with its packet spent: an
@@ -17,7 +17,7 @@ use aya_ebpf::maps::{Array, LruHashMap};
 use aya_log_ebpf::warn;
 use limiter_common::{
     bucket::{self, ByteRate, Rate, Taken},
-    maps::{SourceKey, SourceState},
+    maps::SourceState,
 };
 
 use crate::atomic;
@@ -84,16 +84,18 @@ fn take(ctx: &aya_ebpf::programs::XdpContext, state: *mut SourceState, now: u64,
     unsafe { atomic::increment(packets) };
     let over_bytes =
         |byte_tat: u64| bucket::admit_bytes(byte_tat, now, bytes.length, bytes.rate).ok_or(Taken::OverBytes);
-    let packet_then_check_bytes = |current| {
-        let next = bucket::admit(current, now, rate).ok_or(Taken::OverPackets)?;
-        if bytes.rate.is_set() {
-            // SAFETY: as above.
-            over_bytes(unsafe { atomic::load(byte_tat) })?;
-        }
-        Ok(next)
-    };
+    let over_packets = |tat: u64| bucket::admit(tat, now, rate).ok_or(Taken::OverPackets);
+    // The bytes are checked once, not again on each retry of the packet's CAS: a
+    // retry means another CPU is charging this source, the race the byte charge
+    // below answers anyway, and each branch in the loop is more paths for the
+    // verifier to walk.
     // SAFETY: as above.
-    let mut taken = unsafe { update(ctx, tat, Taken::OverPackets, packet_then_check_bytes) };
+    let mut taken = if bytes.rate.is_set() && over_bytes(unsafe { atomic::load(byte_tat) }).is_err() {
+        Taken::OverBytes
+    } else {
+        // SAFETY: as above.
+        unsafe { update(ctx, tat, Taken::OverPackets, over_packets) }
+    };
     if taken == Taken::Admitted && bytes.rate.is_set() {
         // SAFETY: as above.
         taken = unsafe { update(ctx, byte_tat, Taken::OverBytes, over_bytes) };
@@ -158,33 +160,42 @@ impl Charged {
 /// `may_insert` allows: one insert instead of insert, second lookup and three
 /// atomics. A CPU that loses the race to insert charges the winner's bucket, by CAS.
 #[inline(always)]
-pub fn charge(
+pub fn charge<K>(
     ctx: &aya_ebpf::programs::XdpContext,
-    map: &LruHashMap<SourceKey, SourceState>,
-    key: &SourceKey,
+    map: &LruHashMap<K, SourceState>,
+    key: &K,
     now: u64,
     rate: Rate,
     bytes: Bytes,
     may_insert: impl FnOnce() -> bool,
 ) -> Charged {
-    if let Some(state) = map.get_ptr_mut(key) {
-        return Charged::Existing(take(ctx, state, now, rate, bytes));
-    }
-    if !may_insert() {
-        return Charged::Refused;
-    }
-    let full = SourceState::default();
-    let (first, taken) = match bucket::admit_frame(full.tat_ns, full.byte_tat, now, rate, bytes.length, bytes.rate) {
-        Ok((tat_ns, byte_tat)) => (SourceState { tat_ns, byte_tat, packets: 1, dropped: 0 }, Taken::Admitted),
-        Err(refused) => (SourceState { packets: 1, dropped: 1, ..full }, refused),
+    // One `take` for both a bucket found and one another CPU's insert made: each
+    // inlined copy of it is walked again by the verifier.
+    let (state, raced) = match map.get_ptr_mut(key) {
+        Some(state) => (state, false),
+        None => {
+            if !may_insert() {
+                return Charged::Refused;
+            }
+            let full = SourceState::default();
+            let (first, taken) =
+                match bucket::admit_frame(full.tat_ns, full.byte_tat, now, rate, bytes.length, bytes.rate) {
+                    Ok((tat_ns, byte_tat)) => {
+                        (SourceState { tat_ns, byte_tat, packets: 1, dropped: 0 }, Taken::Admitted)
+                    }
+                    Err(refused) => (SourceState { packets: 1, dropped: 1, ..full }, refused),
+                };
+            if map.insert(key, first, BPF_NOEXIST).is_ok() {
+                return Charged::Inserted(taken);
+            }
+            // Evicted between insert and lookup by a flood of new keys: refuse rather
+            // than admit unaccounted.
+            match map.get_ptr_mut(key) {
+                Some(state) => (state, true),
+                None => return Charged::Raced(Taken::OverPackets),
+            }
+        }
     };
-    if map.insert(key, first, BPF_NOEXIST).is_ok() {
-        return Charged::Inserted(taken);
-    }
-    // Evicted between insert and lookup by a flood of new keys: refuse rather than
-    // admit unaccounted.
-    Charged::Raced(match map.get_ptr_mut(key) {
-        Some(state) => take(ctx, state, now, rate, bytes),
-        None => Taken::OverPackets,
-    })
+    let taken = take(ctx, state, now, rate, bytes);
+    if raced { Charged::Raced(taken) } else { Charged::Existing(taken) }
 }

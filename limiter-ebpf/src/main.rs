@@ -3,7 +3,8 @@
 //! aggregates and a SYN budget, all skipped by verified sources.
 //!
 //! A frame goes `parse` → blocks → CIDR policy → the source's bucket and byte
-//! budget (or, for a source without them, the new-source budget) → its prefix's aggregate → for a SYN
+//! budget (its `[[xdp.port]]` service's in place of the default's, for a packet to
+//! a listed port; for a source without them, the new-source budget) → its prefix's aggregate → for a SYN
 //! to a served port, the source's share of the SYN budget, then the budget
 //! (`limiter_common::bucket`, `bucket.rs`) → one verdict counter. The shared buckets
 //! come after the source's own, so that a source refused by its own limit does not
@@ -34,8 +35,9 @@ use limiter_common::{
     bucket::{ByteRate, Rate, Taken},
     counters::Counter,
     maps::{
-        Action, BUDGET_NEW_SOURCES, BUDGET_SYN, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK, FEATURE_NEW_SOURCES,
-        FEATURE_SYN, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, Settings, SourceKey,
+        Action, BUDGET_NEW_SOURCES, BUDGET_SYN, BucketKey, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK,
+        FEATURE_NEW_SOURCES, FEATURE_PORTS, FEATURE_SYN, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4,
+        OCCUPIED_CIDR_V6, Settings, SourceKey,
     },
 };
 
@@ -84,14 +86,18 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     if blocked(&packet) {
         return refuse(enforce, Counter::DroppedDeny);
     }
-    let (rate, byte_rate, rule_aggregate) = match policy(&packet) {
+    let no_aggregate = Rate { interval_ns: 0, tolerance_ns: 0 };
+    let (rate, byte_rate, rule_aggregate, service) = match policy(&packet) {
         Some((Action::Allow, ..)) => {
             count(Counter::Allowed);
             return XDP_PASS;
         }
         Some((Action::Deny, ..)) => return refuse(enforce, Counter::DroppedDeny),
-        Some((Action::Limit, rate, bytes, aggregate)) => (rate, bytes, aggregate),
-        None => (settings.default_rate, settings.default_bytes, Rate { interval_ns: 0, tolerance_ns: 0 }),
+        Some((Action::Limit, rate, bytes, aggregate)) => (rate, bytes, aggregate, false),
+        None => match port_limit(&packet, settings) {
+            Some((rate, bytes)) => (rate, bytes, no_aggregate, true),
+            None => (settings.default_rate, settings.default_bytes, no_aggregate, false),
+        },
     };
     let bytes = frame_bytes(&ctx, byte_rate);
     // Read the clock only once a bucket needs it: it is the costliest helper here.
@@ -102,7 +108,12 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     // A source without a bucket is refused before the map is touched when the budget
     // is empty: a flood of spoofed sources neither pays for an insert nor evicts the
     // buckets of the sources already known.
-    let charged = charge(&ctx, &SOURCES, &key, now, rate, bytes, || {
+    let bucket = if service {
+        BucketKey { addr: key.addr, port: packet.port, protocol: packet.protocol, reserved: 0 }
+    } else {
+        BucketKey::source(&key)
+    };
+    let charged = charge(&ctx, &SOURCES, &bucket, now, rate, bytes, || {
         !settings.has(FEATURE_NEW_SOURCES)
             || proof.verified(&key, now)
             || take_budget(&ctx, &BUDGETS, BUDGET_NEW_SOURCES, now, settings.new_source_rate)
@@ -153,6 +164,17 @@ fn charge_syn(ctx: &XdpContext, key: &SourceKey, now: u64, settings: &Settings) 
         }
         Charged::Existing(_) | Charged::Inserted(_) | Charged::Raced(_) => Some(Counter::DroppedSynShare),
     }
+}
+
+/// The bucket and byte budget of the `[[xdp.port]]` service the packet goes to, if
+/// it is listed: TCP or UDP to a port its header shows (a non-first fragment's
+/// shows none, so it is charged to its source's bucket).
+#[inline(always)]
+fn port_limit(packet: &Packet, settings: &Settings) -> Option<(Rate, ByteRate)> {
+    if !settings.has(FEATURE_PORTS) || packet.port == 0 {
+        return None;
+    }
+    settings.port_limit(packet.protocol, packet.port)
 }
 
 /// The frame's byte budget, if `rate` is one: the frame's whole length, Ethernet

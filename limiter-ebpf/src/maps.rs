@@ -7,14 +7,14 @@ use aya_ebpf::{
 use limiter_common::{
     counters::Counter,
     maps::{
-        BUDGET_SLOTS, Block, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, MAX_SYN_SHARES, OCCUPANCY_SLOTS, SETTINGS_SLOTS,
-        Settings, SourceKey, SourceState, Verified,
+        BUDGET_SLOTS, Block, BucketKey, CidrPolicy, MAX_BLOCKS, MAX_CIDRS, MAX_SYN_SHARES, OCCUPANCY_SLOTS,
+        SETTINGS_SLOTS, Settings, SourceKey, SourceState, Verified,
     },
 };
 
 /// Sized by the agent from `xdp.max_sources` at load time.
 #[map]
-pub static SOURCES: LruHashMap<SourceKey, SourceState> = LruHashMap::pinned(1, 0);
+pub static SOURCES: LruHashMap<BucketKey, SourceState> = LruHashMap::pinned(1, 0);
 
 /// Sized by the agent from `xdp.aggregate.max_prefixes` at load time.
 #[map]

@@ -1,6 +1,6 @@
 //! From raw frame to source: Ethernet, up to two VLAN tags, IPv4 (with options) or
-//! IPv6 (with a bounded walk of extension headers), and the TCP flags and port of a
-//! first fragment. Every read is checked against `data_end` first.
+//! IPv6 (with a bounded walk of extension headers), and the TCP flags and the TCP or
+//! UDP port of a first fragment. Every read is checked against `data_end` first.
 
 use aya_ebpf::{helpers::bpf_xdp_get_buff_len, programs::XdpContext};
 use limiter_common::addr::{as_v4, mask_v6, v4_mapped};
@@ -21,6 +21,7 @@ const OFFSET_MASK: usize = 0x3fff;
 
 const IPPROTO_HOPOPTS: u8 = 0;
 const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
 const IPPROTO_ROUTING: u8 = 43;
 const IPPROTO_FRAGMENT: u8 = 44;
 const IPPROTO_AH: u8 = 51;
@@ -38,6 +39,8 @@ const TCP_DEST_PORT: usize = 2;
 const TCP_DATA_OFFSET: usize = 12;
 /// A TCP header up to its flags.
 const TCP_HEAD: usize = TCP_DATA_OFFSET + 2;
+/// A UDP header up to its destination port.
+const UDP_HEAD: usize = 4;
 /// IPv4 "more fragments" flag, in the high byte of the fragment field.
 const IPV4_MORE_FRAGMENTS: u8 = 0x20;
 const TCP_SYN: u8 = 0x02;
@@ -88,14 +91,24 @@ pub struct Packet {
     pub link_control: bool,
     /// Whether it opens a TCP handshake.
     pub syn: Syn,
-    /// The TCP destination port where the header shows one (else 0).
+    /// The TCP or UDP destination port where the header shows one (else 0).
     pub port: u16,
+    /// The IP protocol of the header `port` was read from (else 0).
+    pub protocol: u8,
 }
 
 impl Packet {
     /// What [`parse`] writes into.
-    pub const EMPTY: Self =
-        Self { source: [0; 16], v4: None, v6: [0; 16], malformed: false, link_control: false, syn: Syn::No, port: 0 };
+    pub const EMPTY: Self = Self {
+        source: [0; 16],
+        v4: None,
+        v6: [0; 16],
+        malformed: false,
+        link_control: false,
+        syn: Syn::No,
+        port: 0,
+        protocol: 0,
+    };
 }
 
 #[inline(always)]
@@ -144,6 +157,14 @@ fn tcp_syn(ctx: &XdpContext, offset: usize, end: usize, fragmented: bool) -> (Sy
     (if syn { Syn::Open } else { Syn::No }, port)
 }
 
+/// The destination port of the UDP header at `offset` of a packet ending `end`
+/// bytes into the frame (0 where it does not show it).
+#[inline(always)]
+fn udp_port(ctx: &XdpContext, offset: usize, end: usize) -> u16 {
+    let head = if offset + UDP_HEAD <= end { load::<UDP_HEAD>(ctx, offset) } else { None };
+    head.map_or(0, |head| u16::from_be_bytes([head[2], head[3]]))
+}
+
 #[inline(always)]
 pub fn parse(ctx: &XdpContext, ipv6_prefix: u8, packet: &mut Packet) -> Frame {
     let Some(eth) = load::<ETH_HLEN>(ctx, 0) else {
@@ -184,10 +205,10 @@ fn parse_v4(ctx: &XdpContext, offset: usize, packet: &mut Packet) -> Frame {
     let malformed = total_len < header_len || !fits(ctx, offset + total_len);
     let first_fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff == 0;
     let fragmented = ip[6] & IPV4_MORE_FRAGMENTS != 0;
-    let (syn, port) = if ip[9] == IPPROTO_TCP && first_fragment {
-        tcp_syn(ctx, offset + header_len, offset + total_len, fragmented)
-    } else {
-        (Syn::No, 0)
+    let (syn, port) = match ip[9] {
+        IPPROTO_TCP if first_fragment => tcp_syn(ctx, offset + header_len, offset + total_len, fragmented),
+        IPPROTO_UDP if first_fragment => (Syn::No, udp_port(ctx, offset + header_len, offset + total_len)),
+        _ => (Syn::No, 0),
     };
     *packet = Packet {
         source: v4_mapped(source),
@@ -197,6 +218,7 @@ fn parse_v4(ctx: &XdpContext, offset: usize, packet: &mut Packet) -> Frame {
         link_control: false,
         syn,
         port,
+        protocol: ip[9],
     };
     Frame::Ip
 }
@@ -227,7 +249,14 @@ fn parse_v6(ctx: &XdpContext, offset: usize, ipv6_prefix: u8, packet: &mut Packe
             packet.link_control =
                 ip[7] == ND_HOP_LIMIT && (ICMPV6_ROUTER_SOLICIT..=ICMPV6_REDIRECT).contains(&icmp_type);
         }
-        UpperLayer::Tcp { offset, fragmented } => (packet.syn, packet.port) = tcp_syn(ctx, offset, end, fragmented),
+        UpperLayer::Tcp { offset, fragmented } => {
+            (packet.syn, packet.port) = tcp_syn(ctx, offset, end, fragmented);
+            packet.protocol = IPPROTO_TCP;
+        }
+        UpperLayer::Udp { offset } => {
+            packet.port = udp_port(ctx, offset, end);
+            packet.protocol = IPPROTO_UDP;
+        }
         UpperLayer::Other => {}
         UpperLayer::Broken => packet.malformed = true,
     }
@@ -240,6 +269,10 @@ enum UpperLayer {
     Tcp {
         offset: usize,
         fragmented: bool,
+    },
+    /// UDP, its header at `offset`.
+    Udp {
+        offset: usize,
     },
     /// Any other protocol, or a non-first fragment whose upper layer is elsewhere.
     Other,
@@ -261,6 +294,7 @@ fn upper_layer(ctx: &XdpContext, mut offset: usize, mut next: u8) -> UpperLayer 
                 };
             }
             IPPROTO_TCP => return UpperLayer::Tcp { offset, fragmented },
+            IPPROTO_UDP => return UpperLayer::Udp { offset },
             IPPROTO_FRAGMENT => {
                 let Some(frag) = load::<8>(ctx, offset) else {
                     return UpperLayer::Broken;

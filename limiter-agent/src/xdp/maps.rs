@@ -10,9 +10,10 @@ use limiter_common::{
     bucket::coarse_clock_fits,
     counters::Counter,
     maps::{
-        self as names, Action, Block, CidrPolicy, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK, FEATURE_NEW_SOURCES,
-        FEATURE_SYN, FEATURE_SYN_PORTS, LAYOUT_VERSION, MAX_SYN_PORTS, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6,
-        OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, SETTINGS_SLOTS, Settings, SourceKey, SourceState,
+        self as names, Action, Block, BucketKey, CidrPolicy, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK,
+        FEATURE_NEW_SOURCES, FEATURE_PORTS, FEATURE_SYN, FEATURE_SYN_PORTS, LAYOUT_VERSION, MAX_PORT_LIMITS,
+        MAX_SYN_PORTS, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, SETTINGS_SLOTS,
+        Settings, SourceKey, SourceState, port_key,
     },
 };
 
@@ -24,7 +25,7 @@ use super::{
 };
 use crate::config::{
     ProxyConfig,
-    xdp::{CidrAction, CidrRule, MalformedAction, PacketLimit, SynPorts, XdpConfig},
+    xdp::{CidrAction, CidrRule, MalformedAction, PacketLimit, PortLimit, SynPorts, XdpConfig},
 };
 
 /// The shortest time between two walks of a full block trie for room.
@@ -32,7 +33,7 @@ const PRUNE_INTERVAL_NS: u64 = 1_000_000_000;
 
 /// The program's maps, opened from a loaded program or from their pins.
 pub struct KernelMaps {
-    sources: HashMap<MapData, SourceKey, SourceState>,
+    sources: HashMap<MapData, BucketKey, SourceState>,
     sources_capacity: u32,
     cidrs: CidrTries<CidrPolicy>,
     blocks: CidrTries<Block>,
@@ -273,13 +274,18 @@ impl KernelMaps {
         Ok(totals)
     }
 
-    /// Every tracked source and its bucket.
+    /// Every tracked source and its bucket (its `[[xdp.port]]` services' apart).
     pub fn sources(&self) -> impl Iterator<Item = Result<(SourceKey, SourceState), XdpError>> + '_ {
-        self.sources.iter().map(|entry| entry.map_err(map_error(names::SOURCES)))
+        self.sources.iter().filter_map(|entry| match entry {
+            Ok((key, _)) if key.is_service() => None,
+            Ok((key, state)) => Some(Ok((SourceKey { addr: key.addr }, state))),
+            Err(error) => Some(Err(map_error(names::SOURCES)(error))),
+        })
     }
 
-    /// How many sources have a bucket: one walk over the keys, without reading the
-    /// buckets (a full map holds `max_sources` of them).
+    /// How many buckets the sources map holds (a source's and one per service it
+    /// uses): one walk over the keys, without reading the buckets (a full map holds
+    /// `max_sources` of them).
     #[must_use]
     pub(crate) fn sources_tracked(&self) -> u64 {
         self.sources.keys().count() as u64
@@ -287,7 +293,7 @@ impl KernelMaps {
 
     /// One source's bucket, if tracked.
     pub fn source(&self, key: &SourceKey) -> Option<SourceState> {
-        self.sources.get(key, 0).ok()
+        self.sources.get(&BucketKey::source(key), 0).ok()
     }
 
     /// Bound on tracked sources (`xdp.max_sources` when the maps were created).
@@ -367,6 +373,9 @@ pub(crate) fn settings_for(config: &XdpConfig, syn_ports: &SynPorts, tick_ns: u6
         syn_source_rate: rate(config.syn.as_ref().map(|syn| syn.per_source())),
         default_bytes: config.limit.bytes.map(|bytes| bytes.rate()).unwrap_or_default(),
         syn_ports: ports,
+        port_keys: service_table(config, |entry| port_key(entry.protocol.number(), entry.port.get())),
+        port_rates: service_table(config, |entry| entry.limit.packets.rate()),
+        port_bytes: service_table(config, |entry| entry.limit.bytes.map(|bytes| bytes.rate()).unwrap_or_default()),
         layout_version: LAYOUT_VERSION,
         enforce: u8::from(config.enforce),
         malformed_drop: u8::from(config.malformed == MalformedAction::Drop),
@@ -375,6 +384,7 @@ pub(crate) fn settings_for(config: &XdpConfig, syn_ports: &SynPorts, tick_ns: u6
             | feature(config.aggregate.limit.is_some(), FEATURE_AGGREGATE)
             | feature(config.syn.is_some(), FEATURE_SYN)
             | feature(matches!(syn_ports, SynPorts::Only(_)), FEATURE_SYN_PORTS)
+            | feature(!config.port.is_empty(), FEATURE_PORTS)
             | feature(
                 config.rates_in_force().all(|rate| coarse_clock_fits(rate, tick_ns))
                     && config.byte_rates_in_force().all(|rate| rate.coarse_clock_fits(tick_ns)),
@@ -384,6 +394,16 @@ pub(crate) fn settings_for(config: &XdpConfig, syn_ports: &SynPorts, tick_ns: u6
         aggregate_ipv6_prefix: config.aggregate.ipv6_prefix.0,
         reserved: [0; 6],
     }
+}
+
+/// One column of the settings' `[[xdp.port]]` table: `column` of each entry, the
+/// default value in the unused places.
+fn service_table<T: Copy + Default>(config: &XdpConfig, column: impl Fn(&PortLimit) -> T) -> [T; MAX_PORT_LIMITS] {
+    let mut table = [T::default(); MAX_PORT_LIMITS];
+    for (slot, entry) in table.iter_mut().zip(&config.port) {
+        *slot = column(entry);
+    }
+    table
 }
 
 /// Whether an insert failed because its LPM trie is at capacity (the kernel's ENOSPC).

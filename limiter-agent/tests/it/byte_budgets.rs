@@ -1,5 +1,6 @@
 //! Byte budgets (`bytes_per_second`, `byte_burst`) through `BPF_PROG_TEST_RUN`: a
-//! second bucket per source, charged each frame's length. Needs root.
+//! second bucket per source, charged each frame's length; and `[[xdp.port]]`, a
+//! source's buckets for one service. Needs root.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -10,12 +11,13 @@ use limiter_common::{
     maps::{FEATURE_COARSE_CLOCK, SourceKey, SourceState},
 };
 use limiter_lab::support::{
-    frames::{udp4_of_length, udp6_of_length},
+    frames::{tcp4_to, udp4_of_length, udp4_to, udp6_of_length, udp6_to},
     kernel::{TestKernel, xdp_config},
 };
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
+const TCP_ACK: u8 = 0x10;
 
 const A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 7);
 const B: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 8);
@@ -180,4 +182,49 @@ fn full_frames_at_ten_thousand_a_second_against_five_megabytes_admit_a_third() {
     eprintln!("admitted {admitted} of {FRAMES} in {elapsed} ns: {per_second:.0}/s past the burst; the model {model}");
     assert!(admitted <= most, "admitted {admitted}, a GCRA allows at most {most} in {elapsed} ns");
     assert!(admitted.abs_diff(model) <= 2 + model / 100, "admitted {admitted}, the model {model}");
+}
+
+/// `[[xdp.port]]`: a packet to a listed service is charged to its source's bucket
+/// for that service, with its byte budget, in place of `[xdp.limit]`'s; a packet to
+/// any other port (or of the other protocol) to the default; a CIDR limit rule
+/// still wins for its sources.
+#[test]
+fn a_port_entry_is_its_sources_bucket_for_that_service_in_place_of_the_default() {
+    let config = |bytes: &str| {
+        format!(
+            "[xdp.limit]\npackets_per_second = 1\nburst = 3\n\
+             [[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"limit\"\npackets_per_second = 1\nburst = 1\n\
+             [[xdp.port]]\nprotocol = \"udp\"\nport = 443\n{PACKETS}{bytes}"
+        )
+    };
+    let mut kernel = TestKernel::new(&xdp_config(&config(BYTES)));
+    let quic = |length| udp4_to(A, 443, length);
+    assert_eq!(
+        verdicts(&kernel, &[&quic(1_500), &quic(1_500), &quic(500), &quic(500)]),
+        [XDP_PASS, XDP_DROP, XDP_PASS, XDP_DROP],
+        "the service's byte budget"
+    );
+    let dns = udp4_to(A, 53, 100);
+    assert_eq!(
+        verdicts(&kernel, &[dns.as_slice(); 4]),
+        [XDP_PASS, XDP_PASS, XDP_PASS, XDP_DROP],
+        "[xdp.limit], untouched"
+    );
+    assert_eq!(kernel.run(&tcp4_to(A, 443, TCP_ACK)), XDP_DROP, "TCP to 443 is another service: the default's");
+    assert_eq!(kernel.run(&udp4_to(B, 443, 1_500)), XDP_PASS, "another source, its own bucket");
+    let v6: Ipv6Addr = "2001:db8:1:2::1".parse().expect("addr");
+    let v6_quic = udp6_to(v6, 443, 1_500);
+    assert_eq!(verdicts(&kernel, &[&v6_quic, &v6_quic]), [XDP_PASS, XDP_DROP], "IPv6 likewise");
+    let ruled = udp4_to(Ipv4Addr::new(10, 0, 0, 1), 443, 1_500);
+    assert_eq!(verdicts(&kernel, &[&ruled, &ruled]), [XDP_PASS, XDP_DROP], "the rule's bucket, without bytes");
+    assert_eq!(kernel.counters(), [("passed", 8), ("dropped_rate_limit", 3), ("new_sources", 5), ("dropped_bytes", 3)]);
+    // A reload to twice the rate and burst keeps the service's emptied bucket empty:
+    // 2 s of debt and 0.25 s for the next 500 bytes are past the new 2 s.
+    kernel
+        .kernel
+        .maps_mut()
+        .apply(&xdp_config(&config("bytes_per_second = 2_000\nbyte_burst = 4_000\n")), None)
+        .expect("apply");
+    assert_eq!(kernel.run(&quic(500)), XDP_DROP);
+    assert_eq!(kernel.counter(limiter_common::counters::Counter::DroppedBytes), 4);
 }

@@ -7,6 +7,7 @@ pub const ETH_P_IPV6: u16 = 0x86dd;
 pub const ETH_P_ARP: u16 = 0x0806;
 pub const ETH_P_8021Q: u16 = 0x8100;
 pub const ETH_P_8021AD: u16 = 0x88a8;
+pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_ICMPV6: u8 = 58;
 
@@ -74,14 +75,39 @@ pub fn extension(next: u8) -> [u8; 8] {
 /// A UDP-over-IPv4 frame from `source`, `length` bytes from its Ethernet header to
 /// its last byte (at least 42), its IP total length consistent.
 pub fn udp4_of_length(source: Ipv4Addr, length: usize) -> Vec<u8> {
+    udp4_to(source, 0, length)
+}
+
+/// [`udp4_of_length`] to destination port `port`.
+pub fn udp4_to(source: Ipv4Addr, port: u16, length: usize) -> Vec<u8> {
     let mut packet = ipv4(source, 0);
     packet.resize(length - 14, 0);
     let total = u16::try_from(packet.len()).expect("length");
     packet[2..4].copy_from_slice(&total.to_be_bytes());
+    packet[22..24].copy_from_slice(&port.to_be_bytes());
     ethernet(ETH_P_IPV4, &packet)
 }
 
 /// A UDP-over-IPv6 frame from `source`, `length` bytes in all (at least 62).
 pub fn udp6_of_length(source: Ipv6Addr, length: usize) -> Vec<u8> {
-    ethernet(ETH_P_IPV6, &ipv6(source, IPPROTO_UDP, 64, &vec![0; length - 14 - 40]))
+    udp6_to(source, 0, length)
+}
+
+/// [`udp6_of_length`] to destination port `port`.
+pub fn udp6_to(source: Ipv6Addr, port: u16, length: usize) -> Vec<u8> {
+    let mut payload = vec![0; length - 14 - 40];
+    payload[2..4].copy_from_slice(&port.to_be_bytes());
+    ethernet(ETH_P_IPV6, &ipv6(source, IPPROTO_UDP, 64, &payload))
+}
+
+/// A TCP-over-IPv4 frame from `source` to `port` with `flags` (a 20-byte header).
+pub fn tcp4_to(source: Ipv4Addr, port: u16, flags: u8) -> Vec<u8> {
+    let mut packet = ipv4(source, 0);
+    packet.resize(40, 0);
+    packet[2..4].copy_from_slice(&40u16.to_be_bytes());
+    packet[9] = IPPROTO_TCP;
+    packet[22..24].copy_from_slice(&port.to_be_bytes());
+    packet[32] = 5 << 4;
+    packet[33] = flags;
+    ethernet(ETH_P_IPV4, &packet)
 }
