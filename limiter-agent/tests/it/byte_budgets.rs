@@ -228,3 +228,30 @@ fn a_port_entry_is_its_sources_bucket_for_that_service_in_place_of_the_default()
     assert_eq!(kernel.run(&quic(500)), XDP_DROP);
     assert_eq!(kernel.counter(limiter_common::counters::Counter::DroppedBytes), 4);
 }
+
+/// Both CPUs charge one source's byte bucket at once: a lost update would admit
+/// bytes beyond it. Exact accounting admits the burst plus at most the refill, and a
+/// frame that lost the race for the last bytes is refused, never admitted.
+#[test]
+fn two_cpus_hammering_one_byte_budget_admit_no_more_than_it() {
+    const FRAME: u64 = 1_000;
+    const BURST_FRAMES: u64 = 1_000;
+    const REPEAT: u32 = 200_000;
+    let kernel = TestKernel::new(&xdp_config(&format!(
+        "[xdp.limit]\npackets_per_second = 1_000_000_000\nburst = 4_000_000_000\n\
+         bytes_per_second = {FRAME}\nbyte_burst = {}\n",
+        FRAME * BURST_FRAMES
+    )));
+    let elapsed = kernel.run_on_two_cpus(&udp4_of_length(A, FRAME as usize), REPEAT);
+    let state = state_of(&kernel, v4_mapped(A.octets()));
+    assert_eq!(state.packets, 2 * u64::from(REPEAT));
+    let admitted = state.packets - state.dropped;
+    // One frame a second of refill, read on the coarse clock (a tick more at most).
+    let refill = elapsed + std::time::Duration::from_nanos(limiter::xdp::coarse_tick_ns());
+    let allowed = BURST_FRAMES + refill.as_secs_f64().ceil() as u64;
+    assert!(
+        (BURST_FRAMES..=allowed).contains(&admitted),
+        "admitted {admitted}, the byte budget allows {allowed} over {elapsed:?}"
+    );
+    assert_eq!(kernel.counter(limiter_common::counters::Counter::DroppedBytes), state.dropped);
+}
