@@ -2,7 +2,7 @@
 //! arbitrary frame (and an arbitrary amount of it in fragments): never a panic or an
 //! overflow, never a read past `data_end` (the frame ends at an unreadable page), and
 //! a verdict that agrees with the bytes it came from: the source, no IPv4-mapped
-//! IPv6 source taken for IPv4, and a SYN's port.
+//! IPv6 source taken for IPv4, and a SYN's or a UDP datagram's port.
 
 #![no_main]
 
@@ -61,7 +61,7 @@ fn check_packet(frame: &[u8], ipv6_prefix: u8, packet: &Packet) {
             assert_eq!(packet.v4, Some(source));
             assert_eq!(packet.source, v4_mapped(source));
             assert!(!packet.link_control, "neighbour discovery is IPv6 only");
-            check_syn4(ip, packet);
+            check_port4(ip, packet);
         }
         [0x86, 0xdd] => {
             assert_eq!(ip[0] >> 4, 6);
@@ -75,18 +75,25 @@ fn check_packet(frame: &[u8], ipv6_prefix: u8, packet: &Packet) {
     }
 }
 
-/// What an IPv4 header (and the frame after it) says of a SYN: the port of a SYN
-/// whose flags lie inside the packet's length, `Hidden` only for the first of
-/// several fragments too short to show them.
-fn check_syn4(ip: &[u8], packet: &Packet) {
+/// What an IPv4 header (and the frame after it) says of a SYN and a port: the port
+/// of a TCP segment whose flags lie inside the packet's length (a SYN if they say so)
+/// or of a UDP datagram whose destination port does, `Hidden` only for the first of
+/// several fragments too short to show the flags.
+fn check_port4(ip: &[u8], packet: &Packet) {
     let header_len = usize::from(ip[0] & 0x0f) * 4;
     let total_len = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
     let first_fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff == 0;
     let more_fragments = ip[6] & 0x20 != 0;
-    let expected = if ip[9] != 6 || !first_fragment {
+    let upper = ip.get(header_len..).unwrap_or_default();
+    let expected = if !first_fragment {
+        (Syn::No, 0)
+    } else if ip[9] == 17 {
+        let port = upper.get(2..4).filter(|_| header_len + 4 <= total_len);
+        (Syn::No, port.map_or(0, |port| u16::from_be_bytes([port[0], port[1]])))
+    } else if ip[9] != 6 {
         (Syn::No, 0)
     } else {
-        let tcp = ip.get(header_len..).unwrap_or_default();
+        let tcp = upper;
         match tcp.get(13).filter(|_| header_len + 14 <= total_len) {
             Some(flags) => {
                 let syn = if flags & 0x12 == 0x02 { Syn::Open } else { Syn::No };
@@ -96,5 +103,6 @@ fn check_syn4(ip: &[u8], packet: &Packet) {
             None => (Syn::No, 0),
         }
     };
-    assert_eq!((packet.syn, packet.port), expected, "the SYN verdict disagrees with the TCP header");
+    assert_eq!((packet.syn, packet.port), expected, "the SYN or port verdict disagrees with the header");
+    assert_eq!(packet.protocol, ip[9], "the protocol is the IPv4 header's");
 }
