@@ -4,9 +4,9 @@
 //!
 //! A frame goes `parse` → blocks → CIDR policy → the source's bucket and byte
 //! budget (its `[[xdp.port]]` service's in place of the default's, for a packet to
-//! a listed port; for a source without them, the new-source budget) → its prefix's aggregate → for a SYN
-//! to a served port, the source's share of the SYN budget, then the budget
-//! (`limiter_common::bucket`, `bucket.rs`) → one verdict counter. The shared buckets
+//! a listed port; for a source without them, the new-source budget) → its prefix's
+//! aggregate → for a SYN to a served port, the source's share of the SYN budget,
+//! then the budget (`limiter_common::bucket`, `bucket.rs`) → one verdict counter. The shared buckets
 //! come after the source's own, so that a source refused by its own limit does not
 //! also drain what its neighbours, or everyone, share. Every tunable is read from maps
 //! on each packet, so the agent changes limits without reloading the program.
