@@ -215,6 +215,7 @@ fn verdicts(counters: &CounterSnapshot) -> u64 {
         Counter::DroppedSyn,
         Counter::DroppedSynShare,
         Counter::DroppedV4Mapped,
+        Counter::DroppedBytes,
     ]
     .iter()
     .map(|c| counters.get(*c))
