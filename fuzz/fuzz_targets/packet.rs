@@ -59,7 +59,7 @@ fn check_packet(frame: &[u8], ipv6_prefix: u8, packet: &Packet) {
         [0x08, 0x00] => {
             assert_eq!(ip[0] >> 4, 4);
             let source: [u8; 4] = ip[12..16].try_into().expect("4 bytes");
-            assert_eq!(packet.v4, Some(source));
+            assert_eq!(packet.v4(), Some(source));
             assert_eq!(packet.source, v4_mapped(source));
             assert!(!packet.link_control, "neighbour discovery is IPv6 only");
             check_transport4(ip, packet);
@@ -68,7 +68,7 @@ fn check_packet(frame: &[u8], ipv6_prefix: u8, packet: &Packet) {
             assert_eq!(ip[0] >> 4, 6);
             let source: [u8; 16] = ip[8..24].try_into().expect("16 bytes");
             assert_eq!(packet.v6, source);
-            assert_eq!((packet.v4, as_v4(&source)), (None, None), "an IPv4-mapped source passed as a packet");
+            assert_eq!((packet.v4(), as_v4(&source)), (None, None), "an IPv4-mapped source passed as a packet");
             assert_eq!(packet.source, mask_v6(source, ipv6_prefix));
             assert!(!packet.link_control || ip[7] == 255, "link control from a routed packet");
         }

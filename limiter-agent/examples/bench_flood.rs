@@ -37,7 +37,7 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 use aya::programs::{Xdp, XdpMode};
 use limiter::{
-    config::xdp::{AttachMode, Ipv6Prefix, MalformedAction, PacketLimit, XdpConfig},
+    config::xdp::{AttachMode, Ipv6Prefix, MalformedAction, PacketLimit, SourceLimit, XdpConfig},
     xdp::{Floor, Kernel, LoadOptions, attach},
 };
 use limiter_lab::{
@@ -329,8 +329,12 @@ fn main() -> anyhow::Result<()> {
                     max_sources: nonzero(65_536),
                     ipv6_prefix: Ipv6Prefix(64),
                     malformed: MalformedAction::Pass,
-                    limit: PacketLimit { packets_per_second: nonzero(rate), burst: nonzero(rate) },
+                    limit: SourceLimit {
+                        packets: PacketLimit { packets_per_second: nonzero(rate), burst: nonzero(rate) },
+                        bytes: None,
+                    },
                     cidr: Vec::new(),
+                    port: Vec::new(),
                     new_sources: (filter == "limiter+budget").then_some(budget),
                     aggregate: Default::default(),
                     verified: Default::default(),

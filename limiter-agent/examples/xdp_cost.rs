@@ -8,16 +8,21 @@
 //!
 //! Usage: xdp_cost [REPEAT] [NEW_SOURCES]   (needs root)
 
-use std::{net::Ipv4Addr, num::NonZeroU32, path::PathBuf};
+use std::{
+    net::Ipv4Addr,
+    num::{NonZeroU32, NonZeroU64},
+    path::PathBuf,
+};
 
 use aya::programs::{TestRun as _, TestRunOptions, Xdp};
 use limiter::{
     config::xdp::{
-        AttachMode, CidrAction, CidrRule, Ipv6Prefix, MalformedAction, PacketLimit, Port, ReplySource, ServicesConfig,
-        Verdict, XdpConfig,
+        AttachMode, ByteLimit, CidrAction, CidrRule, Ipv6Prefix, MalformedAction, PacketLimit, Port, ReplySource,
+        ServicesConfig, SourceLimit, Verdict, XdpConfig,
     },
     xdp::{Floor, Kernel, LoadOptions, ephemeral_ports},
 };
+use limiter_common::bucket::MAX_BYTES_PER_SECOND;
 use limiter_lab::{
     report::{XdpCost, XdpStatsCost},
     support::frames::{udp4 as frame, udp4_to},
@@ -105,8 +110,12 @@ fn main() -> anyhow::Result<()> {
         max_sources: nonzero(capacity),
         ipv6_prefix: Ipv6Prefix(64),
         malformed: MalformedAction::Pass,
-        limit: PacketLimit { packets_per_second: nonzero(1_000_000_000), burst: nonzero(u32::MAX) },
+        limit: SourceLimit {
+            packets: PacketLimit { packets_per_second: nonzero(1_000_000_000), burst: nonzero(u32::MAX) },
+            bytes: None,
+        },
         cidr: Vec::new(),
+        port: Vec::new(),
         new_sources: None,
         aggregate: Default::default(),
         verified: Default::default(),
@@ -126,10 +135,19 @@ fn main() -> anyhow::Result<()> {
     };
     // The same source under a burst of 10 ms of refill, below the coarse clock's
     // bound (100 ticks), so its bucket reads the precise clock.
-    config.limit.burst = nonzero(10_000_000);
+    config.limit.packets.burst = nonzero(10_000_000);
     kernel.maps_mut().apply(&config, None)?;
     let known_source_precise_clock = cost(kernel.program()?, &known, repeat);
-    config.limit.burst = nonzero(u32::MAX);
+    config.limit.packets.burst = nonzero(u32::MAX);
+    // The same source with a byte budget it never exhausts: the frame's length, the
+    // second bucket's compare-and-swap.
+    config.limit.bytes = Some(ByteLimit {
+        bytes_per_second: NonZeroU64::new(MAX_BYTES_PER_SECOND).unwrap_or(NonZeroU64::MIN),
+        byte_burst: NonZeroU64::new(u64::MAX).unwrap_or(NonZeroU64::MIN),
+    });
+    kernel.maps_mut().apply(&config, None)?;
+    let known_source_with_byte_budget = cost(kernel.program()?, &known, repeat);
+    config.limit.bytes = None;
     kernel.maps_mut().apply(&config, None)?;
     let not_served_port = not_served_port(&mut kernel, &mut config, repeat)?;
     let sources: Vec<Vec<u8>> = (0..COLD_SOURCES).map(|i| frame(Ipv4Addr::from(0xc633_6400 + i))).collect();
@@ -164,7 +182,7 @@ fn main() -> anyhow::Result<()> {
     cost(kernel.program()?, &frame(Ipv4Addr::new(203, 0, 113, 10)), 1);
     let unknown_refused_by_budget = cost(kernel.program()?, &unknown, repeat);
     let known_source_with_budget = cost(kernel.program()?, &known, repeat);
-    config.aggregate.limit = config.limit.into();
+    config.aggregate.limit = Some(config.limit.packets);
     kernel.maps_mut().apply(&config, None)?;
     let known_source_with_aggregate = cost(kernel.program()?, &known, repeat);
     config.new_sources = None;
@@ -173,9 +191,9 @@ fn main() -> anyhow::Result<()> {
     config.cidr = (0..10_000u32)
         .map(|i| CidrRule {
             cidr: ipnet::IpNet::new(Ipv4Addr::from(0xac00_0000 + (i << 8)).into(), 24).unwrap_or_default(),
-            action: CidrAction::Limit(PacketLimit {
-                packets_per_second: nonzero(1_000_000),
-                burst: nonzero(1_000_000),
+            action: CidrAction::Limit(SourceLimit {
+                packets: PacketLimit { packets_per_second: nonzero(1_000_000), burst: nonzero(1_000_000) },
+                bytes: None,
             }),
             aggregate: None,
         })
@@ -202,6 +220,7 @@ fn main() -> anyhow::Result<()> {
         known_source_with_aggregate_ns: known_source_with_aggregate,
         known_source_precise_clock_ns: Some(known_source_precise_clock),
         not_served_port_ns: Some(not_served_port),
+        known_source_with_byte_budget_ns: Some(known_source_with_byte_budget),
         bpf_stats: Some(bpf_stats),
     };
     println!("{}", serde_json::to_string(&report)?);

@@ -44,11 +44,13 @@ pub enum Counter {
     /// (and no reply to its own connection), ICMP under `icmp = "drop"`, another IP
     /// protocol under `other = "drop"`.
     DroppedService = 14,
+    /// Dropped: the source's byte budget had too few bytes left for the frame.
+    DroppedBytes = 15,
 }
 
 impl Counter {
     /// Every counter in index order.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::Passed,
         Self::DroppedRateLimit,
         Self::DroppedDeny,
@@ -64,6 +66,7 @@ impl Counter {
         Self::DroppedSynShare,
         Self::DroppedV4Mapped,
         Self::DroppedService,
+        Self::DroppedBytes,
     ];
 
     /// Size of the counters array.
@@ -88,6 +91,7 @@ impl Counter {
             Self::DroppedSynShare => "dropped_syn_share",
             Self::DroppedV4Mapped => "dropped_v4_mapped",
             Self::DroppedService => "dropped_service",
+            Self::DroppedBytes => "dropped_bytes",
         }
     }
 }

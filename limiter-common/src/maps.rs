@@ -6,12 +6,21 @@
 
 use core::mem::size_of;
 
-use crate::bucket::Rate;
+use crate::bucket::{ByteRate, Rate};
 
 /// Bumped on every change of a map's key, value or meaning.
 pub const LAYOUT_VERSION: u32 = 5;
 
-/// LRU hash of [`SourceKey`] → [`SourceState`]; sized from `xdp.max_sources`.
+/// LRU hash of [`BucketKey`] → [`SourceState`]: each source's bucket, and one more
+/// per `[[xdp.port]]` service it sends to; sized from `xdp.max_sources`.
+///
+/// The services' buckets share this map, under a key one service wider, rather than
+/// a map of their own: the program then charges one map at one place, and the
+/// verifier walks the inlined charge (two compare-and-swap loops, insert, race) once.
+/// With a second map it walked it twice and refused the program at its million
+/// instructions. The cost is 8 bytes a key for every source, and a source's
+/// services' buckets share `max_sources` with everyone's; the other maps, the CLI
+/// and the block and verified paths keep [`SourceKey`].
 pub const SOURCES: &str = "SOURCES";
 /// LPM trie of IPv4 CIDRs (`Key<[u8; 4]>`) → [`CidrPolicy`].
 pub const CIDR_V4: &str = "CIDR_V4";
@@ -21,11 +30,12 @@ pub const CIDR_V6: &str = "CIDR_V6";
 pub const BLOCK_V4: &str = "BLOCK_V4";
 /// LPM trie of runtime-blocked IPv6 CIDRs → [`Block`].
 pub const BLOCK_V6: &str = "BLOCK_V6";
-/// LPM trie of demoted IPv4 sources → [`Demotion`]: their bucket's rate in place of
-/// the one their CIDR rule or `[xdp.limit]` gives.
-pub const DEMOTE_V4: &str = "DEMOTE_V4";
-/// LPM trie of demoted IPv6 sources → [`Demotion`].
-pub const DEMOTE_V6: &str = "DEMOTE_V6";
+/// LPM trie of demoted sources (`Key<[u8; 16]>`, IPv4 in its mapped form, see
+/// [`crate::addr`]) → [`Demotion`]: their bucket's rate in place of the one their
+/// CIDR rule, `[[xdp.port]]` entry or `[xdp.limit]` gives. One trie for both
+/// families, unlike the others: a lookup per family doubled the paths the verifier
+/// walks through the buckets, and took the program past its limit.
+pub const DEMOTE: &str = "DEMOTE";
 /// Array of [`SETTINGS_SLOTS`] [`Settings`] records; the active one is named by
 /// [`SETTINGS_ACTIVE`].
 pub const SETTINGS: &str = "SETTINGS";
@@ -65,12 +75,10 @@ pub const OCCUPIED_BLOCK_V6: u32 = 1;
 pub const OCCUPIED_CIDR_V4: u32 = 2;
 /// [`OCCUPANCY`] slot of [`CIDR_V6`].
 pub const OCCUPIED_CIDR_V6: u32 = 3;
-/// [`OCCUPANCY`] slot of [`DEMOTE_V4`].
-pub const OCCUPIED_DEMOTE_V4: u32 = 4;
-/// [`OCCUPANCY`] slot of [`DEMOTE_V6`].
-pub const OCCUPIED_DEMOTE_V6: u32 = 5;
+/// [`OCCUPANCY`] slot of [`DEMOTE`].
+pub const OCCUPIED_DEMOTE: u32 = 4;
 /// Entries of [`OCCUPANCY`].
-pub const OCCUPANCY_SLOTS: u32 = 6;
+pub const OCCUPANCY_SLOTS: u32 = 5;
 
 /// How many entries a pinned map holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,11 +134,12 @@ impl Sizing {
     /// behind the element header, and its bucket.
     #[must_use]
     pub const fn entry_bytes(self) -> usize {
-        let value = match self {
-            Self::MaxSources | Self::MaxPrefixes => size_of::<SourceState>(),
-            Self::MaxVerified => size_of::<Verified>(),
+        let (key, value) = match self {
+            Self::MaxSources => (size_of::<BucketKey>(), size_of::<SourceState>()),
+            Self::MaxPrefixes => (size_of::<SourceKey>(), size_of::<SourceState>()),
+            Self::MaxVerified => (size_of::<SourceKey>(), size_of::<Verified>()),
         };
-        HTAB_ELEMENT_HEADER + size_of::<SourceKey>().next_multiple_of(8) + value.next_multiple_of(8) + HTAB_BUCKET
+        HTAB_ELEMENT_HEADER + key.next_multiple_of(8) + value.next_multiple_of(8) + HTAB_BUCKET
     }
 
     /// The most entries the key may ask for: as many as [`Self::budget_bytes`] holds
@@ -167,8 +176,8 @@ const fn lpm_key<const N: usize>() -> usize {
 
 /// Every pinned map: the one list the loader, the layout check and `limiter detach`
 /// walk.
-pub const ALL: [PinnedMap; 15] = [
-    PinnedMap::new(SOURCES, size_of::<SourceKey>(), size_of::<SourceState>(), Entries::Configured(Sizing::MaxSources)),
+pub const ALL: [PinnedMap; 14] = [
+    PinnedMap::new(SOURCES, size_of::<BucketKey>(), size_of::<SourceState>(), Entries::Configured(Sizing::MaxSources)),
     PinnedMap::new(
         AGGREGATES,
         size_of::<SourceKey>(),
@@ -182,8 +191,7 @@ pub const ALL: [PinnedMap; 15] = [
     PinnedMap::new(CIDR_V6, lpm_key::<16>(), size_of::<CidrPolicy>(), Entries::Fixed(MAX_CIDRS)),
     PinnedMap::new(BLOCK_V4, lpm_key::<4>(), size_of::<Block>(), Entries::Fixed(MAX_BLOCKS)),
     PinnedMap::new(BLOCK_V6, lpm_key::<16>(), size_of::<Block>(), Entries::Fixed(MAX_BLOCKS)),
-    PinnedMap::new(DEMOTE_V4, lpm_key::<4>(), size_of::<Demotion>(), Entries::Fixed(MAX_DEMOTIONS)),
-    PinnedMap::new(DEMOTE_V6, lpm_key::<16>(), size_of::<Demotion>(), Entries::Fixed(MAX_DEMOTIONS)),
+    PinnedMap::new(DEMOTE, lpm_key::<16>(), size_of::<Demotion>(), Entries::Fixed(MAX_DEMOTIONS)),
     PinnedMap::new(SETTINGS, size_of::<u32>(), size_of::<Settings>(), Entries::Fixed(SETTINGS_SLOTS)),
     PinnedMap::new(SETTINGS_ACTIVE, size_of::<u32>(), size_of::<u32>(), Entries::Fixed(1)),
     PinnedMap::new(COUNTERS, size_of::<u32>(), size_of::<u64>(), Entries::Fixed(crate::counters::Counter::COUNT)),
@@ -204,6 +212,9 @@ pub const BUDGET_SLOTS: u32 = 2;
 pub const MAX_SYN_SHARES: u32 = 65_536;
 /// Most ports [`Settings::syn_ports`] holds.
 pub const MAX_SYN_PORTS: usize = 16;
+/// Most `[[xdp.port]]` entries [`Settings::port_keys`] holds: a host serves a
+/// handful of services, and the program scans them all for every packet to a port.
+pub const MAX_PORT_LIMITS: usize = 16;
 
 /// Most networks [`Settings::udp_replies_from`] holds.
 pub const MAX_UDP_REPLY_SOURCES: usize = 16;
@@ -227,6 +238,34 @@ pub struct SourceKey {
     pub addr: [u8; 16],
 }
 
+/// The key of a bucket in [`SOURCES`]: a source, and the `[[xdp.port]]` service
+/// the bucket is for, or none (0, 0) for its bucket of everything else.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BucketKey {
+    /// As [`SourceKey::addr`].
+    pub addr: [u8; 16],
+    /// The service's destination port, host order.
+    pub port: u16,
+    /// The service's `IPPROTO_TCP` or `IPPROTO_UDP`.
+    pub protocol: u8,
+    pub reserved: u8,
+}
+
+impl BucketKey {
+    /// The bucket of `source` for everything but the listed services.
+    #[must_use]
+    pub const fn source(source: &SourceKey) -> Self {
+        Self { addr: source.addr, port: 0, protocol: 0, reserved: 0 }
+    }
+
+    /// Whether this is a service's bucket.
+    #[must_use]
+    pub const fn is_service(&self) -> bool {
+        self.protocol != 0
+    }
+}
+
 /// A source's bucket and its totals.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -235,9 +274,14 @@ pub struct SourceState {
     /// tick-grained variant under [`FEATURE_COARSE_CLOCK`]); only ever changed by
     /// compare-and-swap.
     pub tat_ns: u64,
+    /// TAT of the byte bucket, in ticks of `crate::bucket::BYTE_TICKS_PER_NS` on
+    /// the same clock; used only where a byte budget applies (in [`SOURCES`]), and
+    /// also only changed by compare-and-swap.
+    pub byte_tat: u64,
     /// Packets seen from this source.
     pub packets: u64,
-    /// Of those, dropped by the limit (or would-drop in dry run).
+    /// Of those, dropped by the limit, of packets or of bytes (or would-drop in dry
+    /// run).
     pub dropped: u64,
 }
 
@@ -263,6 +307,9 @@ pub struct CidrPolicy {
     pub reserved: u32,
     /// Used when `action` is [`Action::Limit`].
     pub rate: Rate,
+    /// The byte budget of each source under the rule, with [`Action::Limit`];
+    /// [`ByteRate::NONE`]: none (the default's does not apply either).
+    pub bytes: ByteRate,
     /// The prefix aggregate of sources under this rule; an `interval_ns` of 0 means
     /// the rule has none of its own and [`Settings::aggregate_rate`] applies.
     pub aggregate: Rate,
@@ -272,7 +319,13 @@ impl CidrPolicy {
     /// A rule with no aggregate of its own.
     #[must_use]
     pub const fn new(action: Action, rate: Rate) -> Self {
-        Self { action: action as u32, reserved: 0, rate, aggregate: Rate { interval_ns: 0, tolerance_ns: 0 } }
+        Self {
+            action: action as u32,
+            reserved: 0,
+            rate,
+            bytes: ByteRate::NONE,
+            aggregate: Rate { interval_ns: 0, tolerance_ns: 0 },
+        }
     }
 }
 
@@ -343,6 +396,16 @@ pub const IPPROTO_ICMPV6: u8 = 58;
 /// rate in force passes `crate::bucket::coarse_clock_fits`.
 pub const FEATURE_COARSE_CLOCK: u8 = 8;
 
+/// [`Settings::features`] bit: some `[[xdp.port]]` entries are in
+/// [`Settings::port_keys`]; without it the program does not look.
+pub const FEATURE_PORTS: u8 = 64;
+
+/// [`Settings::port_keys`]' entry for `protocol` and `port`.
+#[must_use]
+pub const fn port_key(protocol: u8, port: u16) -> u32 {
+    (protocol as u32) << 16 | port as u32
+}
+
 /// The program's tunables, read on every packet.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -357,9 +420,19 @@ pub struct Settings {
     pub syn_rate: Rate,
     /// Each unverified source's share of it ([`SYN_SHARES`]).
     pub syn_source_rate: Rate,
+    /// Byte budget of every source no CIDR rule limits otherwise;
+    /// [`ByteRate::NONE`]: none, and the frame's length is not even read.
+    pub default_bytes: ByteRate,
     /// The ports whose SYNs take from the budget (with [`FEATURE_SYN_PORTS`]); 0
     /// fills the unused places.
     pub syn_ports: [u16; MAX_SYN_PORTS],
+    /// The `[[xdp.port]]` services (with [`FEATURE_PORTS`]), as [`port_key`]; 0
+    /// fills the unused places.
+    pub port_keys: [u32; MAX_PORT_LIMITS],
+    /// The bucket of each source for the service in the same place of `port_keys`.
+    pub port_rates: [Rate; MAX_PORT_LIMITS],
+    /// Its byte budget ([`ByteRate::NONE`]: none).
+    pub port_bytes: [ByteRate; MAX_PORT_LIMITS],
     /// [`LAYOUT_VERSION`] of the agent that wrote this record.
     pub layout_version: u32,
     /// 1: drop; 0: dry run, count would-drops.
@@ -470,6 +543,24 @@ impl Settings {
         self.features & feature != 0
     }
 
+    /// The place in [`Self::port_rates`] and [`Self::port_bytes`] of the
+    /// `[[xdp.port]]` service of `protocol` and `port`, if one is listed: a place
+    /// rather than the rates, which the program reads where they lie (a tuple in an
+    /// `Option` leaves registers undefined that the verifier refuses to copy).
+    #[inline(always)]
+    #[must_use]
+    pub fn port_entry(&self, protocol: u8, port: u16) -> Option<usize> {
+        let key = port_key(protocol, port);
+        let mut i = 0;
+        while i < MAX_PORT_LIMITS {
+            if self.port_keys[i] == key {
+                return Some(i);
+            }
+            i += 1;
+        }
+        None
+    }
+
     /// Whether a SYN to `port` takes from the SYN budget.
     #[inline(always)]
     #[must_use]
@@ -527,6 +618,7 @@ impl Settings {
 mod pod {
     // SAFETY (all): `repr(C)` plain data without padding bytes or pointers.
     unsafe impl aya::Pod for super::SourceKey {}
+    unsafe impl aya::Pod for super::BucketKey {}
     unsafe impl aya::Pod for super::SourceState {}
     unsafe impl aya::Pod for super::CidrPolicy {}
     unsafe impl aya::Pod for super::Expiry {}
@@ -541,8 +633,8 @@ mod tests {
     use core::mem::size_of;
 
     use super::{
-        Block, CidrPolicy, Demotion, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, Network, PortSet,
-        SERVICE_ICMP_PASS, Settings, Sizing, SourceKey, SourceState,
+        Block, BucketKey, CidrPolicy, Demotion, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, Network,
+        PortSet, SERVICE_ICMP_PASS, Settings, Sizing, SourceKey, SourceState,
     };
     use crate::addr::v4_mapped;
 
@@ -550,11 +642,12 @@ mod tests {
     #[test]
     fn record_sizes_are_stable() {
         assert_eq!(size_of::<SourceKey>(), 16);
-        assert_eq!(size_of::<SourceState>(), 24);
-        assert_eq!(size_of::<CidrPolicy>(), 40);
+        assert_eq!(size_of::<BucketKey>(), 20);
+        assert_eq!(size_of::<SourceState>(), 32);
+        assert_eq!(size_of::<CidrPolicy>(), 56);
         assert_eq!(size_of::<Block>(), 8);
         assert_eq!(size_of::<Demotion>(), 24);
-        assert_eq!(size_of::<Settings>(), 128 + 16 * 32 + 2 * 8192);
+        assert_eq!(size_of::<Settings>(), 720 + 16 * 32 + 2 * 8192);
     }
 
     /// The bounds README and config/limiter.toml state, and what they cost.
@@ -563,7 +656,7 @@ mod tests {
         assert_eq!(Sizing::MaxSources.max_entries(), 8_388_608);
         assert_eq!(Sizing::MaxPrefixes.max_entries(), 2_097_152);
         assert_eq!(Sizing::MaxVerified.max_entries(), 2_097_152);
-        assert_eq!((Sizing::MaxSources.entry_bytes(), Sizing::MaxVerified.entry_bytes()), (104, 88));
+        assert_eq!((Sizing::MaxSources.entry_bytes(), Sizing::MaxVerified.entry_bytes()), (120, 88));
         for sizing in Sizing::ALL {
             assert!(sizing.max_entries() as usize * sizing.entry_bytes() <= sizing.budget_bytes(), "{sizing:?}");
         }

@@ -27,9 +27,9 @@ const XDP: &str = "[xdp]\ninterfaces = [\"eth0\"]\n[xdp.limit]\npackets_per_seco
 fn example_config_parses_with_its_documented_values() {
     let config = parse(EXAMPLE).expect("example config");
     let xdp = config.xdp.expect("xdp");
-    assert_eq!(xdp.limit.packets_per_second.get(), 10_000);
+    assert_eq!(xdp.limit.packets.packets_per_second.get(), 10_000);
     assert_eq!(xdp.cidr.len(), 2);
-    assert!(matches!(xdp.cidr[1].action, CidrAction::Limit(l) if l.burst.get() == 200));
+    assert!(matches!(xdp.cidr[1].action, CidrAction::Limit(l) if l.packets.burst.get() == 200));
     let proxy = config.proxy.expect("proxy");
     assert_eq!(proxy.plans["free"].limits[0].spec.limit, NonZeroU32::new(100).expect("nonzero"));
     assert_eq!(proxy.plans["free"].limits[0].spec.algorithm, Algorithm::SlidingWindowCounter);
@@ -101,6 +101,92 @@ fn host_bits_and_duplicates_are_refused() {
 fn limit_action_needs_its_rate() {
     let text = format!("{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"limit\"\nburst = 5\n");
     assert!(refusal(&text).2.contains("needs packets_per_second and burst"));
+}
+
+#[test]
+fn byte_budgets_parse_on_the_default_and_on_limit_rules() {
+    let text = format!(
+        "{}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"limit\"\npackets_per_second = 5\nburst = 5\n\
+         bytes_per_second = 1_250_000_000\nbyte_burst = 1_514\n\
+         [[xdp.cidr]]\ncidr = \"10.1.0.0/16\"\naction = \"limit\"\npackets_per_second = 5\nburst = 5\n",
+        XDP.replace("burst = 20", "burst = 20\nbytes_per_second = 5_000_000\nbyte_burst = 15_000")
+    );
+    let xdp = parse(&text).expect("byte budgets").xdp.expect("xdp");
+    let bytes = xdp.limit.bytes.expect("default's byte budget");
+    assert_eq!((bytes.bytes_per_second.get(), bytes.byte_burst.get()), (5_000_000, 15_000));
+    assert_eq!(xdp.limit.to_string(), "10 pps, burst 20, 5000000 B/s, byte burst 15000");
+    let rule_bytes: Vec<_> = xdp
+        .cidr
+        .iter()
+        .map(|rule| match rule.action {
+            CidrAction::Limit(limit) => limit.bytes.map(|b| b.bytes_per_second.get()),
+            CidrAction::Allow | CidrAction::Deny => None,
+        })
+        .collect();
+    assert_eq!(rule_bytes, [Some(1_250_000_000), None], "a rule without its own has none");
+    let rates: Vec<_> = xdp.byte_rates_in_force().map(|rate| (rate.per_second(), rate.burst())).collect();
+    assert_eq!(rates, [(5_000_000, 15_000), (1_250_000_000, 1_514)]);
+    assert!(parse(XDP).expect("minimal").xdp.expect("xdp").limit.bytes.is_none());
+}
+
+#[test]
+fn bad_byte_budgets_name_key_and_line() {
+    let limit = |keys: &str| XDP.replace("burst = 20", &format!("burst = 20\n{keys}"));
+    for (keys, says) in [
+        ("bytes_per_second = 5_000_000", "bytes_per_second and byte_burst go together"),
+        ("byte_burst = 5_000", "bytes_per_second and byte_burst go together"),
+        ("bytes_per_second = 999\nbyte_burst = 5_000", "bytes_per_second = 999 is outside 1000 to 12500000000"),
+        ("bytes_per_second = 12_500_000_001\nbyte_burst = 5_000", "is outside 1000 to 12500000000 (100 Gbit/s)"),
+        ("bytes_per_second = 5_000_000\nbyte_burst = 1_513", "byte_burst = 1513 is below one full frame (1514"),
+    ] {
+        let (line, key, message) = refusal(&limit(keys));
+        assert_eq!((line, key.as_str()), (3, "xdp.limit"), "{keys}: {message}");
+        assert!(message.contains(says), "{keys}: {message}");
+    }
+    let (_, key, message) = refusal(&limit("bytes_per_second = 0\nbyte_burst = 5_000"));
+    assert_eq!(key, "xdp.limit.bytes_per_second", "{message}");
+
+    let rule =
+        |action: &str, keys: &str| format!("{XDP}[[xdp.cidr]]\ncidr = \"10.0.0.0/8\"\naction = \"{action}\"\n{keys}\n");
+    let (line, key, message) = refusal(&rule("allow", "bytes_per_second = 5_000_000\nbyte_burst = 5_000"));
+    assert_eq!((line, key.as_str()), (6, "xdp.cidr[0]"), "{message}");
+    assert!(message.contains("cidr 10.0.0.0/8: bytes_per_second and byte_burst only go with action = \"limit\""));
+    let (_, key, message) = refusal(&rule("limit", "packets_per_second = 5\nburst = 5\nbytes_per_second = 5_000_000"));
+    assert_eq!(key, "xdp.cidr[0]");
+    assert!(message.contains("cidr 10.0.0.0/8: bytes_per_second and byte_burst go together"), "{message}");
+    // The budgets and aggregates count packets only: a byte key there is unknown.
+    let (_, key, _) = refusal(&format!("{XDP}[xdp.new_sources]\npackets_per_second = 5\nburst = 5\nbyte_burst = 5\n"));
+    assert_eq!(key, "xdp.new_sources.byte_burst");
+}
+
+#[test]
+fn port_entries_parse_and_bad_ones_name_key_and_line() {
+    let entry = |protocol: &str, port: u32, extra: &str| {
+        format!("[[xdp.port]]\nprotocol = \"{protocol}\"\nport = {port}\npackets_per_second = 50\nburst = 100\n{extra}")
+    };
+    let text = format!(
+        "{XDP}{}{}",
+        entry("udp", 443, "bytes_per_second = 1_000_000\nbyte_burst = 30_000\n"),
+        entry("tcp", 443, "")
+    );
+    let xdp = parse(&text).expect("two services").xdp.expect("xdp");
+    let ports: Vec<String> = xdp.port.iter().map(ToString::to_string).collect();
+    assert_eq!(ports, ["udp/443: 50 pps, burst 100, 1000000 B/s, byte burst 30000", "tcp/443: 50 pps, burst 100"]);
+    assert_eq!(xdp.byte_rates_in_force().count(), 1);
+
+    let twice = format!("{XDP}{}{}", entry("udp", 53, ""), entry("udp", 53, ""));
+    assert_eq!(refusal(&twice), (13, "xdp.port[1].port".to_owned(), "udp/53 appears twice".to_owned()));
+    let many: String = (1..=17).map(|port| entry("tcp", port, "")).collect();
+    let (_, key, message) = refusal(&format!("{XDP}{many}"));
+    assert_eq!(key, "xdp.port[16]", "{message}");
+    assert!(message.contains("at most 16 [[xdp.port]] entries"), "{message}");
+    let (line, key, message) = refusal(&format!("{XDP}{}", entry("udp", 443, "byte_burst = 30_000\n")));
+    assert_eq!((line, key.as_str()), (6, "xdp.port[0]"), "{message}");
+    assert!(message.contains("port udp/443: bytes_per_second and byte_burst go together"), "{message}");
+    let (_, key, message) = refusal(&format!("{XDP}{}", entry("sctp", 443, "")));
+    assert_eq!(key, "xdp.port[0].protocol", "{message}");
+    let (_, key, _) = refusal(&format!("{XDP}{}", entry("udp", 0, "")));
+    assert_eq!(key, "xdp.port[0].port");
 }
 
 #[test]

@@ -3,14 +3,14 @@
 //! the ports the host serves (`services`).
 
 use std::{
-    num::{NonZeroU16, NonZeroU32},
+    num::{NonZeroU16, NonZeroU32, NonZeroU64},
     time::Duration,
 };
 
 use ipnet::IpNet;
 use limiter_common::{
-    bucket::{MAX_PER_SECOND, Rate},
-    maps::{MAX_SYN_PORTS, MAX_UDP_REPLY_SOURCES, Sizing},
+    bucket::{ByteRate, MAX_BYTES_PER_SECOND, MAX_PER_SECOND, MIN_BYTES_PER_SECOND, Rate},
+    maps::{MAX_PORT_LIMITS, MAX_SYN_PORTS, MAX_UDP_REPLY_SOURCES, Sizing},
 };
 use serde::Deserialize;
 
@@ -39,12 +39,17 @@ pub struct XdpConfig {
     pub ipv6_prefix: Ipv6Prefix,
     #[serde(default)]
     pub malformed: MalformedAction,
-    /// The bucket of every source no CIDR rule covers.
-    pub limit: PacketLimit,
+    /// The bucket (and byte budget) of every source no CIDR rule covers.
+    pub limit: SourceLimit,
     /// CIDR rules; the longest matching prefix wins.
     #[serde(default)]
     #[changes(keyed)]
     pub cidr: Vec<CidrRule>,
+    /// `[[xdp.port]]`: per-source buckets for one service each, in place of `limit`
+    /// for packets to its port.
+    #[serde(default)]
+    #[changes(keyed)]
+    pub port: Vec<PortLimit>,
     /// The budget a source without a bucket takes a token from; `None`: off, every
     /// new source gets a bucket.
     pub new_sources: Option<PacketLimit>,
@@ -444,6 +449,96 @@ impl PacketLimit {
     }
 }
 
+/// A source's buckets, `[xdp.limit]`'s or a `limit` rule's: its packets, and
+/// optionally its bytes.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(deny_unknown_fields, try_from = "RawSourceLimit")]
+#[changes(display)]
+pub struct SourceLimit {
+    pub packets: PacketLimit,
+    /// `None`: packets alone are limited, and the program does not read a frame's
+    /// length.
+    pub bytes: Option<ByteLimit>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSourceLimit {
+    packets_per_second: NonZeroU32,
+    burst: NonZeroU32,
+    bytes_per_second: Option<NonZeroU64>,
+    byte_burst: Option<NonZeroU64>,
+}
+
+impl TryFrom<RawSourceLimit> for SourceLimit {
+    type Error = String;
+
+    fn try_from(raw: RawSourceLimit) -> Result<Self, String> {
+        Ok(Self {
+            packets: PacketLimit::new(raw.packets_per_second, raw.burst)?,
+            bytes: ByteLimit::new(raw.bytes_per_second, raw.byte_burst)?,
+        })
+    }
+}
+
+impl std::fmt::Display for SourceLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.packets)?;
+        match &self.bytes {
+            Some(bytes) => write!(f, ", {bytes}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A source's byte budget: a second bucket, charged each frame's length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteLimit {
+    pub bytes_per_second: NonZeroU64,
+    pub byte_burst: NonZeroU64,
+}
+
+impl ByteLimit {
+    /// The smallest `byte_burst`: one full frame of a 1 500-byte MTU with its
+    /// Ethernet header. A smaller one would drop every full-size frame forever.
+    pub const MIN_BURST: u64 = 1_514;
+
+    /// `bytes_per_second` and `byte_burst` given together, or neither.
+    fn new(bytes_per_second: Option<NonZeroU64>, byte_burst: Option<NonZeroU64>) -> Result<Option<Self>, String> {
+        let (bytes_per_second, byte_burst) = match (bytes_per_second, byte_burst) {
+            (Some(rate), Some(burst)) => (rate, burst),
+            (None, None) => return Ok(None),
+            _ => return Err("bytes_per_second and byte_burst go together".to_owned()),
+        };
+        if !(MIN_BYTES_PER_SECOND..=MAX_BYTES_PER_SECOND).contains(&bytes_per_second.get()) {
+            return Err(format!(
+                "bytes_per_second = {bytes_per_second} is outside {MIN_BYTES_PER_SECOND} to {MAX_BYTES_PER_SECOND} \
+                 (100 Gbit/s), the range the kernel's byte buckets count exactly"
+            ));
+        }
+        if byte_burst.get() < Self::MIN_BURST {
+            return Err(format!(
+                "byte_burst = {byte_burst} is below one full frame ({} bytes: a 1500-byte MTU and its Ethernet \
+                 header), so such frames would never pass",
+                Self::MIN_BURST
+            ));
+        }
+        Ok(Some(Self { bytes_per_second, byte_burst }))
+    }
+
+    /// The byte bucket as the kernel stores it.
+    #[must_use]
+    pub fn rate(&self) -> ByteRate {
+        ByteRate::new(self.bytes_per_second.get(), self.byte_burst.get())
+    }
+}
+
+impl std::fmt::Display for ByteLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} B/s, byte burst {}", self.bytes_per_second, self.byte_burst)
+    }
+}
+
 /// `packets_per_second` and `burst` (each prefixed by `prefix`) given together, or
 /// neither.
 fn optional_limit(
@@ -461,6 +556,82 @@ fn optional_limit(
 impl std::fmt::Display for PacketLimit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} pps, burst {}", self.packets_per_second, self.burst)
+    }
+}
+
+/// One `[[xdp.port]]`: each source's bucket for one service.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Changes)]
+#[serde(try_from = "RawPortLimit")]
+#[changes(display)]
+pub struct PortLimit {
+    pub protocol: PortProtocol,
+    pub port: NonZeroU16,
+    pub limit: SourceLimit,
+}
+
+/// The transport a `[[xdp.port]]` entry serves.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PortProtocol {
+    Tcp,
+    Udp,
+}
+
+impl PortProtocol {
+    /// The IP protocol number, as the program reads it.
+    #[must_use]
+    pub const fn number(self) -> u8 {
+        match self {
+            Self::Tcp => 6,
+            Self::Udp => 17,
+        }
+    }
+}
+
+impl std::fmt::Display for PortProtocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPortLimit {
+    protocol: PortProtocol,
+    port: NonZeroU16,
+    packets_per_second: NonZeroU32,
+    burst: NonZeroU32,
+    bytes_per_second: Option<NonZeroU64>,
+    byte_burst: Option<NonZeroU64>,
+}
+
+impl TryFrom<RawPortLimit> for PortLimit {
+    type Error = String;
+
+    fn try_from(raw: RawPortLimit) -> Result<Self, String> {
+        let limit = SourceLimit::try_from(RawSourceLimit {
+            packets_per_second: raw.packets_per_second,
+            burst: raw.burst,
+            bytes_per_second: raw.bytes_per_second,
+            byte_burst: raw.byte_burst,
+        })
+        .map_err(|e| format!("port {}/{}: {e}", raw.protocol, raw.port))?;
+        Ok(Self { protocol: raw.protocol, port: raw.port, limit })
+    }
+}
+
+impl Keyed for PortLimit {
+    fn id(&self) -> String {
+        format!("{}/{}", self.protocol, self.port)
+    }
+}
+
+impl std::fmt::Display for PortLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}: {}", self.protocol, self.port, self.limit)
     }
 }
 
@@ -486,8 +657,8 @@ impl Keyed for CidrRule {
 pub enum CidrAction {
     Allow,
     Deny,
-    /// Per-source buckets with their own rate.
-    Limit(PacketLimit),
+    /// Per-source buckets with their own rate (and byte budget).
+    Limit(SourceLimit),
 }
 
 #[derive(Deserialize)]
@@ -497,6 +668,8 @@ struct RawCidrRule {
     action: RawAction,
     packets_per_second: Option<NonZeroU32>,
     burst: Option<NonZeroU32>,
+    bytes_per_second: Option<NonZeroU64>,
+    byte_burst: Option<NonZeroU64>,
     aggregate_packets_per_second: Option<NonZeroU32>,
     aggregate_burst: Option<NonZeroU32>,
 }
@@ -514,8 +687,11 @@ impl TryFrom<RawCidrRule> for CidrRule {
 
     fn try_from(raw: RawCidrRule) -> Result<Self, String> {
         let cidr = parse_cidr(&raw.cidr)?;
+        let bytes = ByteLimit::new(raw.bytes_per_second, raw.byte_burst).map_err(|e| format!("cidr {cidr}: {e}"))?;
         let action = match (raw.action, raw.packets_per_second, raw.burst) {
-            (RawAction::Limit, Some(pps), Some(burst)) => CidrAction::Limit(PacketLimit::new(pps, burst)?),
+            (RawAction::Limit, Some(pps), Some(burst)) => {
+                CidrAction::Limit(SourceLimit { packets: PacketLimit::new(pps, burst)?, bytes })
+            }
             (RawAction::Limit, _, _) => {
                 return Err(format!("cidr {cidr}: action = \"limit\" needs packets_per_second and burst"));
             }
@@ -525,6 +701,9 @@ impl TryFrom<RawCidrRule> for CidrRule {
                 return Err(format!("cidr {cidr}: packets_per_second and burst only go with action = \"limit\""));
             }
         };
+        if bytes.is_some() && !matches!(action, CidrAction::Limit(_)) {
+            return Err(format!("cidr {cidr}: bytes_per_second and byte_burst only go with action = \"limit\""));
+        }
         let aggregate = optional_limit(raw.aggregate_packets_per_second, raw.aggregate_burst, "aggregate_")
             .map_err(|e| format!("cidr {cidr}: {e}"))?;
         if aggregate.is_some() && !matches!(action, CidrAction::Limit(_)) {
@@ -644,21 +823,32 @@ impl XdpConfig {
         ]
     }
 
-    /// Every bucket rate the program may charge under this config: the default, each
-    /// limit rule's and aggregate, and the budgets and aggregate that are on.
-    pub fn rates_in_force(&self) -> impl Iterator<Item = Rate> + '_ {
-        let rules = self.cidr.iter().flat_map(|rule| {
-            let limit = match rule.action {
-                CidrAction::Limit(limit) => Some(limit),
-                CidrAction::Allow | CidrAction::Deny => None,
-            };
-            [limit, rule.aggregate]
+    /// The source buckets of the default, each limit rule and each service.
+    fn source_limits(&self) -> impl Iterator<Item = SourceLimit> + '_ {
+        let rules = self.cidr.iter().filter_map(|rule| match rule.action {
+            CidrAction::Limit(limit) => Some(limit),
+            CidrAction::Allow | CidrAction::Deny => None,
         });
+        std::iter::once(self.limit).chain(rules).chain(self.port.iter().map(|port| port.limit))
+    }
+
+    /// Every byte budget the program may charge under this config.
+    pub fn byte_rates_in_force(&self) -> impl Iterator<Item = ByteRate> + '_ {
+        self.source_limits().filter_map(|limit| limit.bytes).map(|bytes| bytes.rate())
+    }
+
+    /// Every bucket rate the program may charge under this config: the default, each
+    /// limit rule's and aggregate, and the budgets and aggregate that are on (byte
+    /// budgets apart: [`Self::byte_rates_in_force`]).
+    pub fn rates_in_force(&self) -> impl Iterator<Item = Rate> + '_ {
+        let sources = self.source_limits().map(|limit| Some(limit.packets));
+        let rule_aggregates = self.cidr.iter().map(|rule| rule.aggregate);
         let syn = self.syn.as_ref().map(|syn| [syn.limit, syn.per_source()]);
-        [Some(self.limit), self.new_sources, self.aggregate.limit]
+        [self.new_sources, self.aggregate.limit]
             .into_iter()
             .chain(syn.into_iter().flatten().map(Some))
-            .chain(rules)
+            .chain(sources)
+            .chain(rule_aggregates)
             .flatten()
             .map(|limit| limit.rate())
     }
@@ -802,6 +992,20 @@ impl XdpConfig {
         }
         if let Some(services) = &self.services {
             services.validate()?;
+        }
+        if self.port.len() > MAX_PORT_LIMITS {
+            return Err((
+                format!("xdp.port[{MAX_PORT_LIMITS}]"),
+                format!("at most {MAX_PORT_LIMITS} [[xdp.port]] entries: the program scans them for every packet"),
+            ));
+        }
+        for (i, entry) in self.port.iter().enumerate() {
+            if self.port[..i].iter().any(|other| (other.protocol, other.port) == (entry.protocol, entry.port)) {
+                return Err((
+                    format!("xdp.port[{i}].port"),
+                    format!("{}/{} appears twice", entry.protocol, entry.port),
+                ));
+            }
         }
         for (i, interface) in self.interfaces.iter().enumerate() {
             let problem = if interface.is_empty() || interface.len() > 15 {

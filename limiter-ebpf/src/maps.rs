@@ -7,14 +7,14 @@ use aya_ebpf::{
 use limiter_common::{
     counters::Counter,
     maps::{
-        BUDGET_SLOTS, Block, CidrPolicy, Demotion, MAX_BLOCKS, MAX_CIDRS, MAX_DEMOTIONS, MAX_SYN_SHARES,
+        BUDGET_SLOTS, Block, BucketKey, CidrPolicy, Demotion, MAX_BLOCKS, MAX_CIDRS, MAX_DEMOTIONS, MAX_SYN_SHARES,
         OCCUPANCY_SLOTS, SETTINGS_SLOTS, Settings, SourceKey, SourceState, Verified,
     },
 };
 
 /// Sized by the agent from `xdp.max_sources` at load time.
 #[map]
-pub static SOURCES: LruHashMap<SourceKey, SourceState> = LruHashMap::pinned(1, 0);
+pub static SOURCES: LruHashMap<BucketKey, SourceState> = LruHashMap::pinned(1, 0);
 
 /// Sized by the agent from `xdp.aggregate.max_prefixes` at load time.
 #[map]
@@ -42,11 +42,9 @@ pub static BLOCK_V4: LpmTrie<[u8; 4], Block> = LpmTrie::pinned(MAX_BLOCKS, 0);
 #[map]
 pub static BLOCK_V6: LpmTrie<[u8; 16], Block> = LpmTrie::pinned(MAX_BLOCKS, 0);
 
+/// Both families, IPv4 mapped (`limiter_common::maps::DEMOTE`).
 #[map]
-pub static DEMOTE_V4: LpmTrie<[u8; 4], Demotion> = LpmTrie::pinned(MAX_DEMOTIONS, 0);
-
-#[map]
-pub static DEMOTE_V6: LpmTrie<[u8; 16], Demotion> = LpmTrie::pinned(MAX_DEMOTIONS, 0);
+pub static DEMOTE: LpmTrie<[u8; 16], Demotion> = LpmTrie::pinned(MAX_DEMOTIONS, 0);
 
 #[map]
 pub static SETTINGS: Array<Settings> = Array::pinned(SETTINGS_SLOTS, 0);

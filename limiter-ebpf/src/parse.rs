@@ -40,6 +40,7 @@ const DEST_PORT: usize = 2;
 const TCP_DATA_OFFSET: usize = 12;
 /// A TCP header up to its flags.
 const TCP_HEAD: usize = TCP_DATA_OFFSET + 2;
+/// A UDP header up to its destination port.
 /// IPv4 "more fragments" flag, in the high byte of the fragment field.
 const IPV4_MORE_FRAGMENTS: u8 = 0x20;
 const TCP_SYN: u8 = 0x02;
@@ -81,9 +82,9 @@ pub enum Syn {
 pub struct Packet {
     /// 16-byte source key (`limiter_common::addr`).
     pub source: [u8; 16],
-    /// The IPv4 address when the source is IPv4.
-    pub v4: Option<[u8; 4]>,
-    /// The unmasked IPv6 source, for CIDR lookups.
+    /// Whether the source is IPv4 (see [`Self::v4`]).
+    pub ipv4: bool,
+    /// The unmasked source, for CIDR lookups: IPv6, or IPv4 mapped.
     pub v6: [u8; 16],
     /// A header after the source address was cut short or inconsistent.
     pub malformed: bool,
@@ -103,10 +104,20 @@ pub struct Packet {
 }
 
 impl Packet {
+    /// The IPv4 address when the source is IPv4. Kept as a flag beside `v6` (which
+    /// holds it mapped) rather than as an `Option` field: LLVM leaves a `None`'s
+    /// payload undefined, and the verifier refuses the program once the packet is
+    /// copied with it.
+    #[inline(always)]
+    pub fn v4(&self) -> Option<[u8; 4]> {
+        let [.., a, b, c, d] = self.v6;
+        self.ipv4.then_some([a, b, c, d])
+    }
+
     /// What [`parse`] writes into.
     pub const EMPTY: Self = Self {
         source: [0; 16],
-        v4: None,
+        ipv4: false,
         v6: [0; 16],
         malformed: false,
         link_control: false,
@@ -223,7 +234,7 @@ fn parse_v4(ctx: &XdpContext, offset: usize, packet: &mut Packet) -> Frame {
     };
     *packet = Packet {
         source: v4_mapped(source),
-        v4: Some(source),
+        ipv4: true,
         v6: v4_mapped(source),
         malformed,
         link_control: false,
@@ -257,72 +268,50 @@ fn parse_v6(ctx: &XdpContext, offset: usize, ipv6_prefix: u8, packet: &mut Packe
         packet.malformed = true;
         return Frame::Ip;
     }
-    match upper_layer(ctx, offset + IPV6_HLEN, ip[6]) {
-        UpperLayer::Icmpv6(icmp_type) => {
-            packet.protocol = IPPROTO_ICMPV6;
-            packet.link_control =
-                ip[7] == ND_HOP_LIMIT && (ICMPV6_ROUTER_SOLICIT..=ICMPV6_REDIRECT).contains(&icmp_type);
-        }
-        UpperLayer::Tcp { offset, fragmented } => {
-            packet.protocol = IPPROTO_TCP;
-            (packet.syn, packet.port, packet.reply) = tcp_syn(ctx, offset, end, fragmented);
-        }
-        UpperLayer::Udp { offset } => {
-            packet.protocol = IPPROTO_UDP;
-            packet.port = udp_port(ctx, offset, end);
-        }
-        UpperLayer::Other(protocol) => packet.protocol = protocol,
-        UpperLayer::LaterFragment => packet.later_fragment = true,
-        UpperLayer::Broken(protocol) => {
-            packet.protocol = protocol;
-            packet.malformed = true;
-        }
-    }
+    upper_layer(ctx, offset + IPV6_HLEN, ip[6], (ip[7], end), packet);
     Frame::Ip
 }
 
-enum UpperLayer {
-    Icmpv6(u8),
-    /// TCP, its header at `offset`; `fragmented`: in the first of several fragments.
-    Tcp {
-        offset: usize,
-        fragmented: bool,
-    },
-    /// UDP, its header at `offset`.
-    Udp {
-        offset: usize,
-    },
-    /// Any other protocol.
-    Other(u8),
-    /// A fragment after the first, whose upper layer is elsewhere.
-    LaterFragment,
-    /// Truncated extension header, or a chain longer than the walk bound; the
-    /// header the walk stopped at.
-    Broken(u8),
-}
-
+/// Walks IPv6's extension headers from `next` at `offset` and writes what the upper
+/// layer says into `packet`; `hop_limit` and `end` are the IPv6 header's. Written
+/// in place at each end of the walk rather than returned as an enum: LLVM leaves
+/// a variant's payload undefined on the paths of the others, and the verifier
+/// refuses the program once such a register is copied.
 #[inline(always)]
-fn upper_layer(ctx: &XdpContext, mut offset: usize, mut next: u8) -> UpperLayer {
+fn upper_layer(ctx: &XdpContext, mut offset: usize, mut next: u8, (hop_limit, end): (u8, usize), packet: &mut Packet) {
     let mut fragmented = false;
     for _ in 0..MAX_IPV6_EXT_HEADERS {
         match next {
             IPPROTO_ICMPV6 => {
+                packet.protocol = IPPROTO_ICMPV6;
                 // Type and code: a 1-byte check is folded by LLVM into a compare the
                 // verifier cannot read as a bound, and no ICMPv6 message is shorter.
-                return match load::<2>(ctx, offset) {
-                    Some([icmp_type, _code]) => UpperLayer::Icmpv6(icmp_type),
-                    None => UpperLayer::Broken(IPPROTO_ICMPV6),
-                };
+                match load::<2>(ctx, offset) {
+                    Some([icmp_type, _code]) => {
+                        packet.link_control =
+                            hop_limit == ND_HOP_LIMIT && (ICMPV6_ROUTER_SOLICIT..=ICMPV6_REDIRECT).contains(&icmp_type);
+                    }
+                    None => packet.malformed = true,
+                }
+                return;
             }
-            IPPROTO_TCP => return UpperLayer::Tcp { offset, fragmented },
-            IPPROTO_UDP => return UpperLayer::Udp { offset },
+            IPPROTO_TCP => {
+                packet.protocol = IPPROTO_TCP;
+                (packet.syn, packet.port, packet.reply) = tcp_syn(ctx, offset, end, fragmented);
+                return;
+            }
+            IPPROTO_UDP => {
+                packet.protocol = IPPROTO_UDP;
+                packet.port = udp_port(ctx, offset, end);
+                return;
+            }
             IPPROTO_FRAGMENT => {
-                let Some(frag) = load::<8>(ctx, offset) else {
-                    return UpperLayer::Broken(next);
-                };
+                let Some(frag) = load::<8>(ctx, offset) else { return broken(packet, next) };
                 let field = u16::from_be_bytes([frag[2], frag[3]]);
                 if field & 0xfff8 != 0 {
-                    return UpperLayer::LaterFragment;
+                    // A fragment after the first, whose upper layer is elsewhere.
+                    packet.later_fragment = true;
+                    return;
                 }
                 // The M flag.
                 fragmented = field & 1 != 0;
@@ -330,21 +319,28 @@ fn upper_layer(ctx: &XdpContext, mut offset: usize, mut next: u8) -> UpperLayer 
                 offset += 8;
             }
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_MOBILITY => {
-                let Some(ext) = load::<2>(ctx, offset) else {
-                    return UpperLayer::Broken(next);
-                };
+                let Some(ext) = load::<2>(ctx, offset) else { return broken(packet, next) };
                 next = ext[0];
                 offset += (usize::from(ext[1]) + 1) * 8;
             }
             IPPROTO_AH => {
-                let Some(ext) = load::<2>(ctx, offset) else {
-                    return UpperLayer::Broken(next);
-                };
+                let Some(ext) = load::<2>(ctx, offset) else { return broken(packet, next) };
                 next = ext[0];
                 offset += (usize::from(ext[1]) + 2) * 4;
             }
-            _ => return UpperLayer::Other(next),
+            _ => {
+                packet.protocol = next;
+                return;
+            }
         }
     }
-    UpperLayer::Broken(next)
+    broken(packet, next);
+}
+
+/// A truncated extension header, or a chain longer than the walk bound: `protocol`
+/// is the header the walk stopped at.
+#[inline(always)]
+fn broken(packet: &mut Packet, protocol: u8) {
+    packet.protocol = protocol;
+    packet.malformed = true;
 }

@@ -111,6 +111,10 @@ pub struct XdpCost {
     /// bucket reads the precise clock; absent from reports written before.
     #[serde(default)]
     pub known_source_precise_clock_ns: Option<f64>,
+    /// A known source with a byte budget (`bytes_per_second`) beside its packet
+    /// bucket; absent from reports written before.
+    #[serde(default)]
+    pub known_source_with_byte_budget_ns: Option<f64>,
     /// The program's own time per run as bpf_stats counts it (which the flood's
     /// column reports), absent from reports written before it was measured.
     #[serde(default)]

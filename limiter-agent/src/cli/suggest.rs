@@ -79,7 +79,7 @@ pub fn run(path: &Path, args: &SuggestArgs) -> Result<ExitCode, CliError> {
                 let before = maps.source_rows()?;
                 std::thread::sleep(Duration::from_secs(secs));
                 let after = maps.source_rows()?;
-                let limit = xdp.limit.packets_per_second.get();
+                let limit = xdp.limit.packets.packets_per_second.get();
                 Some(kernel_suggestion(&before, &after, secs as f64, limit, args.headroom))
             }
             Err(XdpError::MissingMap(..)) => None,

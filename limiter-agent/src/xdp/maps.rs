@@ -11,10 +11,11 @@ use limiter_common::{
     bucket::{Rate, coarse_clock_fits},
     counters::Counter,
     maps::{
-        self as names, Action, Block, CidrPolicy, Demotion, Expiry, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK,
-        FEATURE_NEW_SOURCES, FEATURE_SERVICES, FEATURE_SYN, FEATURE_SYN_PORTS, LAYOUT_VERSION, MAX_SYN_PORTS, Network,
-        OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4, OCCUPIED_CIDR_V6, OCCUPIED_DEMOTE_V4,
-        OCCUPIED_DEMOTE_V6, SERVICE_ICMP_PASS, SERVICE_OTHER_PASS, SETTINGS_SLOTS, Settings, SourceKey, SourceState,
+        self as names, Action, Block, BucketKey, CidrPolicy, Demotion, Expiry, FEATURE_AGGREGATE, FEATURE_COARSE_CLOCK,
+        FEATURE_NEW_SOURCES, FEATURE_PORTS, FEATURE_SERVICES, FEATURE_SYN, FEATURE_SYN_PORTS, LAYOUT_VERSION,
+        MAX_PORT_LIMITS, MAX_SYN_PORTS, Network, OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6, OCCUPIED_CIDR_V4,
+        OCCUPIED_CIDR_V6, OCCUPIED_DEMOTE, SERVICE_ICMP_PASS, SERVICE_OTHER_PASS, SETTINGS_SLOTS, Settings, SourceKey,
+        SourceState, port_key,
     },
 };
 
@@ -26,12 +27,14 @@ use super::{
 };
 use crate::config::{
     ProxyConfig,
-    xdp::{CidrAction, CidrRule, MalformedAction, PacketLimit, ServicesConfig, SynPorts, Verdict, XdpConfig},
+    xdp::{
+        CidrAction, CidrRule, MalformedAction, PacketLimit, PortLimit, ServicesConfig, SynPorts, Verdict, XdpConfig,
+    },
 };
 
 /// The program's maps, opened from a loaded program or from their pins.
 pub struct KernelMaps {
-    sources: HashMap<MapData, SourceKey, SourceState>,
+    sources: HashMap<MapData, BucketKey, SourceState>,
     sources_capacity: u32,
     cidrs: CidrTries<CidrPolicy>,
     blocks: LapsingTries<Block>,
@@ -106,11 +109,7 @@ impl KernelMaps {
                 [names::BLOCK_V4, names::BLOCK_V6],
                 [OCCUPIED_BLOCK_V4, OCCUPIED_BLOCK_V6],
             )?),
-            demotions: LapsingTries::new(CidrTries::new(
-                [map(names::DEMOTE_V4)?, map(names::DEMOTE_V6)?],
-                [names::DEMOTE_V4, names::DEMOTE_V6],
-                [OCCUPIED_DEMOTE_V4, OCCUPIED_DEMOTE_V6],
-            )?),
+            demotions: LapsingTries::new(CidrTries::mapped(map(names::DEMOTE)?, names::DEMOTE, OCCUPIED_DEMOTE)?),
             settings: map(names::SETTINGS)?.try_into().map_err(map_error(names::SETTINGS))?,
             settings_active: map(names::SETTINGS_ACTIVE)?.try_into().map_err(map_error(names::SETTINGS_ACTIVE))?,
             counters: map(names::COUNTERS)?.try_into().map_err(map_error(names::COUNTERS))?,
@@ -265,13 +264,18 @@ impl KernelMaps {
         Ok(totals)
     }
 
-    /// Every tracked source and its bucket.
+    /// Every tracked source and its bucket (its `[[xdp.port]]` services' apart).
     pub fn sources(&self) -> impl Iterator<Item = Result<(SourceKey, SourceState), XdpError>> + '_ {
-        self.sources.iter().map(|entry| entry.map_err(map_error(names::SOURCES)))
+        self.sources.iter().filter_map(|entry| match entry {
+            Ok((key, _)) if key.is_service() => None,
+            Ok((key, state)) => Some(Ok((SourceKey { addr: key.addr }, state))),
+            Err(error) => Some(Err(map_error(names::SOURCES)(error))),
+        })
     }
 
-    /// How many sources have a bucket: one walk over the keys, without reading the
-    /// buckets (a full map holds `max_sources` of them).
+    /// How many buckets the sources map holds (a source's and one per service it
+    /// uses): one walk over the keys, without reading the buckets (a full map holds
+    /// `max_sources` of them).
     #[must_use]
     pub(crate) fn sources_tracked(&self) -> u64 {
         self.sources.keys().count() as u64
@@ -279,7 +283,7 @@ impl KernelMaps {
 
     /// One source's bucket, if tracked.
     pub fn source(&self, key: &SourceKey) -> Option<SourceState> {
-        self.sources.get(key, 0).ok()
+        self.sources.get(&BucketKey::source(key), 0).ok()
     }
 
     /// Bound on tracked sources (`xdp.max_sources` when the maps were created).
@@ -352,12 +356,16 @@ pub(crate) fn settings_for(config: &XdpConfig, syn_ports: &SynPorts, tick_ns: u6
         }
     }
     let mut settings = Settings {
-        default_rate: config.limit.rate(),
+        default_rate: config.limit.packets.rate(),
         new_source_rate: rate(config.new_sources),
         aggregate_rate: rate(config.aggregate.limit),
         syn_rate: rate(config.syn.as_ref().map(|syn| syn.limit)),
         syn_source_rate: rate(config.syn.as_ref().map(|syn| syn.per_source())),
+        default_bytes: config.limit.bytes.map(|bytes| bytes.rate()).unwrap_or_default(),
         syn_ports: ports,
+        port_keys: service_table(config, |entry| port_key(entry.protocol.number(), entry.port.get())),
+        port_rates: service_table(config, |entry| entry.limit.packets.rate()),
+        port_bytes: service_table(config, |entry| entry.limit.bytes.map(|bytes| bytes.rate()).unwrap_or_default()),
         layout_version: LAYOUT_VERSION,
         enforce: u8::from(config.enforce),
         malformed_drop: u8::from(config.malformed == MalformedAction::Drop),
@@ -366,8 +374,13 @@ pub(crate) fn settings_for(config: &XdpConfig, syn_ports: &SynPorts, tick_ns: u6
             | feature(config.aggregate.limit.is_some(), FEATURE_AGGREGATE)
             | feature(config.syn.is_some(), FEATURE_SYN)
             | feature(matches!(syn_ports, SynPorts::Only(_)), FEATURE_SYN_PORTS)
-            | feature(config.rates_in_force().all(|rate| coarse_clock_fits(rate, tick_ns)), FEATURE_COARSE_CLOCK)
-            | feature(config.services.is_some(), FEATURE_SERVICES),
+            | feature(!config.port.is_empty(), FEATURE_PORTS)
+            | feature(config.services.is_some(), FEATURE_SERVICES)
+            | feature(
+                config.rates_in_force().all(|rate| coarse_clock_fits(rate, tick_ns))
+                    && config.byte_rates_in_force().all(|rate| rate.coarse_clock_fits(tick_ns)),
+                FEATURE_COARSE_CLOCK,
+            ),
         aggregate_ipv4_prefix: config.aggregate.ipv4_prefix.0,
         aggregate_ipv6_prefix: config.aggregate.ipv6_prefix.0,
         ..Settings::default()
@@ -414,11 +427,24 @@ pub(super) fn set_occupied(occupancy: &mut Array<MapData, u32>, slot: u32, occup
     occupancy.set(slot, u32::from(occupied), 0).map_err(map_error(names::OCCUPANCY))
 }
 
+/// One column of the settings' `[[xdp.port]]` table: `column` of each entry, the
+/// default value in the unused places.
+fn service_table<T: Copy + Default>(config: &XdpConfig, column: impl Fn(&PortLimit) -> T) -> [T; MAX_PORT_LIMITS] {
+    let mut table = [T::default(); MAX_PORT_LIMITS];
+    for (slot, entry) in table.iter_mut().zip(&config.port) {
+        *slot = column(entry);
+    }
+    table
+}
+
 fn policy_of(rule: &CidrRule) -> CidrPolicy {
     let policy = match rule.action {
         CidrAction::Allow => CidrPolicy::new(Action::Allow, Default::default()),
         CidrAction::Deny => CidrPolicy::new(Action::Deny, Default::default()),
-        CidrAction::Limit(limit) => CidrPolicy::new(Action::Limit, limit.rate()),
+        CidrAction::Limit(limit) => CidrPolicy {
+            bytes: limit.bytes.map(|bytes| bytes.rate()).unwrap_or_default(),
+            ..CidrPolicy::new(Action::Limit, limit.packets.rate())
+        },
     };
     CidrPolicy { aggregate: rule.aggregate.map(|a| a.rate()).unwrap_or(policy.aggregate), ..policy }
 }
@@ -453,6 +479,11 @@ mod tests {
         assert!(coarse(&rule(1_000, 400)));
         assert!(!coarse(&rule(1_000, 399)), "one rule below the bound keeps every bucket precise");
         assert!(!coarse(&format!("{XDP}[xdp.syn]\npackets_per_second = 1000\nburst = 10\n")));
+        let bytes = |burst: u32| {
+            XDP.replace("burst = 20", &format!("burst = 20\nbytes_per_second = 5_000_000\nbyte_burst = {burst}"))
+        };
+        assert!(coarse(&bytes(2_000_000)), "400 ms of refill in the byte burst");
+        assert!(!coarse(&bytes(1_999_999)), "a byte budget below the bound keeps every bucket precise");
         let xdp = parse(XDP).xdp.expect("xdp");
         assert!(
             !settings_for(&xdp, &SynPorts::Every, u64::MAX).has(FEATURE_COARSE_CLOCK),

@@ -1,6 +1,7 @@
 //! An IPv4 and an IPv6 LPM trie holding the same kind of value, addressed by CIDR:
-//! the CIDR rules, the runtime blocks and the demotions are each such a pair (the
-//! last two of entries that lapse, [`LapsingTries`]).
+//! the CIDR rules and the runtime blocks are each such a pair, the demotions one
+//! trie that holds IPv4 in its mapped form (the last two of entries that lapse,
+//! [`LapsingTries`]).
 
 use std::net::IpAddr;
 
@@ -9,7 +10,10 @@ use aya::{
     maps::{Array, LpmTrie, Map, MapData, MapError, lpm_trie::Key},
 };
 use ipnet::IpNet;
-use limiter_common::maps::{Demotion, Expiry};
+use limiter_common::{
+    addr::v4_mapped,
+    maps::{Demotion, Expiry},
+};
 
 use super::{XdpError, map_access::monotonic_now_ns, maps::set_occupied};
 
@@ -19,7 +23,8 @@ const PRUNE_INTERVAL_NS: u64 = 1_000_000_000;
 /// Both tries of one kind, with their map names (for errors) and their slots in the
 /// occupancy flags.
 pub(super) struct CidrTries<V: Pod> {
-    v4: LpmTrie<MapData, [u8; 4], V>,
+    /// `None`: IPv4 CIDRs are kept in `v6`, mapped (`::ffff:a.b.c.d`, 96 bits more).
+    v4: Option<LpmTrie<MapData, [u8; 4], V>>,
     v6: LpmTrie<MapData, [u8; 16], V>,
     names: [&'static str; 2],
     slots: [u32; 2],
@@ -31,11 +36,18 @@ impl<V: Pod> CidrTries<V> {
         let [v4, v6] = maps;
         let error = |name| move |source| XdpError::Map { name, source };
         Ok(Self {
-            v4: v4.try_into().map_err(error(names[0]))?,
+            v4: Some(v4.try_into().map_err(error(names[0]))?),
             v6: v6.try_into().map_err(error(names[1]))?,
             names,
             slots,
         })
+    }
+
+    /// One trie of 16-byte keys for both families, IPv4 mapped, under one name and
+    /// one occupancy slot.
+    pub(super) fn mapped(map: Map, name: &'static str, slot: u32) -> Result<Self, XdpError> {
+        let v6 = map.try_into().map_err(|source| XdpError::Map { name, source })?;
+        Ok(Self { v4: None, v6, names: [name; 2], slots: [slot; 2] })
     }
 
     /// The occupancy slot of `cidr`'s family.
@@ -50,32 +62,37 @@ impl<V: Pod> CidrTries<V> {
 
     /// Whether the trie of `slot` holds nothing.
     pub(super) fn is_empty(&self, slot: u32) -> bool {
-        if slot == self.slots[0] { self.v4.keys().next().is_none() } else { self.v6.keys().next().is_none() }
+        match &self.v4 {
+            Some(v4) if slot == self.slots[0] => v4.keys().next().is_none(),
+            _ => self.v6.keys().next().is_none(),
+        }
     }
 
     /// Adds or replaces the entry of exactly `cidr`.
     pub(super) fn insert(&mut self, cidr: IpNet, value: V) -> Result<(), XdpError> {
-        match cidr {
-            IpNet::V4(net) => self.v4.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), value, 0),
-            IpNet::V6(net) => self.v6.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), value, 0),
+        match (self.v4.as_mut(), cidr) {
+            (Some(v4), IpNet::V4(net)) => {
+                v4.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), value, 0)
+            }
+            _ => self.v6.insert(&key16(cidr), value, 0),
         }
         .map_err(|source| self.error(cidr, source))
     }
 
     /// The entry of exactly `cidr`, if any.
     pub(super) fn get(&self, cidr: IpNet) -> Option<V> {
-        match cidr {
-            IpNet::V4(net) => self.v4.get(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), 0),
-            IpNet::V6(net) => self.v6.get(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), 0),
+        match (self.v4.as_ref(), cidr) {
+            (Some(v4), IpNet::V4(net)) => v4.get(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), 0),
+            _ => self.v6.get(&key16(cidr), 0),
         }
         .ok()
     }
 
     /// Removes the entry of exactly `cidr`; `false` if there was none.
     pub(super) fn remove(&mut self, cidr: IpNet) -> Result<bool, XdpError> {
-        let removed = match cidr {
-            IpNet::V4(net) => self.v4.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
-            IpNet::V6(net) => self.v6.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
+        let removed = match (self.v4.as_mut(), cidr) {
+            (Some(v4), IpNet::V4(net)) => v4.remove(&Key::new(u32::from(net.prefix_len()), net.addr().octets())),
+            _ => self.v6.remove(&key16(cidr)),
         };
         match removed {
             Ok(()) => Ok(true),
@@ -88,13 +105,20 @@ impl<V: Pod> CidrTries<V> {
     /// Every entry, IPv4 first.
     pub(super) fn entries(&self) -> Result<Vec<(IpNet, V)>, XdpError> {
         let mut entries = Vec::new();
-        for entry in self.v4.iter() {
+        for entry in self.v4.iter().flat_map(LpmTrie::iter) {
             let (key, value) = entry.map_err(|source| XdpError::Map { name: self.names[0], source })?;
             entries.push((net(IpAddr::from(key.data()), key.prefix_len()), value));
         }
         for entry in self.v6.iter() {
             let (key, value) = entry.map_err(|source| XdpError::Map { name: self.names[1], source })?;
-            entries.push((net(IpAddr::from(key.data()), key.prefix_len()), value));
+            let addr = std::net::Ipv6Addr::from(key.data());
+            let cidr = match addr.to_ipv4_mapped() {
+                Some(v4) if self.v4.is_none() && key.prefix_len() >= V4_MAPPED_BITS => {
+                    net(IpAddr::V4(v4), key.prefix_len() - V4_MAPPED_BITS)
+                }
+                _ => net(IpAddr::V6(addr), key.prefix_len()),
+            };
+            entries.push((cidr, value));
         }
         Ok(entries)
     }
@@ -103,6 +127,17 @@ impl<V: Pod> CidrTries<V> {
         XdpError::Map { name: self.names[family(cidr)], source }
     }
 }
+
+/// The 16-byte key of `cidr`, IPv4 mapped.
+fn key16(cidr: IpNet) -> Key<[u8; 16]> {
+    match cidr {
+        IpNet::V4(net) => Key::new(V4_MAPPED_BITS + u32::from(net.prefix_len()), v4_mapped(net.addr().octets())),
+        IpNet::V6(net) => Key::new(u32::from(net.prefix_len()), net.addr().octets()),
+    }
+}
+
+/// The bits of the IPv4-mapped prefix (`::ffff:0:0/96`).
+const V4_MAPPED_BITS: u32 = limiter_common::addr::V4_MAPPED_BITS as u32;
 
 fn family(cidr: IpNet) -> usize {
     usize::from(matches!(cidr, IpNet::V6(_)))

@@ -4,6 +4,7 @@
 
 mod adaptive_xdp;
 mod agent_upgrade;
+mod byte_budgets;
 mod cli_docs;
 mod control_plane;
 mod escalation_xdp;

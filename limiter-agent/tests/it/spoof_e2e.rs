@@ -216,6 +216,7 @@ fn verdicts(counters: &CounterSnapshot) -> u64 {
         Counter::DroppedSynShare,
         Counter::DroppedV4Mapped,
         Counter::DroppedService,
+        Counter::DroppedBytes,
     ]
     .iter()
     .map(|c| counters.get(*c))

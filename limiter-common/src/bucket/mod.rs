@@ -68,9 +68,167 @@ impl Rate {
 #[inline(always)]
 #[must_use]
 pub const fn admit(tat_ns: u64, now_ns: u64, rate: Rate) -> Option<u64> {
-    let start = if tat_ns > now_ns { tat_ns } else { now_ns };
-    let next = start.saturating_add(rate.interval_ns);
-    if next - now_ns > rate.tolerance_ns { None } else { Some(next) }
+    admit_cost(tat_ns, now_ns, rate.interval_ns, rate.tolerance_ns)
+}
+
+/// GCRA for a charge of `cost` against `tolerance`, on any clock: [`admit`] for a
+/// packet, [`admit_bytes`] for a frame's bytes.
+#[inline(always)]
+#[must_use]
+const fn admit_cost(tat: u64, now: u64, cost: u64, tolerance: u64) -> Option<u64> {
+    let start = if tat > now { tat } else { now };
+    let next = start.saturating_add(cost);
+    if next - now > tolerance { None } else { Some(next) }
+}
+
+/// Ticks of a byte bucket's clock per nanosecond: it keeps time in tenths of a
+/// nanosecond, so that `u64` still spans 58 years of uptime while the refill time of
+/// one byte (0.8 ns at 10 Gbit/s) is no longer a fraction of a tick.
+pub const BYTE_TICKS_PER_NS: u64 = 10;
+/// Fractional bits of [`ByteRate::byte_cost`]. With ticks of 0.1 ns and 16 more
+/// bits, a rate that divides 10^10 bytes per second (every rate of the tests, 10
+/// Gbit/s = 1.25 × 10^9 B/s included) costs an exact number of them per byte, and
+/// any other is off by less than 2^-16 of a tick per byte. A frame's cost is rounded
+/// down to the tick: less than 0.1 ns a frame in its favour.
+pub const BYTE_COST_SHIFT: u32 = 16;
+/// Lowest byte rate: below it `frame length × byte_cost` could leave `u64`.
+pub const MIN_BYTES_PER_SECOND: u64 = 1_000;
+/// Highest byte rate: 100 Gbit/s, a frame of 64 bytes still 51 ticks.
+pub const MAX_BYTES_PER_SECOND: u64 = 12_500_000_000;
+/// Longest frame a byte bucket charges in full (a multi-buffer frame is at most 17
+/// pages); the bound keeps `length × byte_cost` within `u64`.
+pub const MAX_FRAME_BYTES: u64 = 1 << 18;
+
+/// A byte bucket's parameters, in ticks of [`BYTE_TICKS_PER_NS`]: a second GCRA
+/// beside a source's packet bucket, charged the frame's length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ByteRate {
+    /// Refill time of one byte in 2^-[`BYTE_COST_SHIFT`] ticks; 0: no byte budget.
+    pub byte_cost: u64,
+    /// Refill time of a full bucket, in ticks.
+    pub tolerance: u64,
+}
+
+impl ByteRate {
+    /// No byte budget: the program skips the byte bucket.
+    pub const NONE: Self = Self { byte_cost: 0, tolerance: 0 };
+
+    /// A bucket admitting `per_second` bytes a second on average and `burst` back to
+    /// back; `per_second` within [`MIN_BYTES_PER_SECOND`]..=[`MAX_BYTES_PER_SECOND`]
+    /// (the config checks it; outside, the rate is clamped).
+    ///
+    /// ```
+    /// use limiter_common::bucket::ByteRate;
+    /// // 5 MB/s: 200 ns (2 000 ticks) a byte; 1 500 bytes refill in 300 µs.
+    /// let rate = ByteRate::new(5_000_000, 3_000);
+    /// assert_eq!(rate.cost(1_500), 3_000_000);
+    /// assert_eq!(rate.tolerance, 2 * rate.cost(1_500));
+    /// ```
+    #[must_use]
+    pub const fn new(per_second: u64, burst: u64) -> Self {
+        let per_second = if per_second < MIN_BYTES_PER_SECOND {
+            MIN_BYTES_PER_SECOND
+        } else if per_second > MAX_BYTES_PER_SECOND {
+            MAX_BYTES_PER_SECOND
+        } else {
+            per_second
+        };
+        let byte_cost = ((NANOS_PER_SEC * BYTE_TICKS_PER_NS) << BYTE_COST_SHIFT) / per_second;
+        // In two parts, so that a burst of hours neither wraps nor loses its low bits.
+        let whole = (burst >> BYTE_COST_SHIFT).saturating_mul(byte_cost);
+        let part = ((burst & ((1 << BYTE_COST_SHIFT) - 1)) * byte_cost) >> BYTE_COST_SHIFT;
+        Self { byte_cost, tolerance: whole.saturating_add(part) }
+    }
+
+    /// Whether this is a byte budget at all.
+    #[inline(always)]
+    #[must_use]
+    pub const fn is_set(&self) -> bool {
+        self.byte_cost != 0
+    }
+
+    /// Ticks of refill `length` bytes cost (a longer frame than [`MAX_FRAME_BYTES`]
+    /// costs that much).
+    #[inline(always)]
+    #[must_use]
+    pub const fn cost(&self, length: u64) -> u64 {
+        let length = if length > MAX_FRAME_BYTES { MAX_FRAME_BYTES } else { length };
+        // Within u64: MAX_FRAME_BYTES × the cost of MIN_BYTES_PER_SECOND is 2^57.
+        length.wrapping_mul(self.byte_cost) >> BYTE_COST_SHIFT
+    }
+
+    /// Bytes per second this rate was built from (rounded to its grid).
+    #[must_use]
+    pub const fn per_second(&self) -> u64 {
+        ((NANOS_PER_SEC * BYTE_TICKS_PER_NS) << BYTE_COST_SHIFT) / self.byte_cost
+    }
+
+    /// Burst in bytes this rate was built from (rounded down).
+    #[must_use]
+    pub const fn burst(&self) -> u64 {
+        // A byte of a rate above 10^10 B/s costs less than a tick.
+        match self.tolerance.checked_div(self.cost(1)) {
+            Some(burst) => burst,
+            None => (self.tolerance << BYTE_COST_SHIFT) / self.byte_cost,
+        }
+    }
+
+    /// [`coarse_clock_fits`] for a byte bucket: its burst holds at least
+    /// [`COARSE_CLOCK_ERROR_DIVISOR`] ticks of refill.
+    #[must_use]
+    pub const fn coarse_clock_fits(&self, tick_ns: u64) -> bool {
+        self.tolerance / BYTE_TICKS_PER_NS / COARSE_CLOCK_ERROR_DIVISOR >= tick_ns
+    }
+}
+
+/// Decides a frame of `length` bytes at `now_ns` (the packet buckets' clock, in
+/// nanoseconds) against a byte bucket whose TAT is `tat` (in ticks): the TAT to
+/// store, or `None` if it is over the budget. A TAT of 0 is a full bucket; a frame
+/// longer than the burst is never admitted.
+#[inline(always)]
+#[must_use]
+pub const fn admit_bytes(tat: u64, now_ns: u64, length: u64, rate: ByteRate) -> Option<u64> {
+    // Not `saturating_mul`: BPF has no overflow flag, and LLVM lowers it to a 128-bit
+    // multiplication the kernel cannot call.
+    let now = if now_ns > u64::MAX / BYTE_TICKS_PER_NS { u64::MAX } else { now_ns * BYTE_TICKS_PER_NS };
+    admit_cost(tat, now, rate.cost(length), rate.tolerance)
+}
+
+/// What a frame did to a source's two buckets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Taken {
+    Admitted,
+    /// The packet bucket was empty: nothing was charged.
+    OverPackets,
+    /// The byte bucket had too few bytes left for the frame.
+    OverBytes,
+}
+
+/// Decides a frame against both of a source's buckets at once: the two TATs to
+/// store if both admit it, else which refused. Neither is charged unless both
+/// admit, so a frame the byte budget refuses spends no packet, and the reverse.
+/// The kernel, which changes each TAT by its own compare-and-swap, runs the same
+/// decisions in the same order (`limiter-ebpf/src/bucket.rs`).
+#[inline(always)]
+pub const fn admit_frame(
+    tat_ns: u64,
+    byte_tat: u64,
+    now_ns: u64,
+    rate: Rate,
+    length: u64,
+    bytes: ByteRate,
+) -> Result<(u64, u64), Taken> {
+    let Some(next) = admit(tat_ns, now_ns, rate) else {
+        return Err(Taken::OverPackets);
+    };
+    if !bytes.is_set() {
+        return Ok((next, byte_tat));
+    }
+    match admit_bytes(byte_tat, now_ns, length, bytes) {
+        Some(byte_next) => Ok((next, byte_next)),
+        None => Err(Taken::OverBytes),
+    }
 }
 
 /// A bucket may run on the tick-grained clock when its error stays within

@@ -136,3 +136,31 @@ pub fn icmp4(source: Ipv4Addr) -> Vec<u8> {
 pub fn icmp6(source: Ipv6Addr, icmp_type: u8, hop_limit: u8) -> Vec<u8> {
     ethernet(ETH_P_IPV6, &ipv6(source, IPPROTO_ICMPV6, hop_limit, &[icmp_type, 0, 0, 0, 0, 0, 0, 0]))
 }
+
+/// A UDP-over-IPv4 frame from `source`, `length` bytes from its Ethernet header to
+/// its last byte (at least 42), its IP total length consistent.
+pub fn udp4_of_length(source: Ipv4Addr, length: usize) -> Vec<u8> {
+    udp4_sized(source, 0, length)
+}
+
+/// [`udp4_of_length`] to destination port `port`.
+pub fn udp4_sized(source: Ipv4Addr, port: u16, length: usize) -> Vec<u8> {
+    let mut packet = ipv4(source, 0);
+    packet.resize(length - 14, 0);
+    let total = u16::try_from(packet.len()).expect("length");
+    packet[2..4].copy_from_slice(&total.to_be_bytes());
+    packet[22..24].copy_from_slice(&port.to_be_bytes());
+    ethernet(ETH_P_IPV4, &packet)
+}
+
+/// A UDP-over-IPv6 frame from `source`, `length` bytes in all (at least 62).
+pub fn udp6_of_length(source: Ipv6Addr, length: usize) -> Vec<u8> {
+    udp6_sized(source, 0, length)
+}
+
+/// [`udp6_of_length`] to destination port `port`.
+pub fn udp6_sized(source: Ipv6Addr, port: u16, length: usize) -> Vec<u8> {
+    let mut payload = vec![0; length - 14 - 40];
+    payload[2..4].copy_from_slice(&port.to_be_bytes());
+    ethernet(ETH_P_IPV6, &ipv6(source, IPPROTO_UDP, 64, &payload))
+}

@@ -345,6 +345,7 @@ mod tests {
         }
         let xdp = report.xdp_cost.measured().expect("xdp group");
         assert!(xdp.known_source_ns > 0.0, "{xdp:?}");
+        assert!(xdp.known_source_with_byte_budget_ns.is_some_and(|ns| ns > 0.0), "{xdp:?}");
         assert_eq!(report.flood.measured().map(|f| f.rows.len()), Some(6));
         assert_eq!(report.random_flood.measured().map(|f| f.spoofed_sources), Some(0));
         let http = report.http.measured().expect("http group");

@@ -49,13 +49,17 @@ pub fn markdown(m: &mut String, x: &XdpCost) {
     for (label, _, ns) in cases(x) {
         let _ = writeln!(m, "| {label} | {} | {:.2} |", num(Some(ns), 1), ns / x.xdp_pass_floor_ns);
     }
-    if let Some(ns) = x.known_source_precise_clock_ns {
-        let _ = writeln!(
-            m,
-            "| limiter, known source, burst below the coarse clock's bound (precise clock) | {} | {:.2} |",
-            num(Some(ns), 1),
-            ns / x.xdp_pass_floor_ns
-        );
+    let optional = [
+        (
+            "limiter, known source, burst below the coarse clock's bound (precise clock)",
+            x.known_source_precise_clock_ns,
+        ),
+        ("limiter, known source with a byte budget", x.known_source_with_byte_budget_ns),
+    ];
+    for (label, ns) in optional {
+        if let Some(ns) = ns {
+            let _ = writeln!(m, "| {label} | {} | {:.2} |", num(Some(ns), 1), ns / x.xdp_pass_floor_ns);
+        }
     }
     let _ = writeln!(
         m,
