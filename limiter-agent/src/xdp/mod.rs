@@ -52,6 +52,11 @@ pub enum XdpError {
          build: run `limiter detach` to remove the old program and its state, then start again"
     )]
     IncompatibleLayout { name: &'static str, dir: String, found: String },
+    #[error(
+        "{0} reaches into ::ffff:0:0/96, where the demotions keep IPv4 sources: write an IPv4 range as \
+         IPv4, and an IPv6 one that leaves ::ffff:0:0/96 out"
+    )]
+    MappedRange(ipnet::IpNet),
     #[error("{path}: {source}")]
     Io {
         path: String,

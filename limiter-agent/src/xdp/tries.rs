@@ -68,8 +68,13 @@ impl<V: Pod> CidrTries<V> {
         }
     }
 
-    /// Adds or replaces the entry of exactly `cidr`.
+    /// Adds or replaces the entry of exactly `cidr`. In a mapped trie an IPv6 `cidr`
+    /// reaching into `::ffff:0:0/96` is refused: it would cover IPv4 sources too
+    /// (`::/0` every one of them), which the same CIDR in a pair of tries does not.
     pub(super) fn insert(&mut self, cidr: IpNet, value: V) -> Result<(), XdpError> {
+        if self.v4.is_none() && reaches_mapped(cidr) {
+            return Err(XdpError::MappedRange(cidr));
+        }
         match (self.v4.as_mut(), cidr) {
             (Some(v4), IpNet::V4(net)) => {
                 v4.insert(&Key::new(u32::from(net.prefix_len()), net.addr().octets()), value, 0)
@@ -134,6 +139,13 @@ fn key16(cidr: IpNet) -> Key<[u8; 16]> {
         IpNet::V4(net) => Key::new(V4_MAPPED_BITS + u32::from(net.prefix_len()), v4_mapped(net.addr().octets())),
         IpNet::V6(net) => Key::new(u32::from(net.prefix_len()), net.addr().octets()),
     }
+}
+
+/// Whether an IPv6 `cidr` and `::ffff:0:0/96` share an address.
+fn reaches_mapped(cidr: IpNet) -> bool {
+    let IpNet::V6(net) = cidr else { return false };
+    let mapped = ipnet::Ipv6Net::new(std::net::Ipv6Addr::from(v4_mapped([0; 4])), 96).unwrap_or(net);
+    net.contains(&mapped) || mapped.contains(&net)
 }
 
 /// The bits of the IPv4-mapped prefix (`::ffff:0:0/96`).

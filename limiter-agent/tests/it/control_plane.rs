@@ -993,6 +993,13 @@ fn demote_slows_a_source_to_its_demoted_bucket_and_undemote_restores_it() {
 
     assert!(lab.agent.cli(&["undemote", &source.to_string()]).status.success());
     assert_eq!(lab.agent.cli(&["undemote", &source.to_string()]).status.code(), Some(1), "none left");
+    // The demotions keep IPv4 mapped in one trie: an IPv6 range reaching into
+    // ::ffff:0:0/96 would slow every IPv4 source down too.
+    for wide in ["::/0", "::ffff:0:0/96", "::ffff:10.0.0.0/104"] {
+        let refused = lab.agent.cli(&["demote", wide, "--packets-per-second", "5", "--burst", "5"]);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && stderr.contains("::ffff:0:0/96"), "{wide}: {stderr}");
+    }
     let stats = lab.agent.cli_json(&["stats", "--json"]);
     assert_eq!(stats["xdp"]["demoted"], serde_json::json!([]), "{stats}");
     traffic::send(&lab.net.ns, source, receiver.addr, 50, 50).expect("send");
