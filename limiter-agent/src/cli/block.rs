@@ -43,10 +43,10 @@ pub struct DemoteArgs {
     /// Address or CIDR whose sources to slow down, e.g. 203.0.113.7.
     #[arg(value_parser = parse_cidr)]
     pub cidr: ipnet::IpNet,
-    /// The demoted bucket's rate; [escalation] demote_first's without it.
+    /// The demoted bucket's rate; escalation.demote_first's without it.
     #[arg(long)]
     pub packets_per_second: Option<NonZeroU32>,
-    /// The demoted bucket's burst; [escalation] demote_first's without it.
+    /// The demoted bucket's burst; escalation.demote_first's without it.
     #[arg(long)]
     pub burst: Option<NonZeroU32>,
     /// Lift the demotion after this long (e.g. 10m); without it, demote_first's
