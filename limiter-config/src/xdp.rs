@@ -138,12 +138,17 @@ fn dropped() -> Verdict {
     Verdict::Drop
 }
 
+/// The first element of `list` that an earlier one equals.
+fn first_repeated<T: PartialEq>(list: &[T]) -> Option<&T> {
+    list.iter().enumerate().find(|(i, item)| list[..*i].contains(item)).map(|(_, item)| item)
+}
+
 impl ServicesConfig {
     /// Lists that serde reads one element at a time: duplicates and bounds.
     fn validate(&self) -> Result<(), (String, String)> {
         for (key, ports) in [("tcp", &self.tcp), ("udp", &self.udp)] {
-            if let Some(twice) = ports.iter().enumerate().find(|(i, port)| ports[..*i].contains(port)) {
-                return Err((format!("xdp.services.{key}"), format!("{} appears twice", twice.1)));
+            if let Some(twice) = first_repeated(ports) {
+                return Err((format!("xdp.services.{key}"), format!("{twice} appears twice")));
             }
         }
         let sources = &self.udp_replies_from;
@@ -157,8 +162,8 @@ impl ServicesConfig {
                 ),
             ));
         }
-        if let Some(twice) = sources.iter().enumerate().find(|(i, source)| sources[..*i].contains(source)) {
-            return Err(("xdp.services.udp_replies_from".to_owned(), format!("{} appears twice", twice.1.0)));
+        if let Some(twice) = first_repeated(sources) {
+            return Err(("xdp.services.udp_replies_from".to_owned(), format!("{} appears twice", twice.0)));
         }
         // IPv4 sources are keyed as `::ffff:a.b.c.d` (and IPv4-mapped IPv6 sources
         // dropped): an IPv6 network over that range would take in IPv4 ones.
@@ -211,8 +216,8 @@ impl TryFrom<RawSyn> for SynConfig {
             if ports.is_empty() || ports.len() > MAX_SYN_PORTS {
                 return Err(format!("ports: 1 to {MAX_SYN_PORTS} ports, or leave it out for the proxy's"));
             }
-            if let Some(twice) = ports.iter().enumerate().find(|(i, port)| ports[..*i].contains(port)) {
-                return Err(format!("ports: {} appears twice", twice.1));
+            if let Some(twice) = first_repeated(ports) {
+                return Err(format!("ports: {twice} appears twice"));
             }
         }
         Ok(Self { limit, per_source, ports: raw.ports })
@@ -478,6 +483,14 @@ impl TryFrom<RawSourceLimit> for SourceLimit {
             packets: PacketLimit::new(raw.packets_per_second, raw.burst)?,
             bytes: ByteLimit::new(raw.bytes_per_second, raw.byte_burst)?,
         })
+    }
+}
+
+impl SourceLimit {
+    /// The byte bucket as the kernel stores it; [`ByteRate::NONE`] without one.
+    #[must_use]
+    pub fn byte_rate(&self) -> ByteRate {
+        self.bytes.map_or(ByteRate::NONE, |bytes| bytes.rate())
     }
 }
 

@@ -3,9 +3,15 @@
 //! client spreading its abuse over the agents is blocked as soon as one hitting one
 //! agent would be. Either way the counting is the limits' own sliding window log.
 
-use std::{num::NonZeroUsize, time::Duration};
+use std::{
+    num::{NonZeroU32, NonZeroUsize},
+    time::Duration,
+};
 
-use limiter_core::limits::{Bucket, Charge, MemoryStore, Outcomes};
+use limiter_core::{
+    Algorithm, Cost, LimitSpec,
+    limits::{Bucket, Charge, MemoryStore, Outcomes},
+};
 
 use crate::{
     backend::{RedisStore, TimeSource},
@@ -24,6 +30,21 @@ const MAX_COUNTED_SOURCES: usize = 100_000;
 pub(super) struct RedisCounts {
     fleet: RedisStore,
     fallback: MemoryStore,
+}
+
+/// The sliding window log that counts `threshold` refusals within `window` (a
+/// source's, or a fingerprint's): the refusal past them is the crossing.
+pub(super) fn counting(threshold: NonZeroU32, window: Duration) -> LimitSpec {
+    LimitSpec {
+        algorithm: Algorithm::SlidingWindowLog,
+        limit: threshold,
+        window,
+        burst: None,
+        throttle: None,
+        queue: None,
+        cost: Cost::default(),
+        calendar: None,
+    }
 }
 
 /// This agent's own counts.

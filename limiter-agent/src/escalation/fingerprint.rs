@@ -20,7 +20,7 @@ use std::{
 };
 
 use limiter_core::{
-    Algorithm, Cost, LimitSpec,
+    LimitSpec,
     ja4::Ja4,
     limits::{Bucket, MemoryStore},
 };
@@ -33,16 +33,7 @@ pub(super) const MAX_FINGERPRINTS: usize = 4096;
 /// The counting policy of `settings`: its identity starts the counts over when the
 /// threshold or window changes.
 pub(super) fn policy(settings: &FingerprintEscalation) -> (LimitSpec, String) {
-    let spec = LimitSpec {
-        algorithm: Algorithm::SlidingWindowLog,
-        limit: settings.threshold,
-        window: settings.window,
-        burst: None,
-        throttle: None,
-        queue: None,
-        cost: Cost::default(),
-        calendar: None,
-    };
+    let spec = super::counts::counting(settings.threshold, settings.window);
     (spec, format!("fingerprint escalation {:?}", (settings.threshold, settings.window)))
 }
 

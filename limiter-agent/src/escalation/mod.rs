@@ -34,9 +34,10 @@
 //! kernel layer as the balancer, so its block there does nothing, and the proxy
 //! closes its connections itself once the balancer's header names it.
 //!
-//! `[escalation.fingerprint]` counts refusals per TLS fingerprint too, and blocks
-//! every source that presented a fingerprint past its threshold (`fingerprint.rs`),
-//! each through the same channel and the same [`Escalator::admit`].
+//! `[escalation.fingerprint]` counts refusals per TLS fingerprint too: past its
+//! threshold, each source that presented the fingerprint lately commits an offence
+//! ([`Escalator::offend`]; `fingerprint.rs`), through the same ladder, channel and
+//! [`Escalator::admit`].
 
 mod counts;
 mod fingerprint;
@@ -58,7 +59,7 @@ use redis::Script;
 use tokio::sync::mpsc;
 
 use limiter_core::{
-    Algorithm, Clock, LimitSpec, SystemClock,
+    Clock, LimitSpec, SystemClock,
     ja4::Ja4,
     limits::{Bucket, MemoryStore},
 };
@@ -204,16 +205,7 @@ impl BlockRefused {
 impl Settings {
     fn new(config: &Config) -> Self {
         let escalation = config.escalation.clone().filter(|e| e.enabled);
-        let limit = escalation.as_ref().map(|e| LimitSpec {
-            algorithm: Algorithm::SlidingWindowLog,
-            limit: e.threshold,
-            window: e.window,
-            burst: None,
-            throttle: None,
-            queue: None,
-            cost: limiter_core::Cost::default(),
-            calendar: None,
-        });
+        let limit = escalation.as_ref().map(|e| counts::counting(e.threshold, e.window));
         let identity = format!("escalation {:?}", limit.as_ref().map(|l| (l.limit, l.window)));
         let xdp = config.xdp.as_ref();
         Self {
@@ -377,13 +369,15 @@ impl<C: Clock> Escalator<C> {
     /// threshold, or another escalation such as a fingerprint's): the ladder picks
     /// its penalty and the agent loop puts it in place. Never for a protected source.
     /// With the fleet's Redis, needs a tokio runtime.
-    pub fn offend(&self, source: IpAddr) {
+    /// `false`: the source is protected (or escalation off), and nothing was done.
+    pub fn offend(&self, source: IpAddr) -> bool {
         let settings = Arc::clone(&self.settings.read().unwrap_or_else(PoisonError::into_inner));
         let cidr = settings.cidr(source);
         if settings.escalation.is_none() || settings.check(cidr).is_err() {
-            return;
+            return false;
         }
         self.punish(&settings, cidr, self.clock.now());
+        true
     }
 
     /// Records an offence of `cidr` (a source already checked) at `now` and sends
@@ -485,14 +479,7 @@ impl<C: Clock> Escalator<C> {
         if sources.is_empty() {
             return;
         }
-        let mut punished = 0_usize;
-        for source in sources {
-            let cidr = settings.cidr(source);
-            if settings.check(cidr).is_ok() {
-                self.punish(&settings, cidr, now);
-                punished += 1;
-            }
-        }
+        let punished = sources.into_iter().filter(|source| self.offend(*source)).count();
         tracing::warn!(%ja4, sources = punished, "TLS fingerprint escalated: each recent source takes its ladder's next penalty");
     }
 }

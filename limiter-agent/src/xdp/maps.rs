@@ -7,7 +7,6 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use ipnet::IpNet;
 use limiter_common::{
-    addr::{V4_MAPPED_BITS, v4_mapped},
     bucket::{Rate, coarse_clock_fits},
     counters::Counter,
     maps::{
@@ -22,7 +21,7 @@ use limiter_common::{
 use super::{
     XdpError,
     map_access::{capacity, coarse_tick_ns, ephemeral_ports, map_error, monotonic_now_ns},
-    tries::{CidrTries, LapsingTries},
+    tries::{CidrTries, LapsingTries, mapped_cidr},
     verified::VerifiedMap,
 };
 use crate::config::{
@@ -361,11 +360,11 @@ pub(crate) fn settings_for(config: &XdpConfig, syn_ports: &SynPorts, tick_ns: u6
         aggregate_rate: rate(config.aggregate.limit),
         syn_rate: rate(config.syn.as_ref().map(|syn| syn.limit)),
         syn_source_rate: rate(config.syn.as_ref().map(|syn| syn.per_source())),
-        default_bytes: config.limit.bytes.map(|bytes| bytes.rate()).unwrap_or_default(),
+        default_bytes: config.limit.byte_rate(),
         syn_ports: ports,
         port_keys: service_table(config, |entry| port_key(entry.protocol.number(), entry.port.get())),
         port_rates: service_table(config, |entry| entry.limit.packets.rate()),
-        port_bytes: service_table(config, |entry| entry.limit.bytes.map(|bytes| bytes.rate()).unwrap_or_default()),
+        port_bytes: service_table(config, |entry| entry.limit.byte_rate()),
         layout_version: LAYOUT_VERSION,
         enforce: u8::from(config.enforce),
         malformed_drop: u8::from(config.malformed == MalformedAction::Drop),
@@ -403,10 +402,8 @@ fn write_services(settings: &mut Settings, services: &ServicesConfig) {
     settings.service_flags = passes(services.icmp, SERVICE_ICMP_PASS) | passes(services.other, SERVICE_OTHER_PASS);
     // Validation bounds the list to the record's places.
     for (slot, source) in settings.udp_replies_from.iter_mut().zip(&services.udp_replies_from) {
-        *slot = match source.0 {
-            IpNet::V4(net) => Network::new(v4_mapped(net.addr().octets()), V4_MAPPED_BITS + net.prefix_len()),
-            IpNet::V6(net) => Network::new(net.addr().octets(), net.prefix_len()),
-        };
+        let (addr, prefix_len) = mapped_cidr(source.0);
+        *slot = Network::new(addr, prefix_len);
     }
     settings.udp_replies = u8::try_from(services.udp_replies_from.len()).unwrap_or(u8::MAX);
 }
@@ -441,10 +438,9 @@ fn policy_of(rule: &CidrRule) -> CidrPolicy {
     let policy = match rule.action {
         CidrAction::Allow => CidrPolicy::new(Action::Allow, Default::default()),
         CidrAction::Deny => CidrPolicy::new(Action::Deny, Default::default()),
-        CidrAction::Limit(limit) => CidrPolicy {
-            bytes: limit.bytes.map(|bytes| bytes.rate()).unwrap_or_default(),
-            ..CidrPolicy::new(Action::Limit, limit.packets.rate())
-        },
+        CidrAction::Limit(limit) => {
+            CidrPolicy { bytes: limit.byte_rate(), ..CidrPolicy::new(Action::Limit, limit.packets.rate()) }
+        }
     };
     CidrPolicy { aggregate: rule.aggregate.map(|a| a.rate()).unwrap_or(policy.aggregate), ..policy }
 }

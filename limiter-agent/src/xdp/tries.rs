@@ -135,9 +135,16 @@ impl<V: Pod> CidrTries<V> {
 
 /// The 16-byte key of `cidr`, IPv4 mapped.
 fn key16(cidr: IpNet) -> Key<[u8; 16]> {
+    let (addr, prefix_len) = mapped_cidr(cidr);
+    Key::new(u32::from(prefix_len), addr)
+}
+
+/// `cidr` in the 16-byte form of the program's keys (`limiter_common::addr`): IPv4
+/// mapped (`::ffff:a.b.c.d`), its prefix 96 bits longer.
+pub(super) fn mapped_cidr(cidr: IpNet) -> ([u8; 16], u8) {
     match cidr {
-        IpNet::V4(net) => Key::new(V4_MAPPED_BITS + u32::from(net.prefix_len()), v4_mapped(net.addr().octets())),
-        IpNet::V6(net) => Key::new(u32::from(net.prefix_len()), net.addr().octets()),
+        IpNet::V4(net) => (v4_mapped(net.addr().octets()), limiter_common::addr::V4_MAPPED_BITS + net.prefix_len()),
+        IpNet::V6(net) => (net.addr().octets(), net.prefix_len()),
     }
 }
 
